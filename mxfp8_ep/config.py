@@ -1,0 +1,83 @@
+"""Which legs of the expert-parallel all-to-all travel as MXFP8.
+
+An MoE layer under expert parallelism makes four all-to-all exchanges per step:
+
+* ``dispatch_fwd``  – routed tokens to the ranks that own their experts (forward),
+* ``dispatch_bwd``  – the gradient of that exchange (backward of dispatch),
+* ``combine_fwd``   – expert outputs back to the tokens' home ranks (forward),
+* ``combine_bwd``   – the gradient of that exchange (backward of combine).
+
+Each leg is sent either in the tensor's own dtype (``"bf16"``: what torchtitan does today) or
+as MXFP8 (``"mxfp8"``: e4m3 values + one e8m0 scale per 32 elements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+LEG_FORMATS = ("bf16", "mxfp8")
+SCALE_ROUNDINGS = ("rceil", "floor")
+KERNELS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class A2AConfig:
+    """Wire format of each all-to-all leg, plus how MXFP8 scales are chosen."""
+
+    dispatch_fwd: str = "bf16"
+    dispatch_bwd: str = "bf16"
+    combine_fwd: str = "bf16"
+    combine_bwd: str = "bf16"
+    # "rceil": scale exponent = ceil(log2(amax / 448)) (cuBLAS / torchao default);
+    # "floor": OCP MX spec, floor(log2(amax)) - 8 (can saturate, can diverge in training).
+    scale_rounding: str = "rceil"
+    # "auto": Triton kernels on CUDA, torch reference elsewhere.
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        for leg in self.legs():
+            value = getattr(self, leg)
+            if value not in LEG_FORMATS:
+                raise ValueError(f"A2AConfig.{leg}={value!r}: expected one of {LEG_FORMATS}")
+        if self.scale_rounding not in SCALE_ROUNDINGS:
+            raise ValueError(
+                f"A2AConfig.scale_rounding={self.scale_rounding!r}: expected one of {SCALE_ROUNDINGS}"
+            )
+        if self.kernel not in KERNELS:
+            raise ValueError(f"A2AConfig.kernel={self.kernel!r}: expected one of {KERNELS}")
+
+    @staticmethod
+    def legs() -> tuple[str, str, str, str]:
+        return ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
+
+    @property
+    def any_quantized(self) -> bool:
+        return any(getattr(self, leg) == "mxfp8" for leg in self.legs())
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "A2AConfig":
+        try:
+            legs = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown a2a preset {name!r}; known: {sorted(PRESETS)}") from None
+        return cls(**{**legs, **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "A2AConfig":
+        """Build from a mapping that may carry extra keys (e.g. a Hydra group's ``name``)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_BF16 = dict(dispatch_fwd="bf16", dispatch_bwd="bf16", combine_fwd="bf16", combine_bwd="bf16")
+PRESETS: dict[str, dict[str, str]] = {
+    # Exactly torchtitan's ExpertParallel.
+    "bf16": _BF16,
+    # torchao's choice: quantize the two exchanges whose receivers feed a matmul in low
+    # precision anyway (tokens into the experts, and gradients into the experts' backward).
+    "mxfp8": {**_BF16, "dispatch_fwd": "mxfp8", "combine_bwd": "mxfp8"},
+    "mxfp8_all": {leg: "mxfp8" for leg in _BF16},
+}
