@@ -1,0 +1,207 @@
+"""MXFP8 quantize / dequantize as Triton kernels, bit-identical to ``format.py``'s reference.
+
+Built for Hopper and up without the ``cvt ... .ue8m0x2`` instruction (ptxas rejects it for
+sm_90a): the e8m0 byte comes from integer work on the fp32 bits of ``amax / 448``, and e4m3
+elements are rounded to nearest-even explicitly in fp32 before the cast, so the cast itself
+is exact on every backend. The e4m3 and bf16 bytes are then assembled with integer ops rather
+than float casts: ``TRITON_INTERPRET=1`` (CPU, CI) casts to float8 without round-to-nearest-even,
+turns NaN into a finite byte, and mishandles bf16 subnormals; the GPU's cvt does not. Building
+the bits ourselves makes interpreter, GPU and the torch reference agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, check_quantizable, check_rounding
+
+_RCEIL = 0
+_FLOOR = 1
+# 1.5 * 2**23: adding and subtracting it rounds an fp32 |t| < 2**22 to an integer, ties to even.
+_RNE_MAGIC = 12582912.0
+
+
+@triton.jit
+def _pow2(e):
+    """Exact fp32 2**e for int32 e in [-149, 127], subnormals included."""
+    normal = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    sub_shift = tl.minimum(tl.maximum(e, -149), -127) + 149
+    subnormal = (tl.full(e.shape, 1, tl.int32) << sub_shift).to(tl.float32, bitcast=True)
+    return tl.where(e >= -126, normal, subnormal)
+
+
+@triton.jit
+def _round_to_e4m3_grid(v):
+    """Round fp32 |v| <= 448 to the nearest e4m3 value (ties to even); NaN stays NaN."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = tl.abs(v)
+    exp = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    # e4m3 keeps 3 mantissa bits; below 2**-6 it is subnormal with a fixed step of 2**-9.
+    ulp_exp = tl.maximum(exp, -6) - 3
+    inv_ulp = ((127 - ulp_exp) << 23).to(tl.float32, bitcast=True)
+    ulp = ((127 + ulp_exp) << 23).to(tl.float32, bitcast=True)
+    steps = (a * inv_ulp + _RNE_MAGIC) - _RNE_MAGIC
+    rounded = steps * ulp
+    # Put the sign bit back with integer ops: Triton's unary minus is 0 - x, which turns
+    # -0.0 into +0.0 (and torch keeps the sign of zero).
+    sign = bits & (-2147483648)
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_bits(r):
+    """Byte of an fp32 value that is exactly an e4m3 number (or NaN -> 0x7F)."""
+    bits = r.to(tl.int32, bitcast=True)
+    sign = ((bits >> 24) & 0x80)
+    a = tl.abs(r)
+    exp = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    normal = ((exp + 7) << 3) | ((a.to(tl.int32, bitcast=True) >> 20) & 0x7)
+    subnormal = (a * 512.0).to(tl.int32)  # multiples of 2**-9 below 2**-6: exact 0..7
+    byte = tl.where(exp >= -6, normal, subnormal) | sign
+    return tl.where(r != r, 0x7F, byte)
+
+
+@triton.jit
+def _e4m3_value(byte):
+    """Exact fp32 value of an e4m3 byte (int32 in 0..255); 0x7F / 0xFF -> NaN."""
+    exp4 = (byte >> 3) & 0xF
+    m3 = byte & 0x7
+    normal = (((exp4 + 120) << 23) | (m3 << 20)).to(tl.float32, bitcast=True)
+    subnormal = m3.to(tl.float32) * 0.001953125  # m3 * 2**-9, exact
+    mag = tl.where(exp4 == 0, subnormal, normal)
+    value = (mag.to(tl.int32, bitcast=True) | ((byte & 0x80) << 24)).to(tl.float32, bitcast=True)
+    return tl.where((byte & 0x7F) == 0x7F, float("nan"), value)
+
+
+@triton.jit
+def _bf16_bits(v):
+    """fp32 -> bf16 bits, round to nearest even (subnormals too); NaN -> 0x7FC0."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(v != v, 0x7FC0, rounded & 0xFFFF)
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, data_ptr, scale_ptr, M, K,
+    IN_BF16: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    offs = rows[:, None].to(tl.int64) * K + cols[None, :]
+    if IN_BF16:
+        # bf16 bits are the top half of fp32 bits: exact, subnormals included.
+        raw = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32)
+        x = ((raw & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x3 = tl.reshape(x, (BLOCK_M, GROUPS, 32))
+    # tl.max drops NaN on GPU: detect NaN blocks separately.
+    amax = tl.max(tl.abs(x3), axis=2)
+    has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
+    if ROUNDING == 0:
+        descale = tl.math.div_rn(amax, 448.0)
+        bits = descale.to(tl.int32, bitcast=True)
+        exp_field = (bits >> 23) & 0xFF
+        mantissa = bits & 0x7FFFFF
+        normal = exp_field + (mantissa != 0).to(tl.int32)
+        subnormal = (mantissa > (1 << 22)).to(tl.int32)
+        byte = tl.minimum(tl.where(exp_field == 0, subnormal, normal), 254)
+        multiplier = _pow2(127 - byte)
+        multiplier = tl.where(byte == 0, 1.0, multiplier)
+        multiplier = tl.where(has_nan, float("nan"), multiplier)
+        byte = tl.where(has_nan, 255, byte)
+        scaled = x3 * multiplier[:, :, None]
+    else:
+        exp_unbiased = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        byte = tl.minimum(tl.maximum(exp_unbiased - 8, -127), 128) + 127
+        byte = tl.where(has_nan, 255, byte)
+        divisor = _pow2(tl.maximum(byte - 127, -126))
+        divisor = tl.where(has_nan, float("inf"), divisor)
+        scaled = tl.math.div_rn(x3, divisor[:, :, None])
+    # Saturating clamp that keeps NaN (comparisons with NaN are false).
+    scaled = tl.where(scaled > 448.0, 448.0, scaled)
+    scaled = tl.where(scaled < -448.0, -448.0, scaled)
+    e4m3 = _e4m3_bits(_round_to_e4m3_grid(scaled))
+    data = tl.reshape(e4m3, (BLOCK_M, BLOCK_K))
+    tl.store(data_ptr + offs, data.to(tl.uint8), mask=mask)
+    groups = pid_k * GROUPS + tl.arange(0, GROUPS)
+    smask = (rows[:, None] < M) & (groups[None, :] < K // 32)
+    soffs = rows[:, None].to(tl.int64) * (K // 32) + groups[None, :]
+    tl.store(scale_ptr + soffs, byte.to(tl.uint8), mask=smask)
+
+
+@triton.jit
+def _dequantize_kernel(
+    data_ptr, scale_ptr, out_ptr, M, K,
+    OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)
+    offs = rows[:, None].to(tl.int64) * K + cols[None, :]
+    data = _e4m3_value(tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32))
+    groups = pid_k * GROUPS + tl.arange(0, GROUPS)
+    smask = (rows[:, None] < M) & (groups[None, :] < K // 32)
+    soffs = rows[:, None].to(tl.int64) * (K // 32) + groups[None, :]
+    byte = tl.load(scale_ptr + soffs, mask=smask, other=127).to(tl.int32)
+    scale = tl.where(byte == 255, float("nan"), _pow2(byte - 127))
+    out = tl.reshape(tl.reshape(data, (BLOCK_M, GROUPS, 32)) * scale[:, :, None], (BLOCK_M, BLOCK_K))
+    if OUT_BF16:
+        tl.store(out_ptr + offs, _bf16_bits(out).to(tl.int16), mask=mask)
+    else:
+        tl.store(out_ptr + offs, out, mask=mask)
+
+
+def _grid_blocks(K: int) -> tuple[int, int]:
+    block_k = min(256, triton.next_power_of_2(K))
+    return 16, max(block_k, BLOCK_SIZE)
+
+
+def quantize_triton(x: torch.Tensor, rounding: str = "rceil") -> MXFP8Tensor:
+    check_quantizable(x)
+    check_rounding(rounding)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    M, K = x2.shape
+    data = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((M, K // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
+    if M > 0:
+        block_m, block_k = _grid_blocks(K)
+        grid = (triton.cdiv(M, block_m), triton.cdiv(K, block_k))
+        _quantize_kernel[grid](
+            x2.view(torch.int16) if x.dtype == torch.bfloat16 else x2,
+            data.view(torch.uint8), scale, M, K,
+            IN_BF16=x.dtype == torch.bfloat16,
+            ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_K=block_k,
+        )
+    return MXFP8Tensor(data.reshape(shape), scale.reshape(*shape[:-1], K // BLOCK_SIZE))
+
+
+def dequantize_triton(q: MXFP8Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"MXFP8 dequantize writes bfloat16 or float32, got {dtype}")
+    shape = q.data.shape
+    K = shape[-1]
+    data = q.data.reshape(-1, K).contiguous()
+    scale = q.scale.reshape(-1, K // BLOCK_SIZE).contiguous()
+    M = data.shape[0]
+    out = torch.empty((M, K), dtype=dtype, device=data.device)
+    if M > 0:
+        block_m, block_k = _grid_blocks(K)
+        grid = (triton.cdiv(M, block_m), triton.cdiv(K, block_k))
+        out_bits = out.view(torch.int16) if dtype == torch.bfloat16 else out
+        _dequantize_kernel[grid](
+            data.view(torch.uint8), scale, out_bits, M, K,
+            OUT_BF16=dtype == torch.bfloat16, BLOCK_M=block_m, BLOCK_K=block_k,
+        )
+    return out.reshape(shape)
