@@ -1,0 +1,56 @@
+"""Register the recipe's structured configs (``launch/schema.py``) in Hydra's ConfigStore.
+
+``conf/train.yaml`` starts its defaults list with ``train_schema`` and every group option starts
+with its group's ``schema``, so a misspelled key or a wrong type fails while Hydra composes the
+config, before anything is launched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+from launch.schema import (
+    A2ASchema,
+    LauncherConfig,
+    LoggingConfig,
+    ModelConfig,
+    ParallelismConfig,
+    TrainConfig,
+)
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """``launcher=slurm``: the fields of LauncherConfig plus the ones only SLURM reads."""
+
+    # GPUs to request per node; None = one per process (parallelism.procs_per_node).
+    # Set 0 on a CPU-only cluster.
+    gpus_per_node: Optional[int] = None
+    # Extra arguments for the srun that starts the tasks (after the pyxis ones).
+    srun_args: list[str] = field(default_factory=list)
+    # sbatch --job-name; None = "mxfp8ep-<experiment>".
+    job_name: Optional[str] = None
+
+
+GROUP_SCHEMAS = {
+    "model": ModelConfig,
+    "parallelism": ParallelismConfig,
+    "a2a": A2ASchema,
+    "launcher": LauncherConfig,
+    "logging": LoggingConfig,
+}
+
+
+def register_configs() -> None:
+    """Idempotent: safe to call from the Hydra app and from tests."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for group, node in GROUP_SCHEMAS.items():
+        cs.store(group=group, name="schema", node=node)
+    cs.store(group="launcher", name="slurm_schema", node=SlurmLauncherConfig)
+
+
+register_configs()
