@@ -159,7 +159,7 @@ def _dequantize_kernel(
     if OUT_BF16:
         tl.store(out_ptr + offs, _bf16_bits(out).to(tl.int16), mask=mask)
     else:
-        tl.store(out_ptr + offs, out, mask=mask)
+        tl.store(out_ptr + offs, tl.where(out != out, float("nan"), out), mask=mask)
 
 
 def _grid_blocks(K: int) -> tuple[int, int]:

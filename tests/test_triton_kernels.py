@@ -1,0 +1,57 @@
+"""Triton kernels vs the torch reference, bit for bit. On CPU they run under the Triton
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1); on the GPU machine, compiled."""
+
+import pytest
+import torch
+
+from mxfp8_ep.format import dequantize_reference, quantize_reference
+from mxfp8_ep.quantize import dequantize, quantize
+from mxfp8_ep.triton_kernels import dequantize_triton, quantize_triton
+from tests.test_format import assert_bits_equal, edge_blocks, random_input
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (rows, cols): a partial row tile, a partial column tile (K % 256 != 0), 3-D input.
+SHAPES = [(37, 96), (16, 256), (5, 800), (2, 3, 160)]
+
+
+def _inputs(dtype):
+    for i, shape in enumerate(SHAPES):
+        rows = shape[0] * (shape[1] if len(shape) == 3 else 1)
+        yield random_input(rows, shape[-1], dtype, seed=i).reshape(shape)
+    yield edge_blocks(dtype)
+
+
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_matches_reference(rounding, dtype):
+    for x in _inputs(dtype):
+        x = x.to(DEVICE)
+        ref = quantize_reference(x, rounding)
+        got = quantize_triton(x, rounding)
+        assert_bits_equal(got.scale, ref.scale)
+        assert_bits_equal(got.data, ref.data)
+        for out_dtype in (torch.float32, torch.bfloat16):
+            # Dequantized NaNs compare as NaN: torch writes bf16 NaN as 0xFFFF, Triton as 0x7FC0.
+            assert_bits_equal(
+                dequantize_triton(ref, out_dtype), dequantize_reference(ref, out_dtype), nan_equal=True
+            )
+
+
+def test_triton_handles_zero_rows_and_rejects_bad_shapes():
+    q = quantize_triton(torch.zeros(0, 64, device=DEVICE))
+    assert q.data.shape == (0, 64) and dequantize_triton(q).shape == (0, 64)
+    with pytest.raises(ValueError, match=r"multiple of 32.*\(4, 40\)"):
+        quantize_triton(torch.zeros(4, 40, device=DEVICE))
+    with pytest.raises(TypeError, match="float16"):
+        dequantize_triton(q, torch.float16)
+
+
+def test_dispatcher_picks_kernel_and_agrees():
+    x = random_input(24, 128, torch.bfloat16, seed=11).to(DEVICE)
+    auto = quantize(x)
+    forced = quantize(x, kernel="triton")
+    ref = quantize(x, kernel="torch")
+    assert_bits_equal(auto.data, ref.data) and assert_bits_equal(forced.data, ref.data)
+    assert_bits_equal(dequantize(forced, kernel="triton"), dequantize(ref, kernel="torch"), nan_equal=True)
+    with pytest.raises(ValueError, match="kernel"):
+        quantize(x, kernel="cuda")
