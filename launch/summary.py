@@ -20,7 +20,8 @@ SUMMARY_FILE = "summary.json"
 # (torchtitan's MetricsProcessor names first).
 RESULT_KEYS = {
     "final_loss": ("final_loss", "loss"),
-    "tokens_per_s": ("tokens_per_s", "tps", "throughput_tps", "throughput"),
+    "tokens_per_s": ("tokens_per_sec", "tokens_per_s", "tps"),
+    "tokens_per_s_global": ("tokens_per_sec_global", "tokens_per_s_global"),
     "step_time_s": ("step_time_s", "avg_step_time_s", "time_per_step_s"),
     "a2a_bytes_per_step": ("a2a_bytes_per_step", "bytes_per_step", "wire_bytes_per_step"),
     "steps": ("steps", "step", "final_step"),
@@ -28,9 +29,9 @@ RESULT_KEYS = {
 HISTORY_KEYS = {
     "final_loss": ("loss_metrics/global_avg_loss", "loss", "train/loss"),
     "tokens_per_s": ("throughput(tps)", "tokens_per_s", "tps"),
+    "tokens_per_s_global": ("throughput/global_tps",),
     "step_time_s": ("time_metrics/end_to_end(s)", "step_time_s"),
-    "a2a_bytes_per_step": ("a2a/bytes_total", "a2a_bytes_per_step", "a2a/bytes_per_step",
-                           "wire/bytes_total", "wire_bytes/total"),
+    "a2a_bytes_per_step": ("a2a/bytes_per_step", "a2a_bytes_per_step", "a2a/bytes_total"),
 }
 # Last resort for the bytes metric, whatever the trainer called it.
 _BYTES_PATTERN = re.compile(r"(a2a|wire).*bytes.*(total|per_step)$|bytes.*(a2a|wire).*total$")
@@ -61,7 +62,7 @@ def metrics_from_history(run: OfflineRun) -> dict[str, Any]:
         out["final_loss"] = losses[-1] if losses else None
         out["first_loss"] = losses[0] if losses else None
         out["loss_series"] = losses
-    for name in ("tokens_per_s", "step_time_s", "a2a_bytes_per_step"):
+    for name in ("tokens_per_s", "tokens_per_s_global", "step_time_s", "a2a_bytes_per_step"):
         key = next((k for k in HISTORY_KEYS[name] if k in keys), None)
         if key is None and name == "a2a_bytes_per_step":
             key = next((k for k in sorted(keys) if _BYTES_PATTERN.search(k)), None)
@@ -168,7 +169,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"(world {s['world_size']}, ep {s['ep']})\n"
         f"  steps           {m.get('steps', 'n/a')}\n"
         f"  final loss      {_fmt(m.get('final_loss'), '.4f')}\n"
-        f"  tokens/s        {_fmt(m.get('tokens_per_s'), ',.0f')}\n"
+        f"  tokens/s        {_fmt(m.get('tokens_per_s_global'), ',.0f')} all ranks, "
+        f"{_fmt(m.get('tokens_per_s'), ',.0f')} per rank\n"
         f"  step time (s)   {_fmt(m.get('step_time_s'), '.4f')}\n"
         f"  a2a bytes/step  {_fmt(m.get('a2a_bytes_per_step'), ',.0f')}\n"
         f"  run dir         {s['run_dir']}\n"
