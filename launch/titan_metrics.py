@@ -51,6 +51,7 @@ class RunHistory:
     global_tps: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     a2a_bytes_per_step: list[float] = field(default_factory=list)
+    a2a_leg_bytes_per_step: list[dict[str, float]] = field(default_factory=list)
     tflops: list[float] = field(default_factory=list)
     mfu: list[float] = field(default_factory=list)
     max_reserved_gib: list[float] = field(default_factory=list)
@@ -125,6 +126,7 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self._last_logged_step = 0
         self._train_time = 0.0  # seconds over steps after the first logged window
         self._train_steps = 0
+        self._first_window_done = False
         if wandb_run_dir is not None and _rank() == 0:
             container = LoggerContainer()
             container.add_logger(self.logger)
@@ -180,10 +182,12 @@ class RecipeMetricsProcessor(MetricsProcessor):
         wire = self._wire_bytes()
         a2a_bytes_per_step = wire["total"] / steps_in_window
 
-        # ETA from the mean step time, leaving out the first window (compile / lazy init).
-        if self._last_logged_step > 0 or step > steps_in_window:
+        # ETA from the mean step time, leaving out the first window of this process
+        # (lazy init, compile, checkpoint load).
+        if self._first_window_done:
             self._train_time += time_delta
             self._train_steps += steps_in_window
+        self._first_window_done = True
         mean_step = self._train_time / self._train_steps if self._train_steps else step_time
         eta = mean_step * max(0, self.total_steps - step)
 
@@ -222,6 +226,9 @@ class RecipeMetricsProcessor(MetricsProcessor):
         h.global_tps.append(global_tps)
         h.step_times.append(step_time)
         h.a2a_bytes_per_step.append(a2a_bytes_per_step)
+        h.a2a_leg_bytes_per_step.append(
+            {leg: wire[leg] / steps_in_window for leg in _LEGS + ("other",)}
+        )
         h.tflops.append(tflops)
         h.mfu.append(mfu)
         h.max_reserved_gib.append(mem.max_reserved_gib)

@@ -214,6 +214,7 @@ class RecipeTrainer(Trainer):
             "start_step": self.start_step,
             "grad_norms": list(h.grad_norms),
             "tokens_per_sec": mean(h.tps),
+            "tokens_per_s": mean(h.tps),  # the name launch/summary.py looks for
             "tokens_per_sec_global": mean(h.global_tps),
             "step_time_s": mean(h.step_times),
             "tflops": mean(h.tflops),
@@ -221,6 +222,10 @@ class RecipeTrainer(Trainer):
             "max_reserved_gib": max(h.max_reserved_gib) if h.max_reserved_gib else None,
             "a2a": self._a2a_name,
             "a2a_bytes_per_step": mean(h.a2a_bytes_per_step),
+            "a2a_bytes_per_step_by_leg": {
+                leg: mean([row[leg] for row in h.a2a_leg_bytes_per_step])
+                for leg in (h.a2a_leg_bytes_per_step[0] if h.a2a_leg_bytes_per_step else {})
+            },
             "model": f"{jc.model.name}/{jc.model.flavor}",
             "world_size": self.parallel_dims.world_size,
             "ep": self.parallel_dims.ep,

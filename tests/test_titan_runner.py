@@ -1,0 +1,194 @@
+"""End-to-end: ``launch.titan_runner.run_training`` trains torchtitan's Llama4 and DeepSeek-V3
+(tiny flavors) with EP=2 on two gloo processes, logs to an offline wandb run under the run dir,
+and resumes from its checkpoint with the step count continuing.
+
+Each run takes ~10-20 s on 2 CPU cores (most of it process start-up and torch imports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from launch.schema import (  # noqa: E402
+    A2ASchema,
+    LauncherConfig,
+    LoggingConfig,
+    ModelConfig,
+    ParallelismConfig,
+    TrainConfig,
+    TrainingConfig,
+)
+from mxfp8_ep.config import PRESETS  # noqa: E402
+
+WORLD = 2
+
+
+def make_cfg(
+    family: str,
+    *,
+    a2a: str = "bf16",
+    steps: int = 8,
+    wandb_mode: str = "offline",
+    checkpoint: bool = False,
+    experiment: str = "test_runner",
+) -> Any:
+    return OmegaConf.structured(
+        TrainConfig(
+            model=ModelConfig(name=f"tiny_{family}", family=family, flavor="tiny"),
+            parallelism=ParallelismConfig(name="ep2", procs_per_node=WORLD, ep=2, fsdp=-1, tp=1),
+            a2a=A2ASchema(name=a2a, **PRESETS[a2a]),
+            launcher=LauncherConfig(name="local"),
+            logging=LoggingConfig(
+                name=f"wandb_{wandb_mode}", wandb_mode=wandb_mode, tags=["ci", a2a]
+            ),
+            training=TrainingConfig(
+                steps=steps,
+                seq_len=64,
+                local_batch_size=4,
+                lr=3e-3,
+                warmup_steps=2,
+                seed=0,
+                checkpoint_enable=checkpoint,
+                checkpoint_interval=3,
+            ),
+            experiment=experiment,
+        )
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, cfg_yaml: str, run_dir: str, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    from launch.titan_runner import run_training
+
+    result = run_training(OmegaConf.create(cfg_yaml), run_dir)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    else:
+        assert result is None
+
+
+def train(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """``run_training`` on WORLD spawned processes; rank 0's summary."""
+    out = run_dir.parent / f"{run_dir.name}.summary.json"
+    out.unlink(missing_ok=True)
+    mp.start_processes(
+        _worker,
+        args=(WORLD, _free_port(), OmegaConf.to_yaml(cfg), str(run_dir), str(out)),
+        nprocs=WORLD,
+        join=True,
+        start_method="spawn",
+    )
+    return json.loads(out.read_text())
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def assert_learns(losses: list[float]) -> None:
+    assert all(x == x and abs(x) < 1e4 for x in losses), losses  # finite
+    head, tail = _mean(losses[:3]), _mean(losses[-3:])
+    assert tail < head - 0.1, f"loss did not fall: first-3 mean {head:.3f}, last-3 {tail:.3f}"
+
+
+def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
+    from launch.wandb_offline import find_runs, read_run
+
+    run_dir = tmp_path / "llama4"
+    summary = train(make_cfg("llama4", steps=10), run_dir)
+
+    assert summary["steps"] == 10 and summary["start_step"] == 0
+    assert summary["logged_steps"] == list(range(1, 11))
+    assert len(summary["losses"]) == 10
+    assert_learns(summary["losses"])
+    assert summary["final_loss"] == summary["losses"][-1]
+    assert summary["tokens_per_sec"] > 0
+    assert summary["tokens_per_sec_global"] == pytest.approx(WORLD * summary["tokens_per_sec"])
+    assert summary["a2a"] == "bf16" and summary["model"] == "llama4/tiny"
+    assert summary["device"] == "cpu" and summary["ep"] == 2
+
+    runs = find_runs(str(run_dir))
+    assert len(runs) == 1, runs
+    assert Path(runs[0]).is_relative_to(run_dir / "wandb")
+    run = read_run(runs[0])
+    assert run.group == "test_runner" and run.project == "mxfp8-ep"
+    assert set(run.tags) == {"ci", "bf16"}
+    for key in (
+        "loss_metrics/global_avg_loss",
+        "grad_norm",
+        "throughput(tps)",
+        "throughput/global_tps",
+        "tflops",
+        "mfu(%)",
+        "memory/max_reserved(GiB)",
+        "time_metrics/end_to_end(s)",
+        "time_metrics/eta(s)",
+        "a2a/bytes_per_step",
+        "lr",
+    ):
+        assert len(run.series(key)) == 10, key
+    assert run.series("loss_metrics/global_avg_loss") == pytest.approx(summary["losses"])
+    # The full composed recipe config, not only torchtitan's.
+    assert run.config["recipe"]["model"]["family"] == "llama4"
+    assert run.config["recipe"]["a2a"]["name"] == "bf16"
+    assert run.config["recipe"]["experiment"] == "test_runner"
+    assert run.config["torchtitan"]["parallelism"]["expert_parallel_degree"] == 2
+
+
+def test_deepseek_v3_ep2_resumes_from_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "dsv3"
+    first = train(make_cfg("deepseek_v3", steps=6, checkpoint=True, wandb_mode="disabled"), run_dir)
+    assert first["steps"] == 6 and first["start_step"] == 0
+    ckpt = run_dir / "checkpoint"
+    assert (ckpt / "step-3").is_dir() and (ckpt / "step-6").is_dir()
+    assert not (run_dir / "wandb").exists()  # wandb_mode=disabled
+
+    second = train(make_cfg("deepseek_v3", steps=10, checkpoint=True, wandb_mode="disabled"), run_dir)
+    assert second["start_step"] == 6, "did not resume from the step-6 checkpoint"
+    assert second["steps"] == 10
+    assert second["logged_steps"] == [7, 8, 9, 10]
+    assert second["ntokens_seen"] > first["ntokens_seen"]  # trainer state came back too
+    assert (ckpt / "step-10").is_dir()
+    assert_learns(first["losses"] + second["losses"])
+
+
+@pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
+def test_mxfp8_a2a_config_trains(tmp_path: Path, family: str) -> None:
+    summary = train(make_cfg(family, a2a="mxfp8", steps=6, wandb_mode="disabled"), tmp_path / family)
+    assert summary["a2a"] == "mxfp8"
+    assert summary["steps"] == 6
+    losses = summary["losses"]
+    assert all(x == x and abs(x) < 1e4 for x in losses), losses
+    assert _mean(losses[-2:]) < losses[0]
+    legs = summary["a2a_bytes_per_step_by_leg"]
+    if legs.get("dispatch_fwd") and legs.get("dispatch_bwd"):
+        # Same rows cross the wire both ways; the forward goes as MXFP8 (1 byte + 1/32 scale
+        # byte per element) and its gradient as bf16 (2 bytes).
+        assert legs["dispatch_fwd"] < 0.6 * legs["dispatch_bwd"], legs
