@@ -3,7 +3,7 @@
     python launch/train.py                                  # tiny Llama4, 2 processes, bf16
     python launch/train.py a2a=mxfp8                        # same, tokens sent as MXFP8
     python launch/train.py --multirun a2a=bf16,mxfp8        # both, one after the other
-    python launch/train.py +recipe=llama4_ep8_bf16_vs_mxfp8 --multirun   # a named sweep
+    python launch/train.py --multirun +recipe=llama4_ep8_bf16_vs_mxfp8   # a named sweep
     python launch/train.py launcher=slurm parallelism=2nodes_8gpus model=dsv3_16b \
         launcher.partition=gpu                              # submit to SLURM
     python launch/train.py --cfg job                        # print the composed config
