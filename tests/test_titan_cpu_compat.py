@@ -1,0 +1,88 @@
+"""Each torchtitan 0.2.2 CPU patch in ``mxfp8_ep.titan_cpu_compat`` (single process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mxfp8_ep import titan_cpu_compat
+from mxfp8_ep.titan_cpu_compat import CpuDeviceModule, apply_cpu_compat, force_sum_reduction
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patches")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def patched() -> None:
+    assert apply_cpu_compat() is True
+
+
+def test_idempotent() -> None:
+    histc = torch.histc
+    assert apply_cpu_compat() is True
+    assert torch.histc is histc
+    assert titan_cpu_compat.is_applied()
+
+
+def test_noop_when_cuda_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert apply_cpu_compat() is False
+
+
+def test_device_type_and_module() -> None:
+    from torchtitan.components import metrics
+    from torchtitan.distributed import parallel_dims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.tools import utils
+
+    for module in (utils, metrics, dist_utils):
+        assert module.device_type == "cpu"
+        assert isinstance(module.device_module, CpuDeviceModule)
+    assert parallel_dims.device_type == "cpu"
+    monitor = metrics.build_device_memory_monitor()
+    stats = monitor.get_peak_stats()
+    assert stats.max_reserved_gib > 0 and 0 < stats.max_reserved_pct < 100
+    assert isinstance(utils.device_module.current_device(), int)
+
+
+def test_histc_on_int64_matches_bincount() -> None:
+    idx = torch.tensor([[0, 3], [3, 1], [7, 3]])
+    counts = torch.histc(idx.view(-1), bins=8, min=0, max=8)
+    assert counts.dtype == torch.int64
+    assert torch.equal(counts, torch.bincount(idx.view(-1), minlength=8))
+    # floating point input is untouched
+    assert torch.histc(torch.tensor([0.5, 1.5]), bins=2, min=0, max=2).dtype == torch.float32
+
+
+def test_permute_indices_takes_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchtitan.models.moe import kernels
+    from torchtitan.models.moe import utils as moe_utils
+
+    # EP's _permute calls the name in moe.utils: it must be the patched one.
+    assert moe_utils.generate_permute_indices is kernels.generate_permute_indices
+    tokens = torch.tensor([4, 2, 1, 3, 1, 2, 3, 4], dtype=torch.int64)  # 2 ranks x 4 experts
+    ref = kernels.generate_permute_indices.__wrapped__(tokens, 4, 2, 64, 8, use_cpu=True)
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("the Triton kernel was launched for CPU tensors")
+
+    monkeypatch.setattr(kernels, "fill_indices_wrapper", no_triton)
+    got = moe_utils.generate_permute_indices(tokens, 4, 2, 64, 8)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+
+
+def test_dsv3_args_have_moe_impl() -> None:
+    from torchtitan.models.deepseek_v3 import deepseekv3_args
+
+    assert deepseekv3_args["debugmodel"].moe_impl == "standard"
+
+
+def test_force_sum_reduction_counts_fsdp_modules() -> None:
+    assert force_sum_reduction(torch.nn.Linear(2, 2)) == 0
+
+
+def test_parallelize_functions_are_wrapped() -> None:
+    from torchtitan.models import deepseek_v3, llama4
+
+    assert llama4.get_train_spec().parallelize_fn._mxfp8ep_force_sum
+    assert deepseek_v3.get_train_spec().parallelize_fn._mxfp8ep_force_sum

@@ -1,0 +1,142 @@
+"""Flavor mapping, tiny flavors, tiny tokenizer/dataset assets (single process, seconds)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from launch import titan_models  # noqa: E402
+from launch.titan_data import TINY_DATASET, TINY_TEXT, TOKENIZER_DIR, register_tiny_dataset  # noqa: E402
+from launch.titan_models import (  # noqa: E402
+    TINY_VOCAB_SIZE,
+    UnknownModelError,
+    model_args,
+    register_tiny_flavors,
+    resolve,
+)
+
+
+@pytest.mark.parametrize(
+    "family, flavor, expected",
+    [
+        ("llama4", "tiny", ("llama4", "tiny")),
+        ("llama4", "debugmodel", ("llama4", "debugmodel")),
+        ("llama4", "17bx16e", ("llama4", "17bx16e")),
+        ("llama4", "17bx128e", ("llama4", "17bx128e")),
+        ("deepseek_v3", "tiny", ("deepseek_v3", "tiny")),
+        ("deepseek_v3", "16B", ("deepseek_v3", "16B")),
+        ("deepseek_v3", "16b", ("deepseek_v3", "16B")),
+        ("deepseek_v3", "671B", ("deepseek_v3", "671B")),
+        ("dsv3", "debugmodel", ("deepseek_v3", "debugmodel")),
+    ],
+)
+def test_resolve(family: str, flavor: str, expected: tuple[str, str]) -> None:
+    assert resolve(family, flavor) == expected
+
+
+@pytest.mark.parametrize("family, flavor", [("llama3", "8B"), ("llama4", "huge"), ("deepseek_v3", "7B")])
+def test_unknown_names_raise_key_and_value_error(family: str, flavor: str) -> None:
+    with pytest.raises(KeyError):
+        resolve(family, flavor)
+    with pytest.raises(ValueError, match="unknown"):
+        model_args(family, flavor)
+    with pytest.raises(UnknownModelError):
+        resolve(family, flavor)
+
+
+def test_every_named_flavor_exists_in_torchtitan() -> None:
+    register_tiny_flavors()
+    for family, flavors in titan_models.TITAN_FLAVORS.items():
+        for flavor in flavors + titan_models.TINY_FLAVORS[family]:
+            assert titan_models._flavor_dict(family)[flavor] is not None
+
+
+@pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
+def test_tiny_flavor_shapes(family: str) -> None:
+    args = model_args(family, "tiny")
+    assert 64 <= args.dim <= 128 and args.dim % 32 == 0
+    assert args.n_layers == 2
+    assert 4 <= args.moe_args.num_experts <= 8 and args.moe_args.num_experts % 2 == 0  # EP=2
+    assert 1 <= args.moe_args.top_k <= 2
+    assert args.vocab_size == TINY_VOCAB_SIZE
+    if family == "llama4":
+        assert args.interleave_moe_layer_step == 1  # MoE on every layer
+    else:
+        assert args.n_dense_layers == 0 and args.moe_inter_dim % 32 == 0
+
+
+def test_model_args_is_a_private_copy() -> None:
+    args = model_args("llama4", "tiny")
+    args.dim = 7
+    assert model_args("llama4", "tiny").dim == 128
+    assert titan_models._flavor_dict("llama4")["tiny"].dim == 128
+
+
+@pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
+def test_tiny_model_forward_backward_on_cpu(family: str) -> None:
+    """The tiny flavors build and train one step as plain modules (needs the CPU compat for
+    the router's integer histc and DeepSeek-V3's moe_impl default)."""
+    from torchtitan.protocols import train_spec
+
+    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+
+    if not torch.cuda.is_available():
+        apply_cpu_compat()
+    args = model_args(family, "tiny")
+    args.moe_args.use_grouped_mm = False  # what update_from_config does below SM90
+    spec = train_spec.get_train_spec(family)
+    torch.manual_seed(0)
+    model = spec.model_cls(args)
+    with torch.no_grad():
+        model.init_weights()
+    tokens = torch.randint(0, args.vocab_size, (2, 32))
+    logits = model(tokens)
+    assert logits.shape == (2, 32, args.vocab_size)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_tokenizer_assets_load_in_torchtitan() -> None:
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    tok = HuggingFaceTokenizer(str(TOKENIZER_DIR))
+    assert tok.get_vocab_size() <= TINY_VOCAB_SIZE
+    assert tok.bos_id is not None and tok.eos_id is not None
+    ids = tok.encode("Token 7 is routed to expert 3.", add_bos=True, add_eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+    assert max(ids) < TINY_VOCAB_SIZE
+    assert tok.decode(ids[1:-1]) == "Token 7 is routed to expert 3."
+
+
+def test_tiny_dataset_registered_and_small() -> None:
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    register_tiny_dataset()
+    config = DATASETS[TINY_DATASET]
+    assert Path(config.path) == TINY_TEXT
+    assert TINY_TEXT.stat().st_size < 400 * 1024
+    ds = config.loader(config.path)
+    assert len(ds) > 100
+    assert config.sample_processor(ds[0]).strip()
+
+
+def test_asset_corpus_is_deterministic() -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import build_tiny_assets
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    docs = build_tiny_assets.make_corpus(20)
+    assert docs == build_tiny_assets.make_corpus(20)
+    committed = TINY_TEXT.read_text().splitlines()[:20]
+    import json
+
+    assert [json.loads(line)["text"] for line in committed] == docs
