@@ -96,7 +96,16 @@ class SlurmTrainJob:
         if env.rank == 0 and self.requeues:
             print(f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
                   f"last checkpoint in {self.run_dir}", flush=True)
-        return run_worker(self.cfg_yaml, self.run_dir)
+        result = run_worker(self.cfg_yaml, self.run_dir)
+        if env.rank == 0:
+            # The submitting process may be long gone: leave the run's summary.json here.
+            from launch.summary import format_summary, write_summary
+            from launch.worker import config_from_yaml
+
+            summary = write_summary(config_from_yaml(self.cfg_yaml), self.run_dir, result,
+                                    {"slurm_job_id": os.environ.get("SLURM_JOB_ID")})
+            print(format_summary(summary), flush=True)
+        return result
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit on preemption / time limit: resubmit the same run. torchtitan
