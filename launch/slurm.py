@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -156,7 +157,7 @@ def _wait(job: Any, sub: SlurmSubmission) -> SlurmSubmission:
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     try:
-        sub.result = job.result()
+        sub.result = job.results()[0]  # task 0 (global rank 0); the others return None
     except (FailedJobError, UncompletedJobError) as e:
         sub.state = _final_state(job) or "FAILED"
         print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}; see {sub.log_path}", flush=True)
@@ -168,10 +169,21 @@ def _wait(job: Any, sub: SlurmSubmission) -> SlurmSubmission:
     return sub
 
 
-def _final_state(job: Any) -> Optional[str]:
-    try:
-        state = job.get_info(mode="force").get("State")
-    except Exception:  # noqa: BLE001 - state is informational
-        return None
-    # sacct writes e.g. "CANCELLED by 0"
-    return state.split()[0] if state else None
+_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
+             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def _final_state(job: Any, timeout_s: float = 90.0) -> Optional[str]:
+    """SLURM's state once the job has left RUNNING/COMPLETING (results can arrive first)."""
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while True:
+        try:
+            # sacct writes e.g. "CANCELLED by 0"; get_info's cache is stale without "force".
+            raw = job.get_info(mode="force").get("State")
+            state = raw.split()[0] if raw else state
+        except Exception:  # noqa: BLE001 - state is informational
+            pass
+        if (state and state.startswith(_TERMINAL)) or time.monotonic() > deadline:
+            return state
+        time.sleep(1.0)
