@@ -149,7 +149,13 @@ class RecipeMetricsProcessor(MetricsProcessor):
         values = [float(local.get(leg, 0)) for leg in _LEGS]
         values.append(float(sum(v for k, v in local.items() if k not in _LEGS and k != "total")))
         if dist.is_available() and dist.is_initialized():
-            t = torch.tensor(values, dtype=torch.float64)
+            # On the trainer's device: NCCL cannot reduce host tensors (gloo reduces CPU ones).
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if torch.cuda.is_available()
+                else torch.device("cpu")
+            )
+            t = torch.tensor(values, dtype=torch.float64, device=device)
             dist.all_reduce(t)
             values = t.tolist()
         totals = dict(zip(_LEGS + ("other",), values))

@@ -230,6 +230,7 @@ class RecipeTrainer(Trainer):
             "world_size": self.parallel_dims.world_size,
             "ep": self.parallel_dims.ep,
             "device": self.device.type,
+            "backend": str(dist.get_backend()),
             "ntokens_seen": self.ntokens_seen,
             "checkpoint_folder": (
                 os.path.join(jc.job.dump_folder, jc.checkpoint.folder)

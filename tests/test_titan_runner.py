@@ -132,7 +132,7 @@ def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
     assert summary["tokens_per_sec"] > 0
     assert summary["tokens_per_sec_global"] == pytest.approx(WORLD * summary["tokens_per_sec"])
     assert summary["a2a"] == "bf16" and summary["model"] == "llama4/tiny"
-    assert summary["device"] == "cpu" and summary["ep"] == 2
+    assert summary["device"] == "cpu" and summary["backend"] == "gloo" and summary["ep"] == 2
 
     runs = find_runs(str(run_dir))
     assert len(runs) == 1, runs
