@@ -1,0 +1,27 @@
+"""Compose the recipe's Hydra config in tests (no @hydra.main, no process launched)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `launch/` is a folder of scripts, not an installed package
+    sys.path.insert(0, str(REPO))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+import launch.config_store  # noqa: E402,F401  (registers the schemas)
+CONF = REPO / "conf"
+GROUPS = ("model", "parallelism", "a2a", "launcher", "logging")
+
+
+def compose_cfg(*overrides: str, hydra_node: bool = False) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=hydra_node)
+
+
+def options(group: str) -> list[str]:
+    """Option names of a config group (its YAML files; the ConfigStore schemas aside)."""
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))

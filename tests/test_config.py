@@ -1,0 +1,204 @@
+"""Composition of every config option, schema enforcement, presets, recipes, and the big
+model flavors' args (instantiated on the meta device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra_compose import CONF, GROUPS, REPO, compose_cfg, options  # also puts the repo on sys.path
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from launch.config_store import SlurmLauncherConfig
+from launch.schema import A2ASchema, LauncherConfig, ModelConfig, TrainConfig
+from launch.validate import resolve_model_args, validate
+from mxfp8_ep.config import PRESETS, A2AConfig
+
+
+def test_defaults():
+    cfg = compose_cfg()
+    assert OmegaConf.get_type(cfg) is TrainConfig
+    assert cfg.model.name == "tiny_llama4" and cfg.model.family == "llama4"
+    assert cfg.model.flavor == "tiny"
+    assert (cfg.parallelism.name, cfg.parallelism.nodes, cfg.parallelism.procs_per_node) == ("ep2", 1, 2)
+    assert cfg.parallelism.ep == 2
+    assert cfg.a2a.name == "bf16"
+    assert cfg.launcher.name == "local" and OmegaConf.get_type(cfg.launcher) is LauncherConfig
+    assert cfg.logging.name == "wandb_offline" and cfg.logging.wandb_mode == "offline"
+    assert cfg.training.steps > 0
+    assert not OmegaConf.missing_keys(cfg)
+
+
+def test_every_group_has_the_required_options():
+    assert set(options("model")) >= {
+        "tiny_llama4", "tiny_dsv3", "llama4_debugmodel", "llama4_17bx16e", "llama4_17bx128e",
+        "dsv3_debugmodel", "dsv3_16b", "dsv3_671b",
+    }
+    assert set(options("parallelism")) >= {"single", "ep2", "ep8", "2nodes_8gpus"}
+    assert set(options("a2a")) == set(PRESETS)
+    assert set(options("launcher")) == {"local", "slurm"}
+    assert set(options("logging")) == {"wandb_offline", "wandb_online", "none"}
+
+
+@pytest.mark.parametrize(
+    "group,option", [(g, o) for g in GROUPS for o in options(g)], ids=lambda x: str(x)
+)
+def test_every_option_composes(group, option):
+    cfg = compose_cfg(f"{group}={option}")
+    node = cfg[group]
+    assert node.name == option, f"conf/{group}/{option}.yaml must set name: {option}"
+    assert not OmegaConf.missing_keys(cfg)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a2a_legs_equal_core_presets(preset):
+    cfg = compose_cfg(f"a2a={preset}")
+    for leg in A2AConfig.legs():
+        assert cfg.a2a[leg] == PRESETS[preset][leg], f"conf/a2a/{preset}.yaml {leg}"
+    # and the group is accepted by the core's own config type
+    assert A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a)) == A2AConfig.preset(preset)
+
+
+def test_parallelism_options():
+    expect = {
+        "single": (1, 1, 1),
+        "ep2": (1, 2, 2),
+        "ep8": (1, 8, 8),
+        "2nodes_8gpus": (2, 8, 8),
+    }
+    for name, (nodes, procs, ep) in expect.items():
+        p = compose_cfg(f"parallelism={name}").parallelism
+        assert (p.nodes, p.procs_per_node, p.ep) == (nodes, procs, ep), name
+        assert p.fsdp == -1 and p.tp == 1
+
+
+def test_slurm_launcher_has_slurm_fields_local_does_not():
+    slurm = compose_cfg("launcher=slurm").launcher
+    assert OmegaConf.get_type(slurm) is SlurmLauncherConfig
+    assert slurm.gpus_per_node is None and slurm.srun_args == []
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg("launcher.gpus_per_node=0")  # launcher=local has no such field
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["training.stpes=3", "model.flavour=tiny", "a2a.dispatch=mxfp8", "parallelism.gpus=2"],
+)
+def test_misspelled_key_fails_at_composition(override):
+    with pytest.raises(ConfigCompositionException, match="Could not override"):
+        compose_cfg(override)
+
+
+@pytest.mark.parametrize(
+    "override", ["training.steps=abc", "parallelism.ep=two", "launcher.exclusive=maybe"]
+)
+def test_wrong_type_fails_at_composition(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg(override)
+
+
+@pytest.mark.parametrize("override", ["a2a=fp4", "model=llama5", "parallelism=ep3"])
+def test_unknown_option_fails_at_composition(override):
+    with pytest.raises(MissingConfigException):
+        compose_cfg(override)
+
+
+def test_typo_inside_a_group_file_fails(tmp_path):
+    """A YAML option with a misspelled key is rejected by its group's schema."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf, symlinks=True)
+    (conf / "model" / "broken.yaml").write_text(
+        "defaults:\n  - schema\n  - _self_\nname: broken\nfamily: llama4\nflavr: tiny\n"
+    )
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises((ConfigCompositionException, ConfigKeyError, ValidationError)):
+            compose("train", overrides=["model=broken"])
+
+
+def test_hydra_settings():
+    cfg = compose_cfg(hydra_node=True)
+    assert cfg.hydra.job.chdir is False
+    assert "recipe" in cfg.hydra.job.config.override_dirname.exclude_keys
+
+
+# ----------------------------------------------------------------------------- recipes
+RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+
+
+def test_recipes_exist():
+    assert {"tiny_cpu_smoke", "llama4_ep8_bf16_vs_mxfp8", "dsv3_16b_2nodes_sweep"} <= set(RECIPES)
+    assert (CONF / "recipe").resolve() == (REPO / "recipes").resolve()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_composes_validates_and_sweeps_a2a(recipe):
+    cfg = compose_cfg(f"+recipe={recipe}", hydra_node=True)
+    assert cfg.experiment == recipe
+    sweep = cfg.hydra.sweeper.params
+    assert "bf16" in sweep["a2a"].split(",") and "mxfp8" in sweep["a2a"].split(",")
+    # Valid as composed (a GPU box with 8 GPUs for the local GPU recipes).
+    validate(compose_cfg(f"+recipe={recipe}"), cuda_device_count=8)
+    # ... and for every sweep point.
+    for value in sweep["a2a"].split(","):
+        point = compose_cfg(f"+recipe={recipe}", f"a2a={value}")
+        validate(point, cuda_device_count=8)
+
+
+def test_recipe_sweeps_ep_across_nodes():
+    cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "parallelism.ep=16")
+    assert cfg.parallelism.nodes * cfg.parallelism.procs_per_node == 16
+    validate(cfg)
+
+
+# -------------------------------------------------------------------- model flavors
+def _build_on_meta(family: str, args):
+    """What torchtitan's Trainer does: finish the args from a job config, build on meta."""
+    from torchtitan.config import JobConfig
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    job_config = JobConfig()
+    job_config.training.seq_len = 4096
+    args.update_from_config(job_config)
+
+    model_cls = get_train_spec(family).model_cls
+    with torch.device("meta"):
+        return model_cls(args)
+
+
+# option -> (total parameters, lower, upper bound in billions)
+BIG = {
+    "llama4_17bx16e": (100, 115),
+    "llama4_17bx128e": (380, 420),
+    "dsv3_16b": (14, 17),
+    "dsv3_671b": (660, 690),
+}
+
+
+@pytest.mark.parametrize("option", sorted(BIG))
+def test_big_model_flavor_instantiates_on_meta(option):
+    m = compose_cfg(f"model={option}").model
+    args = resolve_model_args(m.family, m.flavor)
+    model = _build_on_meta(m.family, args)
+    n = sum(p.numel() for p in model.parameters())
+    lo, hi = BIG[option]
+    assert lo * 1e9 <= n <= hi * 1e9, f"{option}: {n / 1e9:.1f}B parameters"
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert args.dim % 32 == 0  # MXFP8 blocks of 32 along the hidden dim
+
+
+@pytest.mark.parametrize("option", ["tiny_llama4", "tiny_dsv3", "llama4_debugmodel", "dsv3_debugmodel"])
+def test_small_model_flavor_instantiates_on_meta(option):
+    m = compose_cfg(f"model={option}").model
+    model = _build_on_meta(m.family, resolve_model_args(m.family, m.flavor))
+    assert sum(p.numel() for p in model.parameters()) < 100e6
+
+
+def test_schema_defaults_match_group_files():
+    """The YAML groups spell out the schema's defaults for what they don't change."""
+    assert compose_cfg().a2a.scale_rounding == A2ASchema.scale_rounding
+    assert OmegaConf.is_missing(OmegaConf.structured(ModelConfig), "name")
