@@ -130,7 +130,10 @@ class RecipeMetricsProcessor(MetricsProcessor):
         if wandb_run_dir is not None and _rank() == 0:
             container = LoggerContainer()
             container.add_logger(self.logger)
-            container.add_logger(RecipeWandBLogger(wandb_run_dir, wandb_config or {}))
+            try:
+                container.add_logger(RecipeWandBLogger(wandb_run_dir, wandb_config or {}))
+            except Exception as e:  # noqa: BLE001 - like torchtitan: wandb must not stop training
+                logger.error(f"wandb logging disabled, wandb.init failed: {e}")
             self.logger = container
         wire_stats.reset()
 

@@ -260,6 +260,12 @@ def _setup_process(cpu: bool) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, per_node)))
 
 
+def _finish_wandb(exit_code: int) -> None:
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)
+
+
 def run_training(cfg: Any, run_dir: str) -> dict[str, Any] | None:
     """Train with torchtitan per ``cfg`` in this worker process; rank 0 returns a summary.
 
@@ -313,9 +319,13 @@ def run_training(cfg: Any, run_dir: str) -> dict[str, Any] | None:
         )
         trainer.train()
         summary = trainer.summary() if dist.get_rank() == 0 else None
+    except BaseException:
+        _finish_wandb(exit_code=1)  # mark the wandb run failed (before close() finishes it)
+        raise
     finally:
         if trainer is not None:
             trainer.close()
+        _finish_wandb(exit_code=0)  # no-op unless __init__ failed after wandb.init
         if owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         # torchtitan's GarbageCollection disabled automatic gc for the training loop.
