@@ -1,5 +1,5 @@
-"""Run a function on N local processes joined in a gloo process group (the CPU stand-in for
-NCCL: the code under test is the same)."""
+"""Run a function on N local processes joined in one process group: gloo on CPU (CI), NCCL
+on GPUs (one per rank). The code under test is the same for both."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import socket
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -17,20 +18,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn, args) -> None:
+def backends(world_size: int) -> list[str]:
+    """gloo always; NCCL too where this machine has a GPU per rank."""
+    return ["gloo"] + (["nccl"] if torch.cuda.device_count() >= world_size else [])
+
+
+def rank_device() -> torch.device:
+    """Where this rank's tensors live: its GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _entry(rank: int, world_size: int, port: int, backend: str, fn, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
     # A bounded timeout turns a collective that would hang into an error.
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=120), **kwargs)
     try:
         fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
 
 
-def run_on_ranks(world_size: int, fn, *args) -> None:
+def run_on_ranks(world_size: int, fn, *args, backend: str = "gloo") -> None:
     """Spawn ``world_size`` processes running ``fn(rank, world_size, *args)``; any rank's
     exception fails the caller with that rank's traceback."""
     mp.start_processes(
-        _entry, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True,
+        _entry, args=(world_size, free_port(), backend, fn, args), nprocs=world_size, join=True,
         start_method="spawn",
     )

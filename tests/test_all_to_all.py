@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from mxfp8_ep import wire_stats
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.format import dequantize_reference, quantize_reference
-from tests.distributed import run_on_ranks
+from tests.distributed import backends, rank_device, run_on_ranks
 
 K = 64
 EXAMPLES = {2: 90, 3: 70, 4: 60}
@@ -54,7 +54,7 @@ def _reference_exchange(x, output_splits, input_splits, fmt):
     dequantized with the reference when they come from another rank)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     everything = [None] * world
-    dist.all_gather_object(everything, (x, input_splits))
+    dist.all_gather_object(everything, (x.cpu(), input_splits))
     blocks = []
     for src, (x_src, splits_src) in enumerate(everything):
         start = sum(splits_src[:rank])
@@ -63,7 +63,7 @@ def _reference_exchange(x, output_splits, input_splits, fmt):
         if fmt == "mxfp8" and src != rank:  # self rows are never quantized
             block = dequantize_reference(quantize_reference(block), x.dtype)
         blocks.append(block)
-    return torch.cat(blocks)
+    return torch.cat(blocks).to(x.device)  # computed on the CPU: the definition
 
 
 def _bits(t):
@@ -72,6 +72,8 @@ def _bits(t):
 
 def _check(rank, world, matrices):
     group = dist.group.WORLD
+    device = rank_device()
+    on_gpu = device.type == "cuda"
     for idx, matrix in enumerate(matrices):
         input_splits = matrix[rank]
         output_splits = [matrix[src][rank] for src in range(world)]
@@ -79,14 +81,22 @@ def _check(rank, world, matrices):
         g = torch.Generator().manual_seed(idx * 100 + rank)
         # Row magnitudes over many binades so scales differ block to block.
         x = (torch.randn(sum(input_splits), K, generator=g)
-             * torch.exp2(torch.randint(-20, 20, (sum(input_splits), 1), generator=g).float())).to(dtype)
-        grad_out = torch.randn(sum(output_splits), K, generator=g).to(dtype)
+             * torch.exp2(torch.randint(-20, 20, (sum(input_splits), 1), generator=g).float())).to(device, dtype)
+        grad_out = torch.randn(sum(output_splits), K, generator=g).to(device, dtype)
         send, recv, n = sum(input_splits[:rank]), sum(output_splits[:rank]), input_splits[rank]
         for fwd, bwd in (("mxfp8", "bf16"), ("bf16", "mxfp8")):
             xg = x.clone().requires_grad_(True)
             wire_stats.reset()
-            y = all_to_all_v(xg, output_splits, input_splits, group, forward_format=fwd, backward_format=bwd)
-            y.backward(grad_out)
+            # On the GPU, prove the op never syncs the device with the host (forward + backward).
+            if on_gpu:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                y = all_to_all_v(xg, output_splits, input_splits, group, forward_format=fwd, backward_format=bwd)
+                y.backward(grad_out)
+            finally:
+                if on_gpu:
+                    torch.cuda.set_sync_debug_mode("default")
             where = f"matrix={matrix} rank={rank} dtype={dtype} fwd={fwd} bwd={bwd}"
             expected_y = _reference_exchange(x, output_splits, input_splits, fwd)
             expected_grad = _reference_exchange(grad_out, input_splits, output_splits, bwd)
@@ -103,11 +113,13 @@ def _check(rank, world, matrices):
             assert stats.get("a2a_bwd", 0) == (sum(output_splits) - n) * bwd_row, where
 
 
-@pytest.mark.parametrize("world", sorted(EXAMPLES))
-def test_all_to_all_v_fuzz(world):
+@pytest.mark.parametrize(
+    "world,backend", [(w, b) for w in sorted(EXAMPLES) for b in backends(w)]
+)
+def test_all_to_all_v_fuzz(world, backend):
     matrices = hypothesis_split_matrices(world, EXAMPLES[world]) + extreme_split_matrices(world)
     assert len(matrices) >= EXAMPLES[world]
-    run_on_ranks(world, _check, matrices)
+    run_on_ranks(world, _check, matrices, backend=backend)
 
 
 def test_fuzz_covers_at_least_200_split_matrices():

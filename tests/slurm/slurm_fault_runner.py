@@ -1,0 +1,43 @@
+"""Test-only trainer wrapper for tests/slurm/test_train_slurm.py, plugged in through the
+worker's existing debug hook ``MXFP8EP_RUNNER=slurm_fault_runner:run_training`` (this folder
+on ``PYTHONPATH``, which sbatch passes on to the job). Runs the real
+``launch.titan_runner.run_training``, optionally with faults:
+
+  MXFP8EP_TEST_CRASH_RANK=1 MXFP8EP_TEST_CRASH_STEP=3   that rank dies (os._exit(3), no
+                                                          Python cleanup) before step 3
+  MXFP8EP_TEST_STEP_SLEEP=0.5                           every rank sleeps this long per step
+                                                          (room to preempt a tiny run mid-way)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+
+def run_training(cfg: Any, run_dir: str) -> Any:
+    from launch import titan_runner
+
+    rank = int(os.environ.get("RANK", "0"))
+    crash_rank = int(os.environ.get("MXFP8EP_TEST_CRASH_RANK", "-1"))
+    crash_step = int(os.environ.get("MXFP8EP_TEST_CRASH_STEP", "1"))
+    step_sleep = float(os.environ.get("MXFP8EP_TEST_STEP_SLEEP", "0"))
+
+    if rank == crash_rank or step_sleep > 0:
+        original = titan_runner.RecipeTrainer.train_step
+
+        def train_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # torchtitan increments self.step before calling train_step
+            if rank == crash_rank and self.step >= crash_step:
+                print(f"[fault-runner] rank {rank}: injected crash at step {self.step}", flush=True)
+                print(f"[fault-runner] rank {rank}: injected crash", file=sys.stderr, flush=True)
+                os._exit(3)
+            if step_sleep > 0:
+                time.sleep(step_sleep)
+            return original(self, *args, **kwargs)
+
+        titan_runner.RecipeTrainer.train_step = train_step
+
+    return titan_runner.run_training(cfg, run_dir)
