@@ -78,7 +78,8 @@ def test_fsdp_times_tp_must_equal_world_size():
 
 
 def test_tp_must_divide_world_size():
-    assert "parallelism.tp=3 does not divide the world size" in one_problem("parallelism.tp=3")
+    found = problems("parallelism.tp=3")
+    assert "parallelism.tp=3 does not divide the world size" in found[0]
 
 
 def test_tp_must_divide_heads():
@@ -182,12 +183,12 @@ def test_warmup_longer_than_training_warns():
 
 # -------------------------------------------------------------------- launcher
 def test_local_launcher_is_one_node():
-    msg = one_problem("parallelism=2nodes_8gpus", cuda=8)
+    msg = one_problem("parallelism=2nodes_8gpus", "model=llama4_debugmodel", cuda=8)
     assert "launcher=local" in msg and "launcher=slurm" in msg
 
 
 def test_local_launcher_needs_a_gpu_per_process():
-    msg = one_problem("parallelism=ep8", cuda=2)
+    msg = one_problem("parallelism=ep8", "model=llama4_debugmodel", cuda=2)
     assert "procs_per_node=8 but this machine has 2 GPU(s)" in msg
 
 
