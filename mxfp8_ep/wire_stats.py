@@ -9,10 +9,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import torch
+
 _lock = threading.Lock()
 _bytes: Counter[str] = Counter()
 
 
+# Under torch.compile this host-side counter runs eagerly (a deliberate graph break): a
+# compiled graph cannot mutate Python state on every call, and counts must stay exact.
+@torch.compiler.disable
 def record(leg: str, num_bytes: int) -> None:
     with _lock:
         _bytes[leg] += int(num_bytes)
