@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from tests.distributed import run_on_ranks
+from tests.distributed import backends, rank_device, run_on_ranks
 
 TOLERANCE = 2.0**-4
 
@@ -38,12 +38,14 @@ def _build(family: str, seed: int):
 
 
 def _run_model(family, preset, tokens, ep_mesh):
+    device = tokens.device
     from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
     from mxfp8_ep import A2AConfig, wire_stats
     from mxfp8_ep.expert_parallel import install_expert_parallel, uninstall_expert_parallel
 
     model, args = _build(family, seed=0)
+    model.to(device)
     if preset is None:
         uninstall_expert_parallel()
     else:
@@ -70,10 +72,12 @@ def _rel_err(a, b):
 def _check(rank, world, family):
     from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
 
-    apply_cpu_compat()
-    ep_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+    device = rank_device()
+    if device.type == "cpu":
+        apply_cpu_compat(force=True)  # gloo processes on a GPU machine are CPU runs too
+    ep_mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("ep",))
     g = torch.Generator().manual_seed(1000 + rank)
-    tokens = torch.randint(0, 512, (2, 32), generator=g)
+    tokens = torch.randint(0, 512, (2, 32), generator=g).to(device)
 
     ref_logits, ref_grads, ref_bytes = _run_model(family, None, tokens, ep_mesh)
     assert ref_bytes["total"] == 0, "torchtitan's own ExpertParallel does not go through our ops"
@@ -97,9 +101,10 @@ def _check(rank, world, family):
     dist.barrier()
 
 
+@pytest.mark.parametrize("backend", backends(2))
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
-def test_expert_parallel_in_torchtitan_models(family):
-    run_on_ranks(2, _check, family)
+def test_expert_parallel_in_torchtitan_models(family, backend):
+    run_on_ranks(2, _check, family, backend=backend)
 
 
 def test_install_rebinds_and_uninstall_restores():
