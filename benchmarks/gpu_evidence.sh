@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU evidence on a 2-GPU machine, in one call each (the device lease is short):
+#   bash benchmarks/gpu_evidence.sh core  OUT_DIR   # GPU variants of the tests + a2a benchmark
+#   bash benchmarks/gpu_evidence.sh train OUT_DIR   # llama4/dsv3 debugmodel, EP=2, bf16 vs mxfp8
+# Logs and JSON go to OUT_DIR; a short table is printed last.
+set -uo pipefail
+what=${1:?core|train}
+out=${2:?output dir}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+{
+  nvidia-smi -L
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+} 2>&1 | tee "$out/env.txt"
+
+if [ "$what" = core ]; then
+  # Triton kernels compiled for the GPU vs the torch reference; the format oracle tests.
+  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py 2>&1 | tee "$out/test_kernels.log" | tail -3
+  # NCCL: the op fuzz (under sync-debug 'error') and torchtitan EP, on 2 GPUs.
+  python3 -m pytest -q -p no:cacheprovider tests/test_all_to_all.py tests/test_expert_parallel.py -k "nccl" 2>&1 | tee "$out/test_nccl.log" | tail -3
+  torchrun --nproc_per_node=2 benchmarks/a2a.py --json "$out/a2a.json" 2>&1 | tee "$out/a2a.log" | grep -v "^W"
+elif [ "$what" = train ]; then
+  runs=/tmp/mxfp8ep_gpu_runs
+  rm -rf "$runs"
+  python3 launch/train.py --multirun model=llama4_debugmodel,dsv3_debugmodel a2a=bf16,mxfp8 \
+      training.steps=50 training.seq_len=2048 training.local_batch_size=8 \
+      experiment=gpu_debugmodels hydra.sweep.dir="$runs" > "$out/train.log" 2>&1
+  echo "train exit $?"
+  python3 launch/compare_runs.py "$runs" --out "$out/compare.json" 2>&1 | tee "$out/compare.txt"
+fi
