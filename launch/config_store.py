@@ -1,8 +1,10 @@
 """Register the recipe's structured configs (``launch/schema.py``) in Hydra's ConfigStore.
 
-``conf/train.yaml`` starts its defaults list with ``train_schema`` and every group option starts
-with its group's ``schema``, so a misspelled key or a wrong type fails while Hydra composes the
-config, before anything is launched.
+``conf/train.yaml`` starts its defaults list with ``train_schema`` (``TrainConfig``), which types
+every group (``model: ModelConfig``, ...): a misspelled key or a wrong type in a group file or
+on the command line fails while Hydra composes the config, before anything is launched.
+``launcher=slurm`` extends its node to ``SlurmLauncherConfig`` (stored as the root-level
+``slurm_launcher_schema``, so it is not offered as a launcher option).
 """
 
 from __future__ import annotations
@@ -12,14 +14,7 @@ from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
-from launch.schema import (
-    A2ASchema,
-    LauncherConfig,
-    LoggingConfig,
-    ModelConfig,
-    ParallelismConfig,
-    TrainConfig,
-)
+from launch.schema import LauncherConfig, TrainConfig
 
 
 @dataclass
@@ -35,22 +30,11 @@ class SlurmLauncherConfig(LauncherConfig):
     job_name: Optional[str] = None
 
 
-GROUP_SCHEMAS = {
-    "model": ModelConfig,
-    "parallelism": ParallelismConfig,
-    "a2a": A2ASchema,
-    "launcher": LauncherConfig,
-    "logging": LoggingConfig,
-}
-
-
 def register_configs() -> None:
     """Idempotent: safe to call from the Hydra app and from tests."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for group, node in GROUP_SCHEMAS.items():
-        cs.store(group=group, name="schema", node=node)
-    cs.store(group="launcher", name="slurm_schema", node=SlurmLauncherConfig)
+    cs.store(name="slurm_launcher_schema", node=SlurmLauncherConfig)
 
 
 register_configs()
