@@ -9,6 +9,7 @@ Every wait is bounded; a stuck job is cancelled at teardown.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -287,8 +288,8 @@ def test_checkpoint_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jo
             subprocess.run(
                 ["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], timeout=10, check=False
             )
-            return False
-        return "JobState=REQUEUED" not in info
+        # not COMPLETING/REQUEUED/PENDING: the second attempt runs (or already ended)
+        return re.search(r"JobState=(RUNNING|COMPLETED|FAILED|CANCELLED|TIMEOUT)", info) is not None
 
     _wait(restarted, 60, "the job to be requeued", interval=0.5)
     _wait_done(job, 90)

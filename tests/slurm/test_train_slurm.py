@@ -1,0 +1,293 @@
+"""`python launch/train.py launcher=slurm` end to end on the local SLURM cluster.
+
+Real jobs: 2 fake nodes, gloo on CPU, the tiny Llama4 model, a few steps. Faults are injected
+through the worker's existing `MXFP8EP_RUNNER` hook with tests/slurm/slurm_fault_runner.py
+(this folder on PYTHONPATH, which sbatch passes on to the job). Every wait is bounded; jobs
+left behind by a failing test are cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "launch" / "train.py"
+HERE = Path(__file__).resolve().parent
+
+# CPU fake nodes: no GPUs to request; one gloo process per task.
+SLURM_CPU = [
+    "launcher=slurm",
+    "launcher.partition=debug",
+    "launcher.gpus_per_node=0",
+    "launcher.time_min=10",
+    "parallelism.nodes=2",
+    "parallelism.ep=2",
+]
+_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+             "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _sh(*args: str, timeout: float = 20) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout).stdout
+
+
+@pytest.fixture
+def train(slurm_cluster, tmp_path):
+    """Run launch/train.py (cwd: the test's tmp dir) and cancel every job it submitted at the
+    end of the test."""
+    submitted: list[str] = []
+
+    def run(args: list[str], timeout: float, extra_env: dict[str, str] | None = None):
+        env = {**os.environ, **slurm_cluster.env, "HYDRA_FULL_ERROR": "1", **(extra_env or {})}
+        proc = subprocess.run(
+            [sys.executable, str(TRAIN), *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+        )
+        out = proc.stdout + proc.stderr
+        submitted.extend(re.findall(r"submitted SLURM job (\d+)", out))
+        return proc, out
+
+    run.jobs = submitted  # type: ignore[attr-defined]
+    yield run
+    live = set(_sh("squeue", "-h", "-o", "%i").split())
+    for jid in submitted:
+        if jid in live:
+            subprocess.run(["scancel", jid], timeout=10, check=False)
+
+
+def _fault_env(**kv: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "MXFP8EP_RUNNER": "slurm_fault_runner:run_training", **kv}
+
+
+def _job_state(jid: str) -> str:
+    out = _sh("sacct", "-X", "-n", "-P", "-j", jid, "-o", "State").split("\n")
+    return out[0].split()[0] if out and out[0].strip() else "UNKNOWN"
+
+
+def _wait_terminal(jid: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = _job_state(jid)
+        if state.startswith(_TERMINAL):
+            return state
+        if time.monotonic() > deadline:
+            pytest.fail(f"SLURM job {jid} still {state} after {timeout}s")
+        time.sleep(1)
+
+
+def _wait_for(pred, timeout: float, what: str, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _next_job_id() -> int:
+    m = re.search(r"NEXT_JOB_ID\s*=\s*(\d+)", _sh("scontrol", "show", "config"))
+    assert m, "scontrol show config has no NEXT_JOB_ID"
+    return int(m.group(1))
+
+
+def _wandb_runs(run_dir: Path):
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from launch.wandb_offline import find_runs, read_run
+
+    return [read_run(d) for d in find_runs(str(run_dir))]
+
+
+def _losses(run) -> dict[int, float]:
+    return {int(h["_step"]): float(h["loss_metrics/global_avg_loss"])
+            for h in run.history if "loss_metrics/global_avg_loss" in h}
+
+
+# ------------------------------------------------------------------------------------ tests
+def test_two_nodes_two_procs_completes_with_metrics(train, tmp_path):
+    run_dir = tmp_path / "run"
+    proc, out = train(
+        [*SLURM_CPU, "parallelism.procs_per_node=2", "training.steps=6", "launcher.wait=true",
+         "logging=wandb_offline", f"hydra.run.dir={run_dir}"],
+        timeout=240,
+    )
+    assert proc.returncode == 0, out[-4000:]
+    (jid,) = train.jobs
+    assert f"SLURM job {jid} COMPLETED" in out
+    assert _job_state(jid) == "COMPLETED"
+    log = run_dir / "slurm" / f"{jid}_0_log.out"
+    assert f"log (task 0): {log}" in out and log.exists()
+    assert sorted(p.name for p in (run_dir / "slurm").glob(f"{jid}_*_log.out")) == [
+        f"{jid}_{t}_log.out" for t in range(4)
+    ]
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["launcher"] == "slurm"
+    metrics = summary["metrics"]
+    assert metrics["steps"] == 6
+    losses = metrics["loss_series"]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]  # it trains
+    assert metrics["tokens_per_s_global"] > 0
+
+    (wb,) = _wandb_runs(run_dir)
+    assert wb.exit_code == 0
+    wl = _losses(wb)
+    assert sorted(wl) == [1, 2, 3, 4, 5, 6]
+    assert [wl[s] for s in range(1, 7)] == pytest.approx(losses, rel=1e-6)
+
+
+def test_multirun_submits_one_job_per_point(train, tmp_path):
+    sweep = tmp_path / "multirun"
+    proc, out = train(
+        ["--multirun", "a2a=bf16,mxfp8", *SLURM_CPU, "parallelism.procs_per_node=1",
+         "training.steps=3", "logging=none", f"hydra.sweep.dir={sweep}"],
+        timeout=120,
+    )
+    assert proc.returncode == 0, out[-4000:]
+    jobs = train.jobs
+    assert len(jobs) == 2 and len(set(jobs)) == 2, out[-3000:]
+    # launcher.wait=false: both are submitted before either is waited for; they run side by side
+    states = [_wait_terminal(jid, 180) for jid in jobs]
+    assert states == ["COMPLETED", "COMPLETED"]
+    summaries = sorted(
+        (json.loads(p.read_text()) for p in sweep.glob("*/summary.json")), key=lambda s: s["a2a"]
+    )
+    assert [s["a2a"] for s in summaries] == ["bf16", "mxfp8"]
+    for s in summaries:
+        assert s["metrics"]["steps"] == 3 and math.isfinite(s["metrics"]["final_loss"])
+    assert summaries[1]["a2a_legs"] != summaries[0]["a2a_legs"]
+
+
+def test_crash_on_one_rank_is_failed_with_log_path(train, tmp_path):
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    proc, out = train(
+        [*SLURM_CPU, "parallelism.procs_per_node=1", "training.steps=6", "launcher.wait=true",
+         "logging=none", f"hydra.run.dir={run_dir}"],
+        timeout=240,
+        extra_env=_fault_env(MXFP8EP_TEST_CRASH_RANK="1", MXFP8EP_TEST_CRASH_STEP="3"),
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0, out[-3000:]
+    (jid,) = train.jobs
+    m = re.search(rf"SLURM job {jid} FAILED; see (\S+)", out)
+    assert m, out[-3000:]
+    assert Path(m.group(1)).exists()
+    assert "SlurmJobFailed" in out
+    assert _job_state(jid) == "FAILED"
+    crashed_log = run_dir / "slurm" / f"{jid}_1_log.out"  # rank 1 = task 1, on n2
+    assert "injected crash at step 3" in crashed_log.read_text()
+    print(f"crash reported after {elapsed:.1f}s")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("parallelism.ep=3", "parallelism.ep=3 must divide"),  # recipe validation
+        ("launcher.partitoin=debug", "partitoin"),  # typo: schema rejects at composition
+    ],
+    ids=["validation", "typo"],
+)
+def test_invalid_config_is_rejected_before_submission(train, tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    queued_before = set(_sh("squeue", "-h", "-o", "%i").split())
+    next_id = _next_job_id()
+    proc, out = train(
+        [*SLURM_CPU, "parallelism.procs_per_node=2", "logging=none", override,
+         f"hydra.run.dir={run_dir}"],
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert message in out, out[-3000:]
+    assert "submitted SLURM job" not in out
+    assert _next_job_id() == next_id  # sbatch was never called
+    assert set(_sh("squeue", "-h", "-o", "%i").split()) <= queued_before
+    assert not (run_dir / "slurm").exists()
+
+
+def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 10
+    proc, out = train(
+        [*SLURM_CPU, "parallelism.procs_per_node=1", f"training.steps={steps}",
+         "training.checkpoint_enable=true", "training.checkpoint_interval=2",
+         "logging=wandb_offline", f"hydra.run.dir={run_dir}"],
+        timeout=120,
+        extra_env=_fault_env(MXFP8EP_TEST_STEP_SLEEP="0.7"),  # room to preempt mid-run
+    )
+    assert proc.returncode == 0, out[-3000:]
+    (jid,) = train.jobs
+    log = run_dir / "slurm" / f"{jid}_0_log.out"
+
+    def past_first_checkpoint() -> bool:
+        text = log.read_text() if log.exists() else ""
+        return (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and "step:  5/" in text
+
+    _wait_for(past_first_checkpoint, 150, "step 5 (after the step-4 checkpoint)")
+    # What SLURM sends ahead of a preemption or the time limit (--signal=USR2@90).
+    subprocess.run(["scancel", "--signal=USR2", jid], check=True, timeout=10)
+
+    # SLURM 22.05 holds a requeued job for 120 s (Reason=BeginTime): release it at once.
+    def restarted() -> bool:
+        info = _sh("scontrol", "-o", "show", "job", jid)
+        if "Restarts=0" in info:
+            return False
+        if "JobState=PENDING" in info:
+            subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"],
+                           timeout=10, check=False)
+        # not COMPLETING/REQUEUED/PENDING: the second attempt runs (or already ended)
+        return re.search(r"JobState=(RUNNING|COMPLETED|FAILED|CANCELLED|TIMEOUT)", info) is not None
+
+    _wait_for(restarted, 90, "the job to be requeued and restarted", interval=0.5)
+    assert _wait_terminal(jid, 180) == "COMPLETED", log.read_text()[-3000:]
+    history = _sh("sacct", "-D", "-X", "-n", "-P", "-j", jid, "-o", "State").split()
+    assert history[0] == "REQUEUED" and history[-1] == "COMPLETED", history
+
+    text = log.read_text()
+    assert "Caught signal SIGUSR2" in text and "Calling checkpoint method" in text
+    assert "requeued run (attempt 2)" in text
+    m = re.search(r"Loading the checkpoint from \S+/step-(\d+)", text)
+    assert m, text[-3000:]
+    resumed_from = int(m.group(1))
+    assert 4 <= resumed_from < steps
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    result = summary["result"]
+    assert result["start_step"] == resumed_from
+    assert result["steps"] == steps
+    assert result["logged_steps"] == list(range(resumed_from + 1, steps + 1))
+
+    # Attempt 1 from its log (a preempted attempt's offline wandb data can be lost: the
+    # process is killed before wandb flushes), attempt 2 from its offline wandb run.
+    attempt1_log, attempt2_log = text.split("requeued run (attempt 2)", 1)
+    l1 = {int(a): float(b) for a, b in re.findall(r"step:\s+(\d+)/\d+\s+loss:\s+([\d.]+)", attempt1_log)}
+    assert min(l1) == 1 and max(l1) >= resumed_from, l1
+    runs = _wandb_runs(run_dir)
+    assert len(runs) == 2  # one offline run per attempt
+    final = runs[-1]
+    assert final.exit_code == 0
+    l2 = _losses(final)
+    assert sorted(l2) == list(range(resumed_from + 1, steps + 1))
+    assert [l2[s] for s in sorted(l2)] == pytest.approx(result["losses"], rel=1e-6)
+    # The loss continues: same weights and batches, so steps run by both attempts agree.
+    assert l2[resumed_from + 1] < l1[1]
+    overlap = sorted(set(l1) & set(l2))
+    assert overlap, (l1, l2)  # we preempted after step 5, the resume is from step 4
+    for step in overlap:
+        assert l2[step] == pytest.approx(l1[step], rel=1e-3, abs=1e-4), (step, l1, l2)
