@@ -20,7 +20,7 @@ from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, check_quantizable, check_ro
 _RCEIL = 0
 _FLOOR = 1
 # 1.5 * 2**23: adding and subtracting it rounds an fp32 |t| < 2**22 to an integer, ties to even.
-_RNE_MAGIC = 12582912.0
+_RNE_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit

@@ -30,6 +30,8 @@ def _build(family: str, seed: int):
 
     args = model_args(family, "tiny")
     args.moe_args.use_grouped_mm = False  # what torchtitan picks below SM90 (and on CPU)
+    if family == "deepseek_v3":
+        args.moe_impl = "standard"  # set by update_from_config in a real run
     torch.manual_seed(seed)
     model = train_spec.get_train_spec(family).model_cls(args)
     with torch.no_grad():

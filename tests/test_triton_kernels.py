@@ -1,6 +1,12 @@
 """Triton kernels vs the torch reference, bit for bit. On CPU they run under the Triton
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1); on the GPU machine, compiled."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -55,3 +61,18 @@ def test_dispatcher_picks_kernel_and_agrees():
     assert_bits_equal(dequantize(forced, kernel="triton"), dequantize(ref, kernel="torch"), nan_equal=True)
     with pytest.raises(ValueError, match="kernel"):
         quantize(x, kernel="cuda")
+
+
+def test_kernels_compile_for_hopper_without_ue8m0_cvt():
+    """The kernels compile to a cubin for sm_90 on this machine (Triton ships ptxas), and the
+    PTX builds e8m0 bytes without the `cvt ... .ue8m0x2` that ptxas rejects for sm_90a (the
+    reason torchao 0.18's MXFP8 quantizer does not run on Hopper). Runs in a fresh process:
+    this one may have the Triton interpreter on."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("triton_compile_check.py")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(report) == {"quantize_bf16_rceil", "quantize_fp32_floor", "dequantize_bf16", "dequantize_fp32"}
+    for name, info in report.items():
+        assert info["cubin_bytes"] > 0 and not info["ue8m0_in_ptx"], (name, info)
