@@ -1,6 +1,7 @@
 """Compare finished runs: bf16 vs MXFP8 all-to-all, side by side.
 
-    python launch/compare_runs.py multirun/default/2026-11-30_10-00-00     # a sweep
+    python launch/compare_runs.py multirun/default/2026-11-30_10-00-00     # a sweep (JSON
+                                                                           # written inside it)
     python launch/compare_runs.py outputs/a/run1 outputs/b/run2 --out cmp.json
     python launch/compare_runs.py path/to/wandb/offline-run-*              # wandb runs only
 
@@ -211,7 +212,9 @@ def to_json(records: list[RunRecord]) -> dict[str, Any]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run / sweep / offline wandb run directories")
-    ap.add_argument("--out", default="comparison.json", help="JSON output (default: %(default)s)")
+    ap.add_argument("--out", default=None,
+                    help="JSON output (default: <dir>/comparison.json for one directory, "
+                         "else ./comparison.json)")
     args = ap.parse_args(argv)
     try:
         records = compare(collect(args.paths))
@@ -223,6 +226,9 @@ def main(argv: Optional[list[str]] = None) -> int:
               + ", ".join(args.paths), file=sys.stderr)
         return 1
     print(format_table(records))
+    if args.out is None:
+        only = Path(args.paths[0])
+        args.out = str(only / "comparison.json") if len(args.paths) == 1 and only.is_dir() else "comparison.json"
     with open(args.out, "w") as f:
         json.dump(to_json(records), f, indent=2)
     print(f"\nwrote {args.out}")
