@@ -8,6 +8,7 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) is already s
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Optional
@@ -29,11 +30,12 @@ def config_to_yaml(cfg: DictConfig) -> str:
 def config_from_yaml(text: str) -> DictConfig:
     """Inverse of :func:`config_to_yaml`: a typed (``TrainConfig``) DictConfig again."""
     from launch.config_store import SlurmLauncherConfig
-    from launch.schema import TrainConfig
+    from launch.schema import LauncherConfig, TrainConfig
 
     values = OmegaConf.create(text)
     schema = OmegaConf.structured(TrainConfig)
-    if values.get("launcher", {}).get("name") == "slurm":
+    base_fields = {f.name for f in dataclasses.fields(LauncherConfig)}
+    if set(values.get("launcher", {})) - base_fields:  # SLURM-only fields present
         schema.launcher = OmegaConf.structured(SlurmLauncherConfig)
     return OmegaConf.merge(schema, values)
 
