@@ -288,6 +288,8 @@ def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):
     # The loss continues: same weights and batches, so steps run by both attempts agree.
     assert l2[resumed_from + 1] < l1[1]
     overlap = sorted(set(l1) & set(l2))
-    assert overlap, (l1, l2)  # we preempted after step 5, the resume is from step 4
+    # Usually preempted after step 5 and resumed from step 4: step 5 ran twice. (If the
+    # signal came late, after the step-6 checkpoint, there may be no step run twice.)
+    assert overlap or max(l1) == resumed_from, (l1, l2)
     for step in overlap:
         assert l2[step] == pytest.approx(l1[step], rel=1e-3, abs=1e-4), (step, l1, l2)
