@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import launch.config_store  # noqa: E402,F401  (registers the schemas)
 from launch.summary import format_summary, write_summary  # noqa: E402
-from launch.validate import ConfigError, validate  # noqa: E402
+from launch.validate import ConfigError, launcher_kind, validate  # noqa: E402
 
 log = logging.getLogger("mxfp8ep.train")
 
@@ -71,7 +71,7 @@ def launch_run(cfg: DictConfig, run_dir: str, task_overrides: list[str]) -> Opti
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "train_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
-    if cfg.launcher.name == "slurm":
+    if launcher_kind(cfg) == "slurm":
         from launch.slurm import submit
 
         sub = submit(cfg, run_dir)

@@ -14,13 +14,21 @@ from typing import Any, Callable, Optional
 from mxfp8_ep.config import KERNELS, LEG_FORMATS, PRESETS, SCALE_ROUNDINGS, A2AConfig
 
 FAMILIES = ("llama4", "deepseek_v3")
-LAUNCHERS = ("local", "slurm")
 WANDB_MODES = ("offline", "online", "disabled")
 ACTIVATION_CHECKPOINT = ("none", "full", "selective")
 # a2a.name for legs set by hand (no preset).
 CUSTOM_A2A = "custom"
 # MXFP8 shares one scale per 32 consecutive elements of a token's hidden vector.
 MX_BLOCK = 32
+
+
+def launcher_kind(cfg: Any) -> Optional[str]:
+    """"slurm" for any launcher option built on the SLURM schema (``launcher=slurm``, or a
+    site file such as ``conf/launcher/mycluster.yaml`` whose defaults start with
+    ``/slurm_launcher_schema@_here_``), "local" for ``launcher=local``, else None."""
+    if "gpus_per_node" in cfg.launcher:  # a field only SlurmLauncherConfig has
+        return "slurm"
+    return "local" if cfg.launcher.name == "local" else None
 
 
 class ConfigError(ValueError):
@@ -258,10 +266,11 @@ def _check_launcher(
     cfg: Any, r: _Report, world: Optional[int], cuda_device_count: Optional[int]
 ) -> None:
     lc, p = cfg.launcher, cfg.parallelism
-    if lc.name not in LAUNCHERS:
+    kind = launcher_kind(cfg)
+    if kind is None:
         r.error(f"launcher.name={lc.name!r}: use launcher=local or launcher=slurm")
         return
-    if lc.name == "local":
+    if kind == "local":
         if p.nodes > 1:
             r.error(
                 f"launcher=local starts processes on this machine only, but "

@@ -141,3 +141,27 @@ def test_submit_without_sbatch_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="needs the SLURM client"):
         slurm.submit(compose_cfg("launcher=slurm"), str(tmp_path))
+
+
+def test_site_launcher_file_built_on_the_slurm_schema(tmp_path):
+    """A cluster's own defaults as conf/launcher/<site>.yaml: launched with SLURM."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from hydra_compose import CONF
+
+    from launch.validate import launcher_kind, validate
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf, symlinks=True)
+    (conf / "launcher" / "mycluster.yaml").write_text(
+        "defaults:\n  - /slurm_launcher_schema@_here_\n  - _self_\n"
+        "name: mycluster\npartition: h200\naccount: team\nconstraint: nvlink\n"
+    )
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("train", overrides=["launcher=mycluster", "training.checkpoint_enable=true"])
+    assert launcher_kind(cfg) == "slurm"
+    assert validate(cfg) == []
+    p = slurm_executor_params(cfg)
+    assert (p["slurm_partition"], p["slurm_account"], p["slurm_constraint"]) == ("h200", "team", "nvlink")
+    assert config_from_yaml(config_to_yaml(cfg)) == cfg
