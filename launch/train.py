@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import launch.config_store  # noqa: E402,F401  (registers the schemas)
 from launch.summary import format_summary, write_summary  # noqa: E402
+from launch.sweep_check import check_sweep_once  # noqa: E402
 from launch.validate import ConfigError, launcher_kind, validate  # noqa: E402
 
 log = logging.getLogger("mxfp8ep.train")
@@ -59,9 +60,12 @@ def finalize(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
     return cfg
 
 
-def launch_run(cfg: DictConfig, run_dir: str, task_overrides: list[str]) -> Optional[dict]:
+def launch_run(cfg: DictConfig, run_dir: str, task_overrides: list[str],
+               hydra_cfg: Any = None) -> Optional[dict]:
     cfg = finalize(cfg, task_overrides)
     try:
+        if hydra_cfg is not None:
+            check_sweep_once(hydra_cfg)  # --multirun: every point, before the first job runs
         warnings = validate(cfg)
     except ConfigError as e:
         print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
@@ -97,7 +101,7 @@ def _report(cfg: Any, run_dir: str, result: Optional[dict], extra: Optional[dict
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> Optional[dict]:
     hc = HydraConfig.get()
-    return launch_run(cfg, hc.runtime.output_dir, list(hc.overrides.task))
+    return launch_run(cfg, hc.runtime.output_dir, list(hc.overrides.task), hc)
 
 
 if __name__ == "__main__":

@@ -233,3 +233,28 @@ def test_cli_reports_problems_and_exits_2(tmp_path):
     assert "2 problem(s) in the training config" in proc.stderr
     assert "parallelism.ep=4 must divide the world size" in proc.stderr
     assert not (tmp_path / "run" / "worker_logs").exists()
+
+
+# ------------------------------------------------------------------------ sweeps
+def test_sweep_points_like_the_basic_sweeper():
+    from launch.sweep_check import sweep_points
+
+    cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "training.steps=5", hydra_node=True)
+    points = sweep_points(cfg)
+    assert len(points) == 6  # a2a × parallelism.ep from the recipe
+    assert {(p[0], p[1]) for p in points} == {
+        (f"a2a={a}", f"parallelism.ep={e}") for a in ("bf16", "mxfp8", "mxfp8_all") for e in (8, 16)
+    }
+    assert all("training.steps=5" in p and "+recipe=dsv3_16b_2nodes_sweep" in p for p in points)
+
+
+def test_cli_sweep_with_a_bad_point_starts_nothing(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "train.py"), "--multirun", "parallelism.ep=2,4",
+         "training.steps=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "sweep job #1 (parallelism.ep=4 training.steps=2): parallelism.ep=4 must divide" in proc.stderr
+    assert "nothing was started" in proc.stderr
+    assert not list((tmp_path / "sweep").rglob("worker_logs"))
