@@ -120,10 +120,10 @@ wait_for() { # seconds description command...
 }
 
 # Daemons must not hold the caller's stdout/stderr (pytest's subprocess pipes would never
-# close): all of them get /dev/null in and a log file out.
+# close) nor the lock (fd 9): all of them get /dev/null in, a log file out, fd 9 closed.
 spawn() { # logfile command...  (background, own session; pid in $SPAWNED)
   local logfile=$1; shift
-  setsid "$@" </dev/null >>"$logfile" 2>&1 &
+  setsid "$@" </dev/null >>"$logfile" 2>&1 9>&- &
   SPAWNED=$!
 }
 spawned_alive() { [[ -r /proc/$SPAWNED/status ]] && ! grep -Eq '^State:\s+[ZX]' "/proc/$SPAWNED/status"; }
@@ -259,7 +259,7 @@ start_munge() {
   # munged forks itself; it writes its pid file as user munge.
   runuser -u munge -- /usr/sbin/munged --socket="$MUNGE_SOCK" --key-file="$MUNGE_DIR/munge.key" \
     --pid-file="$RUN/munged.pid" --log-file="$MUNGE_DIR/munged.log" \
-    --seed-file="$MUNGE_DIR/munged.seed" --num-threads=8 --force </dev/null >>"$LOG/munged.out" 2>&1 ||
+    --seed-file="$MUNGE_DIR/munged.seed" --num-threads=8 --force </dev/null >>"$LOG/munged.out" 2>&1 9>&- ||
     { cat "$MUNGE_DIR/munged.log" "$LOG/munged.out" >&2 2>/dev/null; die "munged failed to start"; }
   wait_for 10 munge bash -c "munge -n -S '$MUNGE_SOCK' | unmunge -S '$MUNGE_SOCK'" ||
     { tail -20 "$MUNGE_DIR/munged.log" >&2; die "munge does not answer on $MUNGE_SOCK"; }
@@ -307,7 +307,7 @@ start_slurmdbd() {
   if ! pid_alive "$RUN/slurmdbd.pid" slurmdbd >/dev/null; then
     port_busy "$DBD_PORT" && die "port $DBD_PORT busy (not our slurmdbd?)"
     # slurmdbd finds slurmdbd.conf next to $SLURM_CONF; it daemonizes and writes PidFile.
-    slurmdbd </dev/null >>"$LOG/slurmdbd.out" 2>&1 ||
+    slurmdbd </dev/null >>"$LOG/slurmdbd.out" 2>&1 9>&- ||
       { tail -20 "$LOG/slurmdbd.log" >&2; die "slurmdbd failed to start"; }
     wait_for 30 slurmdbd sacctmgr_ok ||
       { tail -20 "$LOG/slurmdbd.log" >&2; die "slurmdbd does not answer"; }
@@ -322,7 +322,7 @@ start_slurmdbd() {
 start_slurmctld() {
   if ! pid_alive "$RUN/slurmctld.pid" slurmctld >/dev/null; then
     port_busy "$CTLD_PORT" && die "port $CTLD_PORT busy (not our slurmctld?)"
-    slurmctld -f "$CONF" </dev/null >>"$LOG/slurmctld.out" 2>&1 ||
+    slurmctld -f "$CONF" </dev/null >>"$LOG/slurmctld.out" 2>&1 9>&- ||
       { tail -20 "$LOG/slurmctld.log" >&2; die "slurmctld failed to start"; }
     wait_for 20 slurmctld bash -c "timeout 5 scontrol ping | grep -q UP" ||
       { tail -20 "$LOG/slurmctld.log" >&2; die "slurmctld does not answer"; }
@@ -337,7 +337,7 @@ start_slurmd() {
     pid_alive "$RUN/slurmd-$n.pid" slurmd >/dev/null && continue
     port_busy "${NODE_PORTS[$i]}" && die "port ${NODE_PORTS[$i]} busy (not our slurmd $n?)"
     mkdir -p "$STATE/spool/$n"
-    slurmd -f "$CONF" -N "$n" </dev/null >>"$LOG/slurmd-$n.out" 2>&1 ||
+    slurmd -f "$CONF" -N "$n" </dev/null >>"$LOG/slurmd-$n.out" 2>&1 9>&- ||
       { tail -20 "$LOG/slurmd-$n.log" >&2; die "slurmd $n failed to start"; }
     log "slurmd $n started"
   done
@@ -446,11 +446,18 @@ cmd_status() {
   return $ok
 }
 
+# One start/stop/purge at a time (several test sessions or users may share the cluster).
+locked() {
+  exec 9>"${STATE%/}.lock"
+  flock -w 300 9 || die "another slurm_local.sh holds ${STATE%/}.lock"
+  "$@"
+}
+
 case ${1:-} in
   install) cmd_install ;;
-  start) cmd_start ;;
-  stop) cmd_stop ;;
-  purge) cmd_purge ;;
+  start) locked cmd_start ;;
+  stop) locked cmd_stop ;;
+  purge) locked cmd_purge ;;
   status) cmd_status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
   *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;

@@ -67,6 +67,13 @@ def slurm_cluster():
         pytest.fail(f"scripts/slurm_local.sh start failed:\n{start.stdout}\n{start.stderr}")
     print(f"\n[slurm_cluster] ready in {time.monotonic() - t0:.1f}s (already running: {already})")
 
+    # Register this session: a session that started the cluster stops it at the end only if
+    # no other live test session (another pytest on this machine) is still using it.
+    sessions = state_dir / "sessions"
+    sessions.mkdir(exist_ok=True)
+    me = sessions / str(os.getpid())
+    me.touch()
+
     # Point every SLURM client (ours and submitit's subprocesses) at this cluster, even if
     # /etc/slurm/slurm.conf belongs to something else.
     old_conf = os.environ.get("SLURM_CONF")
@@ -83,10 +90,30 @@ def slurm_cluster():
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old_conf
-        if not already:
+        me.unlink(missing_ok=True)
+        others = _live_sessions(sessions)
+        if not already and others:
+            print(f"\n[slurm_cluster] left running: still used by sessions {others}")
+        elif not already:
             stop = _run(["stop"], 120, env)
             if stop.returncode != 0:
                 print(f"[slurm_cluster] stop failed:\n{stop.stdout}\n{stop.stderr}")
+
+
+def _live_sessions(sessions: Path) -> list[int]:
+    live = []
+    for f in sessions.glob("*"):
+        try:
+            pid = int(f.name)
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (ValueError, OSError):
+            f.unlink(missing_ok=True)  # stale: that process is gone
+            continue
+        if "\nState:\tZ" in status:
+            f.unlink(missing_ok=True)
+            continue
+        live.append(pid)
+    return live
 
 
 @pytest.fixture
