@@ -51,10 +51,15 @@ def train(slurm_cluster, tmp_path):
 
     def run(args: list[str], timeout: float, extra_env: dict[str, str] | None = None):
         env = {**os.environ, **slurm_cluster.env, "HYDRA_FULL_ERROR": "1", **(extra_env or {})}
-        proc = subprocess.run(
-            [sys.executable, str(TRAIN), *args],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, str(TRAIN), *args],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as e:
+            out = _text(e.stdout) + _text(e.stderr)
+            submitted.extend(re.findall(r"submitted SLURM job (\d+)", out))  # cancelled below
+            pytest.fail(f"launch/train.py still running after {timeout}s:\n{out[-3000:]}")
         out = proc.stdout + proc.stderr
         submitted.extend(re.findall(r"submitted SLURM job (\d+)", out))
         return proc, out
@@ -65,6 +70,10 @@ def train(slurm_cluster, tmp_path):
     for jid in submitted:
         if jid in live:
             subprocess.run(["scancel", jid], timeout=10, check=False)
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def _fault_env(**kv: str) -> dict[str, str]:
