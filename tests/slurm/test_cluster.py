@@ -258,9 +258,16 @@ def test_bad_submission_is_clear_error(slurm_cluster, submitit_folder, params, m
     assert not list(submitit_folder.glob("*_submission.sh"))  # and submitit kept no job
 
 
-def test_checkpoint_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jobs, tmp_path):
+@pytest.mark.parametrize("how", ["usr2", "scontrol_requeue"])
+def test_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jobs, tmp_path, how):
+    """usr2: the preemption notice (what SLURM sends before a preemption / at the time limit;
+    USR2 is submitit's signal): submitit calls checkpoint() and requeues the job itself.
+    scontrol_requeue: an admin/external requeue, no notice: the job is killed and rerun from
+    its original pickle, and continues from the state it saved on disk."""
     state_file = tmp_path / "progress.json"
-    total = 12
+    # An external requeue kills the job only after KillWait (5 s; SIGTERM is ignored by
+    # submitit meanwhile): give it more than 5 s of work left.
+    total = 12 if how == "usr2" else 24
     ex = _executor(submitit_folder, slurm_cluster.partition)
     job = ex.submit(Resumable(str(state_file), total=total, step_s=0.5))
     jobs.append(job)
@@ -272,9 +279,10 @@ def test_checkpoint_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jo
             return 0
 
     _wait(lambda: progress() >= 3, 60, "3 steps of progress")
-    # Preemption notice, as SLURM sends it before a preemption / at the time limit (USR2 is
-    # submitit's signal): the job checkpoints and requeues itself with `scontrol requeue`.
-    subprocess.run(["scancel", "--signal=USR2", str(job.job_id)], check=True, timeout=10)
+    if how == "usr2":
+        subprocess.run(["scancel", "--signal=USR2", str(job.job_id)], check=True, timeout=10)
+    else:
+        subprocess.run(["scontrol", "requeue", str(job.job_id)], check=True, timeout=10)
     at_signal = progress()
 
     # SLURM 22.05 holds a requeued job for 120 s (Reason=BeginTime); release it at once.
@@ -296,7 +304,7 @@ def test_checkpoint_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jo
     result, err = _call_bounded(job.result, 30)
     assert err is None, f"{err}\n{job.stderr()}"
     assert result["step"] == total
-    assert result["checkpoints"] == 1
+    assert result["checkpoints"] == (1 if how == "usr2" else 0)
     assert result["restart_count"] == 1
     # continued from the saved step, not from 0 (a step may land between signal and exit)
     assert at_signal <= result["started_at"] < total, (at_signal, result)
