@@ -1,7 +1,7 @@
 """Patches that let torchtitan 0.2.2 train its MoE models on CPU processes (gloo).
 
-torchtitan 0.2.2 assumes an accelerator. On a machine without CUDA five things break (measured,
-see ``/work/shared/notes/torchtitan_0.2.2.md``); each patch below fixes exactly one of them:
+torchtitan 0.2.2 assumes an accelerator. On a machine without CUDA five things break (measured
+on torchtitan 0.2.2 + torch 2.13 CPU); each patch below fixes exactly one of them:
 
 1. ``_patch_device``: ``torchtitan.tools.utils`` picks ``device_type`` once at import time and
    falls back to ``"cuda"``; the modules that copied the name then build CUDA devices and ask

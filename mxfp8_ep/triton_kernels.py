@@ -84,17 +84,25 @@ def _bf16_bits(v):
 
 
 @triton.jit
+def _tile_offsets(M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's [BLOCK_M, BLOCK_K] element tile of a row-major [M, K] tensor and the
+    matching [BLOCK_M, BLOCK_K // 32] tile of its [M, K // 32] scales: offsets and masks."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    groups = tl.program_id(1) * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)
+    row_ok = rows[:, None] < M
+    offs = rows[:, None].to(tl.int64) * K + cols[None, :]
+    soffs = rows[:, None].to(tl.int64) * (K // 32) + groups[None, :]
+    return offs, row_ok & (cols[None, :] < K), soffs, row_ok & (groups[None, :] < K // 32)
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, data_ptr, scale_ptr, M, K,
     IN_BF16: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     GROUPS: tl.constexpr = BLOCK_K // 32
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    offs = rows[:, None].to(tl.int64) * K + cols[None, :]
+    offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
     if IN_BF16:
         # bf16 bits are the top half of fp32 bits: exact, subnormals included.
         raw = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32)
@@ -131,9 +139,6 @@ def _quantize_kernel(
     e4m3 = _e4m3_bits(_round_to_e4m3_grid(scaled))
     data = tl.reshape(e4m3, (BLOCK_M, BLOCK_K))
     tl.store(data_ptr + offs, data.to(tl.uint8), mask=mask)
-    groups = pid_k * GROUPS + tl.arange(0, GROUPS)
-    smask = (rows[:, None] < M) & (groups[None, :] < K // 32)
-    soffs = rows[:, None].to(tl.int64) * (K // 32) + groups[None, :]
     tl.store(scale_ptr + soffs, byte.to(tl.uint8), mask=smask)
 
 
@@ -143,16 +148,8 @@ def _dequantize_kernel(
     OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     GROUPS: tl.constexpr = BLOCK_K // 32
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)
-    offs = rows[:, None].to(tl.int64) * K + cols[None, :]
+    offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
     data = _e4m3_value(tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32))
-    groups = pid_k * GROUPS + tl.arange(0, GROUPS)
-    smask = (rows[:, None] < M) & (groups[None, :] < K // 32)
-    soffs = rows[:, None].to(tl.int64) * (K // 32) + groups[None, :]
     byte = tl.load(scale_ptr + soffs, mask=smask, other=127).to(tl.int32)
     scale = tl.where(byte == 255, float("nan"), _pow2(byte - 127))
     out = tl.reshape(tl.reshape(data, (BLOCK_M, GROUPS, 32)) * scale[:, :, None], (BLOCK_M, BLOCK_K))

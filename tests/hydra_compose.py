@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `launch/` is a folder of scripts, not an installed package
-    sys.path.insert(0, str(REPO))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
-import launch.config_store  # noqa: E402,F401  (registers the schemas)
+import launch.config_store  # noqa: F401  (registers the schemas)
 CONF = REPO / "conf"
 GROUPS = ("model", "parallelism", "a2a", "launcher", "logging")
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra_compose import REPO  # also puts the repo on sys.path
 
 from launch.compare_runs import collect, compare, format_table
 from launch.compare_runs import main as compare_main

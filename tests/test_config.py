@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra_compose import CONF, GROUPS, REPO, compose_cfg, options  # also puts the repo on sys.path
+from tests.hydra_compose import CONF, GROUPS, REPO, compose_cfg, options
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError

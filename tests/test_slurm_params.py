@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from hydra_compose import REPO, compose_cfg  # also puts the repo on sys.path
+from tests.hydra_compose import REPO, compose_cfg
 
 from launch.slurm import SlurmTrainJob, slurm_executor_kwargs, slurm_executor_params
 from launch.worker import config_from_yaml, config_to_yaml
@@ -148,7 +148,7 @@ def test_site_launcher_file_built_on_the_slurm_schema(tmp_path):
     import shutil
 
     from hydra import compose, initialize_config_dir
-    from hydra_compose import CONF
+    from tests.hydra_compose import CONF
 
     from launch.validate import launcher_kind, validate
 

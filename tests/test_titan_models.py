@@ -9,12 +9,10 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from launch import titan_models  # noqa: E402
-from launch.titan_data import TINY_DATASET, TINY_TEXT, TOKENIZER_DIR, register_tiny_dataset  # noqa: E402
-from launch.titan_models import (  # noqa: E402
+from launch import titan_models
+from launch.titan_data import TINY_DATASET, TINY_TEXT, TOKENIZER_DIR, register_tiny_dataset
+from launch.titan_models import (
     TINY_VOCAB_SIZE,
     UnknownModelError,
     model_args,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,8 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from launch.schema import (  # noqa: E402
+from launch.schema import (
     A2ASchema,
     LauncherConfig,
     LoggingConfig,
@@ -31,7 +28,7 @@ from launch.schema import (  # noqa: E402
     TrainConfig,
     TrainingConfig,
 )
-from mxfp8_ep.config import PRESETS  # noqa: E402
+from mxfp8_ep.config import PRESETS
 
 WORLD = 2
 

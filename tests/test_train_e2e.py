@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra_compose import REPO  # also puts the repo on sys.path
+from tests.hydra_compose import REPO
 
 from launch.compare_runs import main as compare_main
 from launch.wandb_offline import find_runs, read_run

@@ -7,7 +7,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from hydra_compose import REPO, compose_cfg  # also puts the repo on sys.path
+from tests.hydra_compose import REPO, compose_cfg
 
 from launch.validate import ConfigError, resolve_model_args, validate
 

@@ -21,6 +21,8 @@ import pytest
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, UncompletedJobError
 
+from tests.slurm.polling import wait_until
+
 pytestmark = pytest.mark.slurm
 
 # The job functions below live in this test module, which the job's Python cannot import:
@@ -39,23 +41,12 @@ def _state(job: submitit.Job) -> str:
     return job.get_info(mode="force").get("State", "UNKNOWN")
 
 
-def _wait(pred, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        val = pred()
-        if val:
-            return val
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 _ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "UNKNOWN")
 
 
 def _wait_done(job: submitit.Job, timeout: float) -> str:
     """Until SLURM (sacct) reports a final state -- result files can appear before that."""
-    _wait(lambda: not _state(job).startswith(_ACTIVE), timeout, f"job {job.job_id} to end ({job.state})")
+    wait_until(lambda: not _state(job).startswith(_ACTIVE), timeout, f"job {job.job_id} to end ({job.state})")
     return _state(job)
 
 
@@ -227,7 +218,7 @@ def test_scancel_is_cancelled(slurm_cluster, submitit_folder, jobs):
     ex = _executor(submitit_folder, slurm_cluster.partition)
     job = ex.submit(time.sleep, 600)
     jobs.append(job)
-    _wait(lambda: _state(job) == "RUNNING", 60, "job to start")
+    wait_until(lambda: _state(job) == "RUNNING", 60, "job to start")
     job.cancel()
     state = _wait_done(job, 60)
     assert state.startswith("CANCELLED"), state
@@ -278,7 +269,7 @@ def test_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jobs, tmp_pat
         except (FileNotFoundError, json.JSONDecodeError):
             return 0
 
-    _wait(lambda: progress() >= 3, 60, "3 steps of progress")
+    wait_until(lambda: progress() >= 3, 60, "3 steps of progress")
     if how == "usr2":
         subprocess.run(["scancel", "--signal=USR2", str(job.job_id)], check=True, timeout=10)
     else:
@@ -299,7 +290,7 @@ def test_requeue_resumes_from_disk(slurm_cluster, submitit_folder, jobs, tmp_pat
         # not COMPLETING/REQUEUED/PENDING: the second attempt runs (or already ended)
         return re.search(r"JobState=(RUNNING|COMPLETED|FAILED|CANCELLED|TIMEOUT)", info) is not None
 
-    _wait(restarted, 60, "the job to be requeued", interval=0.5)
+    wait_until(restarted, 60, "the job to be requeued", interval=0.5)
     _wait_done(job, 90)
     result, err = _call_bounded(job.result, 30)
     assert err is None, f"{err}\n{job.stderr()}"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.polling import wait_until
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,17 +97,6 @@ def _wait_terminal(jid: str, timeout: float) -> str:
         if time.monotonic() > deadline:
             pytest.fail(f"SLURM job {jid} still {state} after {timeout}s")
         time.sleep(1)
-
-
-def _wait_for(pred, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def _next_job_id() -> int:
@@ -248,7 +239,7 @@ def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):
         text = log.read_text() if log.exists() else ""
         return (run_dir / "checkpoint" / "step-4" / ".metadata").exists() and "step:  5/" in text
 
-    _wait_for(past_first_checkpoint, 150, "step 5 (after the step-4 checkpoint)")
+    wait_until(past_first_checkpoint, 150, "step 5 (after the step-4 checkpoint)")
     # What SLURM sends ahead of a preemption or the time limit (--signal=USR2@90).
     subprocess.run(["scancel", "--signal=USR2", jid], check=True, timeout=10)
 
@@ -263,7 +254,7 @@ def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):
         # not COMPLETING/REQUEUED/PENDING: the second attempt runs (or already ended)
         return re.search(r"JobState=(RUNNING|COMPLETED|FAILED|CANCELLED|TIMEOUT)", info) is not None
 
-    _wait_for(restarted, 90, "the job to be requeued and restarted", interval=0.5)
+    wait_until(restarted, 90, "the job to be requeued and restarted", interval=0.5)
     assert _wait_terminal(jid, 180) == "COMPLETED", log.read_text()[-3000:]
     history = _sh("sacct", "-D", "-X", "-n", "-P", "-j", jid, "-o", "State").split()
     assert history[0] == "REQUEUED" and history[-1] == "COMPLETED", history
