@@ -48,7 +48,9 @@ def slurm_executor_params(cfg: Any, repo_root: Path | str = REPO_ROOT) -> dict[s
     if lc.exclusive:
         params["slurm_exclusive"] = True
 
-    srun_args: list[str] = []
+    # One rank dying ends the step: without this, NCCL ranks would wait in their next
+    # collective until its timeout instead of the job failing at once.
+    srun_args: list[str] = ["--kill-on-bad-exit=1"]
     if lc.container_image:
         # pyxis: every task runs inside the image, in the same directory as on the host
         # (the repository must be mounted there).
@@ -57,8 +59,7 @@ def slurm_executor_params(cfg: Any, repo_root: Path | str = REPO_ROOT) -> dict[s
             srun_args.append(f"--container-mounts={lc.container_mounts}")
         srun_args.append(f"--container-workdir={repo_root}")
     srun_args.extend(lc.srun_args)
-    if srun_args:
-        params["slurm_srun_args"] = srun_args
+    params["slurm_srun_args"] = srun_args
 
     # The pickled job names `launch.*`: make the repository importable wherever sbatch runs.
     params["slurm_setup"] = [f"export PYTHONPATH={repo_root}${{PYTHONPATH:+:$PYTHONPATH}}"] + list(
@@ -94,6 +95,9 @@ class SlurmTrainJob:
         env = submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=False, overwrite=True
         )
+        # Every attempt of a requeued job keeps SLURM's job id: log them all to one wandb run.
+        if os.environ.get("SLURM_JOB_ID"):
+            os.environ.setdefault("WANDB_RUN_ID", f"mxfp8ep-{os.environ['SLURM_JOB_ID']}")
         if env.rank == 0 and self.requeues:
             print(f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
                   f"last checkpoint in {self.run_dir}", flush=True)
@@ -160,9 +164,11 @@ def _wait(job: Any, sub: SlurmSubmission) -> SlurmSubmission:
         sub.result = job.results()[0]  # task 0 (global rank 0); the others return None
     except (FailedJobError, UncompletedJobError) as e:
         sub.state = _final_state(job) or "FAILED"
-        print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}; see {sub.log_path}", flush=True)
+        print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}; see {sub.log_path} "
+              f"(every task's log: {sub.folder}/{sub.job_id}_<task>_log.out)", flush=True)
         raise SlurmJobFailed(
-            f"SLURM job {sub.job_id} ended {sub.state}; log: {sub.log_path}\n{str(e)[-2000:]}"
+            f"SLURM job {sub.job_id} ended {sub.state}; log: {sub.log_path} "
+            f"(all tasks: {sub.folder})\n{str(e)[-2000:]}"
         ) from None
     sub.state = _final_state(job) or "COMPLETED"
     print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}", flush=True)

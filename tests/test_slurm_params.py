@@ -28,10 +28,12 @@ def test_default_slurm_params():
     assert p["timeout_min"] == 60 and p["name"] == "mxfp8ep-default"
     assert p["slurm_setup"] == ["export PYTHONPATH=/repo${PYTHONPATH:+:$PYTHONPATH}"]
     for absent in ("slurm_partition", "slurm_account", "slurm_qos", "slurm_constraint",
-                   "slurm_exclusive", "slurm_srun_args", "mem_gb", "cpus_per_task",
+                   "slurm_exclusive", "mem_gb", "cpus_per_task",
                    "slurm_additional_parameters"):
         assert absent not in p
     assert slurm_executor_kwargs(cfg) == {"slurm_max_num_timeout": 3}
+    # A dead rank ends the job instead of leaving NCCL peers waiting for their timeout.
+    assert p["slurm_srun_args"] == ["--kill-on-bad-exit=1"]
 
 
 def test_two_nodes_full_params(tmp_path):
@@ -52,7 +54,7 @@ def test_two_nodes_full_params(tmp_path):
     assert p["mem_gb"] == 900 and p["cpus_per_task"] == 12 and p["timeout_min"] == 240
     assert p["slurm_additional_parameters"] == {"reservation": "res1"}
     assert p["slurm_setup"][1:] == ["module load cuda", "source /venv/bin/activate"]
-    assert p["slurm_srun_args"] == ["--cpu-bind=none"]
+    assert p["slurm_srun_args"] == ["--kill-on-bad-exit=1", "--cpu-bind=none"]
     assert p["name"] == "mxfp8ep-abl"
     assert slurm_executor_kwargs(cfg)["slurm_max_num_timeout"] == 5
 
@@ -72,6 +74,7 @@ def test_container_image_goes_to_srun(tmp_path):
                       "launcher.container_mounts='/data:/data,/repo:/repo'")
     p = slurm_executor_params(cfg, repo_root="/repo")
     assert p["slurm_srun_args"] == [
+        "--kill-on-bad-exit=1",
         "--container-image=/img/mxfp8ep.sqsh",
         "--container-mounts=/data:/data,/repo:/repo",
         "--container-workdir=/repo",
