@@ -11,7 +11,7 @@ contiguously on ranks (so the ranks owning the popular experts receive most toke
 "dispatch" sends tokens to the expert ranks; "combine" sends the same rows back (transposed
 splits). ``bf16`` = both legs in bf16; ``mxfp8`` = both legs MXFP8 (``mxfp8_all`` preset).
 Times are the median over iterations of the slowest rank (CUDA events on GPU). GB/s is the
-bf16-equivalent payload this rank sends to other ranks divided by the time (algorithm
+bf16-equivalent payload the busiest rank sends to other ranks divided by the time (algorithm
 bandwidth, comparable across formats); ``wire_GBps`` counts the bytes actually sent.
 """
 
@@ -85,7 +85,10 @@ def bench_case(shape, routing, args, device) -> list[dict]:
     for op, (in_splits, out_splits) in (("dispatch", (send, recv)), ("combine", (recv, send))):
         x = torch.randn(sum(in_splits), dim, device=device, dtype=torch.bfloat16, generator=gen)
         grad = torch.randn(sum(out_splits), dim, device=device, dtype=torch.bfloat16, generator=gen)
-        remote_rows = sum(in_splits) - in_splits[rank]
+        # The busiest sender sets the pace: its rows to other ranks are the bandwidth numerator.
+        busiest = torch.tensor([sum(in_splits) - in_splits[rank]], dtype=torch.int64, device=device)
+        dist.all_reduce(busiest, op=dist.ReduceOp.MAX)
+        remote_rows = int(busiest.item())
         for passes in ("fwd", "fwd+bwd"):
             row = {"input_shape": list(shape), "num_splits": world, "routing": routing, "op": op, "pass": passes}
             for fmt in ("bf16", "mxfp8"):
@@ -109,8 +112,8 @@ def bench_case(shape, routing, args, device) -> list[dict]:
             row["mxfp8_wire_GBps"] = wire_mx / row["mxfp8_ms"] / 1e6
             results.append(row)
         if op == "dispatch":
-            # Where the MXFP8 time goes: quantize + dequantize of the remote rows alone.
-            xr = x[: max(remote_rows, 1)]
+            # Where the MXFP8 time goes: quantize + dequantize of this rank's remote rows alone.
+            xr = x[: max(sum(in_splits) - in_splits[rank], 1)]
             q = quantize(xr)
             results[-1]["quantize_ms"] = _time(lambda: quantize(xr), args.iters, args.warmup, device)
             results[-1]["dequantize_ms"] = _time(lambda: dequantize(q), args.iters, args.warmup, device)
