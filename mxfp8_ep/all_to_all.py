@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import wire_stats
+from mxfp8_ep.config import LEG_FORMATS
 from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, check_quantizable
 from mxfp8_ep.quantize import dequantize, quantize
 
@@ -64,8 +65,8 @@ def exchange(
     goes to rank ``i``; the result stacks the blocks received from each rank in rank order."""
     output_splits, input_splits = [int(s) for s in output_splits], [int(s) for s in input_splits]
     _check_splits(x, output_splits, input_splits, group)
-    if fmt not in ("bf16", "mxfp8"):
-        raise ValueError(f"leg format must be 'bf16' or 'mxfp8', got {fmt!r}")
+    if fmt not in LEG_FORMATS:
+        raise ValueError(f"leg format must be one of {LEG_FORMATS}, got {fmt!r}")
     if fmt == "mxfp8":
         # Fail on every rank before any collective starts: no rank is left waiting.
         check_quantizable(x)

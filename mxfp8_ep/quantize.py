@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from mxfp8_ep.config import KERNELS
 from mxfp8_ep.format import (
     BLOCK_SIZE,
     MXFP8Tensor,
@@ -27,8 +28,8 @@ def resolve_kernel(kernel: str, device: torch.device) -> str:
             f"kernel='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 "
             "(set before importing triton); use kernel='auto' or 'torch'"
         )
-    if kernel not in ("triton", "torch"):
-        raise ValueError(f"kernel must be 'auto', 'triton' or 'torch', got {kernel!r}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     return kernel
 
 
