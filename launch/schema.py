@@ -42,6 +42,7 @@ class A2ASchema:
     combine_bwd: str = "bf16"
     scale_rounding: str = "rceil"
     kernel: str = "auto"
+    transport: str = "auto"
 
 
 @dataclass

@@ -18,6 +18,12 @@ from dataclasses import asdict, dataclass, fields
 LEG_FORMATS = ("bf16", "mxfp8")
 SCALE_ROUNDINGS = ("rceil", "floor")
 KERNELS = ("auto", "triton", "torch")
+# How token rows travel between EP ranks (see mxfp8_ep.dispatcher):
+#   "symm": one Triton kernel per leg pushes rows straight into peers' expert-major slots over
+#           CUDA symmetric memory (one node, >= 2 GPUs; no host sync);
+#   "nccl": all-to-all-v through the process group (multi-node, and CPU/gloo);
+#   "auto": symm on one node with CUDA and >= 2 GPUs, nccl otherwise.
+TRANSPORTS = ("auto", "symm", "nccl")
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class A2AConfig:
     scale_rounding: str = "rceil"
     # "auto": Triton kernels on CUDA, torch reference elsewhere.
     kernel: str = "auto"
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         for leg in self.legs():
@@ -45,6 +52,8 @@ class A2AConfig:
             )
         if self.kernel not in KERNELS:
             raise ValueError(f"A2AConfig.kernel={self.kernel!r}: expected one of {KERNELS}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"A2AConfig.transport={self.transport!r}: expected one of {TRANSPORTS}")
 
     @staticmethod
     def legs() -> tuple[str, str, str, str]:
