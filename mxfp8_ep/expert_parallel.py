@@ -1,94 +1,137 @@
-"""torchtitan 0.2.2 integration: an ExpertParallel whose token dispatch / combine all-to-alls
-send each leg as bf16 or MXFP8, and the one function that makes torchtitan use it.
+"""torchtitan 0.2.2 integration: every EP MoE layer of Llama4 / DeepSeek-V3 (and Qwen3) runs
+through our ``TokenDispatcher``.
 
-torchtitan builds ``ExpertParallel()`` by module-global name inside
-``torchtitan.models.llama4.infra.parallelize.apply_moe_ep_tp``, which DeepSeek-V3 (and Qwen3)
-parallelization call too; there is no registry, so ``install_expert_parallel`` rebinds that
-name. Expert-tensor-parallel (EP with ETP > 1) and DeepEP keep torchtitan's own classes.
+torchtitan 0.2.2 has no dispatcher seam: ``MoE.forward`` gathers the routed rows itself and
+``ExpertParallel`` hooks the all-to-alls around ``GroupedExperts`` (built by module-global name
+in ``torchtitan.models.llama4.infra.parallelize.apply_moe_ep_tp``, which DeepSeek-V3 and Qwen3
+call too). ``install_expert_parallel`` therefore makes two swaps, both undone by
+``uninstall_expert_parallel``:
 
-torch.compile: torchtitan 0.2.2 compiles the MoE's router and shared experts but not the
-routed experts with their dispatch/combine hooks (torchtitan issue #1940), so these hooks run
-eager there; the quantize / dequantize inside are ``torch.library`` custom ops and the
-exchanges use functional collectives, so a compiled caller traces through them.
+* ``ExpertParallel`` -> ``DispatcherExpertParallel``: shards the expert weights over the EP
+  mesh exactly as torchtitan does, installs no hooks, and records the EP group and the
+  ``A2AConfig`` on the experts module;
+* ``MoE.forward``: a MoE whose experts carry that record runs router -> ``dispatch`` ->
+  experts -> shared experts -> ``combine`` (the DeepEP MoE of 0.2.2 has the same shape); every
+  other MoE runs torchtitan's forward unchanged.
+
+``uninstall_expert_parallel`` restores ``ExpertParallel``; ``MoE.forward`` stays patched, so
+models parallelized while the dispatcher was installed keep using it (for any other MoE the
+patched forward is torchtitan's).
+
+Expert-tensor-parallel (EP with ETP > 1), DeepEP and DualPipe keep torchtitan's own classes.
+
+torch.compile: torchtitan 0.2.2 compiles the router and shared experts but not the routed
+experts with their dispatch/combine (torchtitan issue #1940); the dispatcher runs eager there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed._functional_collectives import all_to_all_single, wait_tensor
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import distribute_module
 from torchtitan.distributed.expert_parallel import ExpertParallel
-from torchtitan.models.moe.utils import _permute, _unpermute
+from torchtitan.models.moe import moe as titan_moe
 
-from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.dispatcher import TokenDispatcher
 
-_ORIGINAL = {}
+_ORIGINAL: dict = {}
 
 
-class MXFP8ExpertParallel(ExpertParallel):
-    """torchtitan's ExpertParallel with per-leg wire formats (``A2AConfig``)."""
+@dataclass(frozen=True)
+class ExpertParallelPlan:
+    """What ``DispatcherExpertParallel`` leaves on an experts module for ``MoE.forward``."""
+
+    group: dist.ProcessGroup
+    a2a: A2AConfig
+    max_tokens_per_rank: int | None
+
+
+class DispatcherExpertParallel(ExpertParallel):
+    """torchtitan's ExpertParallel weight sharding; dispatch and combine are the MoE's job."""
 
     default_a2a: A2AConfig = A2AConfig()
+    default_max_tokens_per_rank: int | None = None
 
-    def __init__(self, a2a: A2AConfig | None = None):
+    def __init__(self, a2a: A2AConfig | None = None, max_tokens_per_rank: int | None = None):
         super().__init__()
         self.a2a = a2a if a2a is not None else self.default_a2a
+        self.max_tokens_per_rank = max_tokens_per_rank or self.default_max_tokens_per_rank
 
-    def _exchange_splits(self, num_tokens_per_expert: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
-        """Swap per-expert token counts; keep host split lists. The one device-to-host sync of
-        EP (the receive counts) is the same one torchtitan's bf16 path makes."""
-        ep_degree = device_mesh.shape[0]
-        with torch.no_grad():
-            counts_received = wait_tensor(
-                all_to_all_single(num_tokens_per_expert, None, None, group=device_mesh.get_group())
-            )
-            input_splits = num_tokens_per_expert.view(ep_degree, -1).sum(dim=1).to("cpu", non_blocking=True)
-            output_splits = counts_received.view(ep_degree, -1).sum(dim=1).to("cpu", non_blocking=False)
-            self.input_splits = input_splits.tolist()
-            self.output_splits = output_splits.tolist()
-        return counts_received
-
-    def _token_dispatch(self, mod: nn.Module, inputs: tuple, device_mesh: DeviceMesh):
-        routed_input, num_tokens_per_expert = inputs
-        ep_degree = device_mesh.shape[0]
-        num_local_experts = num_tokens_per_expert.shape[0] // ep_degree
-        counts_received = self._exchange_splits(num_tokens_per_expert, device_mesh)
-        a2a = self.a2a
-        routed_input = all_to_all_v(
-            routed_input, self.output_splits, self.input_splits, device_mesh.get_group(),
-            forward_format=a2a.dispatch_fwd, backward_format=a2a.dispatch_bwd,
-            rounding=a2a.scale_rounding, kernel=a2a.kernel, legs=("dispatch_fwd", "dispatch_bwd"),
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.expert_parallel_plan = ExpertParallelPlan(
+            device_mesh.get_group(), self.a2a, self.max_tokens_per_rank
         )
-        # Same local reorder (and padding) as torchtitan: rank-major -> expert-major.
-        self.input_shape, routed_input, self.permuted_indices, counts_received = _permute(
-            routed_input, counts_received, ep_degree, num_local_experts
+        return distribute_module(module, device_mesh, partition_fn=self._partition_fn)
+
+
+def token_dispatcher_for(moe: nn.Module, device: torch.device) -> TokenDispatcher | None:
+    """The dispatcher of a MoE whose experts ``DispatcherExpertParallel`` sharded (built at the
+    first forward, when the device is known), or None."""
+    plan = getattr(moe.experts, "expert_parallel_plan", None)
+    if plan is None:
+        return None
+    dispatcher = getattr(moe, "token_dispatcher", None)
+    if dispatcher is None:
+        from torchtitan.models.moe.utils import TOKEN_GROUP_ALIGN_SIZE_M
+
+        config = TokenDispatcher.Config(
+            num_experts=moe.experts.num_experts,
+            top_k=moe.router.top_k,
+            a2a=plan.a2a,
+            score_before_experts=moe.score_before_experts,
+            pad_multiple=TOKEN_GROUP_ALIGN_SIZE_M,
+            max_tokens_per_rank=plan.max_tokens_per_rank,
         )
-        return routed_input, counts_received
-
-    def _token_combine(self, mod: nn.Module, routed_output: torch.Tensor, device_mesh: DeviceMesh):
-        routed_output = _unpermute(routed_output, self.input_shape, self.permuted_indices)
-        a2a = self.a2a
-        return all_to_all_v(
-            routed_output, self.input_splits, self.output_splits, device_mesh.get_group(),
-            forward_format=a2a.combine_fwd, backward_format=a2a.combine_bwd,
-            rounding=a2a.scale_rounding, kernel=a2a.kernel, legs=("combine_fwd", "combine_bwd"),
-        )
+        dispatcher = config.build(plan.group, device)
+        moe.token_dispatcher = dispatcher
+    return dispatcher
 
 
-def install_expert_parallel(a2a: A2AConfig) -> None:
-    """Make torchtitan's Llama4 / DeepSeek-V3 parallelization build ``MXFP8ExpertParallel``
-    with ``a2a`` for every MoE layer (call before the model is parallelized)."""
+def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``MoE.forward`` for layers under ``DispatcherExpertParallel``; torchtitan's own forward for
+    every other MoE."""
+    dispatcher = token_dispatcher_for(self, x.device)
+    if dispatcher is None:
+        return _ORIGINAL["MoE.forward"](self, x)
+    bs, slen, dim = x.shape
+    x = x.view(-1, dim)
+    top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
+    with torch.no_grad():
+        self.tokens_per_expert.add_(num_tokens_per_expert)
+    routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
+        x, top_scores, selected_experts_indices, num_tokens_per_expert
+    )
+    routed_output = self.experts(routed_input, tokens_per_local_expert)
+    out = self.shared_experts(x) if self.shared_experts is not None else None
+    out_experts = dispatcher.combine(routed_output, metadata)
+    if out is None:
+        return out_experts.reshape(bs, slen, dim)
+    return (out + out_experts).reshape(bs, slen, dim)
+
+
+def install_expert_parallel(a2a: A2AConfig, max_tokens_per_rank: int | None = None) -> None:
+    """Make torchtitan's Llama4 / DeepSeek-V3 parallelization run every EP MoE layer through
+    our dispatcher with ``a2a`` (call before the model is parallelized)."""
     import torchtitan.models.llama4.infra.parallelize as llama4_parallelize
 
     _ORIGINAL.setdefault("ExpertParallel", llama4_parallelize.ExpertParallel)
-    bound = type("MXFP8ExpertParallel", (MXFP8ExpertParallel,), {"default_a2a": a2a})
+    _ORIGINAL.setdefault("MoE.forward", titan_moe.MoE.forward)
+    bound = type(
+        "DispatcherExpertParallel",
+        (DispatcherExpertParallel,),
+        {"default_a2a": a2a, "default_max_tokens_per_rank": max_tokens_per_rank},
+    )
     llama4_parallelize.ExpertParallel = bound
+    titan_moe.MoE.forward = dispatcher_moe_forward
 
 
 def uninstall_expert_parallel() -> None:
-    """Restore torchtitan's own ExpertParallel."""
+    """Models parallelized from now on get torchtitan's own ExpertParallel."""
     import torchtitan.models.llama4.infra.parallelize as llama4_parallelize
 
     if "ExpertParallel" in _ORIGINAL:

@@ -97,19 +97,9 @@ def _tile_offsets(M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _quantize_kernel(
-    x_ptr, data_ptr, scale_ptr, M, K,
-    IN_BF16: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    GROUPS: tl.constexpr = BLOCK_K // 32
-    offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
-    if IN_BF16:
-        # bf16 bits are the top half of fp32 bits: exact, subnormals included.
-        raw = tl.load(x_ptr + offs, mask=mask, other=0).to(tl.int32)
-        x = ((raw & 0xFFFF) << 16).to(tl.float32, bitcast=True)
-    else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    x3 = tl.reshape(x, (BLOCK_M, GROUPS, 32))
+def _quantize_groups(x3, ROUNDING: tl.constexpr):
+    """Quantize fp32 ``[..., G, 32]`` blocks: e4m3 bytes (int32, same shape) and e8m0 scale
+    bytes (int32, ``[..., G]``), bit-identical to ``format.quantize_reference``."""
     # tl.max drops NaN on GPU: detect NaN blocks separately.
     amax = tl.max(tl.abs(x3), axis=2)
     has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
@@ -136,7 +126,34 @@ def _quantize_kernel(
     # Saturating clamp that keeps NaN (comparisons with NaN are false).
     scaled = tl.where(scaled > 448.0, 448.0, scaled)
     scaled = tl.where(scaled < -448.0, -448.0, scaled)
-    e4m3 = _e4m3_bits(_round_to_e4m3_grid(scaled))
+    return _e4m3_bits(_round_to_e4m3_grid(scaled)), byte
+
+
+@triton.jit
+def _bf16_bits_to_fp32(raw):
+    """Loaded bf16 bits (int16) -> exact fp32 (bf16 bits are the top half of fp32 bits)."""
+    return ((raw.to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequantize_groups(data, byte):
+    """e4m3 bytes ``[..., G, 32]`` and e8m0 bytes ``[..., G]`` (int32) -> exact fp32."""
+    scale = tl.where(byte == 255, float("nan"), _pow2(byte - 127))
+    return _e4m3_value(data) * scale[:, :, None]
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, data_ptr, scale_ptr, M, K,
+    IN_BF16: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
+    if IN_BF16:
+        x = _bf16_bits_to_fp32(tl.load(x_ptr + offs, mask=mask, other=0))
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    e4m3, byte = _quantize_groups(tl.reshape(x, (BLOCK_M, GROUPS, 32)), ROUNDING)
     data = tl.reshape(e4m3, (BLOCK_M, BLOCK_K))
     tl.store(data_ptr + offs, data.to(tl.uint8), mask=mask)
     tl.store(scale_ptr + soffs, byte.to(tl.uint8), mask=smask)
@@ -149,10 +166,9 @@ def _dequantize_kernel(
 ):
     GROUPS: tl.constexpr = BLOCK_K // 32
     offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
-    data = _e4m3_value(tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32))
+    data = tl.reshape(tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32), (BLOCK_M, GROUPS, 32))
     byte = tl.load(scale_ptr + soffs, mask=smask, other=127).to(tl.int32)
-    scale = tl.where(byte == 255, float("nan"), _pow2(byte - 127))
-    out = tl.reshape(tl.reshape(data, (BLOCK_M, GROUPS, 32)) * scale[:, :, None], (BLOCK_M, BLOCK_K))
+    out = tl.reshape(_dequantize_groups(data, byte), (BLOCK_M, BLOCK_K))
     if OUT_BF16:
         tl.store(out_ptr + offs, _bf16_bits(out).to(tl.int16), mask=mask)
     else:

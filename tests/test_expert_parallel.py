@@ -1,4 +1,4 @@
-"""MXFP8ExpertParallel inside torchtitan 0.2.2's real Llama4 and DeepSeek-V3 models (tiny
+"""Our token dispatcher (transport nccl) inside torchtitan 0.2.2's real Llama4 and DeepSeek-V3 models (tiny
 flavors), EP=2 on two gloo processes, parallelized by torchtitan's own ``apply_moe_ep_tp``.
 
 * ``bf16`` preset: logits and every gradient equal torchtitan's ExpertParallel bit for bit.
@@ -114,12 +114,12 @@ def test_install_rebinds_and_uninstall_restores():
     from torchtitan.distributed.expert_parallel import ExpertParallel
 
     from mxfp8_ep import A2AConfig
-    from mxfp8_ep.expert_parallel import MXFP8ExpertParallel, install_expert_parallel, uninstall_expert_parallel
+    from mxfp8_ep.expert_parallel import DispatcherExpertParallel, install_expert_parallel, uninstall_expert_parallel
 
     install_expert_parallel(A2AConfig.preset("mxfp8"))
     try:
         plan = parallelize.ExpertParallel()
-        assert isinstance(plan, MXFP8ExpertParallel) and isinstance(plan, ExpertParallel)
+        assert isinstance(plan, DispatcherExpertParallel) and isinstance(plan, ExpertParallel)
         assert plan.a2a == A2AConfig.preset("mxfp8")
     finally:
         uninstall_expert_parallel()

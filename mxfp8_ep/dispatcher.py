@@ -1,0 +1,392 @@
+"""The token dispatcher: the whole expert-parallel path of a MoE layer, shaped like
+torchtitan 0.3.0's token dispatchers (``models/common/token_dispatcher.py``):
+
+* ``dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E)`` returns the
+  expert-major routed input (padded per expert for the grouped GEMM), the padded tokens per
+  local expert, and the metadata ``combine`` needs;
+* ``combine(routed_output, metadata)`` returns ``(T, D)``: each token's K expert outputs,
+  weighted by the router scores (unless they were applied before the experts), reduced in fp32.
+
+Autograd runs through both. Each of the four legs (dispatch / combine, forward / backward)
+travels in the format ``A2AConfig`` gives it. Two transports, one API:
+
+* ``NcclTokenDispatcher`` (``transport="nccl"``): all-to-all-v through the process group, one
+  device-to-host sync per layer for the splits (as torchtitan). Works on NCCL across nodes and
+  on gloo. With bf16 legs it is torchtitan 0.2.2's ExpertParallel + MoE math, bit for bit.
+* ``SymmTokenDispatcher`` (``transport="symm"``): Triton kernels push each row straight into
+  its owner's expert-major slot through peer memory (``peer_memory.PeerBuffer``); MXFP8 legs
+  quantize inside that push and dequantize inside the receiving pass. Token counts travel
+  through peer memory too: no host sync in forward or backward. One node (CUDA symmetric
+  memory); on CPU processes the same code runs over shared-memory files (tests).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from mxfp8_ep import routing
+from mxfp8_ep.all_to_all import all_to_all_v
+from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.format import BLOCK_SIZE
+from mxfp8_ep.peer_memory import PeerBuffer
+from mxfp8_ep.quantize import resolve_kernel
+from mxfp8_ep.symm_reference import staging_nbytes
+
+
+def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup) -> str:
+    """``auto`` -> ``symm`` on one node with CUDA and >= 2 ranks, ``nccl`` otherwise. An
+    explicit ``symm`` across nodes is an error (peer memory does not span nodes)."""
+    if transport == "nccl":
+        return "nccl"
+    world = dist.get_world_size(group)
+    if transport == "auto" and (torch.device(device).type != "cuda" or world < 2):
+        return "nccl"
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if len(set(hosts)) > 1:
+        if transport == "symm":
+            raise ValueError(
+                f"a2a.transport=symm needs every EP rank on one node, but the EP group spans "
+                f"{len(set(hosts))} hosts; use transport=nccl (or auto) for multi-node EP"
+            )
+        return "nccl"
+    return "symm"
+
+
+class TokenDispatcher:
+    """Base of the EP dispatchers: config, checks and the routing both transports share."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        num_experts: int
+        top_k: int
+        a2a: A2AConfig = field(default_factory=A2AConfig)
+        # Router scores multiply the expert inputs (Llama4) instead of the outputs (DeepSeek-V3).
+        score_before_experts: bool = False
+        # Each local expert's segment is padded to a multiple of this (grouped GEMM alignment).
+        pad_multiple: int = 8
+        # symm: receive buffers are sized for this many tokens per rank (None: the largest
+        # token count of the first dispatch, over the EP group).
+        max_tokens_per_rank: int | None = None
+
+        def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
+            transport = resolve_transport(self.a2a.transport, torch.device(device), group)
+            cls = SymmTokenDispatcher if transport == "symm" else NcclTokenDispatcher
+            return cls(self, group)
+
+    def __init__(self, config: Config, group: dist.ProcessGroup):
+        self.config = config
+        self.group = group
+        self.ep = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if config.num_experts % self.ep != 0:
+            raise ValueError(
+                f"expert parallelism {self.ep} must divide the number of experts {config.num_experts}"
+            )
+        self.num_local_experts = config.num_experts // self.ep
+
+    def _check_inputs(self, x_TD, topk_scores_TK, topk_expert_ids_TK) -> None:  # noqa: N803
+        """Fail on every rank, before any exchange, so no rank waits for a peer that raised."""
+        a2a = self.config.a2a
+        if x_TD.dim() != 2 or topk_expert_ids_TK.shape != (x_TD.shape[0], self.config.top_k):
+            raise ValueError(
+                f"dispatch takes x (T, D) and expert ids (T, top_k={self.config.top_k}), got "
+                f"{tuple(x_TD.shape)} and {tuple(topk_expert_ids_TK.shape)}"
+            )
+        if topk_scores_TK.shape != topk_expert_ids_TK.shape:
+            raise ValueError(f"scores {tuple(topk_scores_TK.shape)} != expert ids {tuple(topk_expert_ids_TK.shape)}")
+        quantized = [leg for leg in A2AConfig.legs() if getattr(a2a, leg) == "mxfp8"]
+        if quantized and x_TD.shape[1] % BLOCK_SIZE != 0:
+            raise ValueError(
+                f"MXFP8 legs {quantized} need the model dim to be a multiple of {BLOCK_SIZE}, "
+                f"got dim {x_TD.shape[1]}; use a2a=bf16 for this model"
+            )
+        if x_TD.dtype not in (torch.bfloat16, torch.float32):
+            raise TypeError(f"dispatch takes bfloat16 or float32 tokens, got {x_TD.dtype}")
+
+
+# --------------------------------------------------------------------------------------------
+# nccl
+
+
+@dataclass(frozen=True)
+class NcclDispatchMetadata:
+    slot: torch.Tensor  # (N,) token * K + k of each expert-sorted row
+    permuted: torch.Tensor  # (R,) row of the all-to-all output (or the zero row) per expert-major row
+    input_splits: list[int]
+    output_splits: list[int]
+    topk_scores_TK: torch.Tensor  # noqa: N815
+
+
+class NcclTokenDispatcher(TokenDispatcher):
+    """All-to-all-v transport (multi-node NCCL, and gloo): torchtitan 0.2.2's ExpertParallel and
+    MoE math around ``all_to_all_v``, whose legs travel as bf16 or MXFP8."""
+
+    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
+        self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
+        a2a, cfg, W, L = self.config.a2a, self.config, self.ep, self.num_local_experts
+        counts = num_tokens_per_expert_E.to(torch.int64)
+        with torch.no_grad():
+            counts_recv = funcol.wait_tensor(funcol.all_to_all_single(counts, None, None, self.group))
+            # The one device-to-host sync of this transport (torchtitan makes the same one).
+            input_splits = counts.view(W, L).sum(dim=1).tolist()
+            output_splits = counts_recv.view(W, L).sum(dim=1).tolist()
+            routed = routing.sort_routed_rows(topk_expert_ids_TK, counts)
+        routed_input = x_TD[routed.slot // cfg.top_k]
+        if cfg.score_before_experts:
+            scores = topk_scores_TK.reshape(-1)[routed.slot]
+            routed_input = (routed_input.to(torch.float32) * scores.reshape(-1, 1)).to(x_TD.dtype)
+        received = all_to_all_v(
+            routed_input, output_splits, input_splits, self.group,
+            forward_format=a2a.dispatch_fwd, backward_format=a2a.dispatch_bwd,
+            rounding=a2a.scale_rounding, kernel=a2a.kernel, legs=("dispatch_fwd", "dispatch_bwd"),
+        )
+        with torch.no_grad():
+            counts_SL = counts_recv.view(W, L)  # noqa: N806
+            align = cfg.pad_multiple
+            num_rows = (received.shape[0] + L * align + align - 1) // align * align
+            rows = routing.expert_major_rows(counts_SL, align, num_rows)
+            permuted = routing.rank_major_index(rows, counts_SL)
+            permuted = torch.where(permuted < 0, received.shape[0], permuted)
+        # Padding rows read an appended zero row (torchtitan's _permute).
+        routed_input = torch.vstack((received, received.new_zeros((1, received.shape[1]))))[permuted]
+        meta = NcclDispatchMetadata(
+            slot=routed.slot, permuted=permuted, input_splits=input_splits,
+            output_splits=output_splits, topk_scores_TK=topk_scores_TK,
+        )
+        return routed_input, rows.tokens_per_local_expert, meta
+
+    def combine(self, routed_output, metadata: NcclDispatchMetadata):
+        a2a, cfg = self.config.a2a, self.config
+        num_received = sum(metadata.output_splits)
+        unpermuted = routed_output.new_empty((num_received + 1, routed_output.shape[1]))
+        unpermuted[metadata.permuted] = routed_output
+        returned = all_to_all_v(
+            unpermuted[:-1], metadata.input_splits, metadata.output_splits, self.group,
+            forward_format=a2a.combine_fwd, backward_format=a2a.combine_bwd,
+            rounding=a2a.scale_rounding, kernel=a2a.kernel, legs=("combine_fwd", "combine_bwd"),
+        )
+        scores = metadata.topk_scores_TK
+        num_tokens, dim = scores.shape[0], routed_output.shape[1]
+        by_slot = returned.new_zeros((num_tokens * cfg.top_k, dim))
+        by_slot[metadata.slot] = returned
+        by_slot = by_slot.reshape(num_tokens, cfg.top_k, dim)
+        if cfg.score_before_experts:
+            return by_slot.sum(dim=1)
+        return torch.bmm(scores.reshape(-1, 1, cfg.top_k), by_slot.float()).to(routed_output.dtype).squeeze(1)
+
+
+# --------------------------------------------------------------------------------------------
+# symm
+
+
+@dataclass
+class _SymmBuffers:
+    """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
+    that consecutive legs alternate between."""
+
+    counts: PeerBuffer
+    staging: tuple[PeerBuffer, PeerBuffer]
+    staging_rows: int
+    max_tokens: int
+    next_staging: int = 0
+
+    def take_staging(self) -> PeerBuffer:
+        # Leg j writes into staging j % 2. A peer writes into a buffer again only after the
+        # barrier of leg j + 1, which this rank enters after it has read leg j's rows: every
+        # rank runs the same sequence of legs on one stream, so no live data is overwritten.
+        buf = self.staging[self.next_staging]
+        self.next_staging ^= 1
+        return buf
+
+
+_BUFFERS: dict[tuple, _SymmBuffers] = {}
+
+
+@dataclass(frozen=True)
+class SymmDispatchMetadata:
+    slot: torch.Tensor  # (N,) token * K + k of each expert-sorted row
+    inv: torch.Tensor  # (N,) expert-sorted row of each slot
+    dst_rank: torch.Tensor  # (N,) rank that owns each sorted row's expert
+    dst_row: torch.Tensor  # (N,) its row in that rank's expert-major tensor
+    row_source: torch.Tensor  # (R,) per expert-major row: source rank, PAD_ROW or UNUSED_ROW
+    return_rank: torch.Tensor  # (R,) rank a row goes back to in combine (-1: stays, pad, unused)
+    return_row: torch.Tensor  # (R,) its sorted row there
+    topk_scores_TK: torch.Tensor  # noqa: N815
+    num_tokens: int
+    capacity: int
+
+
+class SymmTokenDispatcher(TokenDispatcher):
+    """Peer-memory push transport (one node): sync-free, quantizes inside the push."""
+
+    def __init__(self, config, group):
+        super().__init__(config, group)
+        self._kernels = None
+
+    def _buffers(self, x_TD: torch.Tensor) -> _SymmBuffers:  # noqa: N803
+        cfg = self.config
+        key = (id(self.group), x_TD.device, x_TD.shape[1], x_TD.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple)
+        bufs = _BUFFERS.get(key)
+        if bufs is None:
+            max_tokens = cfg.max_tokens_per_rank
+            if max_tokens is None:  # once, at the first dispatch: agree on the largest T
+                t = torch.tensor([x_TD.shape[0]], dtype=torch.int64, device=x_TD.device)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+                max_tokens = int(t.item())
+            capacity = routing.expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+            rows = max(capacity, max_tokens * cfg.top_k)
+            nbytes = staging_nbytes(rows, x_TD.shape[1], x_TD.dtype)
+            bufs = _SymmBuffers(
+                counts=PeerBuffer(self.ep * cfg.num_experts * 8, self.group, x_TD.device),
+                staging=(PeerBuffer(nbytes, self.group, x_TD.device), PeerBuffer(nbytes, self.group, x_TD.device)),
+                staging_rows=rows,
+                max_tokens=max_tokens,
+            )
+            _BUFFERS[key] = bufs
+        if x_TD.shape[0] > bufs.max_tokens:
+            raise ValueError(
+                f"symm dispatch got {x_TD.shape[0]} tokens on rank {self.rank}, but its buffers hold "
+                f"{bufs.max_tokens} per rank; raise TokenDispatcher.Config.max_tokens_per_rank"
+            )
+        return bufs
+
+    def kernels(self, device: torch.device):
+        if resolve_kernel(self.config.a2a.kernel, device) == "triton":
+            from mxfp8_ep import symm_kernels as kernels
+        else:
+            from mxfp8_ep import symm_reference as kernels
+        return kernels
+
+    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
+        self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
+        cfg, W, E, L = self.config, self.ep, self.config.num_experts, self.num_local_experts
+        bufs = self._buffers(x_TD)
+        kernels = self.kernels(x_TD.device)
+        capacity = routing.expert_major_capacity(bufs.max_tokens, cfg.top_k, W, L, cfg.pad_multiple)
+        with torch.no_grad():
+            counts = num_tokens_per_expert_E.to(torch.int64).contiguous()
+            kernels.push_counts(counts, bufs.counts, self.rank)
+            bufs.counts.barrier()
+            # A copy: the count buffer is rewritten by the next dispatch.
+            counts_WE = bufs.counts.local[: W * E * 8].view(torch.int64).view(W, E).clone()  # noqa: N806
+            routed = routing.sort_routed_rows(topk_expert_ids_TK, counts)
+            dst_rank, dst_row = routing.dispatch_destinations(routed, counts_WE, self.rank, cfg.pad_multiple)
+            rows = routing.expert_major_rows(counts_WE[:, self.rank * L : (self.rank + 1) * L], cfg.pad_multiple, capacity)
+            return_rank, return_row = routing.combine_destinations(rows, counts_WE, self.rank)
+            return_rank = torch.where(return_rank == self.rank, -1, return_rank)
+            inv = torch.empty_like(routed.slot)
+            inv[routed.slot] = torch.arange(routed.slot.numel(), device=inv.device)
+        meta = SymmDispatchMetadata(
+            slot=routed.slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, row_source=rows.source,
+            return_rank=return_rank, return_row=return_row, topk_scores_TK=topk_scores_TK,
+            num_tokens=x_TD.shape[0], capacity=capacity,
+        )
+        factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
+        routed_input = _SymmToExperts.apply(x_TD, factor, meta, self)
+        return routed_input, rows.tokens_per_local_expert, meta
+
+    def combine(self, routed_output, metadata: SymmDispatchMetadata):
+        weight = None if self.config.score_before_experts else metadata.topk_scores_TK.reshape(-1)
+        return _SymmToTokens.apply(routed_output, weight, metadata, self)
+
+    # The two directions. Expert-bound: dispatch forward, combine backward. Token-bound:
+    # combine forward, dispatch backward.
+
+    def to_experts(self, src, meta, fmt, factor=None, dot_rows=None, dot_out=None):
+        """Sorted rows (read from ``src`` by token) -> a fresh ``(capacity, D)`` expert-major
+        tensor on their owners."""
+        bufs, kernels, a2a = self._buffers_for(src), self.kernels(src.device), self.config.a2a
+        staging = bufs.take_staging()
+        out = src.new_empty((meta.capacity, src.shape[1]))
+        kernels.push_rows(
+            src, meta.dst_rank, meta.dst_row, out, staging, bufs.staging_rows, self.rank, fmt,
+            a2a.scale_rounding, slot=meta.slot, top_k=self.config.top_k, factor=factor,
+            dot_rows=dot_rows, dot_out=dot_out,
+        )
+        staging.barrier()
+        kernels.receive_rows(out, meta.row_source, self.rank, staging, bufs.staging_rows, fmt)
+        return out
+
+    def to_tokens(self, src, meta, fmt, weight=None, save=None, dot_with=None, dot_out=None):
+        """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32."""
+        bufs, kernels, a2a = self._buffers_for(src), self.kernels(src.device), self.config.a2a
+        staging = bufs.take_staging()
+        kernels.push_rows(
+            src, meta.return_rank, meta.return_row, None, staging, bufs.staging_rows, self.rank,
+            fmt, a2a.scale_rounding,
+        )
+        staging.barrier()
+        out = src.new_empty((meta.num_tokens, src.shape[1]))
+        kernels.reduce_slots(
+            out, meta.inv, meta.dst_rank, meta.dst_row, src, staging, bufs.staging_rows, self.rank,
+            fmt, self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
+        )
+        return out
+
+    def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
+        cfg = self.config
+        key = (id(self.group), src.device, src.shape[1], src.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple)
+        return _BUFFERS[key]
+
+
+class _SymmToExperts(torch.autograd.Function):
+    """Dispatch: tokens -> expert-major rows (scores applied here when they come first)."""
+
+    @staticmethod
+    def forward(ctx, x, factor, meta, disp):
+        ctx.meta, ctx.disp = meta, disp
+        ctx.save_for_backward(x, factor)
+        ctx.x_shape = x.shape
+        return disp.to_experts(x.contiguous(), meta, disp.config.a2a.dispatch_fwd, factor=factor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, factor = ctx.saved_tensors
+        meta, disp = ctx.meta, ctx.disp
+        grad_factor = None
+        if factor is not None and ctx.needs_input_grad[1]:
+            grad_factor = torch.empty(factor.shape, dtype=torch.float32, device=grad.device)
+        grad_x = disp.to_tokens(
+            grad.contiguous(), meta, disp.config.a2a.dispatch_bwd, weight=factor,
+            dot_with=x if grad_factor is not None else None, dot_out=grad_factor,
+        )
+        if grad_factor is not None:
+            grad_factor = grad_factor.to(factor.dtype)
+        return grad_x, grad_factor, None, None
+
+
+class _SymmToTokens(torch.autograd.Function):
+    """Combine: expert-major rows -> tokens (scores applied here when they come after)."""
+
+    @staticmethod
+    def forward(ctx, routed_output, weight, meta, disp):
+        ctx.meta, ctx.disp = meta, disp
+        # The score gradient needs each row's output on the token's rank: keep them (in the
+        # tokens' sorted order) while reducing, instead of reading them back from peers.
+        save = None
+        if weight is not None and weight.requires_grad:
+            save = routed_output.new_empty((meta.slot.numel(), routed_output.shape[1]))
+        out = disp.to_tokens(routed_output.contiguous(), meta, disp.config.a2a.combine_fwd, weight=weight, save=save)
+        ctx.save_for_backward(weight, save)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, save = ctx.saved_tensors
+        meta, disp = ctx.meta, ctx.disp
+        grad_weight = None
+        if save is not None and ctx.needs_input_grad[1]:
+            grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=grad.device)
+        grad_routed = disp.to_experts(
+            grad.contiguous(), meta, disp.config.a2a.combine_bwd, factor=weight,
+            dot_rows=save if grad_weight is not None else None, dot_out=grad_weight,
+        )
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_routed, grad_weight, None, None

@@ -1,0 +1,86 @@
+"""Buffers that every rank of a group can write into directly: one byte buffer per rank,
+mapped in all ranks, plus a barrier after which all writes into this rank's buffer are visible.
+
+* CUDA: ``torch.distributed._symmetric_memory`` (NVLink peer memory on one node).
+* CPU: files in ``/dev/shm`` mapped by every process of the group (``torch.from_file`` with
+  ``shared=True``); the barrier is the group's (gloo) barrier. This runs the very same push
+  kernels (Triton interpreter or torch twins) that CUDA runs, so CI exercises the symm
+  transport on CPU processes.
+
+Kernels get the peers' buffers as an int64 tensor of addresses (``ptrs``); torch code gets them
+as tensors (``peer(rank)``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import torch
+import torch.distributed as dist
+
+DISABLE_MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
+
+
+class PeerBuffer:
+    """``nbytes`` bytes on each rank of ``group``, reachable from every rank."""
+
+    def __init__(self, nbytes: int, group: dist.ProcessGroup, device: torch.device):
+        self.nbytes = int(nbytes)
+        self.group = group
+        self.device = torch.device(device)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.device.type == "cuda":
+            self._peers, self._handle = _map_symmetric_memory(self.nbytes, group, self.device)
+        elif self.device.type == "cpu":
+            self._peers, self._handle = _map_shared_files(self.nbytes, group), None
+        else:
+            raise RuntimeError(f"peer buffers exist for cuda and cpu devices, not {self.device}")
+        self.ptrs = torch.tensor([p.data_ptr() for p in self._peers], dtype=torch.int64, device=self.device)
+
+    @property
+    def local(self) -> torch.Tensor:
+        return self._peers[self.rank]
+
+    def peer(self, rank: int) -> torch.Tensor:
+        return self._peers[rank]
+
+    def barrier(self) -> None:
+        """Returns (on the current stream) once every rank reached it: all writes each rank made
+        into any buffer before its barrier are visible to every rank after it."""
+        if self._handle is not None:
+            self._handle.barrier(channel=0)
+        else:
+            dist.barrier(group=self.group)
+
+
+def _map_symmetric_memory(nbytes: int, group: dist.ProcessGroup, device: torch.device):
+    import torch.distributed._symmetric_memory as symm_mem
+
+    # NVLink multicast is never needed here (and can wedge shared hosts): keep it off.
+    os.environ.setdefault(DISABLE_MULTICAST_ENV, "1")
+    backend = symm_mem.get_backend(device) if hasattr(symm_mem, "get_backend") else "CUDA"
+    if backend not in (None, "CUDA"):
+        raise RuntimeError(f"the symm transport needs the CUDA symmetric-memory backend, got {backend}")
+    buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm_mem.rendezvous(buf, group)
+    peers = [handle.get_buffer(r, (nbytes,), torch.uint8) for r in range(dist.get_world_size(group))]
+    peers[dist.get_rank(group)] = buf
+    return peers, handle
+
+
+def _map_shared_files(nbytes: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
+    token = [uuid.uuid4().hex if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0), group=group)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    paths = [f"/dev/shm/mxfp8ep-{token[0]}-{r}" for r in range(world)]
+    mine = torch.from_file(paths[rank], shared=True, size=max(nbytes, 1), dtype=torch.uint8)
+    mine.zero_()
+    dist.barrier(group=group)
+    peers = [mine if r == rank else torch.from_file(p, shared=True, size=max(nbytes, 1), dtype=torch.uint8)
+             for r, p in enumerate(paths)]
+    dist.barrier(group=group)
+    # Every rank has mapped every file: the names can go, the mappings stay.
+    os.unlink(paths[rank])
+    return [p[:nbytes] for p in peers]

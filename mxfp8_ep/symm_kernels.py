@@ -1,0 +1,285 @@
+"""Triton kernels of the symm transport. Each has a torch twin of the same name and arguments
+in ``symm_reference.py`` (read its docstring for the staging layout and the arithmetic); the
+two give the same bits. Peers' buffers arrive as an int64 tensor of addresses.
+
+* ``push_rows``: one pass per leg on the sending side. Each row is read once (gathered by
+  token for the expert-bound legs), optionally weighted, and stored either into this rank's
+  own expert-major tensor (rows that stay: never quantized) or into the owning rank's staging
+  buffer, quantized to MXFP8 in registers when the leg is MXFP8.
+* ``receive_rows``: the receiving side of the expert-bound legs: dequantizes peers' rows into
+  the fresh expert-major tensor the grouped GEMM reads, and zeroes the padding rows.
+* ``reduce_slots``: the receiving side of the token-bound legs: for each token, dequantizes its
+  K rows (or reads them from this rank's expert output) and reduces them in fp32.
+
+No kernel reads a device value on the host: grids are sized from static capacities and rows a
+kernel must skip are marked in the index tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mxfp8_ep.format import BLOCK_SIZE
+from mxfp8_ep.symm_reference import staging_views
+from mxfp8_ep.triton_kernels import (
+    _bf16_bits,
+    _bf16_bits_to_fp32,
+    _dequantize_groups,
+    _quantize_groups,
+)
+
+_RCEIL, _FLOOR = 0, 1
+
+
+@triton.jit
+def _push_counts_kernel(counts_ptr, peer_ptrs, rank, NUM: tl.constexpr, BLOCK: tl.constexpr):
+    peer = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < NUM
+    base = tl.load(peer_ptrs + peer).to(tl.pointer_type(tl.int64))
+    tl.store(base + rank * NUM + offs, tl.load(counts_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _load_row_tile(ptr, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    if IN_BF16:
+        return _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
+    return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_row_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    if IN_BF16:
+        tl.store(ptr + offs, _bf16_bits(value).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offs, value, mask=mask)
+
+
+@triton.jit
+def _push_rows_kernel(
+    src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
+    dst_rank_ptr, dst_row_ptr, local_out_ptr, peer_ptrs,
+    M, STAGING_ROWS, rank,
+    D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
+    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dst_rank = tl.load(dst_rank_ptr + rows, mask=rows < M, other=-1)
+    active = dst_rank >= 0
+    if tl.max(active.to(tl.int32), axis=0) == 0:
+        return
+    dst_row = tl.load(dst_row_ptr + rows, mask=active, other=0).to(tl.int64)
+    if HAS_SLOT:
+        slot = tl.load(slot_ptr + rows, mask=active, other=0)
+        src_row = slot // TOP_K
+    else:
+        slot = rows
+        src_row = rows
+    is_local = active & (dst_rank == rank)
+    remote = active & (dst_rank != rank)
+    peer_base = tl.load(peer_ptrs + dst_rank, mask=remote, other=0)
+    if HAS_FACTOR:
+        factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
+    dot = tl.zeros((BLOCK_M,), tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        mask = active[:, None] & col_ok[None, :]
+        x = _load_row_tile(src_ptr, src_row, cols, mask, D, IN_BF16)
+        if HAS_DOT:
+            other = _load_row_tile(dot_rows_ptr, rows, cols, mask, D, IN_BF16)
+            dot += tl.sum(other * x, axis=1)
+        if HAS_FACTOR:
+            x = x * factor[:, None]
+            if IN_BF16:
+                x = _bf16_bits_to_fp32(_bf16_bits(x))
+        _store_row_tile(local_out_ptr, dst_row, cols, x, is_local[:, None] & col_ok[None, :], D, IN_BF16)
+        remote_mask = remote[:, None] & col_ok[None, :]
+        if QUANT:
+            e4m3, byte = _quantize_groups(tl.reshape(x, (BLOCK_M, BLOCK_D // 32, 32)), ROUNDING)
+            base = peer_base.to(tl.pointer_type(tl.uint8))
+            data_ptr = base[:, None] + dst_row[:, None] * D + cols[None, :]
+            tl.store(data_ptr, tl.reshape(e4m3, (BLOCK_M, BLOCK_D)).to(tl.uint8), mask=remote_mask)
+            groups = start // 32 + tl.arange(0, BLOCK_D // 32)
+            scale_ptr = base[:, None] + STAGING_ROWS * D + dst_row[:, None] * (D // 32) + groups[None, :]
+            tl.store(scale_ptr, byte.to(tl.uint8), mask=remote[:, None] & (groups < D // 32)[None, :])
+        elif IN_BF16:
+            base = peer_base.to(tl.pointer_type(tl.int16))
+            tl.store(base[:, None] + dst_row[:, None] * D + cols[None, :], _bf16_bits(x).to(tl.int16), mask=remote_mask)
+        else:
+            base = peer_base.to(tl.pointer_type(tl.float32))
+            tl.store(base[:, None] + dst_row[:, None] * D + cols[None, :], x, mask=remote_mask)
+    if HAS_DOT:
+        tl.store(dot_out_ptr + slot, dot, mask=active)
+
+
+@triton.jit
+def _load_staged_tile(stage_a, stage_b, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr,
+                      QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, start):
+    """Rows of this rank's staging buffer, decoded to fp32 values of the activation dtype."""
+    if QUANT:
+        offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+        data = tl.load(stage_a + offs, mask=mask, other=0).to(tl.int32)
+        groups = start // 32 + tl.arange(0, BLOCK_D // 32)
+        soffs = rows[:, None].to(tl.int64) * (D // 32) + groups[None, :]
+        row_ok = tl.max(mask.to(tl.int32), axis=1) > 0
+        byte = tl.load(stage_b + soffs, mask=row_ok[:, None] & (groups < D // 32)[None, :], other=127)
+        value = tl.reshape(
+            _dequantize_groups(tl.reshape(data, (BLOCK_M, BLOCK_D // 32, 32)), byte.to(tl.int32)),
+            (BLOCK_M, BLOCK_D),
+        )
+        if IN_BF16:
+            value = _bf16_bits_to_fp32(_bf16_bits(value))
+        return value
+    return _load_row_tile(stage_a, rows, cols, mask, D, IN_BF16)
+
+
+@triton.jit
+def _receive_rows_kernel(
+    out_ptr, source_ptr, stage_a, stage_b, R, rank,
+    D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    source = tl.load(source_ptr + rows, mask=rows < R, other=-2)
+    remote = (source >= 0) & (source != rank)
+    pad = source == -1
+    if tl.max((remote | pad).to(tl.int32), axis=0) == 0:
+        return
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        value = _load_staged_tile(stage_a, stage_b, rows, cols, remote[:, None] & col_ok[None, :],
+                                  D, IN_BF16, QUANT, BLOCK_M, BLOCK_D, start)
+        value = tl.where(pad[:, None], 0.0, value)
+        _store_row_tile(out_ptr, rows, cols, value, (remote | pad)[:, None] & col_ok[None, :], D, IN_BF16)
+
+
+@triton.jit
+def _reduce_slots_kernel(
+    out_ptr, inv_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_a, stage_b,
+    weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
+    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < T
+    kk = tl.arange(0, KP)
+    dots = tl.zeros((BLOCK_T, KP), tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        mask = tok_ok[:, None] & col_ok[None, :]
+        acc = tl.zeros((BLOCK_T, BLOCK_D), tl.float32)
+        if HAS_DOT:
+            xrow = _load_row_tile(dot_with_ptr, toks, cols, mask, D, IN_BF16)
+        for k in tl.static_range(TOP_K):
+            slot = toks * TOP_K + k
+            n = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
+            owner = tl.load(row_rank_ptr + n, mask=tok_ok, other=-1)
+            is_local = tok_ok & (owner == rank)
+            is_remote = tok_ok & (owner != rank)
+            local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
+            local_val = _load_row_tile(local_src_ptr, local_row, cols, is_local[:, None] & col_ok[None, :], D, IN_BF16)
+            remote_val = _load_staged_tile(stage_a, stage_b, n, cols, is_remote[:, None] & col_ok[None, :],
+                                           D, IN_BF16, QUANT, BLOCK_T, BLOCK_D, start)
+            value = tl.where(is_local[:, None], local_val, remote_val)
+            if HAS_SAVE:
+                _store_row_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
+            if HAS_DOT:
+                part = tl.sum(value * xrow, axis=1)
+                dots += tl.where(kk[None, :] == k, part[:, None], 0.0)
+            if HAS_WEIGHT:
+                value = value * tl.load(weight_ptr + slot, mask=tok_ok, other=0.0)[:, None]
+            acc = acc + value
+        _store_row_tile(out_ptr, toks, cols, acc, mask, D, IN_BF16)
+    if HAS_DOT:
+        tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], dots,
+                 mask=tok_ok[:, None] & (kk < TOP_K)[None, :])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """bf16 tensors travel through the kernels as their int16 bits (exact on every backend)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _no_fp32(device: torch.device) -> torch.Tensor:
+    """Placeholder for an fp32 pointer argument the kernel's flags leave unused."""
+    return torch.empty(1, dtype=torch.float32, device=device)
+
+
+def _block_d(dim: int) -> int:
+    return max(BLOCK_SIZE, min(512, triton.next_power_of_2(dim)))
+
+
+def _staged(staging, staging_rows, dim, dtype, fmt):
+    views = staging_views(staging.local, staging_rows, dim, dtype, fmt)
+    return (views[0], views[1]) if fmt == "mxfp8" else (_bits(views[0]), _bits(views[0]))
+
+
+def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
+    num = counts.numel()
+    _push_counts_kernel[(buf.world_size,)](counts, buf.ptrs, rank, NUM=num, BLOCK=triton.next_power_of_2(num))
+
+
+def push_rows(
+    src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None,
+) -> None:
+    num = dst_rank.numel()
+    if num == 0:
+        return
+    dim = src.shape[1]
+    block_m = 4
+    no_fp32 = _no_fp32(src.device)
+    _push_rows_kernel[(triton.cdiv(num, block_m),)](
+        _bits(src), slot if slot is not None else dst_rank, factor if factor is not None else no_fp32,
+        _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
+        dst_rank, dst_row, _bits(local_out if local_out is not None else src), staging.ptrs,
+        num, staging_rows, rank,
+        D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
+        HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
+        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
+        num_warps=4,
+    )
+
+
+def receive_rows(out, source, rank, staging, staging_rows, fmt) -> None:
+    rows, dim = out.shape
+    if rows == 0:
+        return
+    stage_a, stage_b = _staged(staging, staging_rows, dim, out.dtype, fmt)
+    block_m = 4
+    _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
+        _bits(out), source, stage_a, stage_b, rows, rank,
+        D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", BLOCK_M=block_m,
+        BLOCK_D=_block_d(dim), num_warps=4,
+    )
+
+
+def reduce_slots(
+    out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
+    weight=None, save=None, dot_with=None, dot_out=None,
+) -> None:
+    num_tokens, dim = out.shape
+    if num_tokens == 0:
+        return
+    stage_a, stage_b = _staged(staging, staging_rows, dim, out.dtype, fmt)
+    block_t = 2
+    no_fp32 = _no_fp32(out.device)
+    _reduce_slots_kernel[(triton.cdiv(num_tokens, block_t),)](
+        _bits(out), inv, row_rank, local_row, _bits(local_src), stage_a, stage_b,
+        weight if weight is not None else no_fp32, _bits(save if save is not None else out),
+        _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
+        num_tokens, rank,
+        D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
+        QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, HAS_SAVE=save is not None,
+        HAS_DOT=dot_out is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim), num_warps=4,
+        # fp32 multiply then add, as the torch twin does: no fused multiply-add.
+        enable_fp_fusion=False,
+    )

@@ -1,0 +1,128 @@
+"""Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments, same
+arithmetic, same bytes. They run wherever torch runs (CPU emulation of peers in CI, or on CUDA
+peer memory to check the Triton kernels on the GPU machine).
+
+A *staging* buffer is the byte buffer a rank receives pushed rows in, indexed by destination
+row. In the activation's own dtype (leg format ``bf16``) a row is ``D`` elements; in MXFP8 the
+e4m3 bytes of all rows come first (``rows x D``), then their e8m0 scale bytes
+(``rows x D/32``).
+
+Arithmetic (shared with the kernels, so both give the same bits):
+* a routing weight multiplies in fp32 and the product is rounded to the activation dtype
+  before it is sent or quantized (torchtitan's ``(x.float() * score).to(x.dtype)``);
+* the top-k reduction adds the K slots of a token in fp32, in slot order ``k = 0..K-1``, each
+  slot's (dequantized) value times its weight as separate multiply and add, then one rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, dequantize_reference, quantize_reference
+
+
+def staging_nbytes(rows: int, dim: int, dtype: torch.dtype) -> int:
+    """Bytes of a staging buffer that holds ``rows`` rows in either format."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return rows * max(dim * itemsize, dim + dim // BLOCK_SIZE)
+
+
+def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
+    """``(rows, dim)`` views of a staging byte buffer: ``(values,)`` for the activation's own
+    dtype, ``(e4m3 bytes, scale bytes)`` for MXFP8."""
+    if fmt == "mxfp8":
+        data = buf[: rows * dim].view(rows, dim)
+        scale = buf[rows * dim : rows * dim + rows * (dim // BLOCK_SIZE)].view(rows, dim // BLOCK_SIZE)
+        return data, scale
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (buf[: rows * dim * itemsize].view(dtype).view(rows, dim),)
+
+
+def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Tensor:
+    if fmt == "mxfp8":
+        data, scale = views
+        return dequantize_reference(MXFP8Tensor(data[rows].view(torch.float8_e4m3fn), scale[rows]), dtype)
+    return views[0][rows]
+
+
+def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
+    """Row ``rank`` of every rank's ``(W, E)`` int64 count buffer = this rank's counts."""
+    num = counts.numel()
+    for peer in range(buf.world_size):
+        buf.peer(peer)[: buf.world_size * num * 8].view(torch.int64).view(buf.world_size, num)[rank] = counts
+
+
+def push_rows(
+    src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None,
+) -> None:
+    """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``factor[slot[j]]``
+    when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
+    rank, of rank ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
+    With ``dot_rows``: ``dot_out[slot[j]] = <dot_rows[j], src row>`` in fp32 (before the factor).
+    (A reference: boolean indexing, so it syncs with the host; the Triton kernel does not.)"""
+    num = dst_rank.numel()
+    if num == 0:
+        return
+    dim = src.shape[1]
+    idx = slot if slot is not None else torch.arange(num, device=src.device)
+    values = src[idx // top_k] if slot is not None else src[:num]
+    active = dst_rank >= 0
+    if dot_rows is not None:
+        dots = (dot_rows[:num].float() * values.float()).sum(dim=1)
+        dot_out[idx[active]] = dots[active]
+    if factor is not None:
+        values = (values.float() * factor[idx].unsqueeze(1)).to(src.dtype)
+    if local_out is not None:
+        local = dst_rank == rank
+        local_out[dst_row[local]] = values[local]
+    encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
+    for peer in range(staging.world_size):
+        if peer == rank:
+            continue
+        views = staging_views(staging.peer(peer), staging_rows, dim, src.dtype, fmt)
+        sel = dst_rank == peer
+        if fmt == "mxfp8":
+            views[0][dst_row[sel]] = encoded.data.view(torch.uint8)[sel]
+            views[1][dst_row[sel]] = encoded.scale[sel]
+        else:
+            views[0][dst_row[sel]] = values[sel]
+
+
+def receive_rows(out, source, rank, staging, staging_rows, fmt) -> None:
+    """Rows of ``out`` whose ``source`` is another rank: decoded from this rank's staging
+    buffer (same row). Padding rows (-1): zeros. This rank's own rows and unused rows: as is."""
+    dim = out.shape[1]
+    views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
+    remote = (source >= 0) & (source != rank)
+    rows = torch.nonzero(remote).squeeze(1)
+    out[rows] = _decode(views, rows, out.dtype, fmt)
+    out[source == -1] = 0
+
+
+def reduce_slots(
+    out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
+    weight=None, save=None, dot_with=None, dot_out=None,
+) -> None:
+    """``out[t] = sum_k weight[t*K+k] * v(inv[t*K+k])`` in fp32 (k ascending), where ``v(n)``
+    is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else
+    row ``n`` of this rank's staging buffer (decoded). ``save[n] = v(n)``;
+    ``dot_out[t*K+k] = <v(inv[t*K+k]), dot_with[t]>`` in fp32."""
+    num_tokens, dim = out.shape
+    views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
+    acc = torch.zeros((num_tokens, dim), dtype=torch.float32, device=out.device)
+    slots = torch.arange(num_tokens, device=out.device) * top_k
+    for k in range(top_k):
+        n = inv[slots + k]
+        is_local = row_rank[n] == rank
+        local_vals = local_src[torch.where(is_local, local_row[n], 0)]
+        v = torch.where(is_local.unsqueeze(1), local_vals, _decode(views, n, out.dtype, fmt))
+        if save is not None:
+            save[n] = v
+        if dot_out is not None:
+            dot_out[slots + k] = (v.float() * dot_with.float()).sum(dim=1)
+        v = v.float()
+        if weight is not None:
+            v = v * weight[slots + k].unsqueeze(1)
+        acc = acc + v
+    out.copy_(acc.to(out.dtype))
