@@ -2,6 +2,7 @@
 # GPU evidence on a 2-GPU machine, in one call each (the device lease is short):
 #   bash benchmarks/gpu_evidence.sh core  OUT_DIR   # GPU variants of the tests + a2a benchmark
 #   bash benchmarks/gpu_evidence.sh train OUT_DIR   # llama4/dsv3 debugmodel, EP=2, bf16 vs mxfp8
+#   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
 # Logs and JSON go to OUT_DIR; a short table is printed last.
 set -uo pipefail
 what=${1:?core|train}
@@ -19,6 +20,9 @@ if [ "$what" = core ]; then
   # NCCL: the op fuzz (under sync-debug 'error') and torchtitan EP, on 2 GPUs.
   python3 -m pytest -q -p no:cacheprovider tests/test_all_to_all.py tests/test_expert_parallel.py -k "nccl" 2>&1 | tee "$out/test_nccl.log" | tail -3
   torchrun --nproc_per_node=2 benchmarks/a2a.py --json "$out/a2a.json" 2>&1 | tee "$out/a2a.log" | grep -v "^W"
+elif [ "$what" = dispatcher ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
+  torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
 elif [ "$what" = train ]; then
   runs=/tmp/mxfp8ep_gpu_runs
   rm -rf "$runs"

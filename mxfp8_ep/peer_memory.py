@@ -38,6 +38,7 @@ class PeerBuffer:
         else:
             raise RuntimeError(f"peer buffers exist for cuda and cpu devices, not {self.device}")
         self.ptrs = torch.tensor([p.data_ptr() for p in self._peers], dtype=torch.int64, device=self.device)
+        self._element_offsets: dict[int, torch.Tensor] = {}
 
     @property
     def local(self) -> torch.Tensor:
@@ -45,6 +46,19 @@ class PeerBuffer:
 
     def peer(self, rank: int) -> torch.Tensor:
         return self._peers[rank]
+
+    def element_offsets(self, itemsize: int) -> torch.Tensor:
+        """Each peer buffer's address minus this rank's, in ``itemsize`` elements (kernels add
+        it to a pointer into the local buffer, keeping that pointer's alignment facts)."""
+        if itemsize not in self._element_offsets:
+            local = self.local.data_ptr()
+            deltas = [p.data_ptr() - local for p in self._peers]
+            if any(d % itemsize for d in deltas):
+                raise RuntimeError(f"peer buffers are not {itemsize}-byte aligned relative to each other")
+            self._element_offsets[itemsize] = torch.tensor(
+                [d // itemsize for d in deltas], dtype=torch.int64, device=self.device
+            )
+        return self._element_offsets[itemsize]
 
     def barrier(self) -> None:
         """Returns (on the current stream) once every rank reached it: all writes each rank made

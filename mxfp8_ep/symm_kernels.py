@@ -43,11 +43,24 @@ def _push_counts_kernel(counts_ptr, peer_ptrs, rank, NUM: tl.constexpr, BLOCK: t
 
 
 @triton.jit
+def _row_mask(row_ok, cols, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[rows, BLOCK_D] mask. When BLOCK_D divides D the columns need no mask: the mask is then
+    constant along each row, which lets loads and stores use 16-byte vectors."""
+    if D % BLOCK_D == 0:
+        mask = row_ok[:, None] & tl.full((1, BLOCK_D), 1, tl.int1)
+    else:
+        mask = row_ok[:, None] & (cols < D)[None, :]
+    return mask
+
+
+@triton.jit
 def _load_row_tile(ptr, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
     if IN_BF16:
-        return _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
-    return tl.load(ptr + offs, mask=mask, other=0.0)
+        value = _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
+    else:
+        value = tl.load(ptr + offs, mask=mask, other=0.0)
+    return value
 
 
 @triton.jit
@@ -62,7 +75,7 @@ def _store_row_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.c
 @triton.jit
 def _push_rows_kernel(
     src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
-    dst_rank_ptr, dst_row_ptr, local_out_ptr, peer_ptrs,
+    dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
     M, STAGING_ROWS, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
@@ -82,14 +95,15 @@ def _push_rows_kernel(
         src_row = rows
     is_local = active & (dst_rank == rank)
     remote = active & (dst_rank != rank)
-    peer_base = tl.load(peer_ptrs + dst_rank, mask=remote, other=0)
+    # A peer's staging buffer = this rank's staging pointer + an element offset. Allocations are
+    # 16-byte aligned; saying so lets the stores to peers use 16-byte vectors.
+    peer = tl.multiple_of(tl.load(peer_delta_ptr + dst_rank, mask=remote, other=0), 16)
     if HAS_FACTOR:
         factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
     dot = tl.zeros((BLOCK_M,), tl.float32)
     for start in range(0, D, BLOCK_D):
         cols = start + tl.arange(0, BLOCK_D)
-        col_ok = cols < D
-        mask = active[:, None] & col_ok[None, :]
+        mask = _row_mask(active, cols, D, BLOCK_D)
         x = _load_row_tile(src_ptr, src_row, cols, mask, D, IN_BF16)
         if HAS_DOT:
             other = _load_row_tile(dot_rows_ptr, rows, cols, mask, D, IN_BF16)
@@ -98,22 +112,17 @@ def _push_rows_kernel(
             x = x * factor[:, None]
             if IN_BF16:
                 x = _bf16_bits_to_fp32(_bf16_bits(x))
-        _store_row_tile(local_out_ptr, dst_row, cols, x, is_local[:, None] & col_ok[None, :], D, IN_BF16)
-        remote_mask = remote[:, None] & col_ok[None, :]
+        _store_row_tile(local_out_ptr, dst_row, cols, x, _row_mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+        remote_mask = _row_mask(remote, cols, D, BLOCK_D)
         if QUANT:
             e4m3, byte = _quantize_groups(tl.reshape(x, (BLOCK_M, BLOCK_D // 32, 32)), ROUNDING)
-            base = peer_base.to(tl.pointer_type(tl.uint8))
-            data_ptr = base[:, None] + dst_row[:, None] * D + cols[None, :]
-            tl.store(data_ptr, tl.reshape(e4m3, (BLOCK_M, BLOCK_D)).to(tl.uint8), mask=remote_mask)
+            data_ptr = stage_ptr + peer[:, None] + dst_row[:, None] * D + cols[None, :]
+            tl.store(data_ptr, tl.reshape(e4m3, (BLOCK_M, BLOCK_D // 32 * 32)).to(tl.uint8), mask=remote_mask)
             groups = start // 32 + tl.arange(0, BLOCK_D // 32)
-            scale_ptr = base[:, None] + STAGING_ROWS * D + dst_row[:, None] * (D // 32) + groups[None, :]
-            tl.store(scale_ptr, byte.to(tl.uint8), mask=remote[:, None] & (groups < D // 32)[None, :])
-        elif IN_BF16:
-            base = peer_base.to(tl.pointer_type(tl.int16))
-            tl.store(base[:, None] + dst_row[:, None] * D + cols[None, :], _bf16_bits(x).to(tl.int16), mask=remote_mask)
+            scale_ptr = stage_ptr + peer[:, None] + STAGING_ROWS * D + dst_row[:, None] * (D // 32) + groups[None, :]
+            tl.store(scale_ptr, byte.to(tl.uint8), mask=_row_mask(remote, groups, D // 32, BLOCK_D // 32))
         else:
-            base = peer_base.to(tl.pointer_type(tl.float32))
-            tl.store(base[:, None] + dst_row[:, None] * D + cols[None, :], x, mask=remote_mask)
+            _store_row_tile(stage_ptr + peer[:, None], dst_row, cols, x, remote_mask, D, IN_BF16)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
 
@@ -135,8 +144,9 @@ def _load_staged_tile(stage_a, stage_b, rows, cols, mask, D: tl.constexpr, IN_BF
         )
         if IN_BF16:
             value = _bf16_bits_to_fp32(_bf16_bits(value))
-        return value
-    return _load_row_tile(stage_a, rows, cols, mask, D, IN_BF16)
+    else:
+        value = _load_row_tile(stage_a, rows, cols, mask, D, IN_BF16)
+    return value
 
 
 @triton.jit
@@ -152,11 +162,10 @@ def _receive_rows_kernel(
         return
     for start in range(0, D, BLOCK_D):
         cols = start + tl.arange(0, BLOCK_D)
-        col_ok = cols < D
-        value = _load_staged_tile(stage_a, stage_b, rows, cols, remote[:, None] & col_ok[None, :],
+        value = _load_staged_tile(stage_a, stage_b, rows, cols, _row_mask(remote, cols, D, BLOCK_D),
                                   D, IN_BF16, QUANT, BLOCK_M, BLOCK_D, start)
         value = tl.where(pad[:, None], 0.0, value)
-        _store_row_tile(out_ptr, rows, cols, value, (remote | pad)[:, None] & col_ok[None, :], D, IN_BF16)
+        _store_row_tile(out_ptr, rows, cols, value, _row_mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
 
 
 @triton.jit
@@ -173,8 +182,7 @@ def _reduce_slots_kernel(
     dots = tl.zeros((BLOCK_T, KP), tl.float32)
     for start in range(0, D, BLOCK_D):
         cols = start + tl.arange(0, BLOCK_D)
-        col_ok = cols < D
-        mask = tok_ok[:, None] & col_ok[None, :]
+        mask = _row_mask(tok_ok, cols, D, BLOCK_D)
         acc = tl.zeros((BLOCK_T, BLOCK_D), tl.float32)
         if HAS_DOT:
             xrow = _load_row_tile(dot_with_ptr, toks, cols, mask, D, IN_BF16)
@@ -185,8 +193,8 @@ def _reduce_slots_kernel(
             is_local = tok_ok & (owner == rank)
             is_remote = tok_ok & (owner != rank)
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
-            local_val = _load_row_tile(local_src_ptr, local_row, cols, is_local[:, None] & col_ok[None, :], D, IN_BF16)
-            remote_val = _load_staged_tile(stage_a, stage_b, n, cols, is_remote[:, None] & col_ok[None, :],
+            local_val = _load_row_tile(local_src_ptr, local_row, cols, _row_mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+            remote_val = _load_staged_tile(stage_a, stage_b, n, cols, _row_mask(is_remote, cols, D, BLOCK_D),
                                            D, IN_BF16, QUANT, BLOCK_T, BLOCK_D, start)
             value = tl.where(is_local[:, None], local_val, remote_val)
             if HAS_SAVE:
@@ -214,6 +222,11 @@ def _no_fp32(device: torch.device) -> torch.Tensor:
 
 
 def _block_d(dim: int) -> int:
+    """Columns per tile: the largest power of two <= 512 that divides ``dim`` (unmasked, vector
+    loads and stores), else a masked tile covering ``dim``."""
+    for block in (512, 256, 128, 64, 32):
+        if dim % block == 0:
+            return block
     return max(BLOCK_SIZE, min(512, triton.next_power_of_2(dim)))
 
 
@@ -237,10 +250,12 @@ def push_rows(
     dim = src.shape[1]
     block_m = 4
     no_fp32 = _no_fp32(src.device)
+    stage = _bits(staging_views(staging.local, staging_rows, dim, src.dtype, fmt)[0])
     _push_rows_kernel[(triton.cdiv(num, block_m),)](
         _bits(src), slot if slot is not None else dst_rank, factor if factor is not None else no_fp32,
         _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
-        dst_rank, dst_row, _bits(local_out if local_out is not None else src), staging.ptrs,
+        dst_rank, dst_row, _bits(local_out if local_out is not None else src), stage,
+        staging.element_offsets(stage.element_size()),
         num, staging_rows, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",

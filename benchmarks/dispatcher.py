@@ -1,0 +1,316 @@
+"""Token dispatcher vs torchtitan 0.2.2's ExpertParallel: a whole MoE layer and the dispatch /
+combine legs alone, all arms side by side in one run.
+
+    torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json dispatcher.json
+
+``moe_layer``: torchtitan 0.2.2's ``MoE`` (router, grouped-GEMM experts, one shared expert)
+under EP over all ranks, forward and forward+backward, same weights and inputs in every arm.
+Arms: ``torchtitan`` (its ``ExpertParallel``, bf16: the reference), then our dispatcher as
+``<preset>/<transport>``. ``leg``: ``--leg-rows`` routed rows of ``--leg-dim`` per rank (top-8
+of 64 experts), even or Zipf routing; torchtitan's whole leg (gather, count exchange,
+all-to-all, permute; and back: unpermute, all-to-all, unsort, reduce) against ours.
+
+Times: median over ``--iters`` iterations (after warm-up) of each rank, then the max over ranks
+(CUDA events). ``peak_gib``: the allocator's peak during the arm plus the arm's peer buffers,
+max over ranks. Each arm's outputs (and, for the MoE layer, the input and expert gradients) are
+compared with the torchtitan arm's (``rel_err``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import parallelize_module
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    name: str
+    dim: int
+    hidden: int
+    experts: int
+    top_k: int
+    tokens: int
+    score_before_experts: bool
+    route_norm: bool
+    route_scale: float
+
+    def label(self) -> str:
+        return (f"{self.name}: dim {self.dim}, hidden {self.hidden}, {self.experts} experts, "
+                f"top-{self.top_k}, {self.tokens} tokens/rank")
+
+
+SHAPES = {
+    "dsv3": MoEShape("dsv3", 7168, 2048, 256, 8, 8192, False, True, 2.5),
+    "llama4": MoEShape("llama4", 5120, 8192, 16, 1, 16384, True, False, 1.0),
+    # Small enough for a CPU smoke run (gloo).
+    "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),
+}
+ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
+
+
+def _median_ms(fn, iters: int, warmup: int, device: torch.device) -> float:
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            import time
+
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(ms)
+    worst = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst.item())
+
+
+def _max_over_ranks(value: float, device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item())
+
+
+def _reset_peak(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib(device) -> float:
+    from mxfp8_ep import dispatcher
+
+    peer = sum(b.counts.nbytes + sum(s.nbytes for s in b.staging) for b in dispatcher._BUFFERS.values())
+    alloc = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+    return _max_over_ranks((alloc + peer) / 2**30, device)
+
+
+def _free_peer_buffers():
+    from mxfp8_ep import dispatcher
+
+    dispatcher._BUFFERS.clear()
+
+
+def _a2a(arm: str):
+    from mxfp8_ep.config import A2AConfig
+
+    preset, transport = arm.split("/")
+    return A2AConfig.preset(preset, transport=transport)
+
+
+def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
+    from torchtitan.distributed.expert_parallel import ExpertParallel
+    from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    from mxfp8_ep.expert_parallel import DispatcherExpertParallel
+
+    args = MoEArgs(
+        num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,
+        route_scale=shape.route_scale, score_before_experts=shape.score_before_experts, top_k=shape.top_k,
+        use_grouped_mm=device.type == "cuda", load_balance_coeff=None,
+    )
+    with torch.device("meta"):
+        moe = MoE(args, dim=shape.dim, hidden_dim=shape.hidden)
+    moe.to_empty(device=device)
+    torch.manual_seed(1234)  # same full weights on every rank and in every arm
+    with torch.no_grad():
+        moe.init_weights(0.02, device)
+    moe.to(dtype)
+    style = ExpertParallel() if arm == "torchtitan" else DispatcherExpertParallel(_a2a(arm), shape.tokens)
+    parallelize_module(moe.experts, mesh, style)
+    return moe
+
+
+def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> None:
+    rank = dist.get_rank()
+    g = torch.Generator(device=device).manual_seed(100 + rank)
+    x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=args.dtype)
+    grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=args.dtype)
+    ref = {}
+    for arm in ["torchtitan", *args.arms]:
+        _free_peer_buffers()
+        _reset_peak(device)
+        moe = _build_moe(shape, device, args.dtype, arm, mesh)
+        xi = x.clone().requires_grad_()
+        # Correctness first (one step), against the torchtitan arm.
+        out = moe(xi)
+        out.backward(grad)
+        w1 = moe.experts.w1.grad
+        w1 = w1.to_local() if hasattr(w1, "to_local") else w1
+        # Clones: the timed loops below accumulate into the same .grad tensors.
+        result = {"out": out.detach(), "x_grad": xi.grad.detach().clone(), "w1_grad": w1.detach().clone()}
+        if arm == "torchtitan":
+            ref = result
+        errs = {k: _max_over_ranks(_rel_err(v, ref[k]), device) for k, v in result.items()}
+        del out, result, w1
+
+        def fwd():
+            moe(xi)
+
+        def fwd_bwd():
+            moe(xi).backward(grad)
+
+        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+            ms = _median_ms(fn, args.iters, args.warmup, device)
+            rows.append({
+                "bench": "moe_layer", "shape": shape.label(), "arm": arm, "pass": name, "ms": round(ms, 3),
+                "peak_gib": round(_peak_gib(device), 2), "rel_err": {k: float(f"{v:.3g}") for k, v in errs.items()},
+            })
+        del moe, xi
+    _speedups(rows, "moe_layer", shape.label())
+
+
+def _leg_routing(tokens: int, experts: int, top_k: int, routing: str, device, rank: int):
+    if routing == "even":
+        ids = (torch.arange(tokens * top_k, device=device).view(tokens, top_k) + rank) % experts
+    else:
+        weights = 1.0 / torch.arange(1, experts + 1, device=device, dtype=torch.float32) ** 1.2
+        g = torch.Generator(device=device).manual_seed(7 + rank)
+        ids = torch.multinomial(weights.expand(tokens, experts), top_k, replacement=False, generator=g)
+    scores = torch.rand((tokens, top_k), device=device)
+    counts = torch.zeros(experts, dtype=torch.int64, device=device).scatter_add_(
+        0, ids.reshape(-1), torch.ones(ids.numel(), dtype=torch.int64, device=device)
+    )
+    return scores, ids, counts
+
+
+class _TitanLeg:
+    """torchtitan 0.2.2's dispatch and combine legs: MoE.forward's gather / unsort-reduce around
+    ExpertParallel's token dispatch / combine hooks."""
+
+    def __init__(self, experts: int, top_k: int, mesh):
+        from torchtitan.distributed.expert_parallel import ExpertParallel
+
+        self.ep, self.mesh, self.top_k = ExpertParallel(), mesh, top_k
+
+    def dispatch(self, x, scores, ids, counts):
+        slot = torch.argsort(ids.view(-1), stable=True)
+        routed = x[slot // self.top_k]
+        routed, per_expert = self.ep._token_dispatch(None, (routed, counts), self.mesh)
+        return routed, per_expert, (slot, scores)
+
+    def combine(self, routed_out, meta):
+        slot, scores = meta
+        back = self.ep._token_combine(None, routed_out, self.mesh)
+        unsorted = back.new_zeros((slot.numel(), back.shape[1]))
+        unsorted[slot] = back
+        unsorted = unsorted.reshape(-1, self.top_k, back.shape[1])
+        return torch.bmm(scores.reshape(-1, 1, self.top_k), unsorted.float()).to(back.dtype).squeeze(1)
+
+
+def bench_legs(args, device, mesh, rows: list[dict]) -> None:
+    from mxfp8_ep.dispatcher import TokenDispatcher
+
+    rank, top_k, experts = dist.get_rank(), 8, 64
+    tokens = args.leg_rows // top_k
+    shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
+    for routing in ("even", "zipf"):
+        scores, ids, counts = _leg_routing(tokens, experts, top_k, routing, device, rank)
+        x = torch.randn((tokens, args.leg_dim), device=device, dtype=args.dtype)
+        ref = {}
+        for arm in ["torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl"]:
+            _free_peer_buffers()
+            _reset_peak(device)
+            if arm == "torchtitan":
+                disp = _TitanLeg(experts, top_k, mesh)
+            else:
+                cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
+                disp = cfg.build(mesh.get_group(), device)
+            routed, per_expert, meta = disp.dispatch(x, scores, ids, counts)
+            out = disp.combine(routed, meta)
+            if arm == "torchtitan":
+                ref = {"combined": out}
+            err = _max_over_ranks(_rel_err(out, ref["combined"]), device)
+            for leg, fn in (("dispatch", lambda: disp.dispatch(x, scores, ids, counts)),
+                            ("combine", lambda: disp.combine(routed, meta))):
+                ms = _median_ms(fn, args.iters, args.warmup, device)
+                rows.append({
+                    "bench": "leg", "shape": f"{shape}, {routing}", "arm": arm, "pass": f"{leg} fwd",
+                    "ms": round(ms, 3), "peak_gib": round(_peak_gib(device), 2),
+                    "rel_err": {"dispatch+combine": float(f"{err:.3g}")},
+                })
+            del disp, routed, meta, out
+        _speedups(rows, "leg", f"{shape}, {routing}")
+
+
+def _speedups(rows, bench, shape):
+    base = {r["pass"]: r["ms"] for r in rows if r["bench"] == bench and r["shape"] == shape and r["arm"] == "torchtitan"}
+    for r in rows:
+        if r["bench"] == bench and r["shape"] == shape:
+            r["speedup_vs_torchtitan"] = round(base[r["pass"]] / r["ms"], 3) if r["ms"] > 0 else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench", default="moe_layer,leg")
+    parser.add_argument("--shapes", default="dsv3,llama4")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--leg-rows", type=int, default=131072)
+    parser.add_argument("--leg-dim", type=int, default=5120)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    args.arms = args.arms.split(",")
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+        from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()  # torchtitan 0.2.2 on CPU processes (smoke runs)
+    args.dtype = torch.bfloat16
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
+
+    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.config import A2AConfig
+
+    install_expert_parallel(A2AConfig())  # patches MoE.forward; arms pick their own style
+    rows: list[dict] = []
+    benches = args.bench.split(",")
+    if "leg" in benches:
+        bench_legs(args, device, mesh, rows)
+    if "moe_layer" in benches:
+        for name in args.shapes.split(","):
+            bench_moe_layer(SHAPES[name], args, device, mesh, rows)
+
+    if dist.get_rank() == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(f"{'bench':<10} {'pass':<15} {'arm':<15} {'ms':>9} {'vs titan':>9} {'peak GiB':>9}  shape / rel_err")
+        for r in rows:
+            print(f"{r['bench']:<10} {r['pass']:<15} {r['arm']:<15} {r['ms']:>9.3f} "
+                  f"{r.get('speedup_vs_torchtitan') or 0:>8.3f}x {r['peak_gib']:>9.2f}  {r['shape']} {r['rel_err']}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
