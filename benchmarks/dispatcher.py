@@ -56,9 +56,12 @@ SHAPES = {
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
 
 
-def _median_ms(fn, iters: int, warmup: int, device: torch.device) -> float:
+def _median_ms(fn, iters: int, warmup: int, device: torch.device, before=None) -> float:
+    """``before`` runs untimed ahead of each iteration."""
     times = []
     for i in range(warmup + iters):
+        if before is not None:
+            before()
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -171,8 +174,14 @@ def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> No
         def fwd_bwd():
             moe(xi).backward(grad)
 
+        def drop_grads():
+            # Each timed backward writes fresh gradients, as the first micro-batch of a training
+            # step does (FSDP reduce-scatters them): no accumulation kernels in the timing.
+            moe.zero_grad(set_to_none=True)
+            xi.grad = None
+
         for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-            ms = _median_ms(fn, args.iters, args.warmup, device)
+            ms = _median_ms(fn, args.iters, args.warmup, device, before=drop_grads)
             rows.append({
                 "bench": "moe_layer", "shape": shape.label(), "arm": arm, "pass": name, "ms": round(ms, 3),
                 "peak_gib": round(_peak_gib(device), 2), "rel_err": {k: float(f"{v:.3g}") for k, v in errs.items()},

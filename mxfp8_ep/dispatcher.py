@@ -136,10 +136,10 @@ class NcclTokenDispatcher(TokenDispatcher):
             # The one device-to-host sync of this transport (torchtitan makes the same one).
             input_splits = counts.view(W, L).sum(dim=1).tolist()
             output_splits = counts_recv.view(W, L).sum(dim=1).tolist()
-            routed = routing.sort_routed_rows(topk_expert_ids_TK, counts)
-        routed_input = x_TD[routed.slot // cfg.top_k]
+            slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
+        routed_input = x_TD[slot // cfg.top_k]
         if cfg.score_before_experts:
-            scores = topk_scores_TK.reshape(-1)[routed.slot]
+            scores = topk_scores_TK.reshape(-1)[slot]
             routed_input = (routed_input.to(torch.float32) * scores.reshape(-1, 1)).to(x_TD.dtype)
         received = all_to_all_v(
             routed_input, output_splits, input_splits, self.group,
@@ -156,7 +156,7 @@ class NcclTokenDispatcher(TokenDispatcher):
         # Padding rows read an appended zero row (torchtitan's _permute).
         routed_input = torch.vstack((received, received.new_zeros((1, received.shape[1]))))[permuted]
         meta = NcclDispatchMetadata(
-            slot=routed.slot, permuted=permuted, input_splits=input_splits,
+            slot=slot, permuted=permuted, input_splits=input_splits,
             output_splits=output_splits, topk_scores_TK=topk_scores_TK,
         )
         return routed_input, rows.tokens_per_local_expert, meta
@@ -275,21 +275,19 @@ class SymmTokenDispatcher(TokenDispatcher):
             bufs.counts.barrier()
             # A copy: the count buffer is rewritten by the next dispatch.
             counts_WE = bufs.counts.local[: W * E * 8].view(torch.int64).view(W, E).clone()  # noqa: N806
-            routed = routing.sort_routed_rows(topk_expert_ids_TK, counts)
-            dst_rank, dst_row = routing.dispatch_destinations(routed, counts_WE, self.rank, cfg.pad_multiple)
-            rows = routing.expert_major_rows(counts_WE[:, self.rank * L : (self.rank + 1) * L], cfg.pad_multiple, capacity)
-            return_rank, return_row = routing.combine_destinations(rows, counts_WE, self.rank)
-            return_rank = torch.where(return_rank == self.rank, -1, return_rank)
-            inv = torch.empty_like(routed.slot)
-            inv[routed.slot] = torch.arange(routed.slot.numel(), device=inv.device)
+            slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
+            tables = routing.routing_tables(counts_WE, self.rank, cfg.pad_multiple)
+            dst_rank, dst_row, inv, row_source, return_rank, return_row = kernels.routing_metadata(
+                tables, slot, topk_expert_ids_TK.reshape(-1), self.rank, W, L, capacity
+            )
         meta = SymmDispatchMetadata(
-            slot=routed.slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, row_source=rows.source,
+            slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, row_source=row_source,
             return_rank=return_rank, return_row=return_row, topk_scores_TK=topk_scores_TK,
             num_tokens=x_TD.shape[0], capacity=capacity,
         )
         factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
         routed_input = _SymmToExperts.apply(x_TD, factor, meta, self)
-        return routed_input, rows.tokens_per_local_expert, meta
+        return routed_input, tables.tokens_per_local_expert, meta
 
     def combine(self, routed_output, metadata: SymmDispatchMetadata):
         weight = None if self.config.score_before_experts else metadata.topk_scores_TK.reshape(-1)

@@ -28,7 +28,7 @@ def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def padded_expert_sizes(counts_SL: torch.Tensor, align: int) -> torch.Tensor:  # noqa: N803
-    """``(W, L)`` rows per (source, local expert) -> ``(L,)`` padded segment sizes."""
+    """``(W, ..., L)`` rows per (source, ..., local expert) -> ``(..., L)`` padded segment sizes."""
     total = counts_SL.sum(dim=0)
     return (torch.clamp_min(total, align) + align - 1) // align * align
 
@@ -72,56 +72,6 @@ def expert_major_rows(counts_SL: torch.Tensor, align: int, num_rows: int) -> Exp
     )
 
 
-def segment_starts(counts_SL: torch.Tensor, align: int) -> torch.Tensor:  # noqa: N803
-    """``(W, L)`` first row of each (source, local expert) segment in the expert-major buffer."""
-    m_size = padded_expert_sizes(counts_SL, align)
-    return _exclusive_cumsum(m_size, 0).unsqueeze(0) + _exclusive_cumsum(counts_SL, 0)
-
-
-@dataclass(frozen=True)
-class RoutedRows:
-    """This rank's ``N`` routed rows in expert-sorted order."""
-
-    slot: torch.Tensor  # (N,) int64: token * K + k of each sorted row
-    expert: torch.Tensor  # (N,) int64: global expert id
-    first_row_of_expert: torch.Tensor  # (E,) int64: first sorted row of each expert
-
-
-def sort_routed_rows(topk_expert_ids_TK: torch.Tensor, counts_E: torch.Tensor) -> RoutedRows:  # noqa: N803
-    ids = topk_expert_ids_TK.reshape(-1)
-    slot = torch.argsort(ids, stable=True)
-    return RoutedRows(slot=slot, expert=ids[slot], first_row_of_expert=_exclusive_cumsum(counts_E, 0))
-
-
-def dispatch_destinations(
-    routed: RoutedRows, counts_WE: torch.Tensor, rank: int, align: int  # noqa: N803
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Owner rank and expert-major row on that rank of each of this rank's sorted rows, from
-    the full ``(W, E)`` count matrix (row ``s`` = counts of rank ``s``)."""
-    W, E = counts_WE.shape
-    L = E // W
-    counts_SDL = counts_WE.view(W, W, L)  # source, destination rank, local expert
-    m_size = (torch.clamp_min(counts_SDL.sum(dim=0), align) + align - 1) // align * align  # (D, L)
-    start_DL = _exclusive_cumsum(m_size, 1) + _exclusive_cumsum(counts_SDL, 0)[rank]
-    base = start_DL.reshape(E)  # first row of (this source, expert e) on e's owner
-    dst_rank = routed.expert // L
-    n = torch.arange(routed.expert.numel(), device=routed.expert.device)
-    dst_row = base[routed.expert] + (n - routed.first_row_of_expert[routed.expert])
-    return dst_rank, dst_row
-
-
-def combine_destinations(rows: ExpertMajorRows, counts_WE: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: N803
-    """For each row of this rank's expert-major buffer: the source rank that routed it (-1 for
-    padding / unused) and its sorted-row index there."""
-    W, E = counts_WE.shape
-    L = E // W
-    first_row_WE = _exclusive_cumsum(counts_WE, 1)
-    is_data = rows.source >= 0
-    src = rows.source.clamp(min=0)
-    origin_row = first_row_WE[src, rank * L + rows.local_expert] + rows.offset
-    return torch.where(is_data, rows.source, torch.full_like(src, -1)), torch.where(is_data, origin_row, 0)
-
-
 def rank_major_index(rows: ExpertMajorRows, counts_SL: torch.Tensor) -> torch.Tensor:  # noqa: N803
     """For each expert-major row, its row in the rank-major all-to-all output (sources in rank
     order, each source's rows by local expert); padding and unused rows get ``-1``."""
@@ -130,3 +80,32 @@ def rank_major_index(rows: ExpertMajorRows, counts_SL: torch.Tensor) -> torch.Te
     is_data = rows.source >= 0
     idx = start_SL[rows.source.clamp(min=0), rows.local_expert] + rows.offset
     return torch.where(is_data, idx, torch.full_like(idx, -1))
+
+
+@dataclass(frozen=True)
+class RoutingTables:
+    """Per-expert / per-segment tables (tiny, from the ``(W, E)`` count matrix) from which the
+    per-row routing of the symm transport follows."""
+
+    dst_base: torch.Tensor  # (E,) first row of (this rank, expert e) on e's owner
+    first_row: torch.Tensor  # (E,) first expert-sorted row of expert e on this rank
+    seg_len: torch.Tensor  # ((W+1)*L,) this rank's segments: per local expert, W sources then padding
+    seg_end: torch.Tensor  # ((W+1)*L,) inclusive cumsum of seg_len
+    seg_origin_row: torch.Tensor  # ((W+1)*L,) first sorted row on the source of each data segment
+    tokens_per_local_expert: torch.Tensor  # (L,) padded
+
+
+def routing_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTables:  # noqa: N803
+    W, E = counts_WE.shape
+    L = E // W
+    counts_SDL = counts_WE.view(W, W, L)  # noqa: N806  source, destination rank, local expert
+    m_size = padded_expert_sizes(counts_SDL, align)  # (destination rank, L)
+    dst_base = (_exclusive_cumsum(m_size, 1) + _exclusive_cumsum(counts_SDL, 0)[rank]).reshape(E)
+    mine_SL = counts_SDL[:, rank, :]  # noqa: N806
+    seg_len = torch.cat([mine_SL.t(), (m_size[rank] - mine_SL.sum(dim=0)).unsqueeze(1)], dim=1).reshape(-1)
+    origin_SL = _exclusive_cumsum(counts_WE, 1)[:, rank * L : (rank + 1) * L]  # noqa: N806
+    seg_origin_row = torch.cat([origin_SL.t(), torch.zeros_like(origin_SL[:1].t())], dim=1).reshape(-1)
+    return RoutingTables(
+        dst_base=dst_base, first_row=_exclusive_cumsum(counts_WE[rank], 0), seg_len=seg_len,
+        seg_end=torch.cumsum(seg_len, dim=0), seg_origin_row=seg_origin_row, tokens_per_local_expert=m_size[rank],
+    )

@@ -31,6 +31,10 @@ from mxfp8_ep.triton_kernels import (
 )
 
 _RCEIL, _FLOOR = 0, 1
+# Launch shapes (rows per program, warps), tuned on 2xH200 (benchmarks/profile_dispatcher.py).
+PUSH_BLOCK_M, PUSH_WARPS = 4, 4
+RECEIVE_BLOCK_M, RECEIVE_WARPS = 4, 4
+REDUCE_BLOCK_T, REDUCE_WARPS = 2, 4
 
 
 @triton.jit
@@ -211,6 +215,46 @@ def _reduce_slots_kernel(
                  mask=tok_ok[:, None] & (kk < TOP_K)[None, :])
 
 
+@triton.jit
+def _sorted_rows_kernel(slot_ptr, ids_ptr, dst_base_ptr, first_row_ptr, dst_rank_ptr, dst_row_ptr, inv_ptr,
+                        N, L: tl.constexpr, BLOCK: tl.constexpr):
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = j < N
+    slot = tl.load(slot_ptr + j, mask=ok, other=0)
+    expert = tl.load(ids_ptr + slot, mask=ok, other=0)
+    tl.store(dst_rank_ptr + j, expert // L, mask=ok)
+    row = tl.load(dst_base_ptr + expert, mask=ok, other=0) + j - tl.load(first_row_ptr + expert, mask=ok, other=0)
+    tl.store(dst_row_ptr + j, row, mask=ok)
+    tl.store(inv_ptr + slot, j.to(tl.int64), mask=ok)
+
+
+@triton.jit
+def _expert_rows_kernel(seg_end_ptr, seg_len_ptr, seg_origin_ptr, source_ptr, return_rank_ptr, return_row_ptr,
+                        R, rank, W: tl.constexpr, NUM_SEG: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < R
+    # seg = number of segment ends <= i: an upper-bound binary search over the sorted seg_end.
+    lo = tl.zeros((BLOCK,), tl.int32)
+    hi = tl.full((BLOCK,), NUM_SEG, tl.int32)
+    for _ in tl.static_range(STEPS):
+        searching = lo < hi
+        mid = (lo + hi) // 2
+        right = tl.load(seg_end_ptr + mid, mask=searching, other=0) <= i
+        lo = tl.where(searching & right, mid + 1, lo)
+        hi = tl.where(searching & ~right, mid, hi)
+    seg = lo
+    seg_c = tl.minimum(seg, NUM_SEG - 1)
+    kind = seg_c % (W + 1)
+    end = tl.load(seg_end_ptr + seg_c, mask=ok, other=0)
+    offset = i - (end - tl.load(seg_len_ptr + seg_c, mask=ok, other=0))
+    source = tl.where(kind == W, -1, kind)
+    source = tl.where(seg < NUM_SEG, source, -2).to(tl.int64)
+    tl.store(source_ptr + i, source, mask=ok)
+    tl.store(return_rank_ptr + i, tl.where((source >= 0) & (source != rank), source, -1), mask=ok)
+    row = tl.load(seg_origin_ptr + seg_c, mask=ok, other=0) + offset
+    tl.store(return_row_ptr + i, tl.where(source >= 0, row, 0), mask=ok)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """bf16 tensors travel through the kernels as their int16 bits (exact on every backend)."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
@@ -248,7 +292,7 @@ def push_rows(
     if num == 0:
         return
     dim = src.shape[1]
-    block_m = 4
+    block_m = PUSH_BLOCK_M
     no_fp32 = _no_fp32(src.device)
     stage = _bits(staging_views(staging.local, staging_rows, dim, src.dtype, fmt)[0])
     _push_rows_kernel[(triton.cdiv(num, block_m),)](
@@ -260,7 +304,7 @@ def push_rows(
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        num_warps=4,
+        num_warps=PUSH_WARPS,
     )
 
 
@@ -269,11 +313,11 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt) -> None:
     if rows == 0:
         return
     stage_a, stage_b = _staged(staging, staging_rows, dim, out.dtype, fmt)
-    block_m = 4
+    block_m = RECEIVE_BLOCK_M
     _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
         _bits(out), source, stage_a, stage_b, rows, rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", BLOCK_M=block_m,
-        BLOCK_D=_block_d(dim), num_warps=4,
+        BLOCK_D=_block_d(dim), num_warps=RECEIVE_WARPS,
     )
 
 
@@ -285,7 +329,7 @@ def reduce_slots(
     if num_tokens == 0:
         return
     stage_a, stage_b = _staged(staging, staging_rows, dim, out.dtype, fmt)
-    block_t = 2
+    block_t = REDUCE_BLOCK_T
     no_fp32 = _no_fp32(out.device)
     _reduce_slots_kernel[(triton.cdiv(num_tokens, block_t),)](
         _bits(out), inv, row_rank, local_row, _bits(local_src), stage_a, stage_b,
@@ -294,7 +338,26 @@ def reduce_slots(
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, HAS_SAVE=save is not None,
-        HAS_DOT=dot_out is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim), num_warps=4,
+        HAS_DOT=dot_out is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim), num_warps=REDUCE_WARPS,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )
+
+
+def routing_metadata(tables, slot, expert_ids, rank, world, num_local_experts, capacity):
+    num = slot.numel()
+    dst_rank, dst_row, inv = torch.empty_like(slot), torch.empty_like(slot), torch.empty_like(slot)
+    block = 1024
+    if num:
+        _sorted_rows_kernel[(triton.cdiv(num, block),)](
+            slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, inv, num,
+            L=num_local_experts, BLOCK=block,
+        )
+    source = torch.empty(capacity, dtype=torch.int64, device=slot.device)
+    return_rank, return_row = torch.empty_like(source), torch.empty_like(source)
+    num_seg = tables.seg_end.numel()
+    _expert_rows_kernel[(triton.cdiv(capacity, block),)](
+        tables.seg_end, tables.seg_len, tables.seg_origin_row, source, return_rank, return_row, capacity, rank,
+        W=world, NUM_SEG=num_seg, STEPS=max(1, num_seg.bit_length()), BLOCK=block,
+    )
+    return dst_rank, dst_row, inv, source, return_rank, return_row

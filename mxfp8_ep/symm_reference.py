@@ -126,3 +126,32 @@ def reduce_slots(
             v = v * weight[slots + k].unsqueeze(1)
         acc = acc + v
     out.copy_(acc.to(out.dtype))
+
+
+def routing_metadata(tables, slot, expert_ids, rank, world, num_local_experts, capacity):
+    """Per-row routing of the symm transport from ``routing.RoutingTables``:
+
+    * per expert-sorted row ``j`` (of ``N``): the rank owning its expert (``dst_rank``), its row
+      there (``dst_row``), and ``inv[slot[j]] = j``;
+    * per row ``i`` of this rank's ``capacity``-row expert-major buffer: its source rank, or -1
+      (padding) / -2 (unused) (``row_source``); the rank and sorted row it returns to in combine
+      (``return_rank`` -1 when it stays here or is no data row; ``return_row``).
+    """
+    num, W, L = slot.numel(), world, num_local_experts
+    expert = expert_ids[slot]
+    j = torch.arange(num, device=slot.device)
+    dst_rank = expert // L
+    dst_row = tables.dst_base[expert] + j - tables.first_row[expert]
+    inv = torch.empty_like(slot)
+    inv[slot] = j
+    rows = torch.arange(capacity, device=slot.device)
+    num_segments = tables.seg_end.numel()
+    seg = torch.searchsorted(tables.seg_end, rows, right=True)
+    seg_c = seg.clamp(max=num_segments - 1)
+    kind = seg_c % (W + 1)
+    offset = rows - (tables.seg_end - tables.seg_len)[seg_c]
+    source = torch.where(kind == W, -1, kind)
+    source = torch.where(seg < num_segments, source, -2)
+    return_rank = torch.where((source >= 0) & (source != rank), source, -1)
+    return_row = torch.where(source >= 0, tables.seg_origin_row[seg_c] + offset, 0)
+    return dst_rank, dst_row, inv, source, return_rank, return_row

@@ -7,9 +7,17 @@ is exact on every backend. The e4m3 and bf16 bytes are then assembled with integ
 than float casts: ``TRITON_INTERPRET=1`` (CPU, CI) casts to float8 without round-to-nearest-even,
 turns NaN into a finite byte, and mishandles bf16 subnormals; the GPU's cvt does not. Building
 the bits ourselves makes interpreter, GPU and the torch reference agree bit for bit.
+
+Compiled for a GPU (``HW_CONVERT``), the last steps use the hardware's own conversions
+instead: fp32 -> e4m3 (``cvt.rn.satfinite.e4m3x2.f32``, round to nearest even, on values the
+kernel has already scaled and clamped), e4m3 -> fp32 (exact) and fp32 -> bf16 (round to
+nearest even). They give the same bits as the integer path (NaN is canonicalized by hand) at a
+fraction of the instructions; the GPU tests compare them with the torch reference.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -21,6 +29,8 @@ _RCEIL = 0
 _FLOOR = 1
 # 1.5 * 2**23: adding and subtracting it rounds an fp32 |t| < 2**22 to an integer, ties to even.
 _RNE_MAGIC = tl.constexpr(12582912.0)
+# Hardware float conversions when compiled for a GPU; integer bit-building in the interpreter.
+HW_CONVERT = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
@@ -77,10 +87,13 @@ def _e4m3_value(byte):
 
 @triton.jit
 def _bf16_bits(v):
-    """fp32 -> bf16 bits, round to nearest even (subnormals too); NaN -> 0x7FC0."""
-    bits = v.to(tl.int32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return tl.where(v != v, 0x7FC0, rounded & 0xFFFF)
+    """fp32 -> bf16 bits (int32 in 0..0xFFFF), round to nearest even (subnormals too); NaN -> 0x7FC0."""
+    if HW_CONVERT:
+        bits = v.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    else:
+        raw = v.to(tl.int32, bitcast=True)
+        bits = ((raw + 0x7FFF + ((raw >> 16) & 1)) >> 16) & 0xFFFF
+    return tl.where(v != v, 0x7FC0, bits)
 
 
 @triton.jit
@@ -126,7 +139,12 @@ def _quantize_groups(x3, ROUNDING: tl.constexpr):
     # Saturating clamp that keeps NaN (comparisons with NaN are false).
     scaled = tl.where(scaled > 448.0, 448.0, scaled)
     scaled = tl.where(scaled < -448.0, -448.0, scaled)
-    return _e4m3_bits(_round_to_e4m3_grid(scaled)), byte
+    if HW_CONVERT:
+        e4m3 = scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+        e4m3 = tl.where(scaled != scaled, 0x7F, e4m3)
+    else:
+        e4m3 = _e4m3_bits(_round_to_e4m3_grid(scaled))
+    return e4m3, byte
 
 
 @triton.jit
@@ -139,7 +157,11 @@ def _bf16_bits_to_fp32(raw):
 def _dequantize_groups(data, byte):
     """e4m3 bytes ``[..., G, 32]`` and e8m0 bytes ``[..., G]`` (int32) -> exact fp32."""
     scale = tl.where(byte == 255, float("nan"), _pow2(byte - 127))
-    return _e4m3_value(data) * scale[:, :, None]
+    if HW_CONVERT:
+        value = data.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        value = _e4m3_value(data)
+    return value * scale[:, :, None]
 
 
 @triton.jit

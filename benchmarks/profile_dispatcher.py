@@ -1,0 +1,169 @@
+"""Where the symm dispatcher's time goes, on the GPU machine:
+
+    torchrun --nproc_per_node=2 benchmarks/profile_dispatcher.py --json profile.json
+
+1. Each kernel of the dispatch and combine legs alone (CUDA events, median, max over ranks),
+   for several launch shapes, with the bandwidth it reaches: bytes it must read and write in
+   HBM, and bytes it sends over NVLink.
+2. A torch.profiler table of one forward+backward of the DeepSeek-V3-like MoE layer (top
+   kernels by device time), for ``--arm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+
+def _time(fn, iters=20, warmup=5) -> float:
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    t = torch.tensor([statistics.median(times)], device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def kernel_sweep(args, rows_out):
+    from benchmarks.dispatcher import _leg_routing
+    from mxfp8_ep import symm_kernels as sk
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.dispatcher import TokenDispatcher
+
+    rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
+    top_k, experts, dim = 8, 64, args.dim
+    tokens = args.rows // top_k
+    scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
+    x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
+    for fmt in ("bf16", "mxfp8"):
+        preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
+        cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
+                                     a2a=A2AConfig.preset(preset, kernel="triton", transport="symm"))
+        disp = cfg.build(dist.group.WORLD, device)
+        routed, per_expert, meta = disp.dispatch(x, scores, ids, counts)
+        bufs = disp._buffers_for(x)
+        staging = bufs.staging[0]
+        out = torch.empty_like(routed)
+        n = meta.slot.numel()
+        remote = int((meta.dst_rank != rank).sum())
+        wire_row = dim + dim // 32 if fmt == "mxfp8" else 2 * dim
+        stage = {
+            "push": lambda: sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, bufs.staging_rows, rank,
+                                         fmt, "rceil", slot=meta.slot, top_k=top_k),
+            "receive": lambda: sk.receive_rows(out, meta.row_source, rank, staging, bufs.staging_rows, fmt),
+            "push_back": lambda: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
+                                              bufs.staging_rows, rank, fmt, "rceil"),
+            "reduce": lambda: sk.reduce_slots(x, meta.inv, meta.dst_rank, meta.dst_row, routed, staging,
+                                              bufs.staging_rows, rank, fmt, top_k,
+                                              weight=scores.reshape(-1)),
+            "barrier": lambda: staging.barrier(),
+            # Ceilings: the same bytes as push's remote rows, one contiguous SM copy into the peer's
+            # buffer; and a local HBM copy of everything push reads.
+            "p2p_copy": lambda: staging.peer(1 - rank)[: remote * wire_row].copy_(p2p_src),
+            "hbm_copy": lambda: out[:n].copy_(x_rep),
+            "dispatch": lambda: disp.dispatch(x, scores, ids, counts),
+            "combine": lambda: disp.combine(routed, meta),
+        }
+        # HBM bytes each kernel must move at least, and NVLink bytes it sends.
+        p2p_src = torch.empty(remote * wire_row, dtype=torch.uint8, device=device)
+        x_rep = torch.empty((n, dim), dtype=torch.bfloat16, device=device)
+        hbm = {"hbm_copy": 2 * n * dim * 2, "push": n * dim * 2 + (n - remote) * dim * 2, "receive": remote * (wire_row + dim * 2),
+               "push_back": remote * dim * 2, "reduce": n * dim * 2 + tokens * dim * 2}
+        nvlink = {"push": remote * wire_row, "push_back": remote * wire_row, "p2p_copy": remote * wire_row}
+        shapes = {"push": [(2, 4), (4, 4), (8, 8)], "receive": [(4, 4), (8, 8)],
+                  "push_back": [(4, 4), (8, 8)], "reduce": [(1, 4), (2, 4), (4, 8)]}
+        for name, fn in stage.items():
+            for block, warps in shapes.get(name, [(0, 0)]):
+                if name in ("push", "push_back"):
+                    sk.PUSH_BLOCK_M, sk.PUSH_WARPS = block, warps
+                elif name == "receive":
+                    sk.RECEIVE_BLOCK_M, sk.RECEIVE_WARPS = block, warps
+                elif name == "reduce":
+                    sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = block, warps
+                ms = _time(fn)
+                row = {"fmt": fmt, "stage": name, "block": block, "warps": warps, "ms": round(ms, 4),
+                       "hbm_GBps": round(hbm.get(name, 0) / ms / 1e6, 1),
+                       "nvlink_GBps": round(nvlink.get(name, 0) / ms / 1e6, 1)}
+                rows_out.append(row)
+            sk.PUSH_BLOCK_M, sk.PUSH_WARPS = 4, 4
+            sk.RECEIVE_BLOCK_M, sk.RECEIVE_WARPS = 4, 4
+            sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = 2, 4
+        from mxfp8_ep import dispatcher
+
+        dispatcher._BUFFERS.clear()
+
+
+def layer_profile(args):
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.dispatcher import SHAPES, _build_moe
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),), mesh_dim_names=("ep",))
+    shape = SHAPES["dsv3"]
+    moe = _build_moe(shape, device, torch.bfloat16, args.arm, mesh)
+    x = torch.randn((1, shape.tokens, shape.dim), device=device, dtype=torch.bfloat16, requires_grad=True)
+    def step():
+        moe.zero_grad(set_to_none=True)
+        x.grad = None
+        moe(x).backward(torch.ones_like(x))
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
+    return table
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=131072)
+    parser.add_argument("--dim", type=int, default=5120)
+    parser.add_argument("--arm", default="mxfp8/symm")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--skip-layer", action="store_true")
+    args = parser.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.expert_parallel import install_expert_parallel
+
+    install_expert_parallel(A2AConfig())
+    rows: list[dict] = []
+    kernel_sweep(args, rows)
+    table = None if args.skip_layer else layer_profile(args)
+    if dist.get_rank() == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"kernels": rows, "layer_profile": table}, f, indent=1)
+        if table:
+            print(table)
+        print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
+        for r in rows:
+            print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r['ms']:>8.3f} "
+                  f"{r['hbm_GBps']:>9.1f} {r['nvlink_GBps']:>11.1f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
