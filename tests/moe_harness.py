@@ -1,0 +1,321 @@
+"""A torchtitan 0.2.2 MoE layer without expert parallelism (the reference) next to the same layer
+under EP through our ``TokenDispatcher``, for tests on gloo process groups.
+
+* The reference is torchtitan's own ``MoE`` (router, shared expert, gather / scatter / bmm
+  math), identical on every rank: built from one seed, run on the rank's own tokens.
+* The EP layer is a copy of it whose experts hold only this rank's slice
+  ``[rank * L, (rank + 1) * L)`` and whose forward is the library's ``dispatcher_moe_forward``
+  (router -> dispatch -> local experts -> shared expert -> combine), with a dispatcher the
+  test builds (so the test picks transport, legs, padding and buffer size).
+* Routing can be forced with the real router: ``expert_bias`` is the router's own
+  choice-only bias (``topk(scores + expert_bias)``; the gate values still come from the
+  scores), so a per-token ``(T, E)`` bias of +1e4 on the wanted experts makes torchtitan's
+  router pick exactly them while its scores, score function, route_norm and gradients stay
+  torchtitan's.
+* Expert weight gradients: an EP rank's local experts see the rows of every rank, so the
+  reference's full-expert gradients are summed over ranks (all_reduce) and sliced.
+
+Two expert implementations, same parameters (``w1``, ``w2``, ``w3`` of torchtitan's
+``GroupedExperts``):
+
+* ``grouped``: torchtitan's ``GroupedExperts`` (``use_grouped_mm=False``, its for-loop of
+  matmuls). CPU GEMMs block differently for different row counts (MKL sgemm gives different
+  last bits for 18 of 79 batch sizes of a 64-wide fp32 product here), and an EP expert
+  multiplies a different batch (rows of every rank, plus padding) than the reference expert
+  (this rank's rows): results agree to rounding, not bit for bit.
+* ``rowwise``: the same SwiGLU expert computed row by row (elementwise products and
+  last-dim sums in fp32), so a row's output and input gradient do not depend on which other
+  rows share its batch. With it, every difference between EP and reference is the
+  dispatcher's own arithmetic, and the transport whose arithmetic is torchtitan's (nccl,
+  bf16 legs) must agree bit for bit. ``check_rowwise_is_batch_independent`` proves that
+  premise on the machine running the test.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+EXPERT_KINDS = ("rowwise", "grouped")
+# Per-token choice bias: far above any score (softmax / sigmoid scores lie in [0, 1]).
+FORCE_BIAS = 1e4
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One MoE layer: torchtitan ``MoEArgs`` fields plus dims, activation dtype and experts."""
+
+    dim: int = 64
+    hidden: int = 32
+    num_experts: int = 4
+    top_k: int = 2
+    score_before_experts: bool = False
+    score_func: str = "softmax"
+    route_norm: bool = False
+    experts: str = "rowwise"
+    dtype: str = "float32"
+    seed: int = 0
+
+
+def _rowwise_experts_cls():
+    from torchtitan.models.moe.moe import GroupedExperts
+
+    class RowwiseExperts(GroupedExperts):
+        """torchtitan's SwiGLU experts ``w2 @ (silu(w1 @ x) * (w3 @ x))`` one row at a time:
+        elementwise products and last-dim sums in fp32, rounded once to the activation dtype.
+        Same parameters and same input layout (expert segments, padding rows at the end)."""
+
+        def forward(self, x, num_tokens_per_expert):
+            counts = num_tokens_per_expert.tolist()
+            n = sum(counts)
+            expert = torch.repeat_interleave(
+                torch.arange(len(counts), device=x.device), torch.tensor(counts, device=x.device)
+            )
+            w1, w2, w3 = self.w1.float(), self.w2.float(), self.w3.float()
+            rows = x[:n].float().unsqueeze(1)
+            h = F.silu((rows * w1[expert]).sum(-1)) * (rows * w3[expert]).sum(-1)
+            out = (h.unsqueeze(1) * w2[expert]).sum(-1).to(x.dtype)
+            return torch.vstack((out, out.new_zeros((x.shape[0] - n, out.shape[1]))))
+
+    return RowwiseExperts
+
+
+def _experts_module(spec: LayerSpec, num_experts: int):
+    from torchtitan.models.moe.moe import GroupedExperts
+
+    cls = _rowwise_experts_cls() if spec.experts == "rowwise" else GroupedExperts
+    return cls(dim=spec.dim, hidden_dim=spec.hidden, num_experts=num_experts, use_grouped_mm=False)
+
+
+def build_reference(spec: LayerSpec):
+    """torchtitan's MoE (one shared expert) with every parameter drawn from ``spec.seed``
+    (N(0, 1/fan_in): outputs of order one) in the activation dtype."""
+    from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    if spec.experts not in EXPERT_KINDS:
+        raise ValueError(f"experts must be one of {EXPERT_KINDS}, got {spec.experts!r}")
+    args = MoEArgs(
+        num_experts=spec.num_experts, num_shared_experts=1, score_func=spec.score_func,
+        route_norm=spec.route_norm, score_before_experts=spec.score_before_experts,
+        top_k=spec.top_k, use_grouped_mm=False,
+    )
+    moe = MoE(args, dim=spec.dim, hidden_dim=spec.hidden)
+    moe.experts = _experts_module(spec, spec.num_experts)
+    g = torch.Generator().manual_seed(spec.seed)
+    dtype = DTYPES[spec.dtype]
+    for _, p in sorted(moe.named_parameters()):
+        p.data = (torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5).to(dtype)
+    return moe
+
+
+def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
+    """A copy of ``reference`` whose experts are this rank's slice and whose forward goes
+    through ``dispatcher`` (``mxfp8_ep.expert_parallel.dispatcher_moe_forward``)."""
+    from mxfp8_ep.expert_parallel import ExpertParallelPlan
+
+    L = dispatcher.num_local_experts
+    ep = copy.deepcopy(reference)
+    local = _experts_module(spec, L)
+    for name in ("w1", "w2", "w3"):
+        full = getattr(reference.experts, name)
+        getattr(local, name).data = full.data[rank * L : (rank + 1) * L].clone()
+    ep.experts = local
+    # What DispatcherExpertParallel records; the dispatcher is ours (token_dispatcher_for
+    # returns a MoE's existing dispatcher).
+    local.expert_parallel_plan = ExpertParallelPlan(
+        dispatcher.group, dispatcher.config.a2a, dispatcher.config.max_tokens_per_rank
+    )
+    ep.token_dispatcher = dispatcher
+    return ep
+
+
+def ep_forward(moe, x):
+    from mxfp8_ep.expert_parallel import dispatcher_moe_forward
+
+    return dispatcher_moe_forward(moe, x)
+
+
+def reference_forward(moe, x):
+    from mxfp8_ep.expert_parallel import _ORIGINAL
+    from torchtitan.models.moe.moe import MoE
+
+    # torchtitan's forward even where install_expert_parallel patched MoE.forward.
+    return _ORIGINAL.get("MoE.forward", MoE.forward)(moe, x)
+
+
+def choice_bias(choice, num_experts: int, dtype=torch.float32) -> torch.Tensor:
+    """``(T, E)`` expert_bias that makes torchtitan's router pick ``choice[t]`` for token t."""
+    bias = torch.zeros((len(choice), num_experts), dtype=dtype)
+    for t, experts in enumerate(choice):
+        bias[t, list(experts)] = FORCE_BIAS
+    return bias
+
+
+class _Leg(torch.autograd.Function):
+    """Identity whose forward / backward pass the rows marked ``crossing`` through the leg
+    formats: what an EP rank boundary does to them (rows that stay are never quantized)."""
+
+    @staticmethod
+    def forward(ctx, rows, crossing, fwd, bwd, rounding):
+        ctx.crossing, ctx.bwd, ctx.rounding = crossing, bwd, rounding
+        return _through(rows, crossing, fwd, rounding)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _through(grad, ctx.crossing, ctx.bwd, ctx.rounding), None, None, None, None
+
+
+def _through(rows, crossing, fmt, rounding):
+    from mxfp8_ep.format import dequantize_reference, quantize_reference
+
+    out = rows.clone()
+    if fmt == "mxfp8" and bool(crossing.any()):
+        out[crossing] = dequantize_reference(quantize_reference(rows[crossing], rounding), rows.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class WireLegs:
+    """The four legs of an A2AConfig applied in a non-EP layer: ``crossing[i]`` says whether
+    the experts' (expert-sorted) input row i belongs to an expert on another rank."""
+
+    a2a: object  # mxfp8_ep.config.A2AConfig
+    crossing: torch.Tensor
+
+
+def crossing_rows(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
+    """Per expert-sorted row of a rank's routing (torchtitan's stable argsort order): does its
+    expert live on another rank?"""
+    flat = ids.reshape(-1)
+    return flat[torch.argsort(flat, stable=True)] // num_local != rank
+
+
+def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None = None):
+    """``forward(moe, x)`` on ``x`` (T, D), then backward of ``<out, grad_out>``. Returns the
+    output, the gradients (``"x"`` and every parameter by name; zeros where none flowed) and
+    what hooks saw: the gradient of the router's top scores (``"scores"``, (T, K)), and the
+    experts' input gradient / output rows (``"rows_grad"``, ``"rows_out"``, expert-sorted).
+    With ``legs`` (a non-EP layer only), the experts' input rows pass the dispatch legs and
+    their output rows the combine legs."""
+    seen = {}
+
+    def on_router(module, args, outputs):
+        outputs[0].register_hook(lambda g: seen.__setitem__("scores", g))
+
+    def on_experts(module, args, output):
+        seen["rows_out"] = output.detach()
+        args[0].register_hook(lambda g: seen.__setitem__("rows_grad", g))
+
+    def dispatch_legs(module, args):
+        a2a = legs.a2a
+        return (_Leg.apply(args[0], legs.crossing, a2a.dispatch_fwd, a2a.dispatch_bwd, a2a.scale_rounding), *args[1:])
+
+    def combine_legs(module, args, output):
+        a2a = legs.a2a
+        return _Leg.apply(output, legs.crossing, a2a.combine_fwd, a2a.combine_bwd, a2a.scale_rounding)
+
+    moe.expert_bias = expert_bias
+    moe.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    hooks = [moe.router.register_forward_hook(on_router), moe.experts.register_forward_hook(on_experts)]
+    if legs is not None:
+        hooks += [moe.experts.register_forward_pre_hook(dispatch_legs), moe.experts.register_forward_hook(combine_legs)]
+    try:
+        out = forward(moe, x.view(1, *x.shape)).view(x.shape)
+        out.backward(grad_out)
+    finally:
+        for h in hooks:
+            h.remove()
+    grads = {"x": x.grad if x.grad is not None else torch.zeros_like(x)}
+    for name, p in moe.named_parameters():
+        grads[name] = p.grad if p.grad is not None else torch.zeros_like(p)
+    return out.detach(), grads, seen
+
+
+def reference_expert_grads(grads: dict, rank: int, num_local: int, group=None) -> None:
+    """In place: the reference's full expert gradients -> summed over ranks (in fp32, one
+    rounding to the parameter dtype), this rank's slice."""
+    for name in ("experts.w1", "experts.w2", "experts.w3"):
+        total = grads[name].float()
+        dist.all_reduce(total, group=group)
+        grads[name] = total[rank * num_local : (rank + 1) * num_local].to(grads[name].dtype)
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """Relative Frobenius error ``|got - ref| / |scale|`` (``scale`` defaults to ``ref``);
+    0 for empty tensors, inf for a nonzero difference against a zero scale."""
+    diff = (got.float() - ref.float()).norm().item()
+    norm = (ref if scale is None else scale).float().norm().item()
+    if norm == 0:
+        return 0.0 if diff == 0 else float("inf")
+    return diff / norm
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def check_rowwise_is_batch_independent(dtype: torch.dtype, dim: int = 64, hidden: int = 32) -> None:
+    """The premise of the exact comparisons: a ``rowwise`` expert gives each row the same
+    output and the same input gradient whether it is computed alone or in a batch."""
+    spec = LayerSpec(dim=dim, hidden=hidden, num_experts=2, dtype=next(k for k, v in DTYPES.items() if v == dtype))
+    experts = _experts_module(spec, 2)
+    g = torch.Generator().manual_seed(5)
+    for p in experts.parameters():
+        p.data = torch.randn(p.shape, generator=g).to(dtype)
+    x = torch.randn(37, dim, generator=g).to(dtype).requires_grad_(True)
+    gy = torch.randn(37, dim, generator=g).to(dtype)
+    counts = torch.tensor([20, 13])
+    y = experts(x, counts)
+    (gx,) = torch.autograd.grad(y, x, gy)
+    for lo, hi, e in ((0, 1, 0), (5, 9, 0), (20, 21, 1), (25, 33, 1)):
+        xs = x.detach()[lo:hi].clone().requires_grad_(True)
+        c = torch.tensor([hi - lo, 0] if e == 0 else [0, hi - lo])
+        ys = experts(xs, c)
+        (gxs,) = torch.autograd.grad(ys, xs, gy[lo:hi])
+        assert torch.equal(bits(ys), bits(y[lo:hi].detach())), "rowwise expert output depends on the batch"
+        assert torch.equal(bits(gxs), bits(gx[lo:hi])), "rowwise expert input gradient depends on the batch"
+
+
+def setup_rank() -> None:
+    """Per rank: one intra-op thread (ranks share a few cores; one thread also keeps CPU
+    reductions in one order) and torchtitan's CPU patch for the router's integer histc (the
+    only one of mxfp8_ep.titan_cpu_compat's patches a bare MoE layer needs; the others import
+    most of torchtitan)."""
+    from mxfp8_ep.titan_cpu_compat import _patch_histc
+
+    torch.set_num_threads(1)
+    _patch_histc()
+
+
+def preload(titan: bool = True) -> None:
+    """Import what the ranks use (torchtitan's MoE alone takes seconds), so forked ranks
+    inherit it instead of importing it once per rank."""
+    import mxfp8_ep.dispatcher  # noqa: F401
+    import mxfp8_ep.expert_parallel  # noqa: F401
+
+    if titan:
+        import torchtitan.models.moe.moe  # noqa: F401
+
+
+def run_forked(world_size: int, fn, *args) -> None:
+    """``tests.distributed.run_on_ranks`` on gloo, but the ranks are forked from this process
+    (after ``preload``), not spawned: a spawned rank re-imports torch and torchtitan, which
+    costs more than the checks. Falls back to spawning where CUDA is initialized here (a
+    forked process cannot use it)."""
+    import torch.multiprocessing as mp
+
+    from tests.distributed import _entry, free_port, run_on_ranks
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        run_on_ranks(world_size, fn, *args)
+        return
+    mp.start_processes(
+        _entry, args=(world_size, free_port(), "gloo", fn, args), nprocs=world_size, join=True,
+        start_method="fork",
+    )
