@@ -46,20 +46,31 @@ def _push_counts_kernel(counts_ptr, peer_ptrs, rank, NUM: tl.constexpr, BLOCK: t
     tl.store(base + rank * NUM + offs, tl.load(counts_ptr + offs, mask=mask), mask=mask)
 
 
+# Tiles are [rows, BLOCK_D // 32, 32]: one MXFP8 block per innermost row, so quantizing and
+# dequantizing need no layout change, and the innermost 32 elements are contiguous in memory.
+
+
 @triton.jit
-def _row_mask(row_ok, cols, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """[rows, BLOCK_D] mask. When BLOCK_D divides D the columns need no mask: the mask is then
-    constant along each row, which lets loads and stores use 16-byte vectors."""
+def _cols(start, BLOCK_D: tl.constexpr):
+    """[1, BLOCK_D // 32, 32] column indices of the tile that starts at column ``start``."""
+    groups = tl.arange(0, BLOCK_D // 32)
+    return start + groups[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+
+
+@triton.jit
+def _mask(row_ok, cols, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tile mask. When BLOCK_D divides D the columns need no mask: the mask is then constant
+    along each row, which lets loads and stores use 16-byte vectors."""
     if D % BLOCK_D == 0:
-        mask = row_ok[:, None] & tl.full((1, BLOCK_D), 1, tl.int1)
+        mask = row_ok[:, None, None] & tl.full((1, BLOCK_D // 32, 32), 1, tl.int1)
     else:
-        mask = row_ok[:, None] & (cols < D)[None, :]
+        mask = row_ok[:, None, None] & (cols < D)
     return mask
 
 
 @triton.jit
-def _load_row_tile(ptr, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+def _load_tile(ptr, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
+    offs = rows[:, None, None].to(tl.int64) * D + cols
     if IN_BF16:
         value = _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
     else:
@@ -68,12 +79,20 @@ def _load_row_tile(ptr, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr
 
 
 @triton.jit
-def _store_row_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+def _store_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
+    offs = rows[:, None, None].to(tl.int64) * D + cols
     if IN_BF16:
         tl.store(ptr + offs, _bf16_bits(value).to(tl.int16), mask=mask)
     else:
         tl.store(ptr + offs, value, mask=mask)
+
+
+@triton.jit
+def _scale_offsets(rows, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[rows, BLOCK_D // 32] offsets of the tile's scale bytes in a [*, D // 32] array, and
+    which of them exist."""
+    groups = start // 32 + tl.arange(0, BLOCK_D // 32)
+    return rows[:, None].to(tl.int64) * (D // 32) + groups[None, :], (groups < D // 32)[None, :]
 
 
 @triton.jit
@@ -106,50 +125,43 @@ def _push_rows_kernel(
         factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
     dot = tl.zeros((BLOCK_M,), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        mask = _row_mask(active, cols, D, BLOCK_D)
-        x = _load_row_tile(src_ptr, src_row, cols, mask, D, IN_BF16)
+        cols = _cols(start, BLOCK_D)
+        x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
         if HAS_DOT:
-            other = _load_row_tile(dot_rows_ptr, rows, cols, mask, D, IN_BF16)
-            dot += tl.sum(other * x, axis=1)
+            other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
+            dot += tl.sum(tl.sum(other * x, axis=2), axis=1)
         if HAS_FACTOR:
-            x = x * factor[:, None]
+            x = x * factor[:, None, None]
             if IN_BF16:
                 x = _bf16_bits_to_fp32(_bf16_bits(x))
-        _store_row_tile(local_out_ptr, dst_row, cols, x, _row_mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
-        remote_mask = _row_mask(remote, cols, D, BLOCK_D)
+        _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+        remote_mask = _mask(remote, cols, D, BLOCK_D)
         if QUANT:
-            e4m3, byte = _quantize_groups(tl.reshape(x, (BLOCK_M, BLOCK_D // 32, 32)), ROUNDING)
-            data_ptr = stage_ptr + peer[:, None] + dst_row[:, None] * D + cols[None, :]
-            tl.store(data_ptr, tl.reshape(e4m3, (BLOCK_M, BLOCK_D // 32 * 32)).to(tl.uint8), mask=remote_mask)
-            groups = start // 32 + tl.arange(0, BLOCK_D // 32)
-            scale_ptr = stage_ptr + peer[:, None] + STAGING_ROWS * D + dst_row[:, None] * (D // 32) + groups[None, :]
-            tl.store(scale_ptr, byte.to(tl.uint8), mask=_row_mask(remote, groups, D // 32, BLOCK_D // 32))
+            e4m3, byte = _quantize_groups(x, ROUNDING)
+            data_ptr = stage_ptr + peer[:, None, None] + dst_row[:, None, None] * D + cols
+            tl.store(data_ptr, e4m3.to(tl.uint8), mask=remote_mask)
+            soffs, sok = _scale_offsets(dst_row, start, D, BLOCK_D)
+            tl.store(stage_ptr + peer[:, None] + STAGING_ROWS * D + soffs, byte.to(tl.uint8), mask=remote[:, None] & sok)
         else:
-            _store_row_tile(stage_ptr + peer[:, None], dst_row, cols, x, remote_mask, D, IN_BF16)
+            _store_tile(stage_ptr + peer[:, None, None], dst_row, cols, x, remote_mask, D, IN_BF16)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
 
 
 @triton.jit
-def _load_staged_tile(stage_a, stage_b, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr,
-                      QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, start):
+def _load_staged_tile(stage_a, stage_b, rows, row_ok, cols, start, D: tl.constexpr, IN_BF16: tl.constexpr,
+                      QUANT: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows of this rank's staging buffer, decoded to fp32 values of the activation dtype."""
+    mask = _mask(row_ok, cols, D, BLOCK_D)
     if QUANT:
-        offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-        data = tl.load(stage_a + offs, mask=mask, other=0).to(tl.int32)
-        groups = start // 32 + tl.arange(0, BLOCK_D // 32)
-        soffs = rows[:, None].to(tl.int64) * (D // 32) + groups[None, :]
-        row_ok = tl.max(mask.to(tl.int32), axis=1) > 0
-        byte = tl.load(stage_b + soffs, mask=row_ok[:, None] & (groups < D // 32)[None, :], other=127)
-        value = tl.reshape(
-            _dequantize_groups(tl.reshape(data, (BLOCK_M, BLOCK_D // 32, 32)), byte.to(tl.int32)),
-            (BLOCK_M, BLOCK_D),
-        )
+        data = tl.load(stage_a + rows[:, None, None].to(tl.int64) * D + cols, mask=mask, other=0).to(tl.int32)
+        soffs, sok = _scale_offsets(rows, start, D, BLOCK_D)
+        byte = tl.load(stage_b + soffs, mask=row_ok[:, None] & sok, other=127).to(tl.int32)
+        value = _dequantize_groups(data, byte)
         if IN_BF16:
             value = _bf16_bits_to_fp32(_bf16_bits(value))
     else:
-        value = _load_row_tile(stage_a, rows, cols, mask, D, IN_BF16)
+        value = _load_tile(stage_a, rows, cols, mask, D, IN_BF16)
     return value
 
 
@@ -165,11 +177,10 @@ def _receive_rows_kernel(
     if tl.max((remote | pad).to(tl.int32), axis=0) == 0:
         return
     for start in range(0, D, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        value = _load_staged_tile(stage_a, stage_b, rows, cols, _row_mask(remote, cols, D, BLOCK_D),
-                                  D, IN_BF16, QUANT, BLOCK_M, BLOCK_D, start)
-        value = tl.where(pad[:, None], 0.0, value)
-        _store_row_tile(out_ptr, rows, cols, value, _row_mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
+        cols = _cols(start, BLOCK_D)
+        value = _load_staged_tile(stage_a, stage_b, rows, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+        value = tl.where(pad[:, None, None], 0.0, value)
+        _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
 
 
 @triton.jit
@@ -185,11 +196,11 @@ def _reduce_slots_kernel(
     kk = tl.arange(0, KP)
     dots = tl.zeros((BLOCK_T, KP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = start + tl.arange(0, BLOCK_D)
-        mask = _row_mask(tok_ok, cols, D, BLOCK_D)
-        acc = tl.zeros((BLOCK_T, BLOCK_D), tl.float32)
+        cols = _cols(start, BLOCK_D)
+        mask = _mask(tok_ok, cols, D, BLOCK_D)
+        acc = tl.zeros((BLOCK_T, BLOCK_D // 32, 32), tl.float32)
         if HAS_DOT:
-            xrow = _load_row_tile(dot_with_ptr, toks, cols, mask, D, IN_BF16)
+            xrow = _load_tile(dot_with_ptr, toks, cols, mask, D, IN_BF16)
         for k in tl.static_range(TOP_K):
             slot = toks * TOP_K + k
             n = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
@@ -197,19 +208,18 @@ def _reduce_slots_kernel(
             is_local = tok_ok & (owner == rank)
             is_remote = tok_ok & (owner != rank)
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
-            local_val = _load_row_tile(local_src_ptr, local_row, cols, _row_mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
-            remote_val = _load_staged_tile(stage_a, stage_b, n, cols, _row_mask(is_remote, cols, D, BLOCK_D),
-                                           D, IN_BF16, QUANT, BLOCK_T, BLOCK_D, start)
-            value = tl.where(is_local[:, None], local_val, remote_val)
+            local_val = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+            remote_val = _load_staged_tile(stage_a, stage_b, n, is_remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+            value = tl.where(is_local[:, None, None], local_val, remote_val)
             if HAS_SAVE:
-                _store_row_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
+                _store_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
             if HAS_DOT:
-                part = tl.sum(value * xrow, axis=1)
+                part = tl.sum(tl.sum(value * xrow, axis=2), axis=1)
                 dots += tl.where(kk[None, :] == k, part[:, None], 0.0)
             if HAS_WEIGHT:
-                value = value * tl.load(weight_ptr + slot, mask=tok_ok, other=0.0)[:, None]
+                value = value * tl.load(weight_ptr + slot, mask=tok_ok, other=0.0)[:, None, None]
             acc = acc + value
-        _store_row_tile(out_ptr, toks, cols, acc, mask, D, IN_BF16)
+        _store_tile(out_ptr, toks, cols, acc, mask, D, IN_BF16)
     if HAS_DOT:
         tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], dots,
                  mask=tok_ok[:, None] & (kk < TOP_K)[None, :])
@@ -266,8 +276,8 @@ def _no_fp32(device: torch.device) -> torch.Tensor:
 
 
 def _block_d(dim: int) -> int:
-    """Columns per tile: the largest power of two <= 512 that divides ``dim`` (unmasked, vector
-    loads and stores), else a masked tile covering ``dim``."""
+    """Columns per tile (a multiple of 32): the largest power of two <= 512 that divides ``dim``
+    (unmasked, vector loads and stores), else a masked tile covering ``dim``."""
     for block in (512, 256, 128, 64, 32):
         if dim % block == 0:
             return block
