@@ -37,7 +37,8 @@ from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.models.moe import moe as titan_moe
 
 from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.dispatcher import TokenDispatcher
+from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
+from mxfp8_ep.grouped_experts import grouped_swiglu
 
 _ORIGINAL: dict = {}
 
@@ -49,6 +50,20 @@ class ExpertParallelPlan:
     group: dist.ProcessGroup
     a2a: A2AConfig
     max_tokens_per_rank: int | None
+
+
+class CapacityGroupedExperts(titan_moe.GroupedExperts):
+    """torchtitan's GroupedExperts for the symm transport's static-capacity input: on the
+    grouped-GEMM path the elementwise work covers only the rows inside the expert offsets
+    (``mxfp8_ep.grouped_experts``). Same math as torchtitan's; bf16 results are identical."""
+
+    def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        if not self.use_grouped_mm:
+            return super().forward(x, num_tokens_per_expert)
+        w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w2, self.w3))
+        return grouped_swiglu(
+            x.bfloat16(), w1.bfloat16(), w2.bfloat16(), w3.bfloat16(), num_tokens_per_expert
+        ).type_as(x)
 
 
 class DispatcherExpertParallel(ExpertParallel):
@@ -63,9 +78,11 @@ class DispatcherExpertParallel(ExpertParallel):
         self.max_tokens_per_rank = max_tokens_per_rank or self.default_max_tokens_per_rank
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module.expert_parallel_plan = ExpertParallelPlan(
-            device_mesh.get_group(), self.a2a, self.max_tokens_per_rank
-        )
+        group = device_mesh.get_group()
+        module.expert_parallel_plan = ExpertParallelPlan(group, self.a2a, self.max_tokens_per_rank)
+        transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
+        if transport == "symm" and type(module) is titan_moe.GroupedExperts:
+            module.__class__ = CapacityGroupedExperts
         return distribute_module(module, device_mesh, partition_fn=self._partition_fn)
 
 

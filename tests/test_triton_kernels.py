@@ -64,15 +64,23 @@ def test_dispatcher_picks_kernel_and_agrees():
 
 
 def test_kernels_compile_for_hopper_without_ue8m0_cvt():
-    """The kernels compile to a cubin for sm_90 on this machine (Triton ships ptxas), and the
-    PTX builds e8m0 bytes without the `cvt ... .ue8m0x2` that ptxas rejects for sm_90a (the
-    reason torchao 0.18's MXFP8 quantizer does not run on Hopper). Runs in a fresh process:
+    """Every kernel compiles to a cubin for sm_90 on this machine (Triton ships ptxas; the
+    interpreter accepts code the GPU compiler rejects), and the PTX builds e8m0 bytes without
+    the `cvt ... .ue8m0x2` that ptxas rejects for sm_90a (the reason torchao 0.18's MXFP8
+    quantizer does not run on Hopper). The quantizing kernels use the hardware e4m3
+    conversion, and the symm push and receive kernels store rows as 16-byte vectors (a scalar
+    store per element to a peer costs most of NVLink's bandwidth). Runs in a fresh process:
     this one may have the Triton interpreter on."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("triton_compile_check.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(report) == {"quantize_bf16_rceil", "quantize_fp32_floor", "dequantize_bf16", "dequantize_fp32"}
+    assert {"quantize_bf16_rceil", "dequantize_bf16", "push_mxfp8", "push_bf16", "receive_mxfp8",
+            "reduce_mxfp8", "sorted_rows", "expert_rows", "swiglu_backward"} <= set(report)
     for name, info in report.items():
         assert info["cubin_bytes"] > 0 and not info["ue8m0_in_ptx"], (name, info)
+    for name in ("quantize_bf16_rceil", "quantize_fp32_floor", "push_mxfp8"):
+        assert report[name]["hw_e4m3_cvt"], (name, report[name])
+    for name in ("push_mxfp8", "push_bf16", "receive_mxfp8", "swiglu_backward"):
+        assert report[name]["vector_stores"] > 0 and report[name]["scalar_b16_stores"] == 0, (name, report[name])

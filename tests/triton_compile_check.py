@@ -1,7 +1,10 @@
-"""Compile the MXFP8 Triton kernels for sm_90 (Hopper) without a GPU and print a JSON report.
-Used by tests/test_triton_kernels.py; must run without TRITON_INTERPRET."""
+"""Compile every Triton kernel of the package for sm_90 (Hopper) without a GPU and print a JSON
+report: cubin size, whether the PTX uses ``cvt ... ue8m0``, the hardware e4m3 conversion, and
+16-byte vector stores. Pointer arguments are declared 16-byte aligned, as Triton specializes
+them at launch. Used by tests/test_triton_kernels.py; must run without TRITON_INTERPRET."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -11,12 +14,40 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from mxfp8_ep import grouped_experts as ge  # noqa: E402
+from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep import triton_kernels as tk  # noqa: E402
 
 QUANT = {"x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "M": "i32", "K": "i32",
          "IN_BF16": "constexpr", "ROUNDING": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
 DEQUANT = {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": None, "M": "i32", "K": "i32",
            "OUT_BF16": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
+PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_ptr": "*i16",
+        "dot_out_ptr": "*fp32", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64", "local_out_ptr": "*i16",
+        "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "STAGING_ROWS": "i32", "rank": "i32"}
+RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_a": "*u8", "stage_b": "*u8", "R": "i32", "rank": "i32"}
+REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
+          "local_src_ptr": "*i16", "stage_a": "*u8", "stage_b": "*u8", "weight_ptr": "*fp32", "save_ptr": "*i16",
+          "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
+ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
+        "valid_ptr": "*i32"}
+SYMM = {
+    "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
+                                                    IN_BF16=True, QUANT=True, ROUNDING=0, BLOCK_M=4, BLOCK_D=512)),
+    "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
+                  dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
+                       ROUNDING=0, BLOCK_M=4, BLOCK_D=512)),
+    "receive_mxfp8": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True, BLOCK_M=4, BLOCK_D=512)),
+    "reduce_mxfp8": (sk._reduce_slots_kernel, REDUCE, dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True,
+                                                          HAS_WEIGHT=True, HAS_SAVE=True, HAS_DOT=True, BLOCK_T=2, BLOCK_D=512)),
+    "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
+                                             "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
+                                             "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
+    "expert_rows": (sk._expert_rows_kernel, {"seg_end_ptr": "*i64", "seg_len_ptr": "*i64", "seg_origin_ptr": "*i64",
+                                             "source_ptr": "*i64", "return_rank_ptr": "*i64", "return_row_ptr": "*i64",
+                                             "R": "i32", "rank": "i32"}, dict(W=2, NUM_SEG=384, STEPS=9, BLOCK=1024)),
+    "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=4, BLOCK_N=512)),
+}
 CASES = {
     "quantize_bf16_rceil": (tk._quantize_kernel, {**QUANT, "x_ptr": "*i16"}, {"IN_BF16": True, "ROUNDING": 0}),
     "quantize_fp32_floor": (tk._quantize_kernel, {**QUANT, "x_ptr": "*fp32"}, {"IN_BF16": False, "ROUNDING": 1}),
@@ -24,11 +55,25 @@ CASES = {
     "dequantize_fp32": (tk._dequantize_kernel, {**DEQUANT, "out_ptr": "*fp32"}, {"OUT_BF16": False}),
 }
 
-report = {}
-for name, (fn, signature, consts) in CASES.items():
-    consts = {**consts, "BLOCK_M": 16, "BLOCK_K": 256}
-    src = ASTSource(fn=fn, signature=signature,
+def compile_for_hopper(fn, signature, consts):
+    signature = {**signature, **{k: "constexpr" for k in consts if k not in signature}}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    src = ASTSource(fn=fn, signature=signature, attrs=aligned,
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-    report[name] = {"cubin_bytes": len(compiled.asm["cubin"]), "ue8m0_in_ptx": "ue8m0" in compiled.asm["ptx"]}
+    ptx = compiled.asm["ptx"]
+    return {
+        "cubin_bytes": len(compiled.asm["cubin"]),
+        "ue8m0_in_ptx": "ue8m0" in ptx,
+        "hw_e4m3_cvt": "e4m3x2" in ptx,
+        "vector_stores": len(re.findall(r"st\.global\.v4", ptx)),
+        "scalar_b16_stores": len(re.findall(r"st\.global\.b16", ptx)),
+    }
+
+
+report = {}
+for name, (fn, signature, consts) in CASES.items():
+    report[name] = compile_for_hopper(fn, signature, {**consts, "BLOCK_M": 16, "BLOCK_K": 256})
+for name, (fn, signature, consts) in SYMM.items():
+    report[name] = compile_for_hopper(fn, signature, consts)
 print(json.dumps(report))

@@ -1,0 +1,167 @@
+"""Routed experts (torchtitan's SwiGLU ``GroupedExperts`` math) over an expert-major buffer with
+a static row capacity, as the symm dispatcher returns it.
+
+The dispatcher cannot size its output to the rows it received without a host sync, so the
+buffer holds the drop-free worst case and its tail rows are unused. ``torch._grouped_mm`` only
+touches rows inside its group offsets, but torch's elementwise ops would touch every row: twice
+the work at EP=2 under even routing, more at larger EP. Here the activation ``silu(x w1) * x w3``,
+its backward and the sum of the two input-gradient GEMMs run as Triton kernels over the rows
+inside the offsets only (the count is read on the device). Rows past the offsets of every
+output are left unwritten: nothing downstream reads them.
+
+Numerics are torch's: silu and the product are each rounded to the activation dtype, as the
+two eager ops round; backward follows torch's ``silu_backward`` and ``mul`` formulas.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mxfp8_ep.symm_kernels import _block_d
+from mxfp8_ep.triton_kernels import _bf16_bits, _bf16_bits_to_fp32
+
+
+def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):
+    """``y = (silu(x @ w1_e^T) * (x @ w3_e^T)) @ w2_e^T`` for each expert ``e``'s rows of ``x``
+    (``tokens_per_expert`` rows each, in order); rows past their sum are ignored."""
+    offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
+    return _GroupedSwiGLU.apply(x, w1, w2, w3, offsets)
+
+
+class _GroupedSwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, w2, w3, offsets):
+        h1 = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
+        h3 = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
+        h = _silu_mul(h1, h3, offsets)
+        y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offsets)
+        ctx.save_for_backward(x, w1, w2, w3, offsets, h1, h3, h)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w1, w2, w3, offsets, h1, h3, h = ctx.saved_tensors
+        dy = dy.contiguous()
+        # Gradients of a grouped GEMM ``out = a @ b_e``: ``da = dout @ b_e^T`` and, per group,
+        # ``db_e = a_e^T @ dout_e`` (a 2-D x 2-D grouped GEMM over the shared rows).
+        dh = torch._grouped_mm(dy, w2, offs=offsets)
+        dw2 = torch._grouped_mm(h.transpose(-2, -1), dy, offs=offsets).transpose(-2, -1)
+        dh1, dh3 = _silu_mul_backward(dh, h1, h3, offsets)
+        dw1 = torch._grouped_mm(x.transpose(-2, -1), dh1, offs=offsets).transpose(-2, -1)
+        dw3 = torch._grouped_mm(x.transpose(-2, -1), dh3, offs=offsets).transpose(-2, -1)
+        dx = torch._grouped_mm(dh1, w1, offs=offsets)
+        _add_rows_(dx, torch._grouped_mm(dh3, w3, offs=offsets), offsets)
+        return dx, dw1.to(w1.dtype), dw2.to(w2.dtype), dw3.to(w3.dtype), None
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise work over the rows inside the offsets. Triton on CUDA (or under the interpreter),
+# torch over all rows elsewhere (identical values on the rows that matter).
+
+_BLOCK_M = 4
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    import os
+
+    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _silu(a):
+    return a / (1.0 + tl.exp(-a))
+
+
+@triton.jit
+def _round(v, IN_BF16: tl.constexpr):
+    if IN_BF16:
+        v = _bf16_bits_to_fp32(_bf16_bits(v))
+    return v
+
+
+@triton.jit
+def _load(ptr, offs, mask, IN_BF16: tl.constexpr):
+    if IN_BF16:
+        v = _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
+    else:
+        v = tl.load(ptr + offs, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def _store(ptr, offs, v, mask, IN_BF16: tl.constexpr):
+    if IN_BF16:
+        tl.store(ptr + offs, _bf16_bits(v).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offs, v, mask=mask)
+
+
+@triton.jit
+def _rows_kernel(
+    a_ptr, b_ptr, c_ptr, out1_ptr, out2_ptr, valid_ptr,
+    N: tl.constexpr, OP: tl.constexpr, IN_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """OP 0: out1 = silu(a) * b.  OP 1 (a = dh, b = h1, c = h3): out1 = dh1, out2 = dh3.
+    OP 2: out1 = a + b (out1 may be a)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid = tl.load(valid_ptr)
+    if tl.program_id(0) * BLOCK_M >= valid:
+        return
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if N % BLOCK_N == 0:  # no column mask: 16-byte vector loads and stores
+        mask = (rows < valid)[:, None] & tl.full((1, BLOCK_N), 1, tl.int1)
+    else:
+        mask = (rows < valid)[:, None] & (cols < N)[None, :]
+    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    a = _load(a_ptr, offs, mask, IN_BF16)
+    b = _load(b_ptr, offs, mask, IN_BF16)
+    if OP == 0:
+        _store(out1_ptr, offs, _round(_silu(a), IN_BF16) * b, mask, IN_BF16)
+    elif OP == 1:
+        h3 = _load(c_ptr, offs, mask, IN_BF16)
+        silu = _round(_silu(b), IN_BF16)
+        d_silu = _round(a * h3, IN_BF16)
+        _store(out2_ptr, offs, a * silu, mask, IN_BF16)
+        sig = 1.0 / (1.0 + tl.exp(-b))
+        _store(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
+    else:
+        _store(out1_ptr, offs, a + b, mask, IN_BF16)
+
+
+def _launch(op, a, b, c, out1, out2, offsets):
+    rows, n = a.shape
+    if rows == 0:
+        return
+    bits = (lambda t: t.view(torch.int16)) if a.dtype == torch.bfloat16 else (lambda t: t)
+    block_n = _block_d(n)
+    grid = (triton.cdiv(rows, _BLOCK_M), triton.cdiv(n, block_n))
+    _rows_kernel[grid](
+        bits(a), bits(b), bits(c), bits(out1), bits(out2), offsets[-1:],
+        N=n, OP=op, IN_BF16=a.dtype == torch.bfloat16, BLOCK_M=_BLOCK_M, BLOCK_N=block_n,
+    )
+
+
+def _silu_mul(h1, h3, offsets):
+    if not _use_triton(h1):
+        return torch.nn.functional.silu(h1) * h3
+    out = torch.empty_like(h1)
+    _launch(0, h1, h3, h3, out, out, offsets)
+    return out
+
+
+def _silu_mul_backward(dh, h1, h3, offsets):
+    if not _use_triton(dh):
+        silu = torch.nn.functional.silu(h1)
+        return torch.ops.aten.silu_backward(dh * h3, h1), dh * silu
+    dh1, dh3 = torch.empty_like(h1), torch.empty_like(h3)
+    _launch(1, dh, h1, h3, dh1, dh3, offsets)
+    return dh1, dh3
+
+
+def _add_rows_(a, b, offsets):
+    if not _use_triton(a):
+        a.add_(b)
+        return
+    _launch(2, a, b, b, a, a, offsets)
