@@ -34,6 +34,7 @@ Two expert implementations, same parameters (``w1``, ``w2``, ``w3`` of torchtita
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 
 import torch
@@ -181,11 +182,14 @@ def _through(rows, crossing, fmt, rounding):
 
 @dataclass(frozen=True)
 class WireLegs:
-    """The four legs of an A2AConfig applied in a non-EP layer: ``crossing[i]`` says whether
-    the experts' (expert-sorted) input row i belongs to an expert on another rank."""
+    """The four legs of an A2AConfig applied in a non-EP layer run by ``run_layer``: the
+    experts' (expert-sorted) input rows whose expert lives on another rank of an EP group
+    (``rank``, ``num_local`` experts per rank) pass the dispatch legs, their output rows the
+    combine legs."""
 
     a2a: object  # mxfp8_ep.config.A2AConfig
-    crossing: torch.Tensor
+    rank: int
+    num_local: int
 
 
 def crossing_rows(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
@@ -200,11 +204,12 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     output, the gradients (``"x"`` and every parameter by name; zeros where none flowed) and
     what hooks saw: the gradient of the router's top scores (``"scores"``, (T, K)), and the
     experts' input gradient / output rows (``"rows_grad"``, ``"rows_out"``, expert-sorted).
-    With ``legs`` (a non-EP layer only), the experts' input rows pass the dispatch legs and
-    their output rows the combine legs."""
+    With ``legs`` (a non-EP layer only), the rows that would cross ranks pass the legs.
+    Several layers: ``run_stack``."""
     seen = {}
 
     def on_router(module, args, outputs):
+        seen["ids"] = outputs[1]
         outputs[0].register_hook(lambda g: seen.__setitem__("scores", g))
 
     def on_experts(module, args, output):
@@ -212,12 +217,12 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
         args[0].register_hook(lambda g: seen.__setitem__("rows_grad", g))
 
     def dispatch_legs(module, args):
-        a2a = legs.a2a
-        return (_Leg.apply(args[0], legs.crossing, a2a.dispatch_fwd, a2a.dispatch_bwd, a2a.scale_rounding), *args[1:])
+        a2a, seen["crossing"] = legs.a2a, crossing_rows(seen["ids"], legs.rank, legs.num_local)
+        return (_Leg.apply(args[0], seen["crossing"], a2a.dispatch_fwd, a2a.dispatch_bwd, a2a.scale_rounding), *args[1:])
 
     def combine_legs(module, args, output):
         a2a = legs.a2a
-        return _Leg.apply(output, legs.crossing, a2a.combine_fwd, a2a.combine_bwd, a2a.scale_rounding)
+        return _Leg.apply(output, seen["crossing"], a2a.combine_fwd, a2a.combine_bwd, a2a.scale_rounding)
 
     moe.expert_bias = expert_bias
     moe.zero_grad(set_to_none=True)
@@ -237,10 +242,28 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     return out.detach(), grads, seen
 
 
+def run_stack(layers, forward, x, grad_out):
+    """Layers one after the other (forward of all, then one backward): output and gradients,
+    ``"x"`` and ``"<layer index>.<parameter name>"``."""
+    x = x.detach().clone().requires_grad_(True)
+    h = x.view(1, *x.shape)
+    for layer in layers:
+        layer.expert_bias = None
+        layer.zero_grad(set_to_none=True)
+        h = forward(layer, h)
+    h.backward(grad_out.view(h.shape))
+    grads = {"x": x.grad}
+    for i, layer in enumerate(layers):
+        for name, p in layer.named_parameters():
+            grads[f"{i}.{name}"] = p.grad if p.grad is not None else torch.zeros_like(p)
+    return h.detach().view(x.shape), grads
+
+
 def reference_expert_grads(grads: dict, rank: int, num_local: int, group=None) -> None:
-    """In place: the reference's full expert gradients -> summed over ranks (in fp32, one
-    rounding to the parameter dtype), this rank's slice."""
-    for name in ("experts.w1", "experts.w2", "experts.w3"):
+    """In place: the reference's full expert gradients (every ``experts.w1/w2/w3`` entry, with
+    any prefix) -> summed over ranks (in fp32, one rounding to the parameter dtype), this
+    rank's slice."""
+    for name in sorted(n for n in grads if re.fullmatch(r"(\d+\.)?experts\.w[123]", n)):
         total = grads[name].float()
         dist.all_reduce(total, group=group)
         grads[name] = total[rank * num_local : (rank + 1) * num_local].to(grads[name].dtype)

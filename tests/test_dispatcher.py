@@ -64,7 +64,6 @@ from tests.moe_harness import (
     build_reference,
     check_rowwise_is_batch_independent,
     choice_bias,
-    crossing_rows,
     preload,
     run_forked,
     ep_forward,
@@ -72,6 +71,7 @@ from tests.moe_harness import (
     reference_forward,
     rel_err,
     run_layer,
+    run_stack,
     setup_rank,
 )
 
@@ -270,7 +270,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
     a2a_legs = A2AConfig.preset(ex.preset, scale_rounding=ex.rounding)
     quantized = a2a_legs.any_quantized
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
-    wire = reference_run(WireLegs(a2a_legs, crossing_rows(ids, rank, local)))[0] if quantized else plain
+    wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
 
     for transport in TRANSPORTS:
         config = TokenDispatcher.Config(
@@ -339,3 +339,346 @@ def test_fuzz_covers_200_routings_and_the_edges():
         assert any(0 in ex.tokens for ex in drawn), world
         assert max(ex.spec.top_k for ex in drawn) == min(4, max(ex.spec.num_experts for ex in drawn)), world
         assert {ex.preset for ex in drawn} == set(PRESETS), world
+
+
+# --------------------------------------------------------------------------------------------
+# stale buffers: two layers sharing the symm transport's peer buffers
+
+
+class _StagingViewDispatcher(SymmTokenDispatcher):
+    """The bug of torchtitan 0.3.0's MinimalAsyncEP, planted: dispatch hands the experts its
+    receive (staging) buffer itself instead of a fresh tensor. The next leg that uses that
+    staging buffer (the next layer's dispatch) overwrites the rows the grouped GEMM saved for
+    its weight gradient."""
+
+    def to_experts(self, src, meta, fmt, **kwargs):
+        out = super().to_experts(src, meta, fmt, **kwargs)
+        bufs = self._buffers_for(src)
+        used = bufs.staging[bufs.next_staging ^ 1]  # the staging buffer this leg just took
+        assert used.local.storage_offset() == 0
+        # A tensor over the buffer's memory with its own version counter: like the kernels'
+        # and the peers' writes, later writes there go unnoticed by autograd.
+        alias = torch.empty(0, dtype=out.dtype).set_(used.local.untyped_storage(), 0, out.shape)
+        with torch.no_grad():
+            alias.copy_(out)
+        return alias
+
+
+def _peer_memory() -> list[tuple[int, int]]:
+    """Address ranges of every peer buffer the symm transport holds (each rank's mapping of
+    every rank's count and staging buffers)."""
+    from mxfp8_ep.dispatcher import _BUFFERS
+
+    ranges = []
+    for bufs in _BUFFERS.values():
+        for buf in (bufs.counts, *bufs.staging):
+            for r in range(buf.world_size):
+                t = buf.peer(r)
+                ranges.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
+    return ranges
+
+
+class _AliasProbe:
+    """A dispatcher seen through dispatcher_moe_forward: records each tensor that dispatch or
+    combine hands out (forward outputs, and the gradients their backwards return) whose
+    storage overlaps peer memory."""
+
+    def __init__(self, inner, problems: list[str]):
+        self.inner, self.problems = inner, problems
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _check(self, what: str, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        if any(lo < b and a < hi for a, b in _peer_memory()):
+            self.problems.append(f"{what} aliases peer memory")
+
+    def dispatch(self, x, scores, ids, counts):
+        x = x.view_as(x)
+        x.register_hook(lambda g: self._check("dispatch backward (x grad)", g))
+        routed, per_expert, meta = self.inner.dispatch(x, scores, ids, counts)
+        self._check("dispatch forward (routed input)", routed)
+        return routed, per_expert, meta
+
+    def combine(self, routed_output, meta):
+        routed_output = routed_output.view_as(routed_output)
+        routed_output.register_hook(lambda g: self._check("combine backward (routed output grad)", g))
+        out = self.inner.combine(routed_output, meta)
+        self._check("combine forward (output)", out)
+        return out
+
+
+def _two_layer_problems(rank, world, transport, preset, planted=False) -> list[str]:
+    """Two EP layers with the same dims (so the symm transport gives them the same peer
+    buffers), forward 1, forward 2, one backward; against the same two layers without EP.
+    Returns what went wrong (every rank runs every collective whatever it finds)."""
+    local = 2
+    specs = [LayerSpec(experts="grouped", num_experts=local * world, top_k=2, seed=s) for s in (11, 12)]
+    g = torch.Generator().manual_seed(300 + rank)
+    tokens = 12 + rank
+    x = torch.randn(tokens, specs[0].dim, generator=g)
+    grad_out = torch.randn(tokens, specs[0].dim, generator=g)
+    references = [build_reference(spec) for spec in specs]
+    ref_out, ref_grads = run_stack(references, reference_forward, x, grad_out)
+    reference_expert_grads(ref_grads, rank, local)
+    problems: list[str] = []
+    layers = []
+    for spec in specs:
+        config = TokenDispatcher.Config(
+            num_experts=spec.num_experts, top_k=spec.top_k, a2a=A2AConfig.preset(preset, transport=transport),
+            max_tokens_per_rank=MAX_TOKENS,
+        )
+        inner = _StagingViewDispatcher(config, dist.group.WORLD) if planted else config.build(dist.group.WORLD, "cpu")
+        layers.append(build_ep_layer(references[len(layers)], spec, _AliasProbe(inner, problems), rank))
+    out, grads = run_stack(layers, ep_forward, x, grad_out)
+    bound = QUANT_TOL if A2AConfig.preset(preset).any_quantized else ORDER_TOL["float32"]
+    for name, ref in {"out": ref_out, **ref_grads}.items():
+        err = rel_err(out if name == "out" else grads[name], ref)
+        if not err < bound:
+            problems.append(f"{name}: rel err {err:.3g} >= {bound:.3g}")
+    return problems
+
+
+def _stale_buffers(rank, world):
+    setup_rank()
+    for transport in TRANSPORTS:
+        for preset in sorted(PRESETS):
+            problems = _two_layer_problems(rank, world, transport, preset)
+            assert not problems, f"{transport} {preset} rank {rank}: {problems}"
+    # The planted bug must be caught twice over: the routed input lives in a staging buffer,
+    # and the first layer's expert weight gradients come from overwritten rows.
+    problems = _two_layer_problems(rank, world, "symm", "bf16", planted=True)
+    assert "dispatch forward (routed input) aliases peer memory" in problems, problems
+    assert any(p.startswith("0.experts.w1: rel err") for p in problems), problems
+
+
+def test_two_layers_sharing_peer_buffers_get_the_right_expert_gradients():
+    """torchtitan 0.3.0's MinimalAsyncEP returned its symmetric receive buffer from dispatch;
+    the next layer's legs overwrote it while the grouped GEMM still held it for the weight
+    gradient (expert w1 gradients off by a relative 1.4). Here: two layers with one set of
+    peer buffers, forward both, then backward; expert w1/w2/w3 gradients of both layers,
+    output and input gradient against torchtitan without EP, every preset, both transports
+    (the nccl transport has no peer buffers: its tensors are fresh by construction). The same
+    check run on a dispatcher with that bug planted (``_StagingViewDispatcher``) must fail,
+    both on the aliasing (no tensor dispatch / combine hands out, forward or backward, may
+    overlap a peer buffer) and on the first layer's w1 gradient."""
+    preload()
+    run_forked(2, _stale_buffers)
+
+
+# --------------------------------------------------------------------------------------------
+# bad input
+
+
+def _dispatcher(transport, preset="bf16", num_experts=None, top_k=1, **a2a_overrides):
+    num_experts = num_experts or 2 * dist.get_world_size()
+    config = TokenDispatcher.Config(
+        num_experts=num_experts, top_k=top_k, max_tokens_per_rank=MAX_TOKENS,
+        a2a=A2AConfig.preset(preset, transport=transport, **a2a_overrides),
+    )
+    return config.build(dist.group.WORLD, "cpu")
+
+
+def _to_next_rank(rank, world, tokens, dim, dtype=torch.float32, seed=0):
+    """Top-1 routing of every token to the first expert of the next rank (2 experts per rank;
+    every row crosses), score 1: a layer with identity experts gives each token back."""
+    x = torch.randn(tokens, dim, generator=torch.Generator().manual_seed(seed + rank)).to(dtype)
+    ids = torch.full((tokens, 1), (rank + 1) % world * 2, dtype=torch.int64)
+    scores = torch.ones(tokens, 1)
+    return x, scores, ids, torch.bincount(ids.reshape(-1), minlength=2 * world)
+
+
+def _round_trip(dispatcher, x, scores, ids, counts):
+    """dispatch -> identity experts -> combine -> backward of sum(out): routed input (valid
+    rows), combine output, x grad, score grad."""
+    x = x.clone().requires_grad_(True)
+    scores = scores.clone().requires_grad_(True)
+    routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
+    out = dispatcher.combine(routed.clone(), meta)
+    out.backward(torch.ones_like(out))
+    return routed.detach()[: int(per_expert.sum())], out.detach(), x.grad, scores.grad
+
+
+def _bad_input(rank, world):
+    setup_rank()
+    quantized = [name for name in sorted(PRESETS) if A2AConfig.preset(name).any_quantized]
+    assert quantized
+    for transport in TRANSPORTS:
+        # A model dim that is not a multiple of 32 with any MXFP8 leg: ValueError before any
+        # collective. First each rank alone (its peers wait in a barrier: had it entered a
+        # collective it would hang or mismatch), then all ranks together.
+        for preset in quantized:
+            dispatcher = _dispatcher(transport, preset)
+            x, scores, ids, counts = _to_next_rank(rank, world, 5, 40)
+            for alone in (*range(world), None):
+                if alone in (rank, None):
+                    with pytest.raises(ValueError, match=r"multiple of 32.*dim 40"):
+                        dispatcher.dispatch(x, scores, ids, counts)
+                dist.barrier()
+            # The group is still in step: the same dispatcher then carries a valid batch there
+            # and back (through MXFP8: close, not equal).
+            x, scores, ids, counts = _to_next_rank(rank, world, 5, 64)
+            _, out, _, _ = _round_trip(dispatcher, x, scores, ids, counts)
+            assert 0 < rel_err(out, x) < 2.0**-4, f"{transport} {preset}: tokens did not come back"
+        # bf16 legs take any width.
+        x, scores, ids, counts = _to_next_rank(rank, world, 5, 40)
+        _, out, _, _ = _round_trip(_dispatcher(transport, "bf16"), x, scores, ids, counts)
+        assert torch.equal(out, x), transport
+        # EP that does not divide the experts: ValueError at build, on every rank.
+        with pytest.raises(ValueError, match=rf"expert parallelism {world} must divide the number of experts {2 * world + 1}"):
+            _dispatcher(transport, num_experts=2 * world + 1)
+
+
+def _non_finite(rank, world):
+    """Token 0 has a NaN (column 5), token 1 a +inf (column 40), tokens 2-3 are finite; every
+    row goes to another rank. What mxfp8_ep/format.py says an MXFP8 leg does: a NaN makes its
+    whole 32-block NaN; an inf comes back inf and flushes the finite elements of its block to
+    zero (scale 2**127); other blocks and tokens stay finite. bf16 legs carry them as they are."""
+    from mxfp8_ep.format import BLOCK_SIZE
+
+    setup_rank()
+    dim = 2 * BLOCK_SIZE
+    for transport in TRANSPORTS:
+        for preset in sorted(PRESETS):
+            for rounding in SCALE_ROUNDINGS:
+                a2a = A2AConfig.preset(preset, scale_rounding=rounding)
+                x, scores, ids, counts = _to_next_rank(rank, world, 4, dim)
+                x[0, 5], x[1, 40] = float("nan"), float("inf")
+                sent = _to_next_rank((rank - 1) % world, world, 4, dim)[0]  # the rows we host
+                sent[0, 5], sent[1, 40] = float("nan"), float("inf")
+                routed, out, x_grad, score_grad = _round_trip(
+                    _dispatcher(transport, preset, scale_rounding=rounding), x, scores, ids, counts)
+                where = f"{transport} {preset} {rounding} rank {rank}"
+                legs = [getattr(a2a, leg) == "mxfp8" for leg in ("dispatch_fwd", "combine_fwd")]
+                # This rank's first expert got the previous rank's 4 tokens, in order; padding
+                # rows follow.
+                assert (routed[4:] == 0).all(), where
+                routed = routed[:4]
+                for value, quantized_legs in ((routed, legs[:1]), (out, legs)):
+                    source = sent if value is routed else x
+                    nan_mask = torch.zeros_like(source, dtype=torch.bool)
+                    nan_mask[0, :BLOCK_SIZE] = True if any(quantized_legs) else False
+                    nan_mask[0, 5] = True
+                    assert torch.equal(value.isnan(), nan_mask), f"NaN pattern: {where}"
+                    assert value[1, 40] == float("inf") and torch.isfinite(value[1, :BLOCK_SIZE]).all(), where
+                    if any(quantized_legs):
+                        assert (value[1, BLOCK_SIZE:].nan_to_num(posinf=0) == 0).all(), f"inf block: {where}"
+                    else:
+                        assert torch.equal(value[1:], source[1:]), where
+                    assert torch.isfinite(value[2:]).all(), where
+                assert torch.isfinite(x_grad).all(), f"x grad: {where}"
+                assert torch.isfinite(score_grad[2:]).all() and not torch.isfinite(score_grad[:2]).any(), where
+
+
+def test_bad_input_fails_on_every_rank_before_any_collective():
+    """dim % 32 != 0 with an MXFP8 leg: ValueError on each rank alone and on all ranks, and
+    the group stays usable; EP not dividing the experts: ValueError at build."""
+    preload()
+    run_forked(2, _bad_input)
+
+
+def test_nan_and_inf_tokens_follow_the_mxfp8_format():
+    preload()
+    run_forked(2, _non_finite)
+
+
+def _hosts(rank, world):
+    from unittest import mock
+
+    from mxfp8_ep.dispatcher import resolve_transport
+
+    setup_rank()
+    group, cpu, cuda = dist.group.WORLD, torch.device("cpu"), torch.device("cuda")  # only the type is read
+    with mock.patch("socket.gethostname", return_value=f"node{rank}"):
+        with pytest.raises(ValueError, match=rf"transport=symm needs every EP rank on one node.*spans {world} hosts"):
+            resolve_transport("symm", cpu, group)
+        with pytest.raises(ValueError, match=rf"spans {world} hosts.*use transport=nccl"):
+            _dispatcher("symm")
+        assert resolve_transport("auto", cuda, group) == "nccl"  # multi-node: all-to-all
+        assert type(_dispatcher("nccl")) is NcclTokenDispatcher
+    with mock.patch("socket.gethostname", return_value="node"):
+        assert resolve_transport("auto", cuda, group) == "symm"
+        assert resolve_transport("symm", cpu, group) == "symm"
+        assert resolve_transport("auto", cpu, group) == "nccl"  # no CUDA: all-to-all
+
+
+def test_symm_across_hosts_is_a_clear_error():
+    """Each rank reports another host name: an explicit symm transport raises on every rank
+    (peer memory does not span nodes); auto picks nccl there, symm on one CUDA node."""
+    preload()
+    run_forked(2, _hosts)
+
+
+# --------------------------------------------------------------------------------------------
+# torchtitan 0.2.2 models, transport symm
+
+
+def _titan_models_symm(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
+
+    from mxfp8_ep.expert_parallel import install_expert_parallel, uninstall_expert_parallel
+    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+    from tests.test_expert_parallel import TOLERANCE, _build
+
+    apply_cpu_compat(force=True)
+    torch.set_num_threads(1)
+    ep_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1000 + rank))
+
+    def run(family, a2a):
+        model, _ = _build(family, seed=0)
+        if a2a is not None:
+            install_expert_parallel(a2a)
+        try:
+            apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=ep_mesh, etp_mesh=None, ep_etp_mesh=None)
+        finally:
+            uninstall_expert_parallel()
+        logits = model(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.roll(-1, 1).flatten())
+        loss.backward()
+        grads = {n: p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for n, p in model.named_parameters()}
+        dispatchers = [m.token_dispatcher for m in model.modules() if hasattr(m, "token_dispatcher")]
+        return logits.detach(), grads, dispatchers
+
+    for family in ("llama4", "deepseek_v3"):
+        ref_logits, ref_grads, none = run(family, None)  # torchtitan's own ExpertParallel
+        assert not none
+        for preset in sorted(PRESETS):
+            a2a = A2AConfig.preset(preset, transport="symm")
+            logits, grads, dispatchers = run(family, a2a)
+            where = f"{family} {preset} rank {rank}"
+            assert dispatchers and all(type(d) is SymmTokenDispatcher for d in dispatchers), where
+            errs = {n: rel_err(grads[n], g) for n, g in ref_grads.items()}
+            logits_err = rel_err(logits, ref_logits)
+            if a2a.any_quantized:
+                # tests/test_expert_parallel.py's bound for these models (64 tokens per rank).
+                assert 0 < logits_err < TOLERANCE, f"{where}: logits rel err {logits_err:.3g}"
+                assert max(errs.values()) < TOLERANCE, f"{where}: {max(errs.items(), key=lambda e: e[1])}"
+                assert max(e for n, e in errs.items() if ".experts." in n) > 0, f"{where}: nothing quantized"
+            else:
+                # Same math as torchtitan up to the order of fp32 sums (module docstring).
+                assert logits_err < ORDER_TOL["float32"], f"{where}: logits rel err {logits_err:.3g}"
+                worst = max(errs.items(), key=lambda e: e[1])
+                assert worst[1] < ORDER_TOL["float32"], f"{where}: {worst}"
+            if rank == 0:
+                print(f"{where}: logits {logits_err:.2e}, worst grad {max(errs.values()):.2e}")
+
+
+def test_torchtitan_models_with_symm_transport():
+    """tests/test_expert_parallel.py with a2a transport=symm forced: torchtitan 0.2.2's tiny
+    Llama4 and DeepSeek-V3 parallelized by its own apply_moe_ep_tp (EP=2), every MoE layer
+    through a SymmTokenDispatcher (all layers share one set of peer buffers), against
+    torchtitan's ExpertParallel: bf16 legs within ORDER_TOL, MXFP8 presets above zero and
+    within that test's bound."""
+    import importlib
+
+    from mxfp8_ep.titan_cpu_compat import _DEVICE_MODULES
+
+    preload()
+    for name in (*_DEVICE_MODULES, "torchtitan.models.llama4.infra.parallelize", "torchtitan.protocols.train_spec",
+                 "launch.titan_models", "tests.test_expert_parallel"):
+        importlib.import_module(name)
+    run_forked(2, _titan_models_symm)
