@@ -5,9 +5,9 @@ The dispatcher cannot size its output to the rows it received without a host syn
 buffer holds the drop-free worst case and its tail rows are unused. ``torch._grouped_mm`` only
 touches rows inside its group offsets, but torch's elementwise ops would touch every row: twice
 the work at EP=2 under even routing, more at larger EP. Here the activation ``silu(x w1) * x w3``,
-its backward and the sum of the two input-gradient GEMMs run as Triton kernels over the rows
-inside the offsets only (the count is read on the device). Rows past the offsets of every
-output are left unwritten: nothing downstream reads them.
+and its backward run as Triton kernels over the rows inside the offsets only (the count is
+read on the device); rows past the offsets are left unwritten, and nothing downstream reads
+them. (One full-size pass remains: autograd's sum of the two input-gradient GEMMs.)
 
 Numerics are torch's: silu and the product are each rounded to the activation dtype, as the
 two eager ops round; backward follows torch's ``silu_backward`` and ``mul`` formulas.
@@ -25,35 +25,27 @@ from mxfp8_ep.triton_kernels import _bf16_bits, _bf16_bits_to_fp32
 
 def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):
     """``y = (silu(x @ w1_e^T) * (x @ w3_e^T)) @ w2_e^T`` for each expert ``e``'s rows of ``x``
-    (``tokens_per_expert`` rows each, in order); rows past their sum are ignored."""
+    (``tokens_per_expert`` rows each, in order); rows past their sum are ignored. The grouped
+    GEMMs and their gradients are torch's (autograd of ``torch._grouped_mm``)."""
     offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
-    return _GroupedSwiGLU.apply(x, w1, w2, w3, offsets)
+    h1 = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
+    h3 = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
+    return torch._grouped_mm(_SiluMul.apply(h1, h3, offsets), w2.transpose(-2, -1), offs=offsets)
 
 
-class _GroupedSwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w1, w2, w3, offsets):
-        h1 = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
-        h3 = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
-        h = _silu_mul(h1, h3, offsets)
-        y = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offsets)
-        ctx.save_for_backward(x, w1, w2, w3, offsets, h1, h3, h)
-        return y
+class _SiluMul(torch.autograd.Function):
+    """``silu(h1) * h3`` on the rows inside the offsets."""
 
     @staticmethod
-    def backward(ctx, dy):
-        x, w1, w2, w3, offsets, h1, h3, h = ctx.saved_tensors
-        dy = dy.contiguous()
-        # Gradients of a grouped GEMM ``out = a @ b_e``: ``da = dout @ b_e^T`` and, per group,
-        # ``db_e = a_e^T @ dout_e`` (a 2-D x 2-D grouped GEMM over the shared rows).
-        dh = torch._grouped_mm(dy, w2, offs=offsets)
-        dw2 = torch._grouped_mm(h.transpose(-2, -1), dy, offs=offsets).transpose(-2, -1)
-        dh1, dh3 = _silu_mul_backward(dh, h1, h3, offsets)
-        dw1 = torch._grouped_mm(x.transpose(-2, -1), dh1, offs=offsets).transpose(-2, -1)
-        dw3 = torch._grouped_mm(x.transpose(-2, -1), dh3, offs=offsets).transpose(-2, -1)
-        dx = torch._grouped_mm(dh1, w1, offs=offsets)
-        _add_rows_(dx, torch._grouped_mm(dh3, w3, offs=offsets), offsets)
-        return dx, dw1.to(w1.dtype), dw2.to(w2.dtype), dw3.to(w3.dtype), None
+    def forward(ctx, h1, h3, offsets):
+        ctx.save_for_backward(h1, h3, offsets)
+        return _silu_mul(h1, h3, offsets)
+
+    @staticmethod
+    def backward(ctx, dh):
+        h1, h3, offsets = ctx.saved_tensors
+        dh1, dh3 = _silu_mul_backward(dh.contiguous(), h1, h3, offsets)
+        return dh1, dh3, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,8 +95,7 @@ def _rows_kernel(
     a_ptr, b_ptr, c_ptr, out1_ptr, out2_ptr, valid_ptr,
     N: tl.constexpr, OP: tl.constexpr, IN_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """OP 0: out1 = silu(a) * b.  OP 1 (a = dh, b = h1, c = h3): out1 = dh1, out2 = dh3.
-    OP 2: out1 = a + b (out1 may be a)."""
+    """OP 0: out1 = silu(a) * b.  OP 1 (a = dh, b = h1, c = h3): out1 = dh1, out2 = dh3."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     valid = tl.load(valid_ptr)
     if tl.program_id(0) * BLOCK_M >= valid:
@@ -126,8 +117,6 @@ def _rows_kernel(
         _store(out2_ptr, offs, a * silu, mask, IN_BF16)
         sig = 1.0 / (1.0 + tl.exp(-b))
         _store(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
-    else:
-        _store(out1_ptr, offs, a + b, mask, IN_BF16)
 
 
 def _launch(op, a, b, c, out1, out2, offsets):
@@ -158,10 +147,3 @@ def _silu_mul_backward(dh, h1, h3, offsets):
     dh1, dh3 = torch.empty_like(h1), torch.empty_like(h3)
     _launch(1, dh, h1, h3, dh1, dh3, offsets)
     return dh1, dh3
-
-
-def _add_rows_(a, b, offsets):
-    if not _use_triton(a):
-        a.add_(b)
-        return
-    _launch(2, a, b, b, a, a, offsets)

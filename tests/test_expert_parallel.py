@@ -51,7 +51,8 @@ def _run_model(family, preset, tokens, ep_mesh):
     if preset is None:
         uninstall_expert_parallel()
     else:
-        install_expert_parallel(A2AConfig.preset(preset))
+        # nccl: the transport that is torchtitan's math bit for bit (auto picks symm on GPUs).
+        install_expert_parallel(A2AConfig.preset(preset, transport="nccl"))
     try:
         apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=ep_mesh, etp_mesh=None, ep_etp_mesh=None)
     finally:
