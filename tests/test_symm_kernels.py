@@ -1,0 +1,147 @@
+"""The symm transport's Triton kernels (``mxfp8_ep/symm_kernels.py``) against their torch twins
+(``mxfp8_ep/symm_reference.py``), through the dispatcher on 2 and 3 gloo ranks whose peer
+memory is the CPU emulation (shared-memory files). On CPU the kernels run under the Triton
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU); on the GPU
+machine tests/test_dispatcher_gpu.py runs the same comparison with compiled kernels.
+
+One routing per case, run twice on every rank (``kernel="torch"``, then ``kernel="triton"``):
+dispatch -> a stand-in expert (each expert-major row times its own constant) -> combine ->
+backward. Equal bit for bit: the tokens per local expert, the routed input (the rows the
+grouped GEMM reads), the combine output, the gradient combine's backward hands the experts and
+the x gradient. Not bit for bit: the score gradients. They are fp32 dot products over the model
+dim, which the kernels sum with ``tl.sum`` (a tree) and the twins with ``torch.sum`` (another
+order); they must agree to ``SCORE_RTOL`` of the largest dot product such rows can give
+(|a| |b|, the size of their rounding error; a dot product itself can cancel to ~0).
+
+Cases cover bf16 and fp32 activations, every preset, both scale roundings, scores before and
+after the experts, top_k 1-3, a rank without tokens, everything to one rank, and NaN / inf
+tokens (compared NaN-aware: the kernels' NaN bits need not be torch's). Dims stay small
+(D = 64 or 96, T <= 8 per rank, E <= 6): the interpreter runs each program in Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
+from tests.moe_harness import bits, preload, run_forked
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton kernels run on CPU tensors only under the interpreter (TRITON_INTERPRET=1, which "
+    "tests/conftest.py sets when there is no GPU); on a GPU machine tests/test_dispatcher_gpu.py compares them",
+)
+
+MAX_TOKENS = 8  # per rank: small buffers, few interpreter programs
+PAD_MULTIPLE = 4
+SCORE_RTOL = 1e-5
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _cases(world: int) -> list[dict]:
+    """A covering set: on 2 ranks every (preset, dtype, score placement), with both roundings
+    per preset; on 3 ranks every (preset, score placement). Routing kinds, top_k and dim cycle
+    through the cases."""
+    cases = []
+    if world == 2:
+        grid = itertools.product(sorted(PRESETS), DTYPES, (False, True))
+    else:
+        grid = ((p, DTYPES[i % 2], sbe) for i, (p, sbe) in enumerate(itertools.product(sorted(PRESETS), (False, True))))
+    kinds = ("random", "one rank empty", "all to rank 0", "non-finite")
+    for i, (preset, dtype, sbe) in enumerate(grid):
+        cases.append(dict(
+            # Rounding pattern 0, 1, 1, 0 per group of four: per preset, each rounding meets
+            # both dtypes and both score placements.
+            preset=preset, dtype=dtype, score_before_experts=sbe, rounding=SCALE_ROUNDINGS[(i + i // 2) % 2],
+            num_experts=2 * world, top_k=1 + i % 3, dim=(64, 96)[i // 3 % 2], kind=kinds[(i + i // 4) % len(kinds)], seed=i,
+        ))
+    return cases
+
+
+def _routing(case: dict, rank: int, world: int):
+    g = torch.Generator().manual_seed(100 * case["seed"] + rank)
+    E, K, D = case["num_experts"], case["top_k"], case["dim"]
+    tokens = int(torch.randint(2, MAX_TOKENS + 1, (1,), generator=g))
+    if case["kind"] == "one rank empty" and rank == world - 1:
+        tokens = 0
+    experts = E // world if case["kind"] == "all to rank 0" else E  # rank 0 owns the first E / W
+    ids = torch.stack([torch.randperm(experts, generator=g)[:K] for _ in range(tokens)]) if tokens else torch.zeros(0, K, dtype=torch.int64)
+    if ids.shape[1] < K:  # all to rank 0 with top_k > local experts: fill with rank 1's
+        ids = torch.cat([ids, ids[:, : K - ids.shape[1]] + E // world], dim=1)
+    x = (torch.randn(tokens, D, generator=g) * torch.exp2(torch.randint(-4, 5, (tokens, 1), generator=g).float()))
+    if case["kind"] == "non-finite":
+        x[0, 3], x[1, D - 1] = float("nan"), float("-inf")
+    scores = torch.rand(tokens, K, generator=g)
+    grad_out = torch.randn(tokens, D, generator=g)
+    row_scale = torch.rand(1024, generator=g) + 0.5  # the stand-in expert's row constants
+    counts = torch.bincount(ids.reshape(-1), minlength=E)
+    return x.to(case["dtype"]), scores, ids, counts, grad_out.to(case["dtype"]), row_scale
+
+
+def _run(case: dict, kernel: str, rank: int, world: int):
+    from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher
+
+    x, scores, ids, counts, grad_out, row_scale = _routing(case, rank, world)
+    config = TokenDispatcher.Config(
+        num_experts=case["num_experts"], top_k=case["top_k"], score_before_experts=case["score_before_experts"],
+        pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
+        a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel, transport="symm"),
+    )
+    dispatcher = config.build(dist.group.WORLD, "cpu")
+    assert type(dispatcher) is SymmTokenDispatcher
+    x = x.clone().requires_grad_(True)
+    scores = scores.clone().requires_grad_(True)
+    seen = {}
+    routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
+    routed.register_hook(lambda g: seen.__setitem__("routed_grad", g))
+    valid = int(per_expert.sum())  # rows past the padded experts are never read
+    scale = row_scale[: routed.shape[0]]
+    y = (routed.float() * scale.unsqueeze(1)).to(routed.dtype)
+    y.register_hook(lambda g: seen.__setitem__("expert_out_grad", g))
+    out = dispatcher.combine(y, meta)
+    out.backward(grad_out)
+    return dict(
+        per_expert=per_expert, routed=routed.detach()[:valid], out=out.detach(), x_grad=x.grad,
+        expert_out_grad=seen["expert_out_grad"][:valid], routed_grad=seen["routed_grad"][:valid],
+        score_grad=scores.grad, x=x.detach(), grad_out=grad_out,
+    )
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, except that any NaN equals any NaN."""
+    return bool(((bits(a) == bits(b)) | (a.isnan() & b.isnan())).all()) and a.shape == b.shape
+
+
+def _check(rank, world, cases):
+    torch.set_num_threads(1)
+    for case in cases:
+        ref = _run(case, "torch", rank, world)
+        got = _run(case, "triton", rank, world)
+        where = f"rank {rank}/{world}: {case}"
+        assert torch.equal(got["per_expert"], ref["per_expert"]), where
+        for name in ("routed", "out", "expert_out_grad", "routed_grad", "x_grad"):
+            assert _same(got[name], ref[name]), f"{name} differs: {where}"
+        # Score gradients: <expert-side row, token-side row> in fp32 (module docstring). Both
+        # rows are at most 2.5 |x_t| |grad_out_t| apart from the expert's row constant (< 1.5)
+        # and MXFP8 rounding: that bounds each dot product and its rounding error.
+        size = 2.5 * ref["x"].float().norm(dim=1, keepdim=True) * ref["grad_out"].float().norm(dim=1, keepdim=True)
+        a, b = got["score_grad"], ref["score_grad"]
+        finite = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), finite), f"non-finite score gradients differ: {where}"
+        close = (a - b).abs() <= SCORE_RTOL * (b.abs() + size)
+        assert close[finite].all(), f"score gradients differ by {(a - b).abs()[finite].max():.3g}: {where}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_triton_kernels_equal_torch_twins(world):
+    import mxfp8_ep.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
+
+    preload(titan=False)
+    cases = _cases(world)
+    assert {c["preset"] for c in cases} == set(PRESETS) and {c["dtype"] for c in cases} == set(DTYPES)
+    run_forked(world, _check, cases)
