@@ -1,0 +1,192 @@
+"""torchtitan 0.3.0 adapter: our token dispatcher as 0.3.0 ``TokenDispatcher`` classes, and one
+``@override`` that puts it on every MoE layer of a model:
+
+    --override.imports 'mxfp8_ep.titan030.token_dispatcher={"preset": "mxfp8", "transport": "auto"}'
+
+Two dispatcher classes, one per 0.3.0 parent whose expert-side layout they keep:
+
+* ``A2ATokenDispatcher`` (an ``AllToAllTokenDispatcher``): unpadded expert segments;
+* ``PaddedA2ATokenDispatcher`` (a ``TorchAOTokenDispatcher``, which 0.3.0's MXFP8 / FP8
+  grouped-GEMM converters swap in): every local expert's segment padded to ``pad_multiple``.
+
+Both take ``a2a`` (``mxfp8_ep.config.A2AConfig``: each leg's wire format, scale rounding,
+kernel and transport). The transport is resolved once the EP mesh is known (``wire_meshes``):
+
+* ``nccl``: 0.3.0's own dispatch / combine (local reorder, permute, score + scatter-add) with
+  only the two token exchanges replaced by ``mxfp8_ep.all_to_all.all_to_all_v``, which sends
+  each leg as bf16 or MXFP8. With bf16 legs this is the parent class bit for bit.
+* ``symm``: ``mxfp8_ep.dispatcher.SymmTokenDispatcher`` (sync-free peer-memory push on one
+  node). Like 0.3.0's MinimalAsyncEP it hands the experts a fixed-capacity buffer whose rows past
+  the last expert segment are unused; it reduces each token's top-k outputs in fp32.
+* ``auto``: symm on one node with CUDA and >= 2 EP ranks, nccl otherwise.
+
+Importing this module imports torchtitan 0.3.0; nothing else in ``mxfp8_ep`` does, so the
+library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from importlib.metadata import version
+
+import torch
+
+from mxfp8_ep.all_to_all import all_to_all_v
+from mxfp8_ep.config import A2AConfig
+
+try:
+    from torchtitan.config.override import derive, override
+    from torchtitan.models.common.token_dispatcher import (
+        AllToAllTokenDispatcher,
+        LocalTokenDispatcher,
+        TorchAOTokenDispatcher,
+    )
+    from torchtitan.protocols.model import BaseModel
+except ImportError as e:  # torchtitan 0.2.2 (or none): no token-dispatcher seam
+    try:
+        found = f"torchtitan {version('torchtitan')}"
+    except Exception:
+        found = "no torchtitan"
+    raise ImportError(
+        f"mxfp8_ep.titan030 adapts the dispatcher to torchtitan 0.3.0's token dispatchers, but "
+        f"this environment has {found} ({e}). Build the 0.3.0 environment with "
+        f"`bash scripts/setup_titan030.sh` (venv .venv-titan030); with torchtitan 0.2.2 use "
+        f"mxfp8_ep.install_expert_parallel instead."
+    ) from e
+
+NO_EP_MESSAGE = (
+    "mxfp8_ep's token dispatcher runs the expert-parallel exchange and needs expert parallelism: "
+    "set --parallelism.expert_parallel_degree > 1, or drop the mxfp8_ep.titan030.token_dispatcher override"
+)
+
+
+class _ExchangeLegs:
+    """What both dispatcher classes add to their 0.3.0 parent: the token exchanges in the
+    formats of ``a2a``, and the symm transport. Put before the parent in the bases."""
+
+    # The symm transport pads each local expert's segment to this (PaddedA2A: pad_multiple).
+    symm_pad_multiple = 1
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.a2a: A2AConfig = config.a2a
+        self.max_tokens_per_rank: int | None = config.max_tokens_per_rank
+        self.transport: str | None = None  # resolved in wire_meshes
+        self._symm = None
+
+    def wire_meshes(self, *, ep_mesh) -> None:
+        if ep_mesh is None:
+            raise ValueError(NO_EP_MESSAGE)
+        super().wire_meshes(ep_mesh=ep_mesh)
+        from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher, resolve_transport
+
+        group = ep_mesh.get_group()
+        device = torch.device(ep_mesh.device_type)
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.transport = resolve_transport(self.a2a.transport, device, group)
+        if self.transport == "symm":
+            config = TokenDispatcher.Config(
+                num_experts=self.num_experts, top_k=self.top_k, a2a=self.a2a,
+                pad_multiple=self.symm_pad_multiple, max_tokens_per_rank=self.max_tokens_per_rank,
+            )
+            self._symm = SymmTokenDispatcher(config, group)
+
+    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E):  # noqa: N803
+        if self.ep_mesh is None:  # EP=1 without TP: 0.3.0 never calls wire_meshes
+            raise ValueError(NO_EP_MESSAGE)
+        if self._symm is None:
+            return super().dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
+        return self._symm.dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
+
+    def combine(self, routed_output_RD, metadata, x_TD):  # noqa: N803
+        if self._symm is None:
+            return super().combine(routed_output_RD, metadata, x_TD)
+        return self._symm.combine(routed_output_RD, metadata)
+
+    def _dispatch_token_exchange(self, routed_input_ND, pg, output_splits, input_splits):  # noqa: N803
+        return self._exchange(routed_input_ND, output_splits, input_splits, pg, ("dispatch_fwd", "dispatch_bwd"))
+
+    def _combine_token_exchange(self, routed_output_RD, pg, input_splits, output_splits):  # noqa: N803
+        return self._exchange(routed_output_RD, input_splits, output_splits, pg, ("combine_fwd", "combine_bwd"))
+
+    def _exchange(self, rows, output_splits, input_splits, pg, legs: tuple[str, str]):
+        """0.3.0's all-to-all of ``rows`` (its split lists, its process group), with the forward
+        and backward legs in the formats ``a2a`` gives ``legs``."""
+        fwd, bwd = (getattr(self.a2a, leg) for leg in legs)
+        return all_to_all_v(
+            rows, output_splits, input_splits, pg, forward_format=fwd, backward_format=bwd,
+            rounding=self.a2a.scale_rounding, kernel=self.a2a.kernel, legs=legs,
+        )
+
+
+class A2ATokenDispatcher(_ExchangeLegs, AllToAllTokenDispatcher):
+    """``AllToAllTokenDispatcher`` whose legs travel as ``a2a`` says (transport nccl or symm)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(AllToAllTokenDispatcher.Config):
+        a2a: A2AConfig = field(default_factory=A2AConfig)
+        # symm: receive buffers hold this many tokens per rank (None: the largest token count of
+        # the first dispatch over the EP group).
+        max_tokens_per_rank: int | None = None
+
+
+class PaddedA2ATokenDispatcher(_ExchangeLegs, TorchAOTokenDispatcher):
+    """``TorchAOTokenDispatcher`` (segments padded to ``pad_multiple`` for quantized grouped
+    GEMMs) whose legs travel as ``a2a`` says (transport nccl or symm)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(TorchAOTokenDispatcher.Config):
+        a2a: A2AConfig = field(default_factory=A2AConfig)
+        max_tokens_per_rank: int | None = None
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.symm_pad_multiple = config.pad_multiple
+
+
+def replacement_config(cfg: LocalTokenDispatcher.Config, a2a: A2AConfig, max_tokens_per_rank: int | None = None):
+    """Our dispatcher config for the 0.3.0 dispatcher config ``cfg``: padded where ``cfg`` pads
+    (TorchAO, HybridEP with ``pad_multiple``), keeping its pad multiple and, unless given, its
+    per-rank token capacity."""
+    if max_tokens_per_rank is None:
+        max_tokens_per_rank = getattr(cfg, "num_max_tokens_per_rank", None) or getattr(cfg, "max_tokens_per_rank", None)
+    target = PaddedA2ATokenDispatcher if getattr(cfg, "pad_multiple", None) else A2ATokenDispatcher
+    return derive(cfg, target.Config, a2a=a2a, max_tokens_per_rank=max_tokens_per_rank)
+
+
+def a2a_from_kwargs(preset: str, **legs) -> A2AConfig:
+    known = {f.name for f in fields(A2AConfig)}
+    unknown = sorted(set(legs) - known)
+    if unknown:
+        raise ValueError(
+            f"mxfp8_ep.titan030.token_dispatcher got unknown keys {unknown}; it takes preset, "
+            f"max_tokens_per_rank and the A2AConfig fields {sorted(known)}"
+        )
+    return A2AConfig.preset(preset, **legs)
+
+
+@override(
+    target=BaseModel.Config,
+    description="mxfp8_ep token dispatcher (bf16/MXFP8 legs, nccl/symm transport) on every MoE layer",
+)
+def token_dispatcher(model_cfg, *, preset: str = "mxfp8", max_tokens_per_rank: int | None = None, **a2a_fields):
+    """Replace the token dispatcher config of every MoE layer of the model (MTP layers
+    included) with ours. kwargs: ``preset`` (bf16 | mxfp8 | mxfp8_all), any ``A2AConfig`` field
+    (``transport``, ``dispatch_fwd``, ..., ``scale_rounding``, ``kernel``) and
+    ``max_tokens_per_rank``. Raises if the model has no MoE layer."""
+    a2a = a2a_from_kwargs(preset, **a2a_fields)
+    claims = list(model_cfg.traverse(LocalTokenDispatcher.Config))
+    if not claims:
+        raise ValueError(
+            f"the mxfp8_ep.titan030.token_dispatcher override found no MoE layer (no token "
+            f"dispatcher config) in {type(model_cfg).__qualname__}; use it with a MoE model "
+            f"such as deepseek_v3"
+        )
+    for _fqn, cfg, parent, attr in claims:
+        new = replacement_config(cfg, a2a, max_tokens_per_rank)
+        if isinstance(parent, list):
+            parent[attr] = new
+        else:
+            setattr(parent, attr, new)
+    return model_cfg

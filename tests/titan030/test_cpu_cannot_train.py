@@ -1,0 +1,36 @@
+"""Why the 0.3.0 tests run the MoE layer (test_moe_layer_ep.py: SGD steps under EP on gloo)
+and not 0.3.0's trainer: none of the attention backends 0.3.0 offers a language model can run a
+backward pass on CPU with this torch. If one of these starts to work, replace this test with a
+short CPU training run through ``torchtitan.train``."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
+
+import torch  # noqa: E402
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
+from torch.nn.attention.varlen import varlen_attn  # noqa: E402
+from torchtitan.models.common.config_utils import get_attention_config  # noqa: E402
+
+
+def test_flex_attention_has_no_cpu_backward():
+    """"flex" (the default of every 0.3.0 language model, DeepSeek-V3 included)."""
+    q, k, v = (torch.randn(1, 2, 128, 16, requires_grad=True) for _ in range(3))
+    mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 2, 128, 128, device="cpu")
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        flex_attention(q, k, v, block_mask=mask)
+
+
+def test_varlen_attention_has_no_cpu_kernel():
+    """"varlen": flash attention only (``aten::_flash_attention_forward`` has no CPU kernel)."""
+    q, k, v = (torch.randn(64, 2, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 32, 64], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="_flash_attention_forward"):
+        varlen_attn(q, k, v, cu, cu, 32, 32)
+
+
+def test_sdpa_is_refused_for_language_models():
+    with pytest.raises(ValueError, match="sdpa is no longer supported for language models"):
+        get_attention_config("sdpa")
