@@ -6,3 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 python3 -m pytest -q tests
+bash scripts/setup_titan030.sh && .venv-titan030/bin/python -m pytest -q tests/titan030  # torchtitan 0.3.0 env
