@@ -26,9 +26,16 @@ Two expert implementations, same parameters (``w1``, ``w2``, ``w3`` of torchtita
 * ``rowwise``: the same SwiGLU expert computed row by row (elementwise products and
   last-dim sums in fp32), so a row's output and input gradient do not depend on which other
   rows share its batch. With it, every difference between EP and reference is the
-  dispatcher's own arithmetic, and the transport whose arithmetic is torchtitan's (nccl,
-  bf16 legs) must agree bit for bit. ``check_rowwise_is_batch_independent`` proves that
-  premise on the machine running the test.
+  dispatcher's own arithmetic, and the transport whose arithmetic is torchtitan's (nccl)
+  must agree bit for bit. ``check_rowwise_is_batch_independent`` proves that premise on the
+  machine running the test.
+
+``WireLegs`` turns the reference into what EP should compute with an ``A2AConfig``: the rows
+that would cross a rank boundary pass each leg's format (quantize + dequantize with the format
+reference), forward and backward.
+
+Ranks are forked from the test process (``run_forked``), which imported torch / torchtitan
+once (``preload``): spawning them costs ~10 s of imports per rank on the CI machine.
 """
 
 from __future__ import annotations

@@ -64,12 +64,12 @@ from tests.moe_harness import (
     build_reference,
     check_rowwise_is_batch_independent,
     choice_bias,
-    preload,
-    run_forked,
     ep_forward,
+    preload,
     reference_expert_grads,
     reference_forward,
     rel_err,
+    run_forked,
     run_layer,
     run_stack,
     setup_rank,
@@ -154,8 +154,9 @@ def hypothesis_examples(world: int, n: int) -> list[Example]:
 
 
 def extreme_examples(world: int) -> list[Example]:
-    """Hand-picked: everything to rank 0's first expert, a rank without tokens, every rank
-    without tokens, full buffers with top_k = E, DeepSeek-V3 / Llama4 styles on the router."""
+    """Hand-picked, DeepSeek-V3 / Llama4 styles: every token to rank 0's experts (forced, and
+    by the router's load-balancing bias), a rank without tokens, every rank without tokens,
+    full buffers with top_k = E, top_k = 4."""
     E = 2 * world
     dsv3 = LayerSpec(num_experts=E, top_k=2, score_func="sigmoid", route_norm=True, score_before_experts=False)
     llama4 = LayerSpec(num_experts=E, top_k=1, score_func="sigmoid", score_before_experts=True)
@@ -175,7 +176,7 @@ def extreme_examples(world: int) -> list[Example]:
         Example(replace(dsv3, num_experts=max(e for e in range(4, 9) if e % world == 0), top_k=4), full,
                 "router", preset="mxfp8", name="top_k = 4"),
         Example(replace(llama4, experts="grouped", dtype="bfloat16"), full, "bias",
-                bias=(10.0,) * world + (0.0,) * world, preset="mxfp8", rounding="floor", name="bias to rank 0"),
+                bias=(10.0,) * 2 + (0.0,) * (E - 2), preset="mxfp8", rounding="floor", name="bias to rank 0"),
     ]
     return out
 
@@ -227,8 +228,9 @@ def _score_grad_scale(ex: Example, ids, x, grad_out, seen) -> torch.Tensor:
     T, K = ids.shape
     slot = torch.argsort(ids.reshape(-1), stable=True)  # torchtitan's sorted order
     per_slot = torch.zeros(T * K)
-    rows = seen["rows_grad"] if ex.spec.score_before_experts else seen["rows_out"]
-    per_slot[slot] = rows[: T * K].float().norm(dim=1)
+    if T * K:
+        rows = seen["rows_grad"] if ex.spec.score_before_experts else seen["rows_out"]
+        per_slot[slot] = rows[: T * K].float().norm(dim=1)
     other = x if ex.spec.score_before_experts else grad_out
     return per_slot.view(T, K) * other.float().norm(dim=1, keepdim=True)
 
