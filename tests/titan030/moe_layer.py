@@ -25,6 +25,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.checkpoint import checkpoint
 from torchtitan.distributed.spmd_types import set_spmd_meshes
 from torchtitan.distributed.utils import set_spmd_backend
 from torchtitan.models.common.config_utils import (
@@ -123,8 +124,10 @@ def rank_inputs(spec: MoESpec, rank: int, step: int):
     return torch.randn(shape, generator=g).bfloat16(), torch.randn(shape, generator=g).bfloat16()
 
 
-def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types") -> list[dict]:
-    """``spec.steps`` SGD steps of the EP MoE layer; per step its tensors by name."""
+def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types", checkpointed: bool = False) -> list[dict]:
+    """``spec.steps`` SGD steps of the EP MoE layer; per step its tensors by name.
+    ``checkpointed``: under activation checkpointing (non-reentrant; the backward recomputes
+    the forward, exchanges included)."""
     set_spmd_backend(backend)
     moe = build_ep_moe(spec, dispatcher_config, mesh)
     seen: dict = {}
@@ -138,7 +141,7 @@ def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types")
     for step in range(spec.steps):
         x, grad_out = rank_inputs(spec, mesh.get_local_rank(), step)
         x.requires_grad_(True)
-        out = moe(x)
+        out = checkpoint(moe, x, use_reentrant=False) if checkpointed else moe(x)
         out.backward(grad_out)
         tensors = {"out": out.detach(), "x.grad": x.grad}
         tensors.update({f"{name}.grad": p.grad.clone() for name, p in moe.named_parameters()})

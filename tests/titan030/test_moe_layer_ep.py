@@ -9,6 +9,8 @@ expert) under EP on 2 and 3 gloo ranks, against 0.3.0's own ``AllToAllTokenDispa
   row and sums in bf16, so the output differs by bf16 rounding only.
 * MXFP8 legs: every row the experts receive, and every row of the gradient they get back, is the
   bf16 row or that row through the MXFP8 format (one quantize / dequantize, rceil scales).
+* Under activation checkpointing (the backward recomputes dispatch and combine between its own
+  exchanges) every transport gives what it gives without, bit for bit.
 
 Each world size runs once (module fixture); the ranks write what they measured and the tests
 below check it rank by rank.
@@ -42,6 +44,8 @@ ARMS = {
     "mxfp8_all/nccl": (None, "mxfp8_all", "nccl"),
     "mxfp8_all/symm": (None, "mxfp8_all", "symm"),
 }
+# Checkpointed arms, compared with the same arm without checkpointing.
+CHECKPOINTED = ["bf16/nccl", "mxfp8_all/nccl", "bf16/symm", "mxfp8_all/symm"]
 LEG_ROWS = {"expert_input": "dispatch_fwd", "expert_output_grad": "combine_bwd"}
 
 
@@ -87,11 +91,14 @@ def step_report(got: dict, ref: dict) -> dict:
 def compare_arms(rank: int, world: int, out_dir) -> None:
     mesh = setup_rank(world)
     refs = {pad: run_arm(SPEC, reference_config(SPEC, pad), mesh, backend="partial_dtensor") for pad in (None, PAD)}
-    report = {}
+    report, runs = {}, {}
     for arm, (pad, preset, transport) in ARMS.items():
         config = titan030.replacement_config(reference_config(SPEC, pad), A2AConfig.preset(preset, transport=transport))
-        got = run_arm(SPEC, config, mesh)
-        report[arm] = [step_report(g, r) for g, r in zip(got, refs[pad])]
+        runs[arm] = run_arm(SPEC, config, mesh)
+        report[arm] = [step_report(g, r) for g, r in zip(runs[arm], refs[pad])]
+        if arm in CHECKPOINTED:
+            got = run_arm(SPEC, config, mesh, checkpointed=True)
+            report[f"{arm} checkpointed"] = [step_report(g, r) for g, r in zip(got, runs[arm])]
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
 
 
@@ -166,3 +173,9 @@ def test_mxfp8_layer_error_is_that_of_the_format(ranks, arm):
         errs = {n: e for n, e in s["rel_err"].items() if "shared_experts" not in n}
         assert max(errs.values()) <= 2.0**-4, f"{arm} {where}: {errs}"
         assert min(errs.values()) > 0, f"{arm} {where}: a quantized leg left {errs} unchanged"
+
+
+@pytest.mark.parametrize("arm", CHECKPOINTED)
+def test_activation_checkpointing_changes_nothing(ranks, arm):
+    for where, s in each_rank_step(ranks, f"{arm} checkpointed"):
+        assert s["differ"] == [], f"{arm} {where}: checkpointed run differs: {s['rel_err']}"
