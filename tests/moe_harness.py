@@ -333,19 +333,32 @@ def preload(titan: bool = True) -> None:
         import torchtitan.models.moe.moe  # noqa: F401
 
 
-def run_forked(world_size: int, fn, *args) -> None:
-    """``tests.distributed.run_on_ranks`` on gloo, but the ranks are forked from this process
-    (after ``preload``), not spawned: a spawned rank re-imports torch and torchtitan, which
-    costs more than the checks. Falls back to spawning where CUDA is initialized here (a
-    forked process cannot use it)."""
+def _forked_entry(rank: int, world_size: int, port: int, timeout_s: float, fn, args) -> None:
+    import os
+    from datetime import timedelta
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_forked(world_size: int, fn, *args, timeout_s: float = 120) -> None:
+    """``tests.distributed.run_on_ranks`` on gloo (same bounded collective timeout), but the
+    ranks are forked from this process (after ``preload``), not spawned: a spawned rank
+    re-imports torch and torchtitan, which costs more than the checks. Falls back to spawning
+    where CUDA is initialized here (a forked process cannot use it)."""
     import torch.multiprocessing as mp
 
-    from tests.distributed import _entry, free_port, run_on_ranks
+    from tests.distributed import free_port, run_on_ranks
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
+        assert timeout_s == 120, "run_on_ranks has a fixed timeout"
         run_on_ranks(world_size, fn, *args)
         return
     mp.start_processes(
-        _entry, args=(world_size, free_port(), "gloo", fn, args), nprocs=world_size, join=True,
+        _forked_entry, args=(world_size, free_port(), timeout_s, fn, args), nprocs=world_size, join=True,
         start_method="fork",
     )

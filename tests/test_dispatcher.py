@@ -684,3 +684,71 @@ def test_torchtitan_models_with_symm_transport():
                  "launch.titan_models", "tests.test_expert_parallel"):
         importlib.import_module(name)
     run_forked(2, _titan_models_symm)
+
+
+OVERFLOW_TIMEOUT_S = 5
+
+
+def _too_many_tokens(rank, world):
+    import time
+
+    setup_rank()
+    dispatcher = _dispatcher("symm")  # buffers for MAX_TOKENS per rank
+    tokens = MAX_TOKENS + 1 if rank == 0 else 1  # rank 0 alone is over capacity
+    x, scores, ids, counts = _to_next_rank(rank, world, tokens, 64)
+    start = time.monotonic()
+    try:
+        dispatcher.dispatch(x, scores, ids, counts)
+        raised = None
+    except Exception as e:  # noqa: BLE001  (which error, and how fast, is the point)
+        raised = e
+    took = time.monotonic() - start
+    if rank == 0:  # stay out of collectives while the peers find out (or time out)
+        time.sleep(OVERFLOW_TIMEOUT_S + 2)
+    assert isinstance(raised, ValueError) and "max_tokens_per_rank" in str(raised), (
+        f"rank {rank}: {type(raised).__name__} after {took:.1f}s: {raised}"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library bug: SymmTokenDispatcher._buffers raises the over-capacity ValueError on the "
+    "offending rank only; its peers block in push_counts' barrier until the process-group timeout",
+)
+def test_too_many_tokens_on_one_rank_fails_on_every_rank():
+    """One rank gets more tokens than the symm buffers hold (max_tokens_per_rank): like the
+    other bad inputs, every rank should raise the ValueError, none should wait for a peer that
+    raised. (The process-group timeout is cut to OVERFLOW_TIMEOUT_S so the failure is quick.)"""
+    preload()
+    run_forked(2, _too_many_tokens, timeout_s=OVERFLOW_TIMEOUT_S)
+
+
+def _larger_config_after_smaller(rank, world):
+    setup_rank()
+    small = TokenDispatcher.Config(num_experts=2 * world, top_k=1, max_tokens_per_rank=4,
+                                   a2a=A2AConfig(transport="symm")).build(dist.group.WORLD, "cpu")
+    x, scores, ids, counts = _to_next_rank(rank, world, 4, 64)
+    _round_trip(small, x, scores, ids, counts)
+    large = TokenDispatcher.Config(num_experts=2 * world, top_k=1, max_tokens_per_rank=12,
+                                   a2a=A2AConfig(transport="symm")).build(dist.group.WORLD, "cpu")
+    x, scores, ids, counts = _to_next_rank(rank, world, 12, 64)
+    _, out, _, _ = _round_trip(large, x, scores, ids, counts)  # within its configured capacity
+    assert torch.equal(out, x)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=ValueError,
+    reason="library bug: _BUFFERS is keyed without max_tokens_per_rank, so a dispatcher configured "
+    "for more tokens reuses the smaller buffers of an earlier one with the same dims and raises",
+)
+def test_each_dispatcher_gets_the_capacity_it_is_configured_for():
+    """Two layers with the same dims, the second configured for more tokens per rank (e.g. a
+    model whose layers get different max_tokens_per_rank, or a second model in one process):
+    the second must carry its configured token count."""
+    preload()
+    try:
+        run_forked(2, _larger_config_after_smaller)
+    except Exception as e:  # the rank's ValueError arrives wrapped by torch.multiprocessing
+        if "ValueError: symm dispatch got 12 tokens" in str(e):
+            raise ValueError(str(e)) from e
+        raise

@@ -16,7 +16,7 @@ order); they must agree to ``SCORE_RTOL`` of the largest dot product such rows c
 Cases cover bf16 and fp32 activations, every preset, both scale roundings, scores before and
 after the experts, top_k 1-3, a rank without tokens, everything to one rank, and NaN / inf
 tokens (compared NaN-aware: the kernels' NaN bits need not be torch's). Dims stay small
-(D = 64 or 96, T <= 8 per rank, E <= 6): the interpreter runs each program in Python.
+(D = 64 or 96, T <= 6 per rank, E <= 6): the interpreter runs each program in Python.
 """
 
 from __future__ import annotations
@@ -37,30 +37,30 @@ pytestmark = pytest.mark.skipif(
     "tests/conftest.py sets when there is no GPU); on a GPU machine tests/test_dispatcher_gpu.py compares them",
 )
 
-MAX_TOKENS = 8  # per rank: small buffers, few interpreter programs
+MAX_TOKENS = 6  # per rank: small buffers, few interpreter programs
 PAD_MULTIPLE = 4
 SCORE_RTOL = 1e-5
 DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _cases(world: int) -> list[dict]:
-    """A covering set: on 2 ranks every (preset, dtype, score placement), with both roundings
-    per preset; on 3 ranks every (preset, score placement). Routing kinds, top_k and dim cycle
-    through the cases."""
-    cases = []
+    """A covering set. 2 ranks: every (preset, dtype, score placement), with both roundings
+    per preset. 3 ranks: every preset, dtype, score placement and (on an MXFP8 preset)
+    rounding at least once. Routing kinds, top_k and dim cycle through the cases."""
+    presets, (f32, b16) = sorted(PRESETS), (torch.float32, torch.bfloat16)
     if world == 2:
-        grid = itertools.product(sorted(PRESETS), DTYPES, (False, True))
+        grid = [(p, dtype, sbe, SCALE_ROUNDINGS[(i + i // 2) % 2])  # roundings 0, 1, 1, 0 per preset
+                for i, (p, dtype, sbe) in enumerate(itertools.product(presets, DTYPES, (False, True)))]
     else:
-        grid = ((p, DTYPES[i % 2], sbe) for i, (p, sbe) in enumerate(itertools.product(sorted(PRESETS), (False, True))))
+        rceil, floor = SCALE_ROUNDINGS
+        grid = [(presets[0], b16, False, rceil), (presets[1], f32, True, floor),
+                (presets[2], b16, True, rceil), (presets[2], f32, False, floor)]
     kinds = ("random", "one rank empty", "all to rank 0", "non-finite")
-    for i, (preset, dtype, sbe) in enumerate(grid):
-        cases.append(dict(
-            # Rounding pattern 0, 1, 1, 0 per group of four: per preset, each rounding meets
-            # both dtypes and both score placements.
-            preset=preset, dtype=dtype, score_before_experts=sbe, rounding=SCALE_ROUNDINGS[(i + i // 2) % 2],
-            num_experts=2 * world, top_k=1 + i % 3, dim=(64, 96)[i // 3 % 2], kind=kinds[(i + i // 4) % len(kinds)], seed=i,
-        ))
-    return cases
+    return [
+        dict(preset=preset, dtype=dtype, score_before_experts=sbe, rounding=rounding, num_experts=2 * world,
+             top_k=1 + i % 3, dim=(64, 96)[i // 3 % 2], kind=kinds[(i + i // 4) % len(kinds)], seed=i)
+        for i, (preset, dtype, sbe, rounding) in enumerate(grid)
+    ]
 
 
 def _routing(case: dict, rank: int, world: int):
@@ -144,4 +144,6 @@ def test_triton_kernels_equal_torch_twins(world):
     preload(titan=False)
     cases = _cases(world)
     assert {c["preset"] for c in cases} == set(PRESETS) and {c["dtype"] for c in cases} == set(DTYPES)
+    assert {c["rounding"] for c in cases if A2AConfig.preset(c["preset"]).any_quantized} == set(SCALE_ROUNDINGS)
+    assert {c["score_before_experts"] for c in cases} == {False, True}
     run_forked(world, _check, cases)
