@@ -1,5 +1,5 @@
 # mxfp8-ep GPU image: torch 2.11.0 + CUDA 13.0 (the stack the 2xH200 results were measured on),
-# the package and its tested pins from pyproject.toml, configs, recipes and the tiny assets.
+# the package and its tested pins from pyproject.toml, configs and recipes (the tiny assets are package data of launch).
 #
 #   docker build -t mxfp8-ep:0.1.0 .
 #   # pyxis/enroot on SLURM: turn the image into a squashfs file once, on a login node
@@ -19,7 +19,6 @@ COPY mxfp8_ep ./mxfp8_ep
 COPY launch ./launch
 COPY conf ./conf
 COPY recipes ./recipes
-COPY assets ./assets
 COPY scripts ./scripts
 COPY benchmarks ./benchmarks
 

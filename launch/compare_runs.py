@@ -22,12 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-_REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
-    sys.path.insert(0, str(_REPO))
-
-from launch.summary import SUMMARY_FILE, metrics_from_history  # noqa: E402
-from launch.wandb_offline import find_runs, read_run  # noqa: E402
+from launch.summary import SUMMARY_FILE, metrics_from_history
+from launch.wandb_offline import find_runs, read_run
 
 BASELINE = "bf16"
 _RUN_CONFIG = "train_config.yaml"

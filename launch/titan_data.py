@@ -1,4 +1,4 @@
-"""The recipe's tiny dataset and tokenizer (``assets/``), registered with torchtitan 0.2.2.
+"""The recipe's tiny dataset and tokenizer (``launch/assets/``), registered with torchtitan 0.2.2.
 
 torchtitan finds datasets by name in ``torchtitan.hf_datasets.text_datasets.DATASETS``; the
 wheel only knows c4 (a download). :func:`register_tiny_dataset` adds ``"mxfp8ep_tiny"``: the
@@ -22,7 +22,7 @@ __all__ = [
     "register_tiny_dataset",
 ]
 
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 TINY_TEXT = ASSETS_DIR / "tiny_text.jsonl"
 TOKENIZER_DIR = ASSETS_DIR / "tokenizer"
 TINY_DATASET = "mxfp8ep_tiny"

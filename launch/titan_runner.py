@@ -4,7 +4,7 @@ The launchers (local processes, SLURM) start one process per GPU (or CPU worker)
 torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) and call :func:`run_training` with the composed config. It:
 
-1. on a machine without CUDA, patches torchtitan's CPU gaps (``mxfp8_ep.titan_cpu_compat``);
+1. on a machine without CUDA, patches torchtitan's CPU gaps (``launch.titan_cpu_compat``);
    the process group is then gloo (torchtitan maps device type "cpu" to gloo);
 2. registers our tiny model flavors and the tiny dataset (``launch.titan_models`` /
    ``launch.titan_data``);
@@ -281,7 +281,7 @@ def run_training(cfg: Any, run_dir: str) -> dict[str, Any] | None:
     """
     import mxfp8_ep
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+    from launch.titan_cpu_compat import apply_cpu_compat
 
     from launch.titan_data import register_tiny_dataset
     from launch.titan_models import register_tiny_flavors

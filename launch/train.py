@@ -18,18 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-_REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # `python launch/train.py` puts launch/, not the repo, on sys.path
-    sys.path.insert(0, str(_REPO))
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-import launch.config_store  # noqa: E402,F401  (registers the schemas)
-from launch.summary import format_summary, write_summary  # noqa: E402
-from launch.sweep_check import check_sweep_once  # noqa: E402
-from launch.validate import ConfigError, launcher_kind, validate  # noqa: E402
+import launch.config_store  # noqa: F401  (registers the schemas)
+from launch.summary import format_summary, write_summary
+from launch.sweep_check import check_sweep_once
+from launch.validate import ConfigError, launcher_kind, validate
 
 log = logging.getLogger("mxfp8ep.train")
 

@@ -83,7 +83,7 @@ def test_tiny_model_forward_backward_on_cpu(family: str) -> None:
     the router's integer histc and DeepSeek-V3's moe_impl default)."""
     from torchtitan.protocols import train_spec
 
-    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+    from launch.titan_cpu_compat import apply_cpu_compat
 
     if not torch.cuda.is_available():
         apply_cpu_compat()
