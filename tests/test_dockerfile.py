@@ -29,5 +29,5 @@ def test_dockerfile_installs_the_package_with_pyproject_pins():
     # The package itself (pins from pyproject), not a second hand-written list of versions.
     assert '-e ".[test]"' in install
     assert re.findall(r"[\w-]+==[\w.${}]+", install) == ['torch==${TORCH_VERSION}']
-    for needed in ("mxfp8_ep", "launch", "conf", "recipes"):
+    for needed in ("mxfp8_ep", "launch", "conf", "recipes", "assets"):
         assert re.search(rf"^COPY {needed} ", text, flags=re.M), needed
