@@ -10,6 +10,7 @@ torchtitan upgrade cannot leave this table stale.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["FAMILIES", "MODELS", "ModelFacts", "UnknownModelError", "facts", "resolve"]
@@ -45,21 +46,30 @@ class ModelFacts:
     attention: str
 
 
-_L4, _DS = "llama4", "deepseek_v3"
+def _flex(facts: ModelFacts) -> ModelFacts:
+    """The same model with flex attention (torchtitan's *_irope / *_flex_attn flavors)."""
+    return dataclasses.replace(facts, attention="flex")
+
+
+_L4_DEBUG = ModelFacts(256, 6, 3, 16, 16, 2048, 8, 1, 1, 512, 768, 15_017_216, 9_437_184, "sdpa")
+_L4_16E = ModelFacts(5120, 48, 48, 40, 8, 202048, 16, 1, 1, 8192, 0, 107_769_861_120, 96_636_764_160, "sdpa")
+_L4_128E = ModelFacts(5120, 48, 24, 40, 8, 202048, 128, 1, 1, 8192, 16384, 400_711_848_960, 386_547_056_640, "sdpa")
+_DS_DEBUG = ModelFacts(256, 6, 5, 16, 16, 2048, 8, 2, 3, 256, 1024, 33_014_016, 7_864_320, "sdpa")
+
 MODELS: dict[tuple[str, str], ModelFacts] = {
-    (_L4, "tiny"): ModelFacts(128, 2, 2, 4, 2, 512, 4, 1, 1, 192, 0, 968_320, 589_824, "sdpa"),
-    (_L4, "debugmodel"): ModelFacts(256, 6, 3, 16, 16, 2048, 8, 1, 1, 512, 768, 15_017_216, 9_437_184, "sdpa"),
-    (_L4, "debugmodel_irope"): ModelFacts(256, 6, 3, 16, 16, 2048, 8, 1, 1, 512, 768, 15_017_216, 9_437_184, "flex"),
-    (_L4, "17bx16e"): ModelFacts(5120, 48, 48, 40, 8, 202048, 16, 1, 1, 8192, 0, 107_769_861_120, 96_636_764_160, "sdpa"),
-    (_L4, "17bx16e_irope"): ModelFacts(5120, 48, 48, 40, 8, 202048, 16, 1, 1, 8192, 0, 107_769_861_120, 96_636_764_160, "flex"),
-    (_L4, "17bx128e"): ModelFacts(5120, 48, 24, 40, 8, 202048, 128, 1, 1, 8192, 16384, 400_711_848_960, 386_547_056_640, "sdpa"),
-    (_L4, "17bx128e_irope"): ModelFacts(5120, 48, 24, 40, 8, 202048, 128, 1, 1, 8192, 16384, 400_711_848_960, 386_547_056_640, "flex"),
-    (_DS, "tiny"): ModelFacts(128, 2, 2, 4, 4, 512, 8, 1, 2, 64, 0, 731_904, 393_216, "sdpa"),
-    (_DS, "debugmodel"): ModelFacts(256, 6, 5, 16, 16, 2048, 8, 2, 3, 256, 1024, 33_014_016, 7_864_320, "sdpa"),
-    (_DS, "debugmodel_flex_attn"): ModelFacts(256, 6, 5, 16, 16, 2048, 8, 2, 3, 256, 1024, 33_014_016, 7_864_320, "flex"),
-    (_DS, "16B"): ModelFacts(2048, 27, 26, 16, 16, 102400, 64, 2, 6, 1408, 10944, 15_706_484_224, 14_394_851_328, "flex"),
-    (_DS, "236B"): ModelFacts(5120, 60, 59, 128, 128, 102400, 160, 2, 6, 1536, 12288, 235_741_434_880, 222_717_542_400, "flex"),
-    (_DS, "671B"): ModelFacts(7168, 61, 58, 128, 128, 129280, 256, 1, 8, 2048, 18432, 671_026_404_352, 653_908_770_816, "flex"),
+    ("llama4", "tiny"): ModelFacts(128, 2, 2, 4, 2, 512, 4, 1, 1, 192, 0, 968_320, 589_824, "sdpa"),
+    ("llama4", "debugmodel"): _L4_DEBUG,
+    ("llama4", "debugmodel_irope"): _flex(_L4_DEBUG),
+    ("llama4", "17bx16e"): _L4_16E,
+    ("llama4", "17bx16e_irope"): _flex(_L4_16E),
+    ("llama4", "17bx128e"): _L4_128E,
+    ("llama4", "17bx128e_irope"): _flex(_L4_128E),
+    ("deepseek_v3", "tiny"): ModelFacts(128, 2, 2, 4, 4, 512, 8, 1, 2, 64, 0, 731_904, 393_216, "sdpa"),
+    ("deepseek_v3", "debugmodel"): _DS_DEBUG,
+    ("deepseek_v3", "debugmodel_flex_attn"): _flex(_DS_DEBUG),
+    ("deepseek_v3", "16B"): ModelFacts(2048, 27, 26, 16, 16, 102400, 64, 2, 6, 1408, 10944, 15_706_484_224, 14_394_851_328, "flex"),
+    ("deepseek_v3", "236B"): ModelFacts(5120, 60, 59, 128, 128, 102400, 160, 2, 6, 1536, 12288, 235_741_434_880, 222_717_542_400, "flex"),
+    ("deepseek_v3", "671B"): ModelFacts(7168, 61, 58, 128, 128, 129280, 256, 1, 8, 2048, 18432, 671_026_404_352, 653_908_770_816, "flex"),
 }
 
 
