@@ -19,7 +19,7 @@ from launch.schema import A2ASchema, LauncherConfig, ModelConfig, TrainConfig
 from launch.slurm import SlurmLauncher
 from launch.titan_models import model_args
 from launch.validate import validate
-from mxfp8_ep.config import LEGS, PRESETS, A2AConfig
+from mxfp8_ep.config import BLOCK_SIZE, LEGS, PRESETS, A2AConfig
 
 GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
 
@@ -71,6 +71,14 @@ def test_a2a_options_are_the_library_presets(preset):
     assert "transport: auto" in text and not any(f"{leg}:" in text for leg in LEGS)
     # and the group is accepted by the core's own config type
     assert A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a)) == A2AConfig.preset(preset)
+
+
+def test_block_size_is_the_formats():
+    """validate.py reads the block size from the torch-free config module; the format's own
+    constant must not drift from it."""
+    from mxfp8_ep.format import BLOCK_SIZE as FORMAT_BLOCK_SIZE
+
+    assert BLOCK_SIZE == FORMAT_BLOCK_SIZE == 32
 
 
 def test_a2a_schema_is_the_library_config_plus_a_name():
@@ -231,3 +239,62 @@ def test_schema_defaults_match_group_files():
     """The YAML groups spell out the schema's defaults for what they don't change."""
     assert compose_cfg().a2a.scale_rounding == A2ASchema.scale_rounding
     assert OmegaConf.is_missing(OmegaConf.structured(ModelConfig), "name")
+
+
+# ------------------------------------------------------------------------ launchers
+NEW_LAUNCHER = '''
+from launch.launcher import Target
+
+CALLS = []
+
+
+class PrintLauncher:
+    reads = frozenset({"partition"})
+
+    def target(self, cfg, machine):
+        return Target("cpu", 1 << 40, "the printer's RAM", "it prints")
+
+    def check(self, cfg, machine, report):
+        if cfg.launcher.partition != "paper":
+            report.error("launcher=printer needs launcher.partition=paper")
+
+    def launch(self, cfg, run_dir):
+        CALLS.append(run_dir)
+        return None
+'''
+
+
+def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
+    """No Python file of the recipe changes: train.py and validate.py go through the class
+    the yaml names, its checks run and the fields it reads draw no warning."""
+    import importlib
+    import shutil
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from launch import console, train
+    from launch.validate import ConfigError
+
+    (tmp_path / "printer_launcher.py").write_text(NEW_LAUNCHER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf, symlinks=True)
+    (conf / "launcher" / "printer.yaml").write_text(
+        "_target_: printer_launcher.PrintLauncher\nname: printer\n")
+
+    def cfg(*overrides):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return compose("train", overrides=["launcher=printer", *overrides])
+
+    with pytest.raises(ConfigError, match="launcher=printer needs launcher.partition=paper"):
+        validate(cfg())
+    assert validate(cfg("launcher.partition=paper")) == []
+    assert any("launcher.account=x is not read by launcher=printer" in w
+               for w in validate(cfg("launcher.partition=paper", "launcher.account=x")))
+
+    monkeypatch.setattr(console, "route_logging", lambda verbose: None)
+    train.run(cfg("launcher.partition=paper"), str(tmp_path / "run"), "")
+    assert importlib.import_module("printer_launcher").CALLS == [str(tmp_path / "run")]
+    assert (tmp_path / "run" / "train_config.yaml").is_file()
+    sys.modules.pop("printer_launcher")
