@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from launch import console
-from launch.launcher import RunFailed, Target
+from launch.launcher import RunFailed, RunStopped, Target
 from launch.machine import GIB, Machine
 from launch.run_dir import CONSOLE_LOG
 from launch.run_summary import RunSummary
@@ -207,11 +207,17 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
 
 
 def _wait(job: Any, sub: SlurmSubmission, run_dir: str) -> SlurmSubmission:
+    """Follow the job's console lines until it ends. Ctrl-C here stops the run, as it does a
+    local one: scancel sends SIGTERM to every task, which stop cleanly (checkpoint, wandb)."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     try:
         with console.follow(run_dir):
             job.results()
+    except KeyboardInterrupt:
+        job.cancel(check=False)
+        sub.state = _final_state(job)
+        raise RunStopped(int(signal.SIGINT), RunSummary.read(run_dir)) from None
     except (FailedJobError, UncompletedJobError) as e:
         sub.state = _final_state(job) or "FAILED"
         raise RunFailed(

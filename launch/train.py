@@ -83,6 +83,6 @@ if __name__ == "__main__":
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C before a launcher took over the signals
-        print("[mxfp8ep] stopped by SIGINT before anything was launched", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C before a launcher took over (nothing was started)
+        print("[mxfp8ep] interrupted (SIGINT) before anything was started", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None

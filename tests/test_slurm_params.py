@@ -173,3 +173,26 @@ def test_site_launcher_file_built_on_the_slurm_one(tmp_path):
     p = slurm_executor_params(cfg)
     assert (p["slurm_partition"], p["slurm_account"], p["slurm_constraint"]) == ("h200", "team", "nvlink")
     assert config_from_yaml(config_to_yaml(cfg)) == cfg
+
+
+def test_ctrl_c_while_waiting_cancels_the_job(tmp_path):
+    """launcher.wait=true: Ctrl-C stops the run as it does a local one (scancel: SIGTERM to
+    every task, which stop cleanly) and reports it as a stop."""
+    from launch.launcher import RunStopped
+    from launch.slurm import SlurmSubmission, _wait
+
+    class Job:
+        cancelled = False
+
+        def results(self):
+            raise KeyboardInterrupt
+
+        def cancel(self, check=True):
+            Job.cancelled = True
+
+        def get_info(self, mode="cache"):
+            return {"State": "CANCELLED by 0"}
+
+    with pytest.raises(RunStopped) as e:
+        _wait(Job(), SlurmSubmission("7", "log", str(tmp_path)), str(tmp_path))
+    assert Job.cancelled and e.value.signum == 2 and e.value.summary is None
