@@ -87,6 +87,8 @@ def collect(paths: list[str]) -> list[Compared]:
             raise FileNotFoundError(f"{arg}: no such run, sweep or wandb directory")
         for summary_file in sorted(p.rglob(SUMMARY)):
             s = RunSummary.read(summary_file)
+            if s is None:  # unreadable: its wandb run, if any, stands in below
+                continue
             seen.update(os.path.realpath(d) for d in s.wandb_dirs)
             found.append(Compared(s, str(summary_file.parent), "summary"))
         for run in read_runs(str(p)):

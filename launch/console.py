@@ -81,9 +81,10 @@ def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str) -> str:
     import signal
 
     name = signal.Signals(signum).name
-    if summary is None:
-        return f"[mxfp8ep] stopped by {name} before the first step; nothing to resume ({run_dir})"
-    saved = f"checkpoint {summary.checkpoint}" if summary.checkpoint else "no checkpoint (training.checkpoint_enable=false)"
+    if summary is None or summary.steps == summary.start_step:
+        return f"[mxfp8ep] stopped by {name} before a step was trained; nothing new to resume ({run_dir})"
+    saved = (f"checkpoint {summary.checkpoint}" if summary.checkpoint
+             else "no checkpoint (training.checkpoint_enable=false)")
     wandb = f", wandb run {summary.wandb_run_id} finished" if summary.wandb_run_id else ""
     again = f"; continue with training.resume={run_dir}" if summary.checkpoint else ""
     return f"[mxfp8ep] stopped by {name} at step {summary.steps}/{summary.target_steps}: {saved}{wandb}{again}"

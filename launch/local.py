@@ -3,7 +3,6 @@ launcher (the API behind ``torchrun --standalone``)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -64,9 +63,8 @@ class LocalLauncher:
         print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
               flush=True)
         Path(run_dir, CONSOLE_LOG).write_text("")  # this launch's lines only
-        quiet = not cfg.logging.verbose
         try:
-            with console.follow(run_dir) if quiet else contextlib.nullcontext():
+            with console.follow(run_dir):
                 elastic_launch(config, worker_entrypoint)(config_to_yaml(cfg), run_dir)
         except SignalException as e:  # Ctrl-C / SIGTERM: the workers have stopped cleanly
             raise RunStopped(int(e.sigval), RunSummary.read(run_dir)) from None
@@ -82,17 +80,22 @@ class LocalLauncher:
 
 
 def worker_entrypoint(cfg_yaml: str, run_dir: str) -> None:
-    """What each process torch elastic starts runs. After a clean stop it exits at once: the
-    agent is shutting its workers down and would wait for a result nobody reads. Other
-    results are read from ``summary.json``."""
+    """What each process torch elastic starts runs; a failing rank's traceback reaches the
+    launcher's error report (``record``)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from launch.stop import Stopped
+    record(_train_until_stopped)(cfg_yaml, run_dir)
+
+
+def _train_until_stopped(cfg_yaml: str, run_dir: str) -> None:
+    """Train; after a clean stop exit at once: the agent is shutting its workers down and
+    would wait for a result nobody reads. Results are read from ``summary.json``."""
+    from launch.stop import Stopped, StopSignals
     from launch.worker import run_worker
 
     try:
-        # record: a failing rank's traceback reaches the launcher's error report
-        record(run_worker)(cfg_yaml, run_dir)
+        with StopSignals():  # from here on, Ctrl-C / SIGTERM stop the run cleanly
+            run_worker(cfg_yaml, run_dir)
     except Stopped:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -120,13 +120,18 @@ class RunSummary:
 
     @classmethod
     def read(cls, path: str | Path) -> Optional["RunSummary"]:
-        """From a run dir or a summary.json; None when there is none."""
+        """From a run dir or a summary.json; None when there is none (or one this class
+        cannot read, e.g. written by an older version)."""
         path = Path(path)
         if path.is_dir():
             path = path / SUMMARY
         if not path.is_file():
             return None
-        return cls(**json.loads(path.read_text()))
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in json.loads(path.read_text()).items() if k in known})
+        except (TypeError, ValueError):
+            return None
 
     def wandb_summary(self) -> dict[str, float]:
         """The headline numbers under their wandb metric names (for the wandb run summary)."""

@@ -136,7 +136,7 @@ class SlurmTrainJob:
     def __call__(self) -> Optional[RunSummary]:
         import submitit
 
-        from launch.stop import Stopped
+        from launch.stop import Stopped, StopSignals
         from launch.worker import run_worker
 
         # MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from SLURM.
@@ -150,7 +150,8 @@ class SlurmTrainJob:
         # The runner writes the run's summary.json (rank 0) and stops cleanly on signals.
         stopped_by = None
         try:
-            summary = run_worker(self.cfg_yaml, self.run_dir)
+            with StopSignals():  # from here on, SIGTERM / SIGUSR2 stop the run cleanly
+                summary = run_worker(self.cfg_yaml, self.run_dir)
         except Stopped as e:
             summary, stopped_by = e.summary, e.signum
         if summary is not None:

@@ -17,24 +17,39 @@ from typing import Any, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
+_active: Optional["StopSignals"] = None  # the one whose handlers are installed
+
 
 class StopSignals:
-    """Context manager: notes the first stop signal this process gets."""
+    """Context manager: notes the first stop signal this process gets. Nested use (a worker
+    entry point installs it as early as it can, the runner enters it again) shares the
+    outer one; only the outermost restores the previous handlers."""
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
         self._previous: dict[int, Any] = {}
+        self._nested = False
 
     def __enter__(self) -> "StopSignals":
+        global _active
+        if _active is not None:
+            self._nested = True
+            return _active
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._note)
+            _active = self
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        global _active
+        if self._nested:
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if _active is self:
+            _active = None
 
     def _note(self, signum: int, frame: Any) -> None:
         if self.received is None:
