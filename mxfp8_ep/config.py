@@ -65,6 +65,10 @@ class A2AConfig:
     def legs() -> tuple[str, str, str, str]:
         return LEGS
 
+    @property
+    def any_quantized(self) -> bool:
+        return any(getattr(self, leg) == "mxfp8" for leg in LEGS)
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "A2AConfig":
         try:
