@@ -1,7 +1,11 @@
 # mxfp8-ep GPU image: torch 2.11.0 + CUDA 13.0 (the stack the 2xH200 results were measured on),
-# the package and its tested pins from pyproject.toml, configs, recipes and the tiny assets.
+# the package (library + recipe) installed with its tested pins from pyproject.toml, and the
+# recipe's configs. Two targets:
 #
-#   docker build -t mxfp8-ep:0.1.0 .
+#   docker build -t mxfp8-ep:0.1.0 .                         # runtime: no test dependencies
+#   docker build --target test -t mxfp8-ep:0.1.0-test .      # + tests: runs the suite
+#   docker run --gpus all mxfp8-ep:0.1.0-test                # (the SLURM tests skip without root)
+#
 #   # pyxis/enroot on SLURM: turn the image into a squashfs file once, on a login node
 #   enroot import -o /shared/images/mxfp8-ep.sqsh dockerd://mxfp8-ep:0.1.0
 #   python launch/train.py launcher=slurm launcher.container_image=/shared/images/mxfp8-ep.sqsh \
@@ -10,23 +14,29 @@
 # BASE_IMAGE follows PyTorch's official tag scheme <torch>-cuda<X.Y>-cudnn9-runtime; change
 # TORCH_VERSION with it (a test checks both stay inside pyproject's torch range).
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda13.0-cudnn9-runtime
-FROM ${BASE_IMAGE}
 ARG TORCH_VERSION=2.11.0
 
+FROM ${BASE_IMAGE} AS runtime
+ARG TORCH_VERSION
 WORKDIR /opt/mxfp8-ep
 COPY pyproject.toml README.md ./
 COPY mxfp8_ep ./mxfp8_ep
 COPY launch ./launch
+# Keep the image's CUDA build of torch (pinning it stops pip from swapping it), then install
+# the package, not editable, with exactly the pins in pyproject.toml.
+RUN python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')" \
+ && pip install --no-cache-dir "torch==${TORCH_VERSION}" . \
+ && rm -rf build *.egg-info
+# `python launch/train.py` reads its Hydra configs next to it.
 COPY conf ./conf
 COPY recipes ./recipes
-COPY assets ./assets
-COPY scripts ./scripts
-COPY benchmarks ./benchmarks
-
-# Keep the image's CUDA build of torch (pinning it stops pip from swapping it), then install
-# the package with exactly the pins in pyproject.toml.
-RUN python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')" \
- && pip install --no-cache-dir "torch==${TORCH_VERSION}" -e ".[test]"
-
 ENV PYTHONUNBUFFERED=1
 CMD ["python", "launch/train.py", "--help"]
+
+FROM runtime AS test
+ARG TORCH_VERSION
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test]"
+COPY scripts ./scripts
+COPY benchmarks ./benchmarks
+COPY tests ./tests
+CMD ["python", "-m", "pytest", "-q", "tests"]

@@ -1,88 +1,65 @@
-"""Compare finished runs: bf16 vs MXFP8 all-to-all, side by side.
+"""Compare finished runs: bf16 vs MXFP8 all-to-all, side by side, in a table, a JSON file and
+plots.
 
-    python launch/compare_runs.py multirun/default/2026-11-30_10-00-00     # a sweep (JSON
-                                                                           # written inside it)
+    python launch/compare_runs.py multirun/default/2026-11-30_10-00-00     # a sweep
     python launch/compare_runs.py outputs/a/run1 outputs/b/run2 --out cmp.json
     python launch/compare_runs.py path/to/wandb/offline-run-*              # wandb runs only
 
 Each argument may be a run directory (with ``summary.json`` and/or ``wandb/``), a sweep
 directory holding run directories, an ``offline-run-*`` directory or a ``.wandb`` file.
-Runs are read from their ``summary.json`` when they have one, otherwise from the offline wandb
-run (``launch/wandb_offline.py``), so SLURM runs that were never waited for work too. Every
-run is compared with the bf16 run of the same model, world size and EP degree.
+Runs are read as ``launch.run_summary.RunSummary``: from their ``summary.json`` when they
+have one, otherwise from their offline wandb run(s), so SLURM runs that never wrote one are
+compared too. Every run is compared with the bf16 run of the same sweep point (else of the
+same model, world size and EP degree). Next to the JSON (``<dir>/comparison.json`` for one
+directory) go ``comparison_loss.png`` (loss per step, one line per run) and
+``comparison_throughput.png`` (tokens/s and all-to-all bytes per step, one bar per run).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-_REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:
-    sys.path.insert(0, str(_REPO))
-
-from launch.summary import SUMMARY_FILE, metrics_from_history  # noqa: E402
-from launch.wandb_offline import find_runs, read_run  # noqa: E402
+from launch.run_dir import RUN_CONFIG, SUMMARY
+from launch.run_summary import RunSummary
+from launch.wandb_offline import OfflineRun, read_run, read_runs
 
 BASELINE = "bf16"
-_RUN_CONFIG = "train_config.yaml"
 
 
 @dataclass
-class RunRecord:
-    name: str
-    a2a: str
-    model: str
-    world_size: Optional[int]
-    ep: Optional[int]
+class Compared:
+    """A run, where it was read from, and its ratios to its bf16 baseline."""
+
+    run: RunSummary
     path: str
     source: str  # "summary" | "wandb"
-    metrics: dict[str, Any] = field(default_factory=dict)
-    # filled by compare():
     vs_baseline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def group_key(self) -> tuple:
-        return (self.model, self.world_size, self.ep)
+        return (self.run.model, self.run.world_size, self.run.ep)
 
     @property
     def pair_key(self) -> tuple:
         """group_key + the run name without its a2a part: the runs of one sweep point."""
-        rest = ",".join(t for t in self.name.split(",") if not t.startswith(("a2a=", "a2a.")))
+        rest = ",".join(t for t in self.run.run_name.split(",") if not t.startswith(("a2a=", "a2a.")))
         return self.group_key + (rest,)
 
 
-def _from_summary(path: Path) -> RunRecord:
-    s = json.loads(path.read_text())
-    metrics = dict(s.get("metrics", {}))
-    wandb_dirs = [d for d in s.get("wandb_dirs", []) if os.path.isdir(d)]
-    if wandb_dirs and any(metrics.get(k) is None for k in ("final_loss", "tokens_per_s")):
-        from_wandb = metrics_from_history(read_run(wandb_dirs[-1]))
-        metrics = {**from_wandb, **{k: v for k, v in metrics.items() if v is not None}}
-    return RunRecord(
-        name=s.get("run_name") or path.parent.name,
-        a2a=s.get("a2a", "?"),
-        model=s.get("model", "?"),
-        world_size=s.get("world_size"),
-        ep=s.get("ep"),
-        path=str(path.parent),
-        source="summary",
-        metrics=metrics,
-    )
-
-
-def _recipe_config(run_wandb_dir: str, wandb_config: dict) -> dict:
+def _recipe_config(run: OfflineRun) -> dict:
     """The composed recipe config: logged to wandb under "recipe" by the runner, else the
     train_config.yaml the launcher wrote into the run dir above the wandb folder."""
-    if isinstance(wandb_config.get("recipe"), dict):
-        return wandb_config["recipe"]
-    for parent in Path(run_wandb_dir).parents:
-        candidate = parent / _RUN_CONFIG
+    if isinstance(run.config.get("recipe"), dict):
+        return run.config["recipe"]
+    for parent in Path(run.path).parents:
+        candidate = parent / RUN_CONFIG
         if candidate.is_file():
             from omegaconf import OmegaConf
 
@@ -90,49 +67,33 @@ def _recipe_config(run_wandb_dir: str, wandb_config: dict) -> dict:
     return {}
 
 
-def _from_wandb(run_dir: str) -> RunRecord:
-    run = read_run(run_dir)
-    cfg = _recipe_config(run_dir, run.config)
-    par = cfg.get("parallelism", {})
-    world = par["nodes"] * par["procs_per_node"] if "nodes" in par and "procs_per_node" in par else None
-    return RunRecord(
-        name=run.name or os.path.basename(run_dir),
-        a2a=cfg.get("a2a", {}).get("name", "?"),
-        model=cfg.get("model", {}).get("name", "?"),
-        world_size=world,
-        ep=par.get("ep"),
-        path=run_dir,
-        source="wandb",
-        metrics=metrics_from_history(run),
-    )
-
-
-def collect(paths: list[str]) -> list[RunRecord]:
+def collect(paths: list[str]) -> list[Compared]:
     """Every run found under ``paths`` (see module doc), each once."""
-    records: list[RunRecord] = []
-    seen: set[str] = set()
+    found: list[Compared] = []
+    seen: set[str] = set()  # wandb folders already covered by a summary
 
-    def add_wandb(d: str) -> None:
-        d = os.path.realpath(d)
-        if d not in seen:
-            seen.add(d)
-            records.append(_from_wandb(d))
+    def add_wandb(run: OfflineRun) -> None:
+        if not seen.intersection(os.path.realpath(p) for p in run.paths):
+            seen.update(os.path.realpath(p) for p in run.paths)
+            where = str(Path(run.paths[0]))
+            found.append(Compared(RunSummary.from_wandb(run, _recipe_config(run), where), where, "wandb"))
 
     for arg in paths:
         p = Path(arg)
         if p.is_file() and p.suffix == ".wandb":
-            add_wandb(str(p.parent))
+            add_wandb(read_run(str(p.parent)))
             continue
         if not p.is_dir():
             raise FileNotFoundError(f"{arg}: no such run, sweep or wandb directory")
-        summaries = sorted(p.rglob(SUMMARY_FILE))
-        for s in summaries:
-            rec = _from_summary(s)
-            seen.update(os.path.realpath(d) for d in json.loads(s.read_text()).get("wandb_dirs", []))
-            records.append(rec)
-        for d in find_runs(str(p)):
-            add_wandb(d)
-    return records
+        for summary_file in sorted(p.rglob(SUMMARY)):
+            s = RunSummary.read(summary_file)
+            if s is None:  # unreadable: its wandb run, if any, stands in below
+                continue
+            seen.update(os.path.realpath(d) for d in s.wandb_dirs)
+            found.append(Compared(s, str(summary_file.parent), "summary"))
+        for run in read_runs(str(p)):
+            add_wandb(run)
+    return found
 
 
 def _ratio(x: Any, base: Any) -> Optional[float]:
@@ -141,56 +102,58 @@ def _ratio(x: Any, base: Any) -> Optional[float]:
     return float(x) / float(base)
 
 
-def compare(records: list[RunRecord]) -> list[RunRecord]:
+def compare(runs: list[Compared]) -> list[Compared]:
     """Fill ``vs_baseline`` of each run from its bf16 run: the one whose name differs only in
     the a2a part, else the first bf16 run of the same model, world size and EP."""
-    pairs: dict[tuple, RunRecord] = {}
-    groups: dict[tuple, RunRecord] = {}
-    for r in records:
-        if r.a2a == BASELINE:
-            pairs.setdefault(r.pair_key, r)
-            groups.setdefault(r.group_key, r)
-    for r in records:
-        base = pairs.get(r.pair_key) or groups.get(r.group_key)
+    pairs: dict[tuple, Compared] = {}
+    groups: dict[tuple, Compared] = {}
+    for c in runs:
+        if c.run.a2a == BASELINE:
+            pairs.setdefault(c.pair_key, c)
+            groups.setdefault(c.group_key, c)
+    for c in runs:
+        base = pairs.get(c.pair_key) or groups.get(c.group_key)
         if base is None:
             continue
-        m, b = r.metrics, base.metrics
-        loss, base_loss = m.get("final_loss"), b.get("final_loss")
-        r.vs_baseline = {
-            "baseline": base.name,
-            "loss_delta": None if loss is None or base_loss is None else loss - base_loss,
-            "tokens_per_s_ratio": _ratio(
-                m.get("tokens_per_s_global", m.get("tokens_per_s")),
-                b.get("tokens_per_s_global", b.get("tokens_per_s")),
-            ),
-            "step_time_ratio": _ratio(m.get("step_time_s"), b.get("step_time_s")),
-            "bytes_ratio": _ratio(m.get("a2a_bytes_per_step"), b.get("a2a_bytes_per_step")),
+        m, b = c.run, base.run
+        c.vs_baseline = {
+            "baseline": b.run_name,
+            "loss_delta": None if m.final_loss is None or b.final_loss is None
+            else m.final_loss - b.final_loss,
+            "tokens_per_s_ratio": _ratio(m.tokens_per_s_global, b.tokens_per_s_global),
+            "step_time_ratio": _ratio(m.step_time_s, b.step_time_s),
+            "bytes_ratio": _ratio(m.a2a_bytes_per_step, b.a2a_bytes_per_step),
         }
-    return records
+    return runs
 
 
 def _f(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def format_table(records: list[RunRecord]) -> str:
+def ordered(runs: list[Compared]) -> list[Compared]:
+    """Sweep point by sweep point, bf16 first."""
+    return sorted(runs, key=lambda c: (repr(c.pair_key), c.run.a2a != BASELINE, c.run.a2a, c.run.run_name))
+
+
+def format_table(runs: list[Compared]) -> str:
     header = ("run", "a2a", "model", "world/ep", "final loss", "Δloss", "tokens/s", "×bf16",
               "step s", "a2a MiB/step", "×bf16")
     rows = [header]
-    for r in sorted(records, key=lambda r: (repr(r.pair_key), r.a2a != BASELINE, r.a2a, r.name)):
-        m, v = r.metrics, r.vs_baseline
+    for c in ordered(runs):
+        s, v, base = c.run, c.vs_baseline, c.run.a2a == BASELINE
         rows.append((
-            r.name,
-            r.a2a,
-            r.model,
-            f"{r.world_size or '?'}/{r.ep or '?'}",
-            _f(m.get("final_loss"), ".4f"),
-            _f(v.get("loss_delta"), "+.4f") if r.a2a != BASELINE else "",
-            _f(m.get("tokens_per_s_global", m.get("tokens_per_s")), ",.0f"),
-            _f(v.get("tokens_per_s_ratio"), ".3f") if r.a2a != BASELINE else "",
-            _f(m.get("step_time_s"), ".4f"),
-            _f(None if m.get("a2a_bytes_per_step") is None else m["a2a_bytes_per_step"] / 2**20, ".3f"),
-            _f(v.get("bytes_ratio"), ".3f") if r.a2a != BASELINE else "",
+            s.run_name,
+            s.a2a,
+            s.model,
+            f"{s.world_size or '?'}/{s.ep or '?'}",
+            _f(s.final_loss, ".4f"),
+            "" if base else _f(v.get("loss_delta"), "+.4f"),
+            _f(s.tokens_per_s_global, ",.0f"),
+            "" if base else _f(v.get("tokens_per_s_ratio"), ".3f"),
+            _f(s.step_time_s, ".4f"),
+            _f(None if s.a2a_bytes_per_step is None else s.a2a_bytes_per_step / 2**20, ".3f"),
+            "" if base else _f(v.get("bytes_ratio"), ".3f"),
         ))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) if i < 4 else str(c).rjust(w)
@@ -199,14 +162,50 @@ def format_table(records: list[RunRecord]) -> str:
     return "\n".join(lines)
 
 
-def to_json(records: list[RunRecord]) -> dict[str, Any]:
-    out = []
-    for r in records:
-        d = asdict(r)
-        d["metrics"] = {k: v for k, v in r.metrics.items() if k != "loss_series"}
-        d["loss_series"] = r.metrics.get("loss_series")
-        out.append(d)
-    return {"baseline": BASELINE, "runs": out}
+def to_json(runs: list[Compared]) -> dict[str, Any]:
+    return {"baseline": BASELINE, "runs": [
+        {"path": c.path, "source": c.source, "vs_baseline": c.vs_baseline, **dataclasses.asdict(c.run)}
+        for c in ordered(runs)
+    ]}
+
+
+def write_plots(runs: list[Compared], out_dir: Path) -> list[Path]:
+    """``comparison_loss.png`` and ``comparison_throughput.png`` in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    runs = ordered(runs)
+    labels = [c.run.run_name for c in runs]
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for c, label in zip(runs, labels):
+        ax.plot(c.run.logged_steps, c.run.losses, marker="." if len(c.run.losses) < 50 else None,
+                linestyle="-" if c.run.a2a == BASELINE else "--", label=label)
+    ax.set(xlabel="step", ylabel="loss (global average)", title="Loss per step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    loss = out_dir / "comparison_loss.png"
+    fig.tight_layout()
+    fig.savefig(loss, dpi=120)
+    plt.close(fig)
+
+    fig, (tps, wire) = plt.subplots(1, 2, figsize=(10, 0.5 * len(runs) + 2.5))
+    ys = range(len(runs))
+    colors = ["tab:blue" if c.run.a2a == BASELINE else "tab:orange" for c in runs]
+    tps.barh(ys, [c.run.tokens_per_s_global or 0 for c in runs], color=colors)
+    tps.set(yticks=list(ys), yticklabels=labels, xlabel="tokens/s (all ranks)", title="Throughput")
+    wire.barh(ys, [(c.run.a2a_bytes_per_step or 0) / 2**20 for c in runs], color=colors)
+    wire.set(yticks=list(ys), yticklabels=[], xlabel="MiB per step", title="All-to-all bytes")
+    for ax in (tps, wire):
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    throughput = out_dir / "comparison_throughput.png"
+    fig.tight_layout()
+    fig.savefig(throughput, dpi=120)
+    plt.close(fig)
+    return [loss, throughput]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -214,24 +213,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("paths", nargs="+", help="run / sweep / offline wandb run directories")
     ap.add_argument("--out", default=None,
                     help="JSON output (default: <dir>/comparison.json for one directory, "
-                         "else ./comparison.json)")
+                         "else ./comparison.json); the plots go next to it")
     args = ap.parse_args(argv)
     try:
-        records = compare(collect(args.paths))
+        runs = compare(collect(args.paths))
     except FileNotFoundError as e:
         print(f"compare_runs: {e}", file=sys.stderr)
         return 2
-    if not records:
+    if not runs:
         print("compare_runs: no runs found (no summary.json or .wandb file) under "
               + ", ".join(args.paths), file=sys.stderr)
         return 1
-    print(format_table(records))
+    print(format_table(runs))
     if args.out is None:
         only = Path(args.paths[0])
         args.out = str(only / "comparison.json") if len(args.paths) == 1 and only.is_dir() else "comparison.json"
-    with open(args.out, "w") as f:
-        json.dump(to_json(records), f, indent=2)
-    print(f"\nwrote {args.out}")
+    out = Path(args.out)
+    out.write_text(json.dumps(to_json(runs), indent=2))
+    plots = write_plots(runs, out.parent)
+    print(f"\nwrote {out}, " + ", ".join(str(p) for p in plots))
     return 0
 
 

@@ -1,40 +1,49 @@
-"""Register the recipe's structured configs (``launch/schema.py``) in Hydra's ConfigStore.
+"""Register the recipe's structured configs and resolvers with Hydra / OmegaConf.
 
-``conf/train.yaml`` starts its defaults list with ``train_schema`` (``TrainConfig``), which types
-every group (``model: ModelConfig``, ...): a misspelled key or a wrong type in a group file or
-on the command line fails while Hydra composes the config, before anything is launched.
-``launcher=slurm`` extends its node to ``SlurmLauncherConfig`` (stored as the root-level
-``slurm_launcher_schema``, so it is not offered as a launcher option).
+* ``train_schema`` (``launch.schema.TrainConfig``) starts ``conf/train.yaml``'s defaults list
+  and types every group: a misspelled key or a wrong type fails while Hydra composes.
+* ``a2a_preset_<name>`` for every preset in ``mxfp8_ep.config.PRESETS``: the legs of
+  ``conf/a2a/<name>.yaml`` come from there (root-level nodes, so ``--help`` does not list
+  them as a group).
+* ``${mxfp8ep.run_dir:...}`` (``hydra.run.dir``): the run dir ``training.resume`` asks for.
+* ``${mxfp8ep.not_in_run_name:}`` (``override_dirname.exclude_keys``): the keys that say where
+  and how a run is launched or logged, not what it trains, so sweep folders and wandb run
+  names leave them out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+import dataclasses
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-from launch.schema import LauncherConfig, TrainConfig
+from launch.run_dir import resolve_run_dir
+from launch.schema import A2ASchema, LauncherConfig, LoggingConfig, TrainConfig, ValidateConfig
+from mxfp8_ep.config import PRESETS
+
+# Groups (and top-level nodes) that do not change what is trained.
+_NOT_TRAINING = {"launcher": LauncherConfig, "logging": LoggingConfig, "validate": ValidateConfig}
 
 
-@dataclass
-class SlurmLauncherConfig(LauncherConfig):
-    """``launcher=slurm``: the fields of LauncherConfig plus the ones only SLURM reads."""
-
-    # GPUs to request per node; None = one per process (parallelism.procs_per_node).
-    # Set 0 on a CPU-only cluster.
-    gpus_per_node: Optional[int] = None
-    # Extra arguments for the srun that starts the tasks (after the pyxis ones).
-    srun_args: list[str] = field(default_factory=list)
-    # sbatch --job-name; None = "mxfp8ep-<experiment>".
-    job_name: Optional[str] = None
+def not_in_run_name() -> list[str]:
+    """Override keys left out of run names and sweep folder names: the launcher, logging and
+    validation settings (each group and each of its fields), the recipe, the resume target and
+    Hydra's own output dirs."""
+    keys = ["recipe", "training.resume", "hydra.run.dir", "hydra.sweep.dir"]
+    for group, schema in _NOT_TRAINING.items():
+        keys += [group] + [f"{group}.{f.name}" for f in dataclasses.fields(schema)]
+    return keys
 
 
 def register_configs() -> None:
     """Idempotent: safe to call from the Hydra app and from tests."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="slurm_launcher_schema", node=SlurmLauncherConfig)
+    for name, legs in PRESETS.items():
+        cs.store(name=f"a2a_preset_{name}", node=A2ASchema(name=name, **legs))
+    OmegaConf.register_new_resolver("mxfp8ep.run_dir", resolve_run_dir, replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("mxfp8ep.not_in_run_name", not_in_run_name, replace=True)
 
 
 register_configs()

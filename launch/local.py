@@ -3,26 +3,113 @@ launcher (the API behind ``torchrun --standalone``)."""
 
 from __future__ import annotations
 
-import logging
 import os
+import signal
+import sys
 import uuid
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, ClassVar, Optional
 
-import torch
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-from launch.worker import config_to_yaml, run_worker
-
-log = logging.getLogger(__name__)
+from launch import console
+from launch.launcher import RunFailed, RunStopped, Target
+from launch.machine import Machine
+from launch.run_dir import CONSOLE_LOG, WORKER_LOGS
+from launch.run_summary import RunSummary
 
 
-def launch_config(cfg: Any, run_dir: str) -> LaunchConfig:
-    """One node, ``parallelism.procs_per_node`` processes, rendezvous on a free local port.
+class LocalLauncher:
+    """One node: ``parallelism.procs_per_node`` processes, one per GPU, or CPU processes
+    talking over gloo on a machine without GPUs. Waits for the run and returns its summary."""
 
-    On a GPU machine each process takes one GPU (validation checked there are enough); on a
-    CPU-only machine they are CPU workers talking over gloo.
-    """
+    reads: ClassVar[frozenset[str]] = frozenset()
+
+    def target(self, cfg: Any, machine: Machine) -> Target:
+        if machine.gpus:
+            smallest = min(machine.gpu_memory_bytes)
+            return Target("cuda", smallest, f"each GPU's memory (the smallest of {machine.gpus})",
+                          f"this machine has {machine.gpus} GPU(s)")
+        return Target("cpu", machine.ram_bytes, "this machine's RAM",
+                      "this machine has no GPU (the processes would run on CPU with gloo)")
+
+    def check(self, cfg: Any, machine: Machine, report: Any) -> None:
+        p = cfg.parallelism
+        if p.nodes > 1:
+            report.error(
+                f"launcher=local starts processes on this machine only, but parallelism={p.name} "
+                f"asks for {p.nodes} nodes; use launcher=slurm, or parallelism.nodes=1"
+            )
+        if machine.gpus and p.procs_per_node > machine.gpus:
+            report.error(
+                f"parallelism.procs_per_node={p.procs_per_node} but this machine has "
+                f"{machine.gpus} GPU(s) (one process per GPU); use a smaller parallelism "
+                f"(e.g. parallelism=ep2) or launcher=slurm"
+            )
+        elif not machine.gpus and p.procs_per_node > machine.cpu_count:
+            report.warn(f"no GPU: {p.procs_per_node} CPU worker processes on {machine.cpu_count} "
+                        f"cores will be slow")
+
+    def launch(self, cfg: Any, run_dir: str) -> Optional[RunSummary]:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import elastic_launch
+
+        from launch.worker import config_to_yaml
+
+        console.route_logging(cfg.logging.verbose)  # again: importing torch reset its loggers
+        config = launch_config(cfg, run_dir)
+        machine = Machine.probe()
+        what = (f"{config.nproc_per_node} GPU processes (NCCL)" if machine.gpus
+                else f"{config.nproc_per_node} CPU processes (gloo)")
+        print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
+              flush=True)
+        Path(run_dir, CONSOLE_LOG).write_text("")  # this launch's lines only
+        try:
+            with console.follow(run_dir):
+                elastic_launch(config, worker_entrypoint)(config_to_yaml(cfg), run_dir)
+        except SignalException as e:  # Ctrl-C / SIGTERM: the workers have stopped cleanly
+            raise RunStopped(int(e.sigval), RunSummary.read(run_dir)) from None
+        except KeyboardInterrupt:  # before the workers were started
+            raise RunStopped(int(signal.SIGINT), RunSummary.read(run_dir)) from None
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()
+            reason = (failure.message or f"exit code {failure.exitcode}").strip().splitlines()
+            log_dir = Path(failure.error_file).parent if failure.error_file else Path(run_dir) / WORKER_LOGS
+            raise RunFailed(f"rank {rank} failed: {reason[-1] if reason else '?'}; its full output: "
+                            f"{log_dir}/stderr.log and stdout.log") from None
+        return RunSummary.read(run_dir)
+
+
+def worker_entrypoint(cfg_yaml: str, run_dir: str) -> None:
+    """What each process torch elastic starts runs; a failing rank's traceback reaches the
+    launcher's error report (``record``)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(_train_until_stopped)(cfg_yaml, run_dir)
+
+
+def _train_until_stopped(cfg_yaml: str, run_dir: str) -> None:
+    """Train; after a clean stop exit at once: the agent is shutting its workers down and
+    would wait for a result nobody reads. Results are read from ``summary.json``."""
+    from launch.stop import Stopped, StopSignals
+    from launch.worker import run_worker
+
+    try:
+        with StopSignals():  # from here on, Ctrl-C / SIGTERM stop the run cleanly
+            run_worker(cfg_yaml, run_dir)
+    except Stopped:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def launch_config(cfg: Any, run_dir: str) -> Any:
+    """torch elastic's ``LaunchConfig``: one node, ``parallelism.procs_per_node`` processes,
+    rendezvous on a free local port. Every rank's stdout/stderr go to
+    ``<run_dir>/worker_logs/<run id>/attempt_0/<rank>/``; with ``logging.verbose=true`` also to
+    the console, prefixed by rank."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
     return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -33,21 +120,10 @@ def launch_config(cfg: Any, run_dir: str) -> LaunchConfig:
         max_restarts=0,
         monitor_interval=0.2,
         start_method="spawn",
-        # Each rank's stdout/stderr go to the console (prefixed by rank) and to
-        # <run_dir>/worker_logs/<run_id>/attempt_0/<rank>/.
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "worker_logs"), tee=Std.ALL),
+        logs_specs=DefaultLogsSpecs(
+            log_dir=os.path.join(run_dir, WORKER_LOGS),
+            redirects=Std.ALL,
+            tee=Std.ALL if cfg.logging.verbose else Std.NONE,
+        ),
         log_line_prefix_template="[rank${rank}]:",
     )
-
-
-def run_local(cfg: Any, run_dir: str) -> Optional[dict]:
-    """Train to the end; return rank 0's result (``run_training``'s dict) or None."""
-    config = launch_config(cfg, run_dir)
-    device = (
-        f"{config.nproc_per_node} GPU process(es)"
-        if torch.cuda.is_available()
-        else f"{config.nproc_per_node} CPU process(es) (gloo)"
-    )
-    log.info("launcher=local: starting %s; logs in %s", device, config.logs_specs.root_log_dir)
-    results = elastic_launch(config, run_worker)(config_to_yaml(cfg), run_dir)
-    return results.get(0)

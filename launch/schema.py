@@ -1,13 +1,18 @@
 """Typed structured configs for the training recipe (registered in Hydra's ConfigStore by
 ``launch/config_store.py``). ``conf/`` YAML files fill these; a typo or a wrong type fails at
-composition, before anything starts."""
+composition, before anything starts (``launch/validate.py`` catches keys added with ``+``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import MISSING
+
+from mxfp8_ep.config import A2AConfig
 
 
 @dataclass
@@ -32,23 +37,31 @@ class ParallelismConfig:
     tp: int = 1
 
 
-@dataclass
-class A2ASchema:
-    # Preset name: bf16 | mxfp8 | mxfp8_all (see mxfp8_ep.config.PRESETS).
-    name: str = MISSING
-    dispatch_fwd: str = "bf16"
-    dispatch_bwd: str = "bf16"
-    combine_fwd: str = "bf16"
-    combine_bwd: str = "bf16"
-    scale_rounding: str = "rceil"
-    kernel: str = "auto"
-    transport: str = "auto"
+def _a2a_schema() -> type:
+    """``A2AConfig``'s fields with its defaults (the four legs, scale rounding, kernel,
+    transport: whatever the library's config has), plus the preset ``name``."""
+    types = typing.get_type_hints(A2AConfig)
+    schema = dataclasses.make_dataclass(
+        "A2ASchema",
+        [("name", str, field(default=MISSING))]
+        + [(f.name, types[f.name], field(default=f.default)) for f in dataclasses.fields(A2AConfig)],
+    )
+    schema.__module__ = __name__
+    schema.__doc__ = ("The ``a2a`` group: a preset name (mxfp8_ep.config.PRESETS, or custom) and "
+                      "the fields of mxfp8_ep.config.A2AConfig.")
+    return schema
+
+
+A2ASchema = _a2a_schema()
 
 
 @dataclass
 class LauncherConfig:
+    # What launches the run: a class in launch/ with check() and launch() (launch/local.py,
+    # launch/slurm.py). A new launcher is one such file plus conf/launcher/<name>.yaml naming it.
+    _target_: str = MISSING
     name: str = MISSING
-    # slurm only (ignored by local):
+    # --- read by launcher=slurm (its class lists them in `reads`); others warn when set ---
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -57,11 +70,18 @@ class LauncherConfig:
     mem_gb: Optional[int] = None
     constraint: Optional[str] = None
     exclusive: bool = False
+    # GPUs to request per node; None = one per process (parallelism.procs_per_node); 0 on a
+    # CPU-only cluster.
+    gpus_per_node: Optional[int] = None
     # pyxis/enroot container image (srun --container-image); None = run on the host.
     container_image: Optional[str] = None
     container_mounts: Optional[str] = None
+    # Extra arguments for the srun that starts the tasks (after the pyxis ones).
+    srun_args: list[str] = field(default_factory=list)
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
+    # sbatch --job-name; None = "mxfp8ep-<experiment>".
+    job_name: Optional[str] = None
     # Block until the job ends and report its state (tests; `launcher.wait=true`).
     wait: bool = False
     # Requeue on preemption / time limit, resuming from the last checkpoint.
@@ -78,9 +98,15 @@ class LoggingConfig:
     # wandb group; default = experiment name, so a sweep's bf16 and mxfp8 runs sit together.
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
-    # Run name; default = derived from the Hydra overrides (e.g. "a2a=mxfp8,model=dsv3_16b").
+    # Run name; default = the overrides that change what is trained (e.g. "a2a=mxfp8,model=dsv3_16b").
     run_name: Optional[str] = None
+    # wandb run id; default = the one this run dir already has (a resumed run appends to the
+    # same wandb run), else a new one.
+    run_id: Optional[str] = None
     log_freq: int = 1
+    # Console: header, one line per log window and the summary; true = every process's full
+    # output (torchtitan, wandb, warnings), as in the run's log files.
+    verbose: bool = False
 
 
 @dataclass
@@ -96,21 +122,33 @@ class TrainingConfig:
     checkpoint_enable: bool = False
     checkpoint_interval: int = 10
     checkpoint_folder: str = "checkpoint"
+    # null: a new run dir (a run dir that has a checkpoint always continues from it);
+    # "auto": continue the newest run of this experiment that has a checkpoint;
+    # a run dir: continue that run.
+    resume: Optional[str] = None
     compile: bool = False
     activation_checkpoint: str = "none"  # none | full | selective
-    # Data: defaults are the tiny tokenizer and text shipped in assets/ (no download).
+    # Data: null = the tiny tokenizer and text shipped in launch/assets/ (no download).
     dataset: str = "mxfp8ep_tiny"
     dataset_path: Optional[str] = None
     tokenizer_path: Optional[str] = None
 
 
 @dataclass
+class ValidateConfig:
+    # The memory estimate against this machine's RAM / GPU memory: "error" stops before
+    # launch when it does not fit, "warn" only says so.
+    memory: str = "error"
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = MISSING
     parallelism: ParallelismConfig = MISSING
-    a2a: A2ASchema = MISSING
+    a2a: A2ASchema = MISSING  # type: ignore[valid-type]
     launcher: LauncherConfig = MISSING
     logging: LoggingConfig = MISSING
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
     # Experiment name: wandb group and output folder prefix.
     experiment: str = "default"

@@ -2,29 +2,78 @@
 
 One task per process (``parallelism.nodes`` × ``parallelism.procs_per_node``); every task sets
 up torch.distributed from SLURM's environment and calls ``run_training``. A job that is
-preempted or reaches its time limit is requeued (up to ``launcher.max_num_timeout`` times) and
-resumes from the last torchtitan checkpoint in the same run directory.
+preempted or reaches its time limit gets SLURM's SIGUSR2 first: the run stops at the next step
+boundary with a checkpoint and a finished wandb run, then submitit requeues the job (up to
+``launcher.max_num_timeout`` times) and it resumes from that checkpoint in the same run dir,
+in the same wandb run. ``scancel`` (SIGTERM) stops it the same way, without requeueing.
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-from launch.worker import config_to_yaml, run_worker
+from launch import console
+from launch.launcher import RunFailed, RunStopped, Target
+from launch.machine import GIB, Machine
+from launch.run_dir import CONSOLE_LOG
+from launch.run_summary import RunSummary
+from launch.schema import LauncherConfig
 
-log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+class SlurmLauncher:
+    """Submits one job per run (per sweep point with --multirun); returns right after
+    submission unless ``launcher.wait=true``, which follows the job's console lines and
+    returns its summary."""
+
+    reads: ClassVar[frozenset[str]] = frozenset(f.name for f in dataclasses.fields(LauncherConfig))
+
+    def target(self, cfg: Any, machine: Machine) -> Target:
+        lc = cfg.launcher
+        if lc.gpus_per_node == 0:
+            ram = lc.mem_gb * GIB if lc.mem_gb else None
+            return Target("cpu", ram, "launcher.mem_gb", "launcher.gpus_per_node=0 (a CPU cluster)")
+        # The compute nodes' GPUs cannot be seen from here: no memory check.
+        return Target("cuda", None, "each GPU's memory", "the job asks for GPUs")
+
+    def check(self, cfg: Any, machine: Machine, report: Any) -> None:
+        lc, p = cfg.launcher, cfg.parallelism
+        if lc.time_min <= 0:
+            report.error(f"launcher.time_min={lc.time_min} must be > 0 (minutes)")
+        if lc.max_num_timeout < 0:
+            report.error(f"launcher.max_num_timeout={lc.max_num_timeout} must be >= 0")
+        gpus = lc.gpus_per_node
+        if gpus is not None and gpus < 0:
+            report.error(f"launcher.gpus_per_node={gpus} must be >= 0 (or null: one per process)")
+        elif gpus and gpus < p.procs_per_node:
+            report.error(
+                f"launcher.gpus_per_node={gpus} < parallelism.procs_per_node={p.procs_per_node}: "
+                f"each process needs its own GPU; set launcher.gpus_per_node=null"
+            )
+        if lc.container_mounts and not lc.container_image:
+            report.error("launcher.container_mounts is set but launcher.container_image is not")
+        if lc.max_num_timeout > 0 and not cfg.training.checkpoint_enable:
+            report.warn(
+                "launcher=slurm requeues a preempted or timed-out job, but training.checkpoint_enable="
+                "false: a requeued job starts again from step 0"
+            )
+
+    def launch(self, cfg: Any, run_dir: str) -> Optional[RunSummary]:
+        sub = submit(cfg, run_dir)
+        if sub.state is None:
+            return None
+        return RunSummary.read(run_dir)
 
 
-def slurm_executor_params(cfg: Any, repo_root: Path | str = REPO_ROOT) -> dict[str, Any]:
-    """``AutoExecutor.update_parameters`` arguments for ``cfg`` (pure: no cluster needed)."""
+def slurm_executor_params(cfg: Any, workdir: Path | str | None = None) -> dict[str, Any]:
+    """``AutoExecutor.update_parameters`` arguments for ``cfg`` (pure: no cluster needed).
+    ``workdir``: the tasks' working directory inside a container (default: this one)."""
     lc, p = cfg.launcher, cfg.parallelism
     params: dict[str, Any] = {
         "name": lc.job_name or f"mxfp8ep-{cfg.experiment}",
@@ -57,14 +106,11 @@ def slurm_executor_params(cfg: Any, repo_root: Path | str = REPO_ROOT) -> dict[s
         srun_args.append(f"--container-image={lc.container_image}")
         if lc.container_mounts:
             srun_args.append(f"--container-mounts={lc.container_mounts}")
-        srun_args.append(f"--container-workdir={repo_root}")
+        srun_args.append(f"--container-workdir={workdir or os.getcwd()}")
     srun_args.extend(lc.srun_args)
     params["slurm_srun_args"] = srun_args
-
-    # The pickled job names `launch.*`: make the repository importable wherever sbatch runs.
-    params["slurm_setup"] = [f"export PYTHONPATH={repo_root}${{PYTHONPATH:+:$PYTHONPATH}}"] + list(
-        lc.setup
-    )
+    if lc.setup:
+        params["slurm_setup"] = list(lc.setup)
     if lc.additional_parameters:
         params["slurm_additional_parameters"] = dict(lc.additional_parameters)
     return params
@@ -87,34 +133,40 @@ class SlurmTrainJob:
         self.run_dir = run_dir
         self.requeues = requeues
 
-    def __call__(self) -> Optional[dict]:
+    def __call__(self) -> Optional[RunSummary]:
         import submitit
+
+        from launch.stop import Stopped, StopSignals
+        from launch.worker import run_worker
 
         # MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from SLURM.
         # Keep CUDA_VISIBLE_DEVICES: torchtitan picks cuda:LOCAL_RANK itself.
         env = submitit.helpers.TorchDistributedEnvironment().export(
             set_cuda_visible_devices=False, overwrite=True
         )
-        # Every attempt of a requeued job keeps SLURM's job id: log them all to one wandb run.
-        if os.environ.get("SLURM_JOB_ID"):
-            os.environ.setdefault("WANDB_RUN_ID", f"mxfp8ep-{os.environ['SLURM_JOB_ID']}")
         if env.rank == 0 and self.requeues:
             print(f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
                   f"last checkpoint in {self.run_dir}", flush=True)
-        result = run_worker(self.cfg_yaml, self.run_dir)
-        if env.rank == 0:
-            # The submitting process may be long gone: leave the run's summary.json here.
-            from launch.summary import format_summary, write_summary
-            from launch.worker import config_from_yaml
-
-            summary = write_summary(config_from_yaml(self.cfg_yaml), self.run_dir, result,
-                                    {"slurm_job_id": os.environ.get("SLURM_JOB_ID")})
-            print(format_summary(summary), flush=True)
-        return result
+        # The runner writes the run's summary.json (rank 0) and stops cleanly on signals.
+        stopped_by = None
+        try:
+            with StopSignals():  # from here on, SIGTERM / SIGUSR2 stop the run cleanly
+                summary = run_worker(self.cfg_yaml, self.run_dir)
+        except Stopped as e:
+            summary, stopped_by = e.summary, e.signum
+        if summary is not None:
+            print(console.format_summary(summary), flush=True)
+        if stopped_by == signal.SIGUSR2:
+            # SLURM's notice of a preemption / the time limit: the run has stopped with a
+            # checkpoint; now submitit's SIGUSR2 handler (restored after training) does what it
+            # does: on rank 0 call checkpoint() below, requeue the job, exit.
+            signal.getsignal(signal.SIGUSR2)(signal.SIGUSR2, None)
+        return summary
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit on preemption / time limit: resubmit the same run. torchtitan
-        loads the newest checkpoint under the run dir when the new job starts."""
+        loads the newest checkpoint under the run dir when the new job starts, and the wandb
+        run id in the config is the same."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(
@@ -128,11 +180,6 @@ class SlurmSubmission:
     log_path: str
     folder: str
     state: Optional[str] = None  # set when waited for: COMPLETED / FAILED / CANCELLED / ...
-    result: Optional[dict] = None
-
-
-class SlurmJobFailed(RuntimeError):
-    pass
 
 
 def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
@@ -144,9 +191,12 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
         )
     import submitit
 
+    from launch.worker import config_to_yaml
+
     folder = os.path.join(run_dir, "slurm")
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **slurm_executor_kwargs(cfg))
     executor.update_parameters(**slurm_executor_params(cfg))
+    Path(run_dir, CONSOLE_LOG).write_text("")  # this submission's lines only
     job = executor.submit(SlurmTrainJob(config_to_yaml(cfg), run_dir))
     sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder)
     print(f"[mxfp8ep] submitted SLURM job {sub.job_id}\n"
@@ -154,21 +204,26 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
           f"[mxfp8ep]   run dir:      {run_dir}", flush=True)
     if not cfg.launcher.wait:
         return sub
-    return _wait(job, sub)
+    return _wait(job, sub, run_dir)
 
 
-def _wait(job: Any, sub: SlurmSubmission) -> SlurmSubmission:
+def _wait(job: Any, sub: SlurmSubmission, run_dir: str) -> SlurmSubmission:
+    """Follow the job's console lines until it ends. Ctrl-C here stops the run, as it does a
+    local one: scancel sends SIGTERM to every task, which stop cleanly (checkpoint, wandb)."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     try:
-        sub.result = job.results()[0]  # task 0 (global rank 0); the others return None
+        with console.follow(run_dir):
+            job.results()
+    except KeyboardInterrupt:
+        job.cancel(check=False)
+        sub.state = _final_state(job)
+        raise RunStopped(int(signal.SIGINT), RunSummary.read(run_dir)) from None
     except (FailedJobError, UncompletedJobError) as e:
         sub.state = _final_state(job) or "FAILED"
-        print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}; see {sub.log_path} "
-              f"(every task's log: {sub.folder}/{sub.job_id}_<task>_log.out)", flush=True)
-        raise SlurmJobFailed(
-            f"SLURM job {sub.job_id} ended {sub.state}; log: {sub.log_path} "
-            f"(all tasks: {sub.folder})\n{str(e)[-2000:]}"
+        raise RunFailed(
+            f"SLURM job {sub.job_id} {sub.state}; see {sub.log_path} (every task's log: "
+            f"{sub.folder}/{sub.job_id}_<task>_log.out); {str(e).strip().splitlines()[-1]}"
         ) from None
     sub.state = _final_state(job) or "COMPLETED"
     print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}", flush=True)

@@ -1,4 +1,4 @@
-"""The recipe's tiny dataset and tokenizer (``assets/``), registered with torchtitan 0.2.2.
+"""The recipe's tiny dataset and tokenizer (``launch/assets/``), registered with torchtitan 0.2.2.
 
 torchtitan finds datasets by name in ``torchtitan.hf_datasets.text_datasets.DATASETS``; the
 wheel only knows c4 (a download). :func:`register_tiny_dataset` adds ``"mxfp8ep_tiny"``: the
@@ -15,17 +15,30 @@ from typing import Any
 
 __all__ = [
     "ASSETS_DIR",
+    "DATASET_PATHS",
     "TINY_DATASET",
     "TINY_TEXT",
     "TOKENIZER_DIR",
+    "TOKENIZER_FILES",
     "load_jsonl_dataset",
     "register_tiny_dataset",
 ]
 
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 TINY_TEXT = ASSETS_DIR / "tiny_text.jsonl"
 TOKENIZER_DIR = ASSETS_DIR / "tokenizer"
 TINY_DATASET = "mxfp8ep_tiny"
+# The datasets training.dataset may name and where each reads from without
+# training.dataset_path: torchtitan 0.2.2's (a Hugging Face hub id or a path) plus ours.
+# tests/test_titan_models.py checks this against torchtitan's DATASETS.
+DATASET_PATHS = {
+    "c4": "allenai/c4",
+    "c4_test": "tests/assets/c4_test",
+    "c4_validation": "allenai/c4",
+    TINY_DATASET: str(TINY_TEXT),
+}
+# What torchtitan's HuggingFaceTokenizer loads from a tokenizer directory (one of them).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
 
 
 def load_jsonl_dataset(path: str) -> Any:

@@ -8,7 +8,7 @@ torchtitan's flavors in that family (``debugmodel``, ``17bx16e``, ``16B``, ...) 
 
 The tiny flavors exist so CI can train real Llama4 / DeepSeek-V3 MoE blocks with EP=2 on two CPU
 processes in seconds: dim 128, 2 layers, MoE on every layer, vocab 512 (our tokenizer in
-``assets/tokenizer``). Every width the EP all-to-all sends (the model dim) and every expert
+``launch/assets/tokenizer``). Every width the EP all-to-all sends (the model dim) and every expert
 hidden dim is a multiple of 32, the MXFP8 block size, so the MXFP8 path sees whole blocks.
 """
 
@@ -17,46 +17,20 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from launch.model_facts import FAMILIES, ModelFacts, UnknownModelError, resolve
+
 __all__ = [
-    "FAMILIES",
-    "UnknownModelError",
-    "TITAN_FLAVORS",
-    "TINY_FLAVORS",
     "TINY_VOCAB_SIZE",
+    "UnknownModelError",
+    "facts_from_torchtitan",
+    "flavors_in_torchtitan",
     "model_args",
     "register_tiny_flavors",
     "resolve",
 ]
 
-class UnknownModelError(KeyError, ValueError):
-    """Unknown family or flavor (a KeyError for table-style callers, a ValueError for others)."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
-
-
-# Our family name (and accepted aliases) -> torchtitan model name.
-FAMILIES: dict[str, str] = {
-    "llama4": "llama4",
-    "deepseek_v3": "deepseek_v3",
-    "dsv3": "deepseek_v3",
-    "deepseekv3": "deepseek_v3",
-}
-
-# torchtitan's own MoE flavors the configs may name (exact torchtitan spelling).
-TITAN_FLAVORS: dict[str, tuple[str, ...]] = {
-    "llama4": ("debugmodel", "17bx16e", "17bx128e"),
-    "deepseek_v3": ("debugmodel", "16B", "236B", "671B"),
-}
-
-# The tokenizer in assets/tokenizer has at most this many ids (build_tiny_assets.py).
+# The tokenizer in launch/assets/tokenizer has at most this many ids (build_tiny_assets.py).
 TINY_VOCAB_SIZE = 512
-
-# Our flavors, per torchtitan family.
-TINY_FLAVORS: dict[str, tuple[str, ...]] = {
-    "llama4": ("tiny",),
-    "deepseek_v3": ("tiny",),
-}
 
 
 def _tiny_llama4() -> Any:
@@ -115,17 +89,17 @@ _TINY_BUILDERS = {
 }
 
 
-def _flavor_dict(titan_name: str) -> dict[str, Any]:
+def _flavor_dict(family: str) -> dict[str, Any]:
     """torchtitan's own flavor dict for a family (mutable: ``get_train_spec`` reads it)."""
-    if titan_name == "llama4":
+    if family == "llama4":
         from torchtitan.models.llama4 import llama4_args
 
         return llama4_args
-    if titan_name == "deepseek_v3":
+    if family == "deepseek_v3":
         from torchtitan.models.deepseek_v3 import deepseekv3_args
 
         return deepseekv3_args
-    raise UnknownModelError(f"unknown torchtitan model family {titan_name!r}")
+    raise UnknownModelError(f"unknown model family {family!r}; known: {list(FAMILIES)}")
 
 
 def register_tiny_flavors() -> None:
@@ -136,35 +110,50 @@ def register_tiny_flavors() -> None:
             flavors[flavor] = build()
 
 
-def resolve(family: str, flavor: str) -> tuple[str, str]:
-    """Map our (family, flavor) to torchtitan's (model name, flavor); raise on unknown names.
-
-    Flavor matching tolerates case ("16b" -> "16B") since Hydra option names are lowercase.
-    """
-    try:
-        titan_name = FAMILIES[family.lower()]
-    except KeyError:
-        raise UnknownModelError(
-            f"unknown model family {family!r}; known: {sorted(set(FAMILIES.values()))}"
-        ) from None
-    known = TITAN_FLAVORS[titan_name] + TINY_FLAVORS[titan_name]
-    if flavor in known:
-        return titan_name, flavor
-    by_lower = {name.lower(): name for name in known}
-    if flavor.lower() in by_lower:
-        return titan_name, by_lower[flavor.lower()]
-    # Any other flavor torchtitan itself ships (e.g. "debugmodel_flex_attn") is allowed too.
-    if flavor in _flavor_dict(titan_name):
-        return titan_name, flavor
-    raise UnknownModelError(f"unknown flavor {flavor!r} for {titan_name}; known: {list(known)}")
-
-
 def model_args(family: str, flavor: str) -> Any:
     """A private copy of torchtitan's model args for (family, flavor).
 
-    For validation (``num_experts`` vs EP degree, ``dim`` % 32, ...): the copy can be read or
-    changed without touching the args torchtitan's ``Trainer`` will use.
+    The copy can be read or changed without touching the args torchtitan's ``Trainer`` uses.
     """
     register_tiny_flavors()
-    titan_name, titan_flavor = resolve(family, flavor)
-    return copy.deepcopy(_flavor_dict(titan_name)[titan_flavor])
+    family, flavor = resolve(family, flavor)
+    return copy.deepcopy(_flavor_dict(family)[flavor])
+
+
+def flavors_in_torchtitan() -> list[tuple[str, str]]:
+    """Every (family, flavor) torchtitan 0.2.2 ships for our families, plus our tiny ones."""
+    register_tiny_flavors()
+    return [(family, flavor) for family in FAMILIES for flavor in _flavor_dict(family)]
+
+
+def facts_from_torchtitan(family: str, flavor: str) -> ModelFacts:
+    """The row of ``launch.model_facts.MODELS`` for a flavor, computed from torchtitan: its
+    model args, finished as the Trainer finishes them, and the model built on the meta device
+    (no memory) to count parameters and read the expert and FFN widths."""
+    import torch
+    from torchtitan.config import JobConfig
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    args = model_args(family, flavor)
+    args.update_from_config(JobConfig())
+    with torch.device("meta"):
+        model = get_train_spec(family).model_cls(args)
+    layers = list(model.layers.values())
+    moe = [layer for layer in layers if layer.moe_enabled]
+    dense = [layer for layer in layers if not layer.moe_enabled]
+    return ModelFacts(
+        dim=args.dim,
+        n_layers=args.n_layers,
+        n_moe_layers=len(moe),
+        n_heads=args.n_heads,
+        n_kv_heads=getattr(args, "n_kv_heads", None) or args.n_heads,
+        vocab_size=args.vocab_size,
+        num_experts=args.moe_args.num_experts,
+        num_shared_experts=args.moe_args.num_shared_experts,
+        top_k=args.moe_args.top_k,
+        moe_hidden_dim=moe[0].moe.experts.w1.shape[1] if moe else 0,
+        dense_hidden_dim=dense[0].feed_forward.w1.weight.shape[0] if dense else 0,
+        params=sum(p.numel() for p in model.parameters()),
+        expert_params=sum(p.numel() for n, p in model.named_parameters() if ".experts." in n),
+        attention=args.attn_type,
+    )

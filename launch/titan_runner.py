@@ -4,16 +4,19 @@ The launchers (local processes, SLURM) start one process per GPU (or CPU worker)
 torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) and call :func:`run_training` with the composed config. It:
 
-1. on a machine without CUDA, patches torchtitan's CPU gaps (``mxfp8_ep.titan_cpu_compat``);
+1. notes stop signals from here on (``launch.stop``: Ctrl-C, SIGTERM, SLURM's SIGUSR2);
+2. on a machine without CUDA, patches torchtitan's CPU gaps (``launch.titan_cpu_compat``);
    the process group is then gloo (torchtitan maps device type "cpu" to gloo);
-2. registers our tiny model flavors and the tiny dataset (``launch.titan_models`` /
+3. registers our tiny model flavors and the tiny dataset (``launch.titan_models`` /
    ``launch.titan_data``);
-3. installs the EP all-to-all from ``cfg.a2a`` (``mxfp8_ep.install_expert_parallel``);
-4. translates the config into torchtitan's ``JobConfig`` (:func:`build_job_config`);
-5. runs torchtitan's ``Trainer`` (resuming from the newest checkpoint in the run's checkpoint
+4. installs the EP all-to-all from ``cfg.a2a`` (``mxfp8_ep.install_expert_parallel``);
+5. translates the config into torchtitan's ``JobConfig`` (:func:`build_job_config`);
+6. runs torchtitan's ``Trainer`` (resuming from the newest checkpoint in the run's checkpoint
    folder when checkpointing is on), with :class:`~launch.titan_metrics.RecipeMetricsProcessor`
-   for metrics (console on rank 0, wandb on rank 0);
-6. returns a summary dict on rank 0 (``None`` on other ranks).
+   for metrics (console lines, wandb and the history on rank 0). After a stop signal all ranks
+   stop at the same step boundary and save a checkpoint;
+7. on rank 0 writes the run's ``RunSummary`` (``summary.json``, and the wandb run summary),
+   finishes wandb and returns the summary (``None`` on other ranks).
 """
 
 from __future__ import annotations
@@ -23,16 +26,20 @@ import gc
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchtitan.train import Trainer
 
-__all__ = ["RecipeTrainer", "build_job_config", "run_training", "wandb_env"]
+from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
+from launch.run_summary import RunSummary, steady_mean
+from launch.stop import Stopped, StopSignals, signal_name
+from launch.titan_metrics import WandbSettings
+from launch.wandb_offline import find_runs
 
-_AC_MODES = ("none", "full", "selective")
+__all__ = ["RecipeTrainer", "build_job_config", "run_training", "wandb_settings"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,10 +102,6 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
     jc.checkpoint.last_save_model_only = False
 
     jc.compile.enable = bool(t.compile)
-    if t.activation_checkpoint not in _AC_MODES:
-        raise ValueError(
-            f"training.activation_checkpoint={t.activation_checkpoint!r}: expected one of {_AC_MODES}"
-        )
     jc.activation_checkpoint.mode = t.activation_checkpoint
 
     jc.metrics.log_freq = int(cfg.logging.log_freq)
@@ -117,32 +120,23 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _default_run_name(cfg: DictConfig) -> str:
-    return f"{cfg.model.name}-a2a_{cfg.a2a.name}-ep{cfg.parallelism.ep}"
-
-
-def wandb_env(cfg: Any, run_dir: str) -> dict[str, str]:
-    """``WANDB_*`` variables for this run, from ``cfg.logging`` (the config wins over the env).
-
-    ``WANDB_MODE=offline`` (the default) keeps wandb off the network; the run lands in
-    ``<run_dir>/wandb/offline-run-*``.
-    """
-    cfg = _as_dictconfig(cfg)
-    log = cfg.logging
-    env = {
-        "WANDB_MODE": str(log.wandb_mode),
-        "WANDB_PROJECT": str(log.project),
-        "WANDB_RUN_GROUP": str(log.group or cfg.experiment),
-        "WANDB_RUN_NAME": str(log.run_name or _default_run_name(cfg)),
-        "WANDB_RUN_TAGS": ",".join(str(tag) for tag in (log.tags or [])),
-        "WANDB_DIR": run_dir,
-    }
-    if log.entity:
-        env["WANDB_TEAM"] = env["WANDB_ENTITY"] = str(log.entity)
-    if log.wandb_mode == "offline":
-        # Belt and braces: nothing in an offline run may try the network.
-        env["WANDB_DISABLE_CODE"] = "true"
-    return env
+def wandb_settings(cfg: Any, run_dir: str) -> Optional[WandbSettings]:
+    """``wandb.init`` settings from ``cfg.logging`` (``launch/train.py`` fills the group, run
+    name and run id; the id defaults to the one the run dir already has); None when wandb is
+    off. Offline (the default) writes ``<run_dir>/wandb/offline-run-*``, no network."""
+    lg = cfg.logging
+    if lg.wandb_mode == "disabled":
+        return None
+    return WandbSettings(
+        mode=str(lg.wandb_mode),
+        project=str(lg.project),
+        run_id=str(lg.run_id or earlier_logging(run_dir)[0]),
+        name=lg.run_name,
+        group=lg.group or cfg.experiment,
+        entity=lg.entity,
+        tags=tuple(str(tag) for tag in lg.tags),
+        dir=run_dir,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,20 +145,22 @@ def wandb_env(cfg: Any, run_dir: str) -> dict[str, str]:
 
 
 class RecipeTrainer(Trainer):
-    """torchtitan's ``Trainer`` with the recipe's metrics processor.
+    """torchtitan's ``Trainer`` with the recipe's metrics processor and clean stops.
 
     ``Trainer.__init__`` picks its metrics processor builder from the model's ``TrainSpec``.
     Rather than registering a modified TrainSpec globally, ``train_spec`` is a property here:
     the spec ``__init__`` assigns gets our builder swapped in for this trainer only.
     """
 
-    def __init__(self, job_config: Any, *, a2a_name: str, wandb_run_dir: str | None,
-                 recipe_config: dict[str, Any]) -> None:
-        self._a2a_name = a2a_name
-        self._wandb_run_dir = wandb_run_dir
-        self._recipe_config = recipe_config
+    def __init__(self, job_config: Any, cfg: DictConfig, run_dir: str, stop: StopSignals) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.stop = stop
+        self.stopped_by: Optional[int] = None
         self.start_step = 0
         super().__init__(job_config)
+        # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
+        self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
 
     @property
     def train_spec(self) -> Any:
@@ -180,13 +176,15 @@ class RecipeTrainer(Trainer):
                                  model_args: Any = None, tag: str | None = None) -> Any:
         from launch.titan_metrics import RecipeMetricsProcessor
 
+        recipe = OmegaConf.to_container(self.cfg, resolve=True)
         return RecipeMetricsProcessor(
             job_config,
             parallel_dims,
             tag,
-            a2a_name=self._a2a_name,
-            wandb_run_dir=self._wandb_run_dir,
-            wandb_config={"recipe": self._recipe_config, "torchtitan": job_config.to_dict()},
+            a2a_name=str(self.cfg.a2a.name),
+            wandb_settings=wandb_settings(self.cfg, self.run_dir),
+            wandb_config={"recipe": recipe, "torchtitan": job_config.to_dict()},
+            console_path=os.path.join(self.run_dir, CONSOLE_LOG),
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -195,49 +193,80 @@ class RecipeTrainer(Trainer):
         self.start_step = self.step
         self.metrics_processor.start_at(self.step)
 
-    def summary(self) -> dict[str, Any]:
-        """What ``run_training`` returns on rank 0."""
+    def should_continue_training(self) -> bool:
+        """Also asked at every step boundary, on every rank: did any rank get a stop signal?
+        Then all stop here, with a checkpoint of this step when checkpointing is on."""
+        if not super().should_continue_training():
+            return False
+        self.stopped_by = self.stop.agreed(self._stop_group)
+        if self.stopped_by is None:
+            return True
+        ckpt = self.job_config.checkpoint
+        if ckpt.enable and self.step > self.start_step and self.step % ckpt.interval:
+            self.checkpointer.save(self.step, last_step=True)
+        return False
+
+    def summary(self) -> RunSummary:
+        """This run's summary (rank 0); a resumed run's earlier losses come from the summary
+        its earlier launch wrote."""
         h = self.metrics_processor.history
-        # Leave the first logged window out of the rates (lazy init, warm-up) when we can.
-        skip = 1 if len(h.steps) > 1 else 0
-
-        def mean(values: list[float]) -> float | None:
-            values = values[skip:]
-            return sum(values) / len(values) if values else None
-
-        jc = self.job_config
-        return {
-            "final_loss": h.losses[-1] if h.losses else None,
-            "losses": list(h.losses),
-            "logged_steps": list(h.steps),
-            "steps": self.step,
-            "start_step": self.start_step,
-            "grad_norms": list(h.grad_norms),
-            "tokens_per_sec": mean(h.tps),
-            "tokens_per_s": mean(h.tps),  # the name launch/summary.py looks for
-            "tokens_per_sec_global": mean(h.global_tps),
-            "step_time_s": mean(h.step_times),
-            "tflops": mean(h.tflops),
-            "mfu_pct": mean(h.mfu),
-            "max_reserved_gib": max(h.max_reserved_gib) if h.max_reserved_gib else None,
-            "a2a": self._a2a_name,
-            "a2a_bytes_per_step": mean(h.a2a_bytes_per_step),
-            "a2a_bytes_per_step_by_leg": {
-                leg: mean([row[leg] for row in h.a2a_leg_bytes_per_step])
-                for leg in (h.a2a_leg_bytes_per_step[0] if h.a2a_leg_bytes_per_step else {})
+        cfg, jc = self.cfg, self.job_config
+        steps, losses = list(h.steps), list(h.losses)
+        earlier = RunSummary.read(self.run_dir) if self.start_step else None
+        if earlier is not None:
+            kept = [(s, x) for s, x in zip(earlier.logged_steps, earlier.losses) if s <= self.start_step]
+            steps, losses = [s for s, _ in kept] + steps, [x for _, x in kept] + losses
+        legs = h.a2a_leg_bytes_per_step
+        saved = checkpoint_steps(self.run_dir, jc.checkpoint.folder) if jc.checkpoint.enable else []
+        return RunSummary(
+            run_name=str(cfg.logging.run_name or cfg.experiment),
+            experiment=str(cfg.experiment),
+            a2a=str(cfg.a2a.name),
+            a2a_legs={k: str(v) for k, v in cfg.a2a.items() if k != "name"},
+            model=str(cfg.model.name),
+            model_flavor=f"{jc.model.name}/{jc.model.flavor}",
+            parallelism=str(cfg.parallelism.name),
+            world_size=self.parallel_dims.world_size,
+            ep=self.parallel_dims.ep,
+            launcher=str(cfg.launcher.name),
+            device=self.device.type,
+            run_dir=os.path.abspath(self.run_dir),
+            steps=self.step,
+            target_steps=jc.training.steps,
+            start_step=self.start_step,
+            stopped_by=signal_name(self.stopped_by),
+            checkpoint=(os.path.join(os.path.abspath(self.run_dir), jc.checkpoint.folder,
+                                     f"step-{saved[-1]}") if saved else None),
+            logged_steps=steps,
+            losses=losses,
+            final_loss=losses[-1] if losses else None,
+            tokens_per_s=steady_mean(h.tps),
+            tokens_per_s_global=steady_mean(h.global_tps),
+            step_time_s=steady_mean(h.step_times),
+            a2a_bytes_per_step=steady_mean(h.a2a_bytes_per_step),
+            a2a_bytes_per_step_by_leg={
+                leg: steady_mean([row[leg] for row in legs]) for leg in (legs[0] if legs else {})
             },
-            "model": f"{jc.model.name}/{jc.model.flavor}",
-            "world_size": self.parallel_dims.world_size,
-            "ep": self.parallel_dims.ep,
-            "device": self.device.type,
-            "backend": str(dist.get_backend()),
-            "ntokens_seen": self.ntokens_seen,
-            "checkpoint_folder": (
-                os.path.join(jc.job.dump_folder, jc.checkpoint.folder)
-                if jc.checkpoint.enable else None
-            ),
-            "wandb_dir": self._wandb_run_dir,
-        }
+            tflops=steady_mean(h.tflops),
+            mfu_pct=steady_mean(h.mfu),
+            max_memory_gib=max(h.max_reserved_gib) if h.max_reserved_gib else None,
+            wandb_mode=str(cfg.logging.wandb_mode),
+            wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
+        )
+
+    def finish(self) -> Optional[RunSummary]:
+        """After training: on rank 0 the summary goes into wandb's run summary (so wandb and
+        the console show the same numbers) and ``summary.json``; wandb is finished first so
+        the summary can name its folders."""
+        summary = self.summary() if dist.get_rank() == 0 else None
+        wandb_logger = self.metrics_processor.wandb
+        if summary is not None and wandb_logger is not None:
+            wandb_logger.set_summary(summary.wandb_summary())
+        self.close()  # checkpointer and metrics processor: wandb finishes, console.log closes
+        if summary is not None:
+            summary.wandb_dirs = find_runs(os.path.join(self.run_dir, "wandb"))
+            summary.write(self.run_dir)
+        return summary
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,74 +289,64 @@ def _setup_process(cpu: bool) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, per_node)))
 
 
-def _finish_wandb(exit_code: int) -> None:
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.finish(exit_code=exit_code)
-
-
-def run_training(cfg: Any, run_dir: str) -> dict[str, Any] | None:
-    """Train with torchtitan per ``cfg`` in this worker process; rank 0 returns a summary.
+def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
+    """Train with torchtitan per ``cfg`` in this worker process.
 
     Args:
-        cfg: composed config following ``launch.schema.TrainConfig`` (DictConfig or dataclass).
-        run_dir: the run's output folder (checkpoints, wandb). Shared by all ranks.
+        cfg: composed config following ``launch.schema.TrainConfig`` (DictConfig or dataclass),
+            with ``logging.run_id`` / ``run_name`` filled (``launch/train.py`` does).
+        run_dir: the run's output folder (checkpoints, wandb, summary). Shared by all ranks.
 
     Returns:
-        On rank 0: ``{"final_loss", "losses", "logged_steps", "steps", "start_step",
-        "tokens_per_sec", "tokens_per_sec_global", "step_time_s", "a2a_bytes_per_step", ...}``
-        (``losses`` has one entry per logged step, every ``logging.log_freq`` steps).
-        ``None`` on other ranks.
+        The run's :class:`~launch.run_summary.RunSummary` on rank 0 (also written to
+        ``<run_dir>/summary.json``), ``None`` on other ranks.
+
+    Raises:
+        launch.stop.Stopped: on every rank, after a clean stop by a signal.
     """
     import mxfp8_ep
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
 
+    from launch.titan_cpu_compat import apply_cpu_compat
     from launch.titan_data import register_tiny_dataset
     from launch.titan_models import register_tiny_flavors
 
     cfg = _as_dictconfig(cfg)
-    cpu = not torch.cuda.is_available()
-    if cpu:
-        apply_cpu_compat()
-    _setup_process(cpu)
-    os.makedirs(run_dir, exist_ok=True)
+    with StopSignals() as stop:
+        cpu = not torch.cuda.is_available()
+        if cpu:
+            apply_cpu_compat()
+        _setup_process(cpu)
+        os.makedirs(run_dir, exist_ok=True)
 
-    register_tiny_flavors()
-    register_tiny_dataset()
-    mxfp8_ep.install_expert_parallel(
-        A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True))  # type: ignore[arg-type]
-    )
-
-    job_config = build_job_config(cfg, run_dir)
-    use_wandb = cfg.logging.wandb_mode != "disabled"
-    if use_wandb:
-        for key, value in wandb_env(cfg, run_dir).items():
-            if value:
-                os.environ[key] = value
-            else:  # wandb rejects empty values (e.g. WANDB_RUN_TAGS="")
-                os.environ.pop(key, None)
-
-    owns_process_group = not dist.is_initialized()
-    trainer: RecipeTrainer | None = None
-    try:
-        trainer = RecipeTrainer(
-            job_config,
-            a2a_name=str(cfg.a2a.name),
-            wandb_run_dir=run_dir if use_wandb else None,
-            recipe_config=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+        register_tiny_flavors()
+        register_tiny_dataset()
+        mxfp8_ep.install_expert_parallel(
+            A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True))  # type: ignore[arg-type]
         )
-        trainer.train()
-        summary = trainer.summary() if dist.get_rank() == 0 else None
-    except BaseException:
-        _finish_wandb(exit_code=1)  # mark the wandb run failed (before close() finishes it)
-        raise
-    finally:
-        if trainer is not None:
-            trainer.close()
-        _finish_wandb(exit_code=0)  # no-op unless __init__ failed after wandb.init
-        if owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        # torchtitan's GarbageCollection disabled automatic gc for the training loop.
-        gc.enable()
+
+        owns_process_group = not dist.is_initialized()
+        trainer: RecipeTrainer | None = None
+        try:
+            trainer = RecipeTrainer(build_job_config(cfg, run_dir), cfg, run_dir, stop)
+            trainer.train()
+            summary = trainer.finish()
+        except BaseException:
+            _finish_wandb(exit_code=1)  # mark the wandb run failed (flushes what was logged)
+            raise
+        finally:
+            if trainer is not None:
+                trainer.close()
+            if owns_process_group and dist.is_initialized():
+                dist.destroy_process_group()
+            # torchtitan's GarbageCollection disabled automatic gc for the training loop.
+            gc.enable()
+    if trainer.stopped_by is not None:
+        raise Stopped(trainer.stopped_by, summary)
     return summary
+
+
+def _finish_wandb(exit_code: int) -> None:
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=exit_code)

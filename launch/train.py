@@ -3,106 +3,86 @@
     python launch/train.py                                  # tiny Llama4, 2 processes, bf16
     python launch/train.py a2a=mxfp8                        # same, tokens sent as MXFP8
     python launch/train.py --multirun a2a=bf16,mxfp8        # both, one after the other
-    python launch/train.py --multirun +recipe=llama4_ep8_bf16_vs_mxfp8   # a named sweep
-    python launch/train.py launcher=slurm parallelism=2nodes_8gpus model=dsv3_16b \
-        launcher.partition=gpu                              # submit to SLURM
-    python launch/train.py --cfg job                        # print the composed config
+    python launch/train.py --help                           # groups, options, examples
 
-Config groups live in conf/ (see conf/train.yaml); recipes in recipes/.
+Config groups live in conf/ (see conf/train.yaml); recipes in recipes/. Everything that can be
+checked is checked before any process starts (launch/validate.py); a run prints a header, one
+line per log window and a summary (launch/console.py); Ctrl-C / SIGTERM stop it cleanly.
 """
 
 from __future__ import annotations
 
-import logging
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-_REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # `python launch/train.py` puts launch/, not the repo, on sys.path
-    sys.path.insert(0, str(_REPO))
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-import launch.config_store  # noqa: E402,F401  (registers the schemas)
-from launch.summary import format_summary, write_summary  # noqa: E402
-from launch.sweep_check import check_sweep_once  # noqa: E402
-from launch.validate import ConfigError, launcher_kind, validate  # noqa: E402
-
-log = logging.getLogger("mxfp8ep.train")
-
-# Overrides that say where/how a run is launched or logged, not what it trains: left out of
-# the default wandb run name.
-_NAME_SKIP_PREFIXES = ("hydra", "launcher", "logging", "+recipe", "recipe")
+from launch import config_store  # noqa: F401  (registers the schemas and resolvers)
+from launch import console
+from launch.launcher import RunFailed, RunStopped, launcher_for
+from launch.run_dir import RUN_CONFIG, earlier_logging
+from launch.run_summary import RunSummary
+from launch.validate import ConfigError, validate
 
 
-def default_run_name(cfg: Any, task_overrides: list[str]) -> str:
-    """``a2a=mxfp8,model=dsv3_16b``-style name from the command-line overrides; always
-    includes the a2a preset so runs of a comparison tell themselves apart."""
-    parts = sorted(
-        o.lstrip("+~") for o in task_overrides
-        if not o.lstrip("+~").split("=", 1)[0].split(".", 1)[0].startswith(_NAME_SKIP_PREFIXES)
-    )
-    if not any(p.startswith("a2a=") for p in parts):
-        parts.insert(0, f"a2a={cfg.a2a.name}")
-    return ",".join(parts)
-
-
-def finalize(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
-    """Fill the fields whose defaults depend on the rest of the config."""
+def finalize(cfg: DictConfig, run_dir: str, override_dirname: str) -> DictConfig:
+    """Fill the fields whose defaults depend on the rest of the config or the run dir."""
     OmegaConf.set_readonly(cfg, False)
-    if not cfg.logging.group:
-        cfg.logging.group = cfg.experiment
-    if not cfg.logging.run_name:
-        cfg.logging.run_name = default_run_name(cfg, task_overrides)
+    lg = cfg.logging
+    if not lg.group:
+        lg.group = cfg.experiment
+    run_id, run_name = earlier_logging(run_dir)  # a resumed run keeps its wandb run
+    lg.run_id = lg.run_id or run_id
+    lg.run_name = lg.run_name or run_name
+    if not lg.run_name:
+        # Hydra's override_dirname leaves out launcher/logging keys (conf/train.yaml); the
+        # a2a preset is always named so the runs of a comparison tell themselves apart.
+        parts = [p for p in override_dirname.split(",") if p]
+        if not any(p.lstrip("+").startswith("a2a=") for p in parts):
+            parts.insert(0, f"a2a={cfg.a2a.name}")
+        lg.run_name = ",".join(parts)
     return cfg
 
 
-def launch_run(cfg: DictConfig, run_dir: str, task_overrides: list[str],
-               hydra_cfg: Any = None) -> Optional[dict]:
-    cfg = finalize(cfg, task_overrides)
+def run(cfg: DictConfig, run_dir: str, override_dirname: str) -> Optional[RunSummary]:
+    console.route_logging(verbose=cfg.logging.verbose)
+    cfg = finalize(cfg, run_dir, override_dirname)
     try:
-        if hydra_cfg is not None:
-            check_sweep_once(hydra_cfg)  # --multirun: every point, before the first job runs
         warnings = validate(cfg)
     except ConfigError as e:
         print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     for w in warnings:
-        log.warning(w)
+        console.warn(w)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "train_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
-    if launcher_kind(cfg) == "slurm":
-        from launch.slurm import submit
-
-        sub = submit(cfg, run_dir)
-        if sub.result is not None or sub.state is not None:
-            _report(cfg, run_dir, sub.result, extra={"slurm_job_id": sub.job_id,
-                                                      "slurm_state": sub.state,
-                                                      "slurm_log": sub.log_path})
-        return {"slurm_job_id": sub.job_id, "slurm_log": sub.log_path, "state": sub.state,
-                "result": sub.result}
-
-    from launch.local import run_local
-
-    result = run_local(cfg, run_dir)
-    return _report(cfg, run_dir, result)
-
-
-def _report(cfg: Any, run_dir: str, result: Optional[dict], extra: Optional[dict] = None) -> dict:
-    summary = write_summary(cfg, run_dir, result, extra or {})
-    print(format_summary(summary), flush=True)
+    (Path(run_dir) / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    try:
+        summary = launcher_for(cfg).launch(cfg, run_dir)
+    except RunStopped as e:
+        print(console.stop_line(e.signum, e.summary, run_dir), file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.signum) from None
+    except RunFailed as e:
+        print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    if summary is not None:
+        print(console.format_summary(summary), flush=True)
     return summary
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(cfg: DictConfig) -> Optional[dict]:
+def main(cfg: DictConfig) -> Optional[RunSummary]:
     hc = HydraConfig.get()
-    return launch_run(cfg, hc.runtime.output_dir, list(hc.overrides.task), hc)
+    return run(cfg, hc.runtime.output_dir, hc.job.override_dirname)
 
 
 if __name__ == "__main__":
-    main()
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C before a launcher took over (nothing was started)
+        print("[mxfp8ep] interrupted (SIGINT) before anything was started", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None

@@ -1,34 +1,42 @@
-"""Check a composed training config before anything is launched.
+"""Check a composed training config before any process or job is started.
+
+Everything that can be known without starting a process is checked here, in well under two
+seconds (no torch, no torchtitan: model numbers come from ``launch.model_facts``, the machine
+from ``launch.machine``): keys the schema does not have (also ones added with ``+``), values,
+what torchtitan requires of the sequence length and the parallel degrees, the model against
+the parallel layout, the kernel and transport against the device, data and tokenizer paths,
+the launcher's own settings, and a memory estimate against this machine.
 
 Every problem found is collected and raised together as one :class:`ConfigError`, each line
-saying what to change. Things that are legal but probably not what the user meant (an MXFP8
-all-to-all with EP=1, which never crosses a wire) come back as warnings.
+saying what to change. Things that are legal but probably not what the user meant come back
+as warnings.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Optional
 
-from mxfp8_ep.config import KERNELS, LEG_FORMATS, PRESETS, SCALE_ROUNDINGS, A2AConfig
+from omegaconf import DictConfig, OmegaConf
 
-FAMILIES = ("llama4", "deepseek_v3")
+from launch import model_facts
+from launch.launcher import Launcher, Target, launcher_for
+from launch.machine import GIB, Machine
+from launch.memory import estimate
+from launch.model_facts import ModelFacts
+from launch.schema import TrainConfig
+from launch.titan_data import DATASET_PATHS, TOKENIZER_DIR, TOKENIZER_FILES
+from mxfp8_ep.config import BLOCK_SIZE, KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
+
 WANDB_MODES = ("offline", "online", "disabled")
 ACTIVATION_CHECKPOINT = ("none", "full", "selective")
+MEMORY_CHECK = ("error", "warn")
 # a2a.name for legs set by hand (no preset).
 CUSTOM_A2A = "custom"
-# MXFP8 shares one scale per 32 consecutive elements of a token's hidden vector.
-MX_BLOCK = 32
-
-
-def launcher_kind(cfg: Any) -> Optional[str]:
-    """"slurm" for any launcher option built on the SLURM schema (``launcher=slurm``, or a
-    site file such as ``conf/launcher/mycluster.yaml`` whose defaults start with
-    ``/slurm_launcher_schema@_here_``), "local" for ``launcher=local``, else None."""
-    if "gpus_per_node" in cfg.launcher:  # a field only SlurmLauncherConfig has
-        return "slurm"
-    return "local" if cfg.launcher.name == "local" else None
 
 
 class ConfigError(ValueError):
@@ -41,51 +49,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class ModelFacts:
-    """What validation needs to know about a model (read from torchtitan model args)."""
-
-    dim: int
-    num_experts: int
-    n_heads: int
-    n_kv_heads: Optional[int] = None
-
-    @classmethod
-    def from_args(cls, args: Any) -> "ModelFacts":
-        return cls(
-            dim=int(args.dim),
-            num_experts=int(args.moe_args.num_experts),
-            n_heads=int(args.n_heads),
-            n_kv_heads=getattr(args, "n_kv_heads", None),
-        )
-
-
-def resolve_model_args(family: str, flavor: str) -> Any:
-    """torchtitan model args for ``family``/``flavor`` via ``launch.titan_models``.
-
-    Falls back to torchtitan's own flavor tables when ``launch.titan_models`` is not importable
-    (it adds this recipe's own flavors such as ``tiny``).
-    """
-    try:
-        from launch.titan_models import model_args
-    except ImportError:
-        model_args = _torchtitan_model_args
-    return model_args(family, flavor)
-
-
-def _torchtitan_model_args(family: str, flavor: str) -> Any:
-    if family == "llama4":
-        from torchtitan.models.llama4 import llama4_args as table
-    elif family == "deepseek_v3":
-        from torchtitan.models.deepseek_v3 import deepseekv3_args as table
-    else:
-        raise KeyError(f"unknown model family {family!r}; known: {list(FAMILIES)}")
-    if flavor not in table:
-        raise KeyError(f"unknown {family} flavor {flavor!r}; known: {sorted(table)}")
-    return table[flavor]
-
-
-@dataclass
-class _Report:
+class Report:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -96,31 +60,66 @@ class _Report:
         self.warnings.append(msg)
 
 
-def validate(
-    cfg: Any,
-    *,
-    model_args_fn: Callable[[str, str], Any] = resolve_model_args,
-    cuda_device_count: Optional[int] = None,
-) -> list[str]:
+def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
     """Raise :class:`ConfigError` listing every problem in ``cfg``; return the warnings.
 
-    ``cfg`` is the composed config (``launch.schema.TrainConfig`` as a DictConfig or dataclass).
-    ``cuda_device_count`` defaults to what torch sees on this machine (local launcher only).
+    ``cfg`` is the composed config (``launch.schema.TrainConfig``); ``machine`` defaults to
+    this one (``Machine.probe()``).
     """
-    r = _Report()
+    machine = machine or Machine.probe()
+    r = Report()
+    if not _check_keys(cfg, r):
+        raise ConfigError(r.errors)  # the checks below read the schema's keys
     _check_training(cfg, r)
     world = _check_parallelism(cfg, r)
     quantized = _check_a2a(cfg, r)
-    facts = _check_model(cfg, r, model_args_fn)
-    _check_model_vs_parallelism(cfg, r, facts, world, quantized)
-    _check_launcher(cfg, r, world, cuda_device_count)
+    facts = _check_model(cfg, r)
+    if facts is not None:
+        _check_model_vs_parallelism(cfg, r, facts, quantized)
+    _check_data(cfg, r)
     _check_logging(cfg, r)
+    launcher = _launcher(cfg, r)
+    if launcher is not None:
+        _check_launcher_fields(cfg, launcher, r)
+        launcher.check(cfg, machine, r)
+        target = launcher.target(cfg, machine)
+        _check_device(cfg, r, target, facts)
+        if facts is not None and world is not None:
+            _check_memory(cfg, r, target, facts, world)
     if r.errors:
         raise ConfigError(r.errors)
     return r.warnings
 
 
-def _check_training(cfg: Any, r: _Report) -> None:
+# ------------------------------------------------------------------------------- keys
+def _check_keys(cfg: Any, r: Report) -> bool:
+    """Keys the schema does not know: Hydra rejects ``training.stepz=3`` but lets
+    ``+training.stepz=3`` (its own suggestion) add one."""
+    before = len(r.errors)
+    _unknown_keys(cfg, TrainConfig, "", r)
+    return len(r.errors) == before
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str, r: Report) -> None:
+    known = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        if key == "hydra" and not prefix:
+            continue
+        if key not in known:
+            names = sorted(k for k in known if not k.startswith("_"))
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            r.error(f"unknown key {prefix}{key}: {hint}{prefix.rstrip('.') or 'the config'} has "
+                    f"{', '.join(names)}")
+            continue
+        child = node._get_node(key)
+        child_schema = OmegaConf.get_type(child) if isinstance(child, DictConfig) else None
+        if child_schema is not None and dataclasses.is_dataclass(child_schema):
+            _unknown_keys(child, child_schema, f"{prefix}{key}.", r)
+
+
+# --------------------------------------------------------------------------- training
+def _check_training(cfg: Any, r: Report) -> None:
     t = cfg.training
     for key in ("steps", "seq_len", "local_batch_size"):
         if getattr(t, key) <= 0:
@@ -143,9 +142,12 @@ def _check_training(cfg: Any, r: _Report) -> None:
             f"training.activation_checkpoint={t.activation_checkpoint!r}: use one of "
             f"{list(ACTIVATION_CHECKPOINT)}"
         )
+    if cfg.validate.memory not in MEMORY_CHECK:
+        r.error(f"validate.memory={cfg.validate.memory!r}: use one of {list(MEMORY_CHECK)}")
 
 
-def _check_parallelism(cfg: Any, r: _Report) -> Optional[int]:
+# ------------------------------------------------------------------------ parallelism
+def _check_parallelism(cfg: Any, r: Report) -> Optional[int]:
     """Return the world size, or None when the degrees themselves are invalid."""
     p = cfg.parallelism
     ok = True
@@ -179,60 +181,54 @@ def _check_parallelism(cfg: Any, r: _Report) -> Optional[int]:
             f"parallelism.ep={p.ep} must divide the {where}; choose parallelism.ep from "
             f"{divisors} or change the number of processes"
         )
+    # torchtitan 0.2.2 (ParallelDims.seq_len_divisor): sequence parallel splits the sequence
+    # over TP, and context parallel's load balancing halves it (2 × CP; CP is 1 here).
+    divisor = 2 * p.tp
+    if cfg.training.seq_len > 0 and cfg.training.seq_len % divisor:
+        fixed = -(-cfg.training.seq_len // divisor) * divisor
+        r.error(
+            f"training.seq_len={cfg.training.seq_len}: torchtitan needs a multiple of 2 × "
+            f"parallelism.tp = {divisor}; use training.seq_len={fixed}"
+        )
     return world
 
 
-def _check_a2a(cfg: Any, r: _Report) -> bool:
+# -------------------------------------------------------------------------------- a2a
+def _check_a2a(cfg: Any, r: Report) -> bool:
     """Return whether any leg is MXFP8."""
     a = cfg.a2a
-    legs = A2AConfig.legs()
     if a.name not in PRESETS and a.name != CUSTOM_A2A:
         r.error(
             f"a2a.name={a.name!r} is not a preset; use a2a=<one of {sorted(PRESETS)}>, or "
             f"a2a.name={CUSTOM_A2A} with the legs set by hand"
         )
-    for leg in legs:
-        value = getattr(a, leg)
-        if value not in LEG_FORMATS:
-            r.error(f"a2a.{leg}={value!r}: use one of {list(LEG_FORMATS)}")
-    if a.scale_rounding not in SCALE_ROUNDINGS:
-        r.error(f"a2a.scale_rounding={a.scale_rounding!r}: use one of {list(SCALE_ROUNDINGS)}")
-    if a.kernel not in KERNELS:
-        r.error(f"a2a.kernel={a.kernel!r}: use one of {list(KERNELS)}")
+    for key, allowed in [(leg, LEG_FORMATS) for leg in LEGS] + [
+        ("scale_rounding", SCALE_ROUNDINGS), ("kernel", KERNELS), ("transport", TRANSPORTS)
+    ]:
+        if a[key] not in allowed:
+            r.error(f"a2a.{key}={a[key]!r}: use one of {list(allowed)}")
     if a.name in PRESETS:
-        changed = [f"{leg}={getattr(a, leg)}" for leg in legs if getattr(a, leg) != PRESETS[a.name][leg]]
+        changed = [f"{leg}={a[leg]}" for leg in LEGS if a[leg] != PRESETS[a.name][leg]]
         if changed:
             r.warn(
                 f"a2a legs differ from preset {a.name!r} ({', '.join(changed)}); the run is still "
                 f"labelled a2a={a.name} – set a2a.name={CUSTOM_A2A} to make that visible"
             )
-    return any(getattr(a, leg) == "mxfp8" for leg in legs)
+    return any(a[leg] == "mxfp8" for leg in LEGS)
 
 
-def _check_model(cfg: Any, r: _Report, model_args_fn: Callable[[str, str], Any]) -> Optional[ModelFacts]:
+# ------------------------------------------------------------------------------ model
+def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
     m = cfg.model
-    if m.family not in FAMILIES:
-        r.error(f"model.family={m.family!r}: use one of {list(FAMILIES)}")
-        return None
     try:
-        args = model_args_fn(m.family, m.flavor)
-    except KeyError as e:
-        msg = e.args[0] if e.args else str(e)
-        r.error(f"model={m.name}: {msg}")
-        return None
-    except Exception as e:  # noqa: BLE001 - report, don't crash validation
-        r.error(f"model={m.name}: could not build {m.family}/{m.flavor} model args: {e!r}")
-        return None
-    try:
-        return ModelFacts.from_args(args)
-    except AttributeError as e:
-        r.error(f"model={m.name}: {m.family}/{m.flavor} args lack a field validation needs ({e})")
+        return model_facts.facts(m.family, m.flavor)
+    except model_facts.UnknownModelError as e:
+        key = "model.family" if m.family not in model_facts.FAMILIES else "model.flavor"
+        r.error(f"model={m.name} ({key}={m[key.split('.')[1]]!r}): {e}")
         return None
 
 
-def _check_model_vs_parallelism(
-    cfg: Any, r: _Report, facts: Optional[ModelFacts], world: Optional[int], quantized: bool
-) -> None:
+def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantized: bool) -> None:
     p = cfg.parallelism
     if quantized and p.ep == 1:
         r.warn(
@@ -240,84 +236,136 @@ def _check_model_vs_parallelism(
             "in its process, nothing crosses a wire, and the MXFP8 legs are skipped. Use "
             "parallelism=ep2 (or higher) to measure anything."
         )
-    if facts is None:
-        return
     if p.ep >= 1 and facts.num_experts % p.ep:
         divisors = [d for d in range(1, facts.num_experts + 1) if facts.num_experts % d == 0]
         r.error(
             f"parallelism.ep={p.ep} must divide the number of experts of model={cfg.model.name} "
             f"({facts.num_experts}); choose parallelism.ep from {divisors}"
         )
-    if quantized and facts.dim % MX_BLOCK:
+    if quantized and facts.dim % BLOCK_SIZE:
         r.error(
-            f"model={cfg.model.name} has hidden dim {facts.dim}, not a multiple of {MX_BLOCK} "
+            f"model={cfg.model.name} has hidden dim {facts.dim}, not a multiple of {BLOCK_SIZE} "
             f"(the MXFP8 block size), so its tokens cannot be sent as MXFP8; use a2a=bf16 or a "
-            f"model with dim % {MX_BLOCK} == 0"
+            f"model with dim % {BLOCK_SIZE} == 0"
         )
     if p.tp > 1:
         for name, heads in (("n_heads", facts.n_heads), ("n_kv_heads", facts.n_kv_heads)):
-            if heads and heads % p.tp:
-                r.error(
-                    f"parallelism.tp={p.tp} must divide {name}={heads} of model={cfg.model.name}"
-                )
+            if heads % p.tp:
+                r.error(f"parallelism.tp={p.tp} must divide {name}={heads} of model={cfg.model.name}")
 
 
-def _check_launcher(
-    cfg: Any, r: _Report, world: Optional[int], cuda_device_count: Optional[int]
-) -> None:
-    lc, p = cfg.launcher, cfg.parallelism
-    kind = launcher_kind(cfg)
-    if kind is None:
-        r.error(f"launcher.name={lc.name!r}: use launcher=local or launcher=slurm")
-        return
-    if kind == "local":
-        if p.nodes > 1:
-            r.error(
-                f"launcher=local starts processes on this machine only, but "
-                f"parallelism={p.name} asks for {p.nodes} nodes; use launcher=slurm, or "
-                f"parallelism.nodes=1"
-            )
-        if cuda_device_count is None:
-            import torch
-
-            cuda_device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if cuda_device_count and p.procs_per_node > cuda_device_count:
-            r.error(
-                f"parallelism.procs_per_node={p.procs_per_node} but this machine has "
-                f"{cuda_device_count} GPU(s) (one process per GPU); use a smaller parallelism "
-                f"(e.g. parallelism=ep2) or launcher=slurm"
-            )
-        elif not cuda_device_count and p.procs_per_node > (os.cpu_count() or 1):
-            r.warn(
-                f"no GPU: {p.procs_per_node} CPU worker processes on {os.cpu_count()} cores will "
-                "be slow"
-            )
-        return
-    # slurm
-    if lc.time_min <= 0:
-        r.error(f"launcher.time_min={lc.time_min} must be > 0 (minutes)")
-    if lc.max_num_timeout < 0:
-        r.error(f"launcher.max_num_timeout={lc.max_num_timeout} must be >= 0")
-    gpus = getattr(lc, "gpus_per_node", None)
-    if gpus is not None and gpus < 0:
-        r.error(f"launcher.gpus_per_node={gpus} must be >= 0 (or null: one per process)")
-    elif gpus and gpus < p.procs_per_node:
-        r.error(
-            f"launcher.gpus_per_node={gpus} < parallelism.procs_per_node={p.procs_per_node}: each "
-            f"process needs its own GPU; set launcher.gpus_per_node=null"
-        )
-    if lc.container_mounts and not lc.container_image:
-        r.error("launcher.container_mounts is set but launcher.container_image is not")
-    if lc.max_num_timeout > 0 and not cfg.training.checkpoint_enable:
-        r.warn(
-            "launcher=slurm requeues a preempted or timed-out job, but training.checkpoint_enable="
-            "false: a requeued job starts again from step 0"
-        )
+# ------------------------------------------------------------------------------- data
+def _check_data(cfg: Any, r: Report) -> None:
+    t = cfg.training
+    if t.dataset not in DATASET_PATHS:
+        r.error(f"training.dataset={t.dataset!r}: use one of {sorted(DATASET_PATHS)} (with "
+                f"training.dataset_path=<local copy> for c4)")
+    else:
+        path = t.dataset_path or DATASET_PATHS[t.dataset]
+        if path.startswith("allenai/"):
+            r.warn(f"training.dataset={t.dataset} without training.dataset_path downloads {path} "
+                   f"from the Hugging Face hub at start; set training.dataset_path to a local copy")
+        elif not os.path.exists(path):
+            r.error(f"training.dataset_path={path}: no such file or directory (training.dataset="
+                    f"{t.dataset})")
+    tokenizer = Path(t.tokenizer_path or TOKENIZER_DIR)
+    if not tokenizer.is_dir():
+        r.error(f"training.tokenizer_path={tokenizer}: no such directory (point it at the model's "
+                f"Hugging Face tokenizer files)")
+    elif not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
+        r.error(f"training.tokenizer_path={tokenizer} has none of {list(TOKENIZER_FILES)}, which "
+                f"torchtitan's tokenizer loads")
 
 
-def _check_logging(cfg: Any, r: _Report) -> None:
+# ---------------------------------------------------------------------------- logging
+def _check_logging(cfg: Any, r: Report) -> None:
     lg = cfg.logging
     if lg.wandb_mode not in WANDB_MODES:
         r.error(f"logging.wandb_mode={lg.wandb_mode!r}: use one of {list(WANDB_MODES)}")
     if lg.log_freq < 1:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
+
+
+# --------------------------------------------------------------------------- launcher
+def _launcher(cfg: Any, r: Report) -> Optional[Launcher]:
+    try:
+        return launcher_for(cfg)
+    except Exception as e:  # noqa: BLE001 - a bad _target_ is a config problem
+        r.error(f"launcher={cfg.launcher.name}: launcher._target_={cfg.launcher._target_!r} does "
+                f"not name a launcher class ({e}); use launcher=local or launcher=slurm")
+        return None
+
+
+def _schema_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _check_launcher_fields(cfg: Any, launcher: Launcher, r: Report) -> None:
+    """Fields of ``launcher`` set on the command line or in a yaml that the chosen launcher
+    does not read (e.g. ``launcher.partition`` with ``launcher=local``)."""
+    from launch.schema import LauncherConfig
+
+    values = OmegaConf.to_container(cfg.launcher, resolve=True)
+    for f in dataclasses.fields(LauncherConfig):
+        if f.name in ("_target_", "name") or f.name in launcher.reads:
+            continue
+        value = values[f.name]
+        if value != _schema_default(f):
+            r.warn(f"launcher.{f.name}={value} is not read by launcher={cfg.launcher.name} "
+                   f"(only by launchers that use it, such as launcher=slurm): ignored")
+
+
+# ----------------------------------------------------------------------------- device
+def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFacts]) -> None:
+    a, p = cfg.a2a, cfg.parallelism
+    if target.device == "cpu" and a.kernel == "triton":
+        r.error(f"a2a.kernel=triton needs CUDA GPUs, but {target.where}; use a2a.kernel=auto "
+                f"(Triton on GPUs, torch elsewhere) or a2a.kernel=torch")
+    if a.transport == "symm":
+        why = []
+        if p.nodes > 1:
+            why.append(f"parallelism.nodes={p.nodes} (symmetric memory spans one node)")
+        if target.device == "cpu":
+            why.append(target.where)
+        if p.procs_per_node < 2:
+            why.append(f"parallelism.procs_per_node={p.procs_per_node} (it needs >= 2 GPUs)")
+        if why:
+            r.error(f"a2a.transport=symm needs one node with CUDA and >= 2 GPUs, but "
+                    f"{'; '.join(why)}; use a2a.transport=auto (symm where it can, nccl elsewhere) "
+                    f"or a2a.transport=nccl")
+    if facts is not None and target.device == "cpu" and facts.attention == "flex":
+        r.error(f"model={cfg.model.name} uses flex attention ({cfg.model.family}/"
+                f"{cfg.model.flavor}), which torch cannot train on CPU (no backward kernel), and "
+                f"{target.where}; use a model with sdpa attention (tiny_llama4, tiny_dsv3, "
+                f"llama4_debugmodel, dsv3_debugmodel) or GPUs")
+
+
+# ----------------------------------------------------------------------------- memory
+def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts, world: int) -> None:
+    if target.memory_bytes is None:
+        return
+    p, t = cfg.parallelism, cfg.training
+    est = estimate(facts, world=world, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
+                   seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
+                   device=target.device)
+    procs = 1 if target.device == "cuda" else p.procs_per_node
+    need = est.total * procs
+    if need <= target.memory_bytes:
+        return
+
+    def gib(x: float) -> str:
+        return f"{x / GIB:,.1f}"
+
+    per = (f"parameters {gib(est.parameters)}, gradients {gib(est.gradients)}, optimizer state "
+           f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
+           f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
+           f"runtime {gib(est.runtime)}")
+    times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
+    msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
+           f"process ({per}){times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
+           f"Use a smaller model, more GPUs or nodes to shard it over, a smaller "
+           f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
+           f"full; validate.memory=warn launches anyway")
+    (r.warn if cfg.validate.memory == "warn" else r.error)(msg)

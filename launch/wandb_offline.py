@@ -4,6 +4,10 @@ The file is a LevelDB-style log: a 7-byte header (``:W&B``, magic 0xBEE1, versio
 32 KiB blocks of chunks, each ``crc32c:u32 | length:u16 | type:u8 | payload`` where type
 FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4 reassembles one serialized
 ``wandb.proto.wandb_internal_pb2.Record``. (wandb 0.31 no longer ships a reader.)
+
+A resumed run (same run dir, or a requeued SLURM job) logs each launch into its own
+``offline-run-*`` folder with the same run id; :func:`read_runs` merges them the way
+``wandb sync`` uploads them: one run, history appended in start order.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ class OfflineRun:
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: Optional[int] = None
+    # The offline-run folder(s) this run was read from (several: a resumed run's launches).
+    paths: list[str] = field(default_factory=list)
 
     def series(self, key: str) -> list[Any]:
         """Values of ``key`` over the history rows that have it, in step order."""
@@ -111,7 +117,7 @@ def read_run(path: str) -> OfflineRun:
         if not files:
             raise FileNotFoundError(f"no .wandb file in {path}")
         path = files[0]
-    run = OfflineRun(path=path)
+    run = OfflineRun(path=path, paths=[os.path.dirname(path)])
     for rec in iter_records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
@@ -146,3 +152,23 @@ def find_runs(root: str) -> list[str]:
     # realpath: wandb's "latest-run" symlink points at one of the real run directories.
     dirs = {os.path.realpath(os.path.dirname(p)) for p in found}
     return sorted(dirs, key=lambda d: (os.path.getmtime(d), d))
+
+
+def read_runs(root: str) -> list[OfflineRun]:
+    """Every wandb run under ``root``, the launches of one run id merged in start order: a
+    later launch's rows replace an earlier one's for the steps both logged (a run resumed
+    from a checkpoint before its last logged step repeats those steps), its summary and exit
+    code win."""
+    runs: dict[str, OfflineRun] = {}
+    for d in find_runs(root):
+        run = read_run(d)
+        first = runs.setdefault(run.run_id, run)
+        if first is run:
+            continue
+        by_step = {row.get("_step"): row for row in first.history + run.history}
+        first.history = [by_step[s] for s in sorted(by_step, key=lambda s: (s is None, s or 0))]
+        first.summary.update(run.summary)
+        first.config.update(run.config)
+        first.exit_code = run.exit_code
+        first.paths += run.paths
+    return list(runs.values())

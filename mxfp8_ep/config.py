@@ -13,9 +13,15 @@ as MXFP8 (``"mxfp8"``: e4m3 values + one e8m0 scale per 32 elements).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
+# The four exchanges, in the order above (the field names of A2AConfig and of the recipe's
+# ``a2a`` config, the keys of ``mxfp8_ep.wire_stats``).
+LEGS = ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
 LEG_FORMATS = ("bf16", "mxfp8")
+# MXFP8: one e8m0 scale per this many consecutive elements of the last dim (a token's width
+# must be a multiple of it).
+BLOCK_SIZE = 32
 SCALE_ROUNDINGS = ("rceil", "floor")
 KERNELS = ("auto", "triton", "torch")
 # How token rows travel between EP ranks (see mxfp8_ep.dispatcher):
@@ -57,11 +63,11 @@ class A2AConfig:
 
     @staticmethod
     def legs() -> tuple[str, str, str, str]:
-        return ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
+        return LEGS
 
     @property
     def any_quantized(self) -> bool:
-        return any(getattr(self, leg) == "mxfp8" for leg in self.legs())
+        return any(getattr(self, leg) == "mxfp8" for leg in LEGS)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "A2AConfig":
@@ -77,11 +83,8 @@ class A2AConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-
-_BF16 = dict(dispatch_fwd="bf16", dispatch_bwd="bf16", combine_fwd="bf16", combine_bwd="bf16")
+_BF16 = {leg: "bf16" for leg in LEGS}
 PRESETS: dict[str, dict[str, str]] = {
     # Exactly torchtitan's ExpertParallel.
     "bf16": _BF16,

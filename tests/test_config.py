@@ -10,10 +10,18 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from launch.config_store import SlurmLauncherConfig
+import dataclasses
+
+from launch.config_store import not_in_run_name
+from launch.local import LocalLauncher
+from launch.machine import GIB, Machine
 from launch.schema import A2ASchema, LauncherConfig, ModelConfig, TrainConfig
-from launch.validate import resolve_model_args, validate
-from mxfp8_ep.config import PRESETS, A2AConfig
+from launch.slurm import SlurmLauncher
+from launch.titan_models import model_args
+from launch.validate import validate
+from mxfp8_ep.config import BLOCK_SIZE, LEGS, PRESETS, A2AConfig
+
+GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
 
 
 def test_defaults():
@@ -25,6 +33,7 @@ def test_defaults():
     assert cfg.parallelism.ep == 2
     assert cfg.a2a.name == "bf16"
     assert cfg.launcher.name == "local" and OmegaConf.get_type(cfg.launcher) is LauncherConfig
+    assert cfg.launcher._target_ == "launch.local.LocalLauncher"
     assert cfg.logging.name == "wandb_offline" and cfg.logging.wandb_mode == "offline"
     assert cfg.training.steps > 0
     assert not OmegaConf.missing_keys(cfg)
@@ -52,12 +61,31 @@ def test_every_option_composes(group, option):
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_a2a_legs_equal_core_presets(preset):
+def test_a2a_options_are_the_library_presets(preset):
     cfg = compose_cfg(f"a2a={preset}")
-    for leg in A2AConfig.legs():
-        assert cfg.a2a[leg] == PRESETS[preset][leg], f"conf/a2a/{preset}.yaml {leg}"
+    assert cfg.a2a.name == preset
+    for leg in LEGS:
+        assert cfg.a2a[leg] == PRESETS[preset][leg]
+    # the yaml spells out only the transport; the legs come from mxfp8_ep.config
+    text = (CONF / "a2a" / f"{preset}.yaml").read_text()
+    assert "transport: auto" in text and not any(f"{leg}:" in text for leg in LEGS)
     # and the group is accepted by the core's own config type
     assert A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a)) == A2AConfig.preset(preset)
+
+
+def test_block_size_is_the_formats():
+    """validate.py reads the block size from the torch-free config module; the format's own
+    constant must not drift from it."""
+    from mxfp8_ep.format import BLOCK_SIZE as FORMAT_BLOCK_SIZE
+
+    assert BLOCK_SIZE == FORMAT_BLOCK_SIZE == 32
+
+
+def test_a2a_schema_is_the_library_config_plus_a_name():
+    schema = {f.name: f.default for f in dataclasses.fields(A2ASchema)}
+    library = {f.name: f.default for f in dataclasses.fields(A2AConfig)}
+    assert schema.pop("name") is not None and schema == library
+    assert list(library)[:4] == list(LEGS)
 
 
 def test_parallelism_options():
@@ -73,12 +101,16 @@ def test_parallelism_options():
         assert p.fsdp == -1 and p.tp == 1
 
 
-def test_slurm_launcher_has_slurm_fields_local_does_not():
-    slurm = compose_cfg("launcher=slurm").launcher
-    assert OmegaConf.get_type(slurm) is SlurmLauncherConfig
-    assert slurm.gpus_per_node is None and slurm.srun_args == []
-    with pytest.raises(ConfigCompositionException):
-        compose_cfg("launcher.gpus_per_node=0")  # launcher=local has no such field
+def test_each_launcher_names_its_class():
+    from launch.launcher import launcher_for
+
+    slurm = compose_cfg("launcher=slurm")
+    assert slurm.launcher._target_ == "launch.slurm.SlurmLauncher"
+    assert isinstance(launcher_for(slurm), SlurmLauncher)
+    assert isinstance(launcher_for(compose_cfg()), LocalLauncher)
+    assert slurm.launcher.gpus_per_node is None and slurm.launcher.srun_args == []
+    # SLURM fields are typed for every launcher; launcher=local warns that it ignores them
+    assert compose_cfg("launcher.gpus_per_node=0").launcher.gpus_per_node == 0
 
 
 @pytest.mark.parametrize(
@@ -123,7 +155,12 @@ def test_typo_inside_a_group_file_fails(tmp_path):
 def test_hydra_settings():
     cfg = compose_cfg(hydra_node=True)
     assert cfg.hydra.job.chdir is False
-    assert "recipe" in cfg.hydra.job.config.override_dirname.exclude_keys
+    exclude = list(cfg.hydra.job.config.override_dirname.exclude_keys)
+    assert exclude == not_in_run_name()
+    assert {"recipe", "launcher", "logging", "training.resume"} <= set(exclude)
+    # every field of the launcher: its overrides never reach run or sweep folder names
+    assert {f"launcher.{f.name}" for f in dataclasses.fields(LauncherConfig)} <= set(exclude)
+    assert not any(k.startswith(("training.steps", "a2a", "model", "parallelism")) for k in exclude)
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -142,17 +179,17 @@ def test_recipe_composes_validates_and_sweeps_a2a(recipe):
     sweep = cfg.hydra.sweeper.params
     assert "bf16" in sweep["a2a"].split(",") and "mxfp8" in sweep["a2a"].split(",")
     # Valid as composed (a GPU box with 8 GPUs for the local GPU recipes).
-    validate(compose_cfg(f"+recipe={recipe}"), cuda_device_count=8)
+    validate(compose_cfg(f"+recipe={recipe}"), machine=GPU_BOX)
     # ... and for every sweep point.
     for value in sweep["a2a"].split(","):
         point = compose_cfg(f"+recipe={recipe}", f"a2a={value}")
-        validate(point, cuda_device_count=8)
+        validate(point, machine=GPU_BOX)
 
 
 def test_recipe_sweeps_ep_across_nodes():
     cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "parallelism.ep=16")
     assert cfg.parallelism.nodes * cfg.parallelism.procs_per_node == 16
-    validate(cfg)
+    validate(cfg, machine=GPU_BOX)
 
 
 # -------------------------------------------------------------------- model flavors
@@ -182,7 +219,7 @@ BIG = {
 @pytest.mark.parametrize("option", sorted(BIG))
 def test_big_model_flavor_instantiates_on_meta(option):
     m = compose_cfg(f"model={option}").model
-    args = resolve_model_args(m.family, m.flavor)
+    args = model_args(m.family, m.flavor)
     model = _build_on_meta(m.family, args)
     n = sum(p.numel() for p in model.parameters())
     lo, hi = BIG[option]
@@ -194,7 +231,7 @@ def test_big_model_flavor_instantiates_on_meta(option):
 @pytest.mark.parametrize("option", ["tiny_llama4", "tiny_dsv3", "llama4_debugmodel", "dsv3_debugmodel"])
 def test_small_model_flavor_instantiates_on_meta(option):
     m = compose_cfg(f"model={option}").model
-    model = _build_on_meta(m.family, resolve_model_args(m.family, m.flavor))
+    model = _build_on_meta(m.family, model_args(m.family, m.flavor))
     assert sum(p.numel() for p in model.parameters()) < 100e6
 
 
@@ -202,3 +239,62 @@ def test_schema_defaults_match_group_files():
     """The YAML groups spell out the schema's defaults for what they don't change."""
     assert compose_cfg().a2a.scale_rounding == A2ASchema.scale_rounding
     assert OmegaConf.is_missing(OmegaConf.structured(ModelConfig), "name")
+
+
+# ------------------------------------------------------------------------ launchers
+NEW_LAUNCHER = '''
+from launch.launcher import Target
+
+CALLS = []
+
+
+class PrintLauncher:
+    reads = frozenset({"partition"})
+
+    def target(self, cfg, machine):
+        return Target("cpu", 1 << 40, "the printer's RAM", "it prints")
+
+    def check(self, cfg, machine, report):
+        if cfg.launcher.partition != "paper":
+            report.error("launcher=printer needs launcher.partition=paper")
+
+    def launch(self, cfg, run_dir):
+        CALLS.append(run_dir)
+        return None
+'''
+
+
+def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
+    """No Python file of the recipe changes: train.py and validate.py go through the class
+    the yaml names, its checks run and the fields it reads draw no warning."""
+    import importlib
+    import shutil
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from launch import console, train
+    from launch.validate import ConfigError
+
+    (tmp_path / "printer_launcher.py").write_text(NEW_LAUNCHER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf, symlinks=True)
+    (conf / "launcher" / "printer.yaml").write_text(
+        "_target_: printer_launcher.PrintLauncher\nname: printer\n")
+
+    def cfg(*overrides):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            return compose("train", overrides=["launcher=printer", *overrides])
+
+    with pytest.raises(ConfigError, match="launcher=printer needs launcher.partition=paper"):
+        validate(cfg())
+    assert validate(cfg("launcher.partition=paper")) == []
+    assert any("launcher.account=x is not read by launcher=printer" in w
+               for w in validate(cfg("launcher.partition=paper", "launcher.account=x")))
+
+    monkeypatch.setattr(console, "route_logging", lambda verbose: None)
+    train.run(cfg("launcher.partition=paper"), str(tmp_path / "run"), "")
+    assert importlib.import_module("printer_launcher").CALLS == [str(tmp_path / "run")]
+    assert (tmp_path / "run" / "train_config.yaml").is_file()
+    sys.modules.pop("printer_launcher")

@@ -73,7 +73,7 @@ def _rel_err(a, b):
 
 
 def _check(rank, world, family):
-    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+    from launch.titan_cpu_compat import apply_cpu_compat
 
     device = rank_device()
     if device.type == "cpu":

@@ -1,8 +1,9 @@
-"""Flavor mapping, tiny flavors, tiny tokenizer/dataset assets (single process, seconds)."""
+"""Flavor mapping, the model facts table against torchtitan, tiny flavors, tiny
+tokenizer/dataset assets (single process, seconds)."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,21 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 from launch import titan_models
-from launch.titan_data import TINY_DATASET, TINY_TEXT, TOKENIZER_DIR, register_tiny_dataset
+from launch.model_facts import MODELS
+from launch.titan_data import (
+    DATASET_PATHS,
+    TINY_DATASET,
+    TINY_TEXT,
+    TOKENIZER_DIR,
+    TOKENIZER_FILES,
+    register_tiny_dataset,
+)
 from launch.titan_models import (
     TINY_VOCAB_SIZE,
     UnknownModelError,
+    facts_from_torchtitan,
+    flavors_in_torchtitan,
     model_args,
-    register_tiny_flavors,
     resolve,
 )
 
@@ -32,14 +42,15 @@ from launch.titan_models import (
         ("deepseek_v3", "16B", ("deepseek_v3", "16B")),
         ("deepseek_v3", "16b", ("deepseek_v3", "16B")),
         ("deepseek_v3", "671B", ("deepseek_v3", "671B")),
-        ("dsv3", "debugmodel", ("deepseek_v3", "debugmodel")),
+        ("deepseek_v3", "debugmodel_flex_attn", ("deepseek_v3", "debugmodel_flex_attn")),
     ],
 )
 def test_resolve(family: str, flavor: str, expected: tuple[str, str]) -> None:
     assert resolve(family, flavor) == expected
 
 
-@pytest.mark.parametrize("family, flavor", [("llama3", "8B"), ("llama4", "huge"), ("deepseek_v3", "7B")])
+@pytest.mark.parametrize("family, flavor", [("llama3", "8B"), ("llama4", "huge"), ("deepseek_v3", "7B"),
+                                            ("dsv3", "debugmodel")])
 def test_unknown_names_raise_key_and_value_error(family: str, flavor: str) -> None:
     with pytest.raises(KeyError):
         resolve(family, flavor)
@@ -49,11 +60,20 @@ def test_unknown_names_raise_key_and_value_error(family: str, flavor: str) -> No
         resolve(family, flavor)
 
 
-def test_every_named_flavor_exists_in_torchtitan() -> None:
-    register_tiny_flavors()
-    for family, flavors in titan_models.TITAN_FLAVORS.items():
-        for flavor in flavors + titan_models.TINY_FLAVORS[family]:
-            assert titan_models._flavor_dict(family)[flavor] is not None
+def test_model_facts_table_is_what_torchtitan_builds() -> None:
+    """launch/model_facts.py (what validation reads without torchtitan) has one row per
+    flavor torchtitan ships plus ours, each equal to the model torchtitan builds."""
+    assert sorted(flavors_in_torchtitan()) == sorted(MODELS)
+    for family, flavor in MODELS:
+        assert facts_from_torchtitan(family, flavor) == MODELS[family, flavor], (family, flavor)
+
+
+def test_dataset_names_and_paths_are_torchtitans() -> None:
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    register_tiny_dataset()
+    assert {name: config.path for name, config in DATASETS.items()} == DATASET_PATHS
+    assert any((TOKENIZER_DIR / name).is_file() for name in TOKENIZER_FILES)
 
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
@@ -83,7 +103,7 @@ def test_tiny_model_forward_backward_on_cpu(family: str) -> None:
     the router's integer histc and DeepSeek-V3's moe_impl default)."""
     from torchtitan.protocols import train_spec
 
-    from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+    from launch.titan_cpu_compat import apply_cpu_compat
 
     if not torch.cuda.is_available():
         apply_cpu_compat()
@@ -127,11 +147,10 @@ def test_tiny_dataset_registered_and_small() -> None:
 
 
 def test_asset_corpus_is_deterministic() -> None:
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import build_tiny_assets
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("build_tiny_assets", REPO / "scripts" / "build_tiny_assets.py")
+    build_tiny_assets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_tiny_assets)
+    assert build_tiny_assets.ASSETS == TINY_TEXT.parent
     docs = build_tiny_assets.make_corpus(20)
     assert docs == build_tiny_assets.make_corpus(20)
     committed = TINY_TEXT.read_text().splitlines()[:20]

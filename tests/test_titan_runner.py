@@ -1,12 +1,13 @@
 """End-to-end: ``launch.titan_runner.run_training`` trains torchtitan's Llama4 and DeepSeek-V3
 (tiny flavors) with EP=2 on two gloo processes, logs to an offline wandb run under the run dir,
-and resumes from its checkpoint with the step count continuing.
+writes the run's ``RunSummary``, and resumes from its checkpoint with the step count continuing.
 
 Each run takes ~10-20 s on 2 CPU cores (most of it process start-up and torch imports).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -28,6 +29,7 @@ from launch.schema import (
     TrainConfig,
     TrainingConfig,
 )
+from launch.run_summary import RunSummary
 from mxfp8_ep.config import PRESETS
 
 WORLD = 2
@@ -49,7 +51,8 @@ def make_cfg(
             a2a=A2ASchema(name=a2a, **PRESETS[a2a]),
             launcher=LauncherConfig(name="local"),
             logging=LoggingConfig(
-                name=f"wandb_{wandb_mode}", wandb_mode=wandb_mode, tags=["ci", a2a]
+                name=f"wandb_{wandb_mode}", wandb_mode=wandb_mode, tags=["ci", a2a],
+                run_name=f"a2a={a2a}",
             ),
             training=TrainingConfig(
                 steps=steps,
@@ -85,8 +88,9 @@ def _worker(rank: int, world: int, port: int, cfg_yaml: str, run_dir: str, out: 
 
     result = run_training(OmegaConf.create(cfg_yaml), run_dir)
     if rank == 0:
+        assert result == RunSummary.read(run_dir)  # what it returns is what it wrote
         with open(out, "w") as f:
-            json.dump(result, f)
+            json.dump(dataclasses.asdict(result), f)
     else:
         assert result is None
 
@@ -121,20 +125,24 @@ def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
     run_dir = tmp_path / "llama4"
     summary = train(make_cfg("llama4", steps=10), run_dir)
 
-    assert summary["steps"] == 10 and summary["start_step"] == 0
+    assert summary["steps"] == 10 and summary["target_steps"] == 10 and summary["start_step"] == 0
+    assert summary["stopped_by"] is None and summary["checkpoint"] is None
     assert summary["logged_steps"] == list(range(1, 11))
     assert len(summary["losses"]) == 10
     assert_learns(summary["losses"])
     assert summary["final_loss"] == summary["losses"][-1]
-    assert summary["tokens_per_sec"] > 0
-    assert summary["tokens_per_sec_global"] == pytest.approx(WORLD * summary["tokens_per_sec"])
-    assert summary["a2a"] == "bf16" and summary["model"] == "llama4/tiny"
-    assert summary["device"] == "cpu" and summary["backend"] == "gloo" and summary["ep"] == 2
+    assert summary["tokens_per_s"] > 0
+    assert summary["tokens_per_s_global"] == pytest.approx(WORLD * summary["tokens_per_s"])
+    assert summary["a2a"] == "bf16" and summary["model_flavor"] == "llama4/tiny"
+    assert summary["device"] == "cpu" and summary["ep"] == 2 and summary["world_size"] == WORLD
+    # MFU / TFLOPS need an accelerator's peak FLOPS: not on CPU (not the A100 fallback)
+    assert summary["tflops"] is None and summary["mfu_pct"] is None
 
     runs = find_runs(str(run_dir))
     assert len(runs) == 1, runs
-    assert Path(runs[0]).is_relative_to(run_dir / "wandb")
+    assert Path(runs[0]).is_relative_to(run_dir / "wandb") and summary["wandb_dirs"] == runs
     run = read_run(runs[0])
+    assert run.run_id == summary["wandb_run_id"] and run.name == "a2a=bf16"
     assert run.group == "test_runner" and run.project == "mxfp8-ep"
     assert set(run.tags) == {"ci", "bf16"}
     for key in (
@@ -142,8 +150,6 @@ def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
         "grad_norm",
         "throughput(tps)",
         "throughput/global_tps",
-        "tflops",
-        "mfu(%)",
         "memory/max_reserved(GiB)",
         "time_metrics/end_to_end(s)",
         "time_metrics/eta(s)",
@@ -151,7 +157,15 @@ def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
         "lr",
     ):
         assert len(run.series(key)) == 10, key
+    assert not run.series("tflops") and not run.series("mfu(%)")
     assert run.series("loss_metrics/global_avg_loss") == pytest.approx(summary["losses"])
+    # One metrics contract: wandb's run summary holds the summary's numbers, not the last step's
+    assert run.summary["a2a/bytes_per_step"] == pytest.approx(summary["a2a_bytes_per_step"])
+    assert run.summary["throughput/global_tps"] == pytest.approx(summary["tokens_per_s_global"])
+    assert run.summary["a2a/bytes_per_step"] != pytest.approx(run.series("a2a/bytes_per_step")[-1])
+    # the console lines of rank 0, one per logged step
+    console = (run_dir / "console.log").read_text().splitlines()
+    assert len(console) == 10 and console[0].startswith("step  1/10  loss ")
     # The full composed recipe config, not only torchtitan's.
     assert run.config["recipe"]["model"]["family"] == "llama4"
     assert run.config["recipe"]["a2a"]["name"] == "bf16"
@@ -165,15 +179,17 @@ def test_deepseek_v3_ep2_resumes_from_checkpoint(tmp_path: Path) -> None:
     assert first["steps"] == 6 and first["start_step"] == 0
     ckpt = run_dir / "checkpoint"
     assert (ckpt / "step-3").is_dir() and (ckpt / "step-6").is_dir()
+    assert first["checkpoint"] == str(ckpt / "step-6")
     assert not (run_dir / "wandb").exists()  # wandb_mode=disabled
 
     second = train(make_cfg("deepseek_v3", steps=10, checkpoint=True, wandb_mode="disabled"), run_dir)
     assert second["start_step"] == 6, "did not resume from the step-6 checkpoint"
-    assert second["steps"] == 10
-    assert second["logged_steps"] == [7, 8, 9, 10]
-    assert second["ntokens_seen"] > first["ntokens_seen"]  # trainer state came back too
+    assert second["steps"] == 10 and second["checkpoint"] == str(ckpt / "step-10")
+    # the run's whole loss curve: the first launch's steps from its summary, then this one's
+    assert second["logged_steps"] == list(range(1, 11))
+    assert second["losses"][:6] == first["losses"]
     assert (ckpt / "step-10").is_dir()
-    assert_learns(first["losses"] + second["losses"])
+    assert_learns(second["losses"])
 
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])

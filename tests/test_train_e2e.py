@@ -1,7 +1,9 @@
 """`python launch/train.py` end to end on CPU: 2 gloo worker processes started by torch's
 elastic launcher, the real torchtitan trainer (tiny Llama4 MoE, EP 2), offline wandb read back.
 
-About 2 minutes on 2 cores: three launches (bf16, mxfp8, a 2-point sweep) of 4-6 steps each.
+The README's first command with its console; a 2-point sweep with its comparison and plots;
+Ctrl-C and SIGTERM stopping a run cleanly, and the stopped run resumed into the same wandb run;
+--help. About 3-4 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -9,114 +11,218 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 from tests.hydra_compose import REPO
+from tests.train_cli import run_train, train_cmd, train_env
 
 from launch.compare_runs import main as compare_main
-from launch.wandb_offline import find_runs, read_run
+from launch.run_summary import A2A_BYTES, LOSS, TOKENS_PER_S_GLOBAL, RunSummary
+from launch.wandb_offline import find_runs, read_runs
 
-TRAIN = REPO / "launch" / "train.py"
-LOSS = "loss_metrics/global_avg_loss"
-BYTES = "a2a/bytes_per_step"
-
-
-def train(tmp: Path, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.pop("MXFP8EP_RUNNER", None)  # the real trainer
-    proc = subprocess.run(
-        [sys.executable, str(TRAIN), *overrides], cwd=tmp, env=env,
-        capture_output=True, text=True, timeout=timeout,
-    )
-    assert proc.returncode == 0, f"train.py failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return proc
+# What the console used to be full of: torchtitan's log, library warnings, wandb's banner,
+# torch elastic's per-rank prefixes and its own log lines, the model dump.
+NOISE = re.compile(r"lspci|Peak flops|NCCL|wandb:|Warning|\[titan\]|\[rank\d|torch\.distributed|"
+                   r"^[EWI]\d{4} |Traceback|\"dim\":|DTensor")
 
 
-def check_run(run_dir: Path, steps: int, a2a: str) -> dict:
+def readme_first_command() -> list[str]:
+    """The training half of the README's first command (`bash scripts/install.sh && ...`)."""
+    readme = (REPO / "README.md").read_text()
+    first_block = re.search(r"```bash\n(.*?)```", readme, flags=re.S).group(1).strip()
+    install, command = first_block.split("&&")
+    assert install.strip() == "bash scripts/install.sh"
+    words = command.split()
+    assert words[:2] == ["python", "launch/train.py"], words
+    return words[2:]
+
+
+def check_run(run_dir: Path, steps: int, a2a: str) -> RunSummary:
     """summary.json and the offline wandb run agree and look like training."""
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["a2a"] == a2a and s["model"] == "tiny_llama4" and s["world_size"] == 2 and s["ep"] == 2
-    m = s["metrics"]
-    assert m["steps"] == steps
-    losses = s["result"]["losses"]
-    assert len(losses) == steps and all(math.isfinite(x) for x in losses)
-    assert losses[-1] < losses[0], f"loss did not fall: {losses}"
-    assert m["final_loss"] == pytest.approx(losses[-1])
-    assert m["tokens_per_s"] > 0 and m["step_time_s"] > 0 and m["a2a_bytes_per_step"] > 0
+    s = RunSummary.read(run_dir)
+    assert s.a2a == a2a and s.model == "tiny_llama4" and s.world_size == 2 and s.ep == 2
+    assert s.steps == steps and s.stopped_by is None
+    assert s.logged_steps == list(range(1, steps + 1))
+    assert all(math.isfinite(x) for x in s.losses) and s.losses[-1] < s.losses[0], s.losses
+    assert s.final_loss == s.losses[-1]
+    assert s.tokens_per_s > 0 and s.step_time_s > 0 and s.a2a_bytes_per_step > 0
+    assert s.tflops is None and s.mfu_pct is None  # n/a on CPU
 
-    # the offline wandb run, read back from its .wandb file
-    assert len(s["wandb_dirs"]) == 1 and find_runs(str(run_dir)) == s["wandb_dirs"]
-    run = read_run(s["wandb_dirs"][0])
-    assert run.name == s["run_name"] and f"a2a={a2a}" in run.name
+    (run,) = read_runs(str(run_dir))
+    assert run.run_id == s.wandb_run_id and run.paths == s.wandb_dirs == find_runs(str(run_dir))
+    assert run.name == s.run_name and f"a2a={a2a}" in run.name
     assert run.group == "default" and run.project == "mxfp8-ep"
     assert run.config["recipe"]["a2a"]["name"] == a2a
-    assert [row["_step"] for row in run.history] == list(range(1, steps + 1))
-    wandb_losses = run.series(LOSS)
-    assert wandb_losses == pytest.approx(losses)
-    assert all(b > 0 for b in run.series(BYTES))
+    assert [row["_step"] for row in run.history] == s.logged_steps
+    assert run.series(LOSS) == pytest.approx(s.losses)
+    # one metrics contract: console, summary.json and wandb's summary show the same numbers
+    assert run.summary[A2A_BYTES] == pytest.approx(s.a2a_bytes_per_step)
+    assert run.summary[TOKENS_PER_S_GLOBAL] == pytest.approx(s.tokens_per_s_global)
     assert run.exit_code == 0
     return s
 
 
 @pytest.fixture(scope="module")
-def bf16_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    tmp = tmp_path_factory.mktemp("bf16")
-    proc = train(tmp, "training.steps=6", f"hydra.run.dir={tmp / 'run'}")
-    return tmp / "run", proc
+def readme_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    cwd = tmp_path_factory.mktemp("readme")
+    proc = run_train(cwd, *readme_first_command())
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    (run_dir,) = (cwd / "outputs" / "default").iterdir()
+    return run_dir, proc
 
 
-def test_default_run(bf16_run):
-    run_dir, proc = bf16_run
-    s = check_run(run_dir, steps=6, a2a="bf16")
-    assert s["launcher"] == "local" and s["wandb_mode"] == "offline"
-    # the final summary printed by the launcher
+def test_readme_command_has_a_quiet_console(readme_run):
+    run_dir, proc = readme_run
+    s = check_run(run_dir, steps=20, a2a="bf16")
+    assert s.launcher == "local" and s.wandb_mode == "offline"
+    lines = (proc.stdout + proc.stderr).splitlines()
+    print("\n".join(lines))
+    assert len(lines) < 40, len(lines)
+    assert not [line for line in lines if NOISE.search(line)]
+    assert proc.stderr == ""
+    # header, one line per log window, the summary
+    assert lines[0].startswith("mxfp8ep: model=tiny_llama4 a2a=bf16 parallelism=ep2 (EP 2), 20 steps "
+                               "on 2 CPU processes (gloo)")
+    progress = [line for line in lines if line.startswith("step ")]
+    assert len(progress) == 20 and re.match(r"step  1/20  loss \d+\.\d{4}  tokens/s [\d,]+  eta ",
+                                             progress[0])
     out = proc.stdout
-    assert "==== mxfp8ep run a2a=bf16,training.steps=6 ====" in out
-    for text in ("final loss", "tokens/s", str(run_dir), s["wandb_dirs"][0], "wandb sync"):
+    assert "==== mxfp8ep run a2a=bf16 ====" in out
+    assert f"a2a bytes/step  {s.a2a_bytes_per_step:,.0f}" in out
+    assert "TFLOPS, MFU     n/a, n/a" in out
+    for text in ("final loss", str(run_dir), s.wandb_dirs[0], "wandb sync"):
         assert text in out
-    # the per-rank logs of the elastic launcher, and the config the workers got
-    assert list((run_dir / "worker_logs").rglob("stdout.log"))
+    # the full output went to the run's log files
+    assert list((run_dir / "worker_logs").rglob("stderr.log"))
+    rank0 = "".join(p.read_text() for p in (run_dir / "worker_logs").rglob("0/*.log"))
+    assert "lspci" in rank0 and "wandb:" in rank0 and "step: 20/20" in rank0
     assert (run_dir / "train_config.yaml").is_file()
 
 
-def test_mxfp8_run(tmp_path, bf16_run):
-    train(tmp_path, "a2a=mxfp8", "training.steps=6", f"hydra.run.dir={tmp_path / 'run'}")
-    s = check_run(tmp_path / "run", steps=6, a2a="mxfp8")
-    bf16 = json.loads((bf16_run[0] / "summary.json").read_text())
-    # two of four legs at ~1.03 instead of 2 bytes per element: ~0.76 of bf16's bytes
-    ratio = s["metrics"]["a2a_bytes_per_step"] / bf16["metrics"]["a2a_bytes_per_step"]
-    assert 0.6 < ratio < 0.9, ratio
-    # same data and init: the losses stay close
-    assert s["metrics"]["final_loss"] == pytest.approx(bf16["metrics"]["final_loss"], abs=0.1)
-
-
-def test_multirun_sweep_and_compare(tmp_path):
+def test_multirun_sweep_compare_and_plots(tmp_path, readme_run):
     sweep = tmp_path / "sweep"
-    proc = train(tmp_path, "--multirun", "a2a=bf16,mxfp8", "training.steps=4",
-                 f"hydra.sweep.dir={sweep}")
-    assert "Launching 2 jobs locally" in proc.stdout + proc.stderr
+    proc = run_train(tmp_path, "--multirun", "a2a=bf16,mxfp8", "training.steps=4",
+                     "logging.verbose=true", "logging.tags=[ci]", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    out = proc.stdout + proc.stderr
+    assert "Launching 2 jobs locally" in out
+    assert "[rank0]:" in out and "[titan]" in out  # logging.verbose=true: everything
+    # launcher / logging overrides stay out of folder and run names
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name for p in runs] == ["0_a2a=bf16,training.steps=4", "1_a2a=mxfp8,training.steps=4"]
-    check_run(runs[0], steps=4, a2a="bf16")
-    check_run(runs[1], steps=4, a2a="mxfp8")
+    bf16, mxfp8 = check_run(runs[0], steps=4, a2a="bf16"), check_run(runs[1], steps=4, a2a="mxfp8")
+    # the sweep ends with the command that compares it
+    assert proc.stdout.rstrip().endswith(f"python launch/compare_runs.py {sweep}")
 
-    out = tmp_path / "cmp.json"
-    assert compare_main([str(sweep), "--out", str(out)]) == 0
-    cmp = json.loads(out.read_text())
+    # two of four legs at ~1.03 instead of 2 bytes per element: ~0.76 of bf16's bytes
+    assert 0.6 < mxfp8.a2a_bytes_per_step / bf16.a2a_bytes_per_step < 0.9
+    assert mxfp8.final_loss == pytest.approx(bf16.final_loss, abs=0.1)  # same data and init
+
+    assert compare_main([str(sweep)]) == 0
+    cmp = json.loads((sweep / "comparison.json").read_text())
     by_a2a = {r["a2a"]: r for r in cmp["runs"]}
-    assert set(by_a2a) == {"bf16", "mxfp8"}
-    assert by_a2a["mxfp8"]["vs_baseline"]["baseline"] == by_a2a["bf16"]["name"]
+    assert set(by_a2a) == {"bf16", "mxfp8"} and all(r["source"] == "summary" for r in cmp["runs"])
+    assert by_a2a["mxfp8"]["vs_baseline"]["baseline"] == by_a2a["bf16"]["run_name"]
     assert by_a2a["mxfp8"]["vs_baseline"]["bytes_ratio"] < 0.9
-    assert all(r["source"] == "summary" for r in cmp["runs"])
+    for png in ("comparison_loss.png", "comparison_throughput.png"):
+        assert (sweep / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # the same comparison from the offline wandb runs alone
     for p in runs:
         (p / "summary.json").unlink()
-    assert compare_main([str(sweep), "--out", str(out)]) == 0
-    cmp = json.loads(out.read_text())
+    out_json = tmp_path / "cmp.json"
+    assert compare_main([str(sweep), "--out", str(out_json)]) == 0
+    cmp = json.loads(out_json.read_text())
     assert sorted(r["a2a"] for r in cmp["runs"]) == ["bf16", "mxfp8"]
     assert all(r["source"] == "wandb" for r in cmp["runs"])
-    assert all(r["metrics"]["final_loss"] is not None for r in cmp["runs"])
+    assert {r["a2a"]: r["a2a_bytes_per_step"] for r in cmp["runs"]} == pytest.approx(
+        {"bf16": bf16.a2a_bytes_per_step, "mxfp8": mxfp8.a2a_bytes_per_step})
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """train.py in its own process group, as a shell starts a foreground job."""
+    return subprocess.Popen(train_cmd(*args), cwd=tmp_path, env=train_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: float = 240) -> None:
+    console = run_dir / "console.log"
+    deadline = time.monotonic() + timeout
+    while not (console.is_file() and len(console.read_text().splitlines()) >= steps):
+        assert proc.poll() is None, proc.communicate()
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no step {steps} after {timeout}s: {proc.communicate()}")
+        time.sleep(0.2)
+
+
+def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, "training.steps=200", "training.checkpoint_enable=true",
+                  "training.checkpoint_interval=100", f"hydra.run.dir={run_dir}")
+    _wait_for_steps(run_dir, proc, 3)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out[-3000:], err[-3000:])
+
+    s = RunSummary.read(run_dir)
+    assert s.stopped_by == "SIGINT" and 3 <= s.steps < 200
+    assert s.checkpoint == str(run_dir / "checkpoint" / f"step-{s.steps}")
+    assert (run_dir / "checkpoint" / f"step-{s.steps}" / ".metadata").is_file()
+    assert err.splitlines() == [
+        f"[mxfp8ep] stopped by SIGINT at step {s.steps}/200: checkpoint {s.checkpoint}, wandb run "
+        f"{s.wandb_run_id} finished; continue with training.resume={run_dir}"
+    ]
+    assert not [line for line in out.splitlines() if NOISE.search(line)]
+    # no logged step lost: wandb has every step up to the stop, and was finished
+    (run,) = read_runs(str(run_dir))
+    assert [row["_step"] for row in run.history] == list(range(1, s.steps + 1))
+    assert run.exit_code == 0
+
+    # Resume: same run dir, newest checkpoint, same wandb run with the history appended.
+    steps = s.steps + 2
+    proc = run_train(tmp_path, f"training.steps={steps}", "training.checkpoint_enable=true",
+                     f"training.resume={run_dir}")
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    assert f"run dir {run_dir}" in proc.stdout
+    resumed = RunSummary.read(run_dir)
+    assert resumed.start_step == s.steps and resumed.steps == steps
+    assert resumed.wandb_run_id == s.wandb_run_id and resumed.run_name == s.run_name
+    assert resumed.logged_steps == list(range(1, steps + 1))
+    (run,) = read_runs(str(run_dir))
+    assert len(run.paths) == 2 and run.run_id == s.wandb_run_id
+    assert [row["_step"] for row in run.history] == list(range(1, steps + 1))
+    assert run.series(LOSS)[: s.steps] == pytest.approx(s.losses)
+    assert not list(tmp_path.glob("outputs"))  # no new run dir was made
+
+
+def test_sigterm_to_the_launcher_stops_the_workers(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, "training.steps=200", "logging=none", f"hydra.run.dir={run_dir}")
+    _wait_for_steps(run_dir, proc, 2)
+    proc.send_signal(signal.SIGTERM)  # kill <pid>: the launcher alone
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (out[-3000:], err[-3000:])
+    s = RunSummary.read(run_dir)
+    assert s.stopped_by == "SIGTERM" and s.checkpoint is None
+    assert err.splitlines() == [
+        f"[mxfp8ep] stopped by SIGTERM at step {s.steps}/200: no checkpoint "
+        f"(training.checkpoint_enable=false)"
+    ]
+
+
+def test_help_lists_groups_options_and_examples(tmp_path):
+    proc = run_train(tmp_path, "--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.startswith("mxfp8ep: train torchtitan 0.2.2's MoE models")
+    assert "a2a: bf16, mxfp8, mxfp8_all" in text
+    assert "launcher: local, slurm" in text and "model: dsv3_16b," in text
+    assert "parallelism: 2nodes_8gpus, ep2, ep8, single" in text
+    examples = text.split("== Examples ==")[1]
+    assert examples.count("python launch/train.py") == 5

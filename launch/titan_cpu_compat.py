@@ -25,7 +25,7 @@ on torchtitan 0.2.2 + torch 2.13 CPU); each patch below fixes exactly one of the
 
 All patches are applied by :func:`apply_cpu_compat` only when CUDA is unavailable, once per
 process. On a CUDA machine the function is a no-op, so GPU runs see stock torchtitan.
-This module imports neither hydra, submitit nor wandb.
+Part of the recipe (launch/), not the library: only the recipe and its tests train on CPU.
 """
 
 from __future__ import annotations

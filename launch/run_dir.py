@@ -1,0 +1,68 @@
+"""What a run dir holds, and the lookups on it.
+
+A run dir (``hydra.run.dir``, one per sweep point under ``hydra.sweep.dir``) collects what a
+run writes: ``train_config.yaml`` (the composed config the workers got), ``console.log`` (the
+console lines of rank 0), ``summary.json`` (``launch.run_summary.RunSummary``), ``train.log``
+(the launching process's log), ``worker_logs/`` (local) or ``slurm/`` (SLURM) with every
+process's full output, ``wandb/`` and the torchtitan checkpoints. Launching into a run dir
+that has a checkpoint continues that run: from its newest checkpoint, in the same wandb run.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+from typing import Optional
+
+RUN_CONFIG = "train_config.yaml"
+CONSOLE_LOG = "console.log"
+SUMMARY = "summary.json"
+WORKER_LOGS = "worker_logs"
+
+_STEP_DIR = re.compile(r"step-(\d+)$")
+
+
+def checkpoint_steps(run_dir: str | Path, checkpoint_folder: str) -> list[int]:
+    """Steps of the complete torchtitan checkpoints in ``run_dir`` (DCP writes ``.metadata``
+    last), oldest first."""
+    folder = Path(run_dir) / checkpoint_folder
+    steps = []
+    for d in folder.glob("step-*"):
+        m = _STEP_DIR.search(d.name)
+        if m and (d / ".metadata").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def resolve_run_dir(base: str, stamp: str, resume: Optional[str], checkpoint_folder: str) -> str:
+    """``hydra.run.dir`` for ``training.resume``: None -> ``<base>/<stamp>`` (a new run);
+    "auto" -> the run under ``base`` with the newest checkpoint (a new run when none has
+    one); anything else is the run dir to continue."""
+    if resume is None:
+        return f"{base}/{stamp}"
+    if resume != "auto":
+        return resume
+    runs = [d for d in Path(base).glob("*") if d.is_dir() and checkpoint_steps(d, checkpoint_folder)]
+    if not runs:
+        return f"{base}/{stamp}"
+
+    def newest_checkpoint_time(d: Path) -> float:
+        step = checkpoint_steps(d, checkpoint_folder)[-1]
+        return (d / checkpoint_folder / f"step-{step}" / ".metadata").stat().st_mtime
+
+    return str(max(runs, key=newest_checkpoint_time))
+
+
+def earlier_logging(run_dir: str | Path) -> tuple[str, Optional[str]]:
+    """The wandb run id and run name of the run in ``run_dir``: the ones its earlier launch
+    recorded in ``train_config.yaml`` (so a resumed run continues the same wandb run), else a
+    new id and no name."""
+    from omegaconf import OmegaConf
+
+    previous = Path(run_dir) / RUN_CONFIG
+    if previous.is_file():
+        logging = OmegaConf.load(previous).get("logging", {})
+        if logging.get("run_id"):
+            return str(logging.run_id), logging.get("run_name")
+    return uuid.uuid4().hex[:8], None
