@@ -304,7 +304,7 @@ def main() -> None:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
-        from mxfp8_ep.titan_cpu_compat import apply_cpu_compat
+        from launch.titan_cpu_compat import apply_cpu_compat
 
         apply_cpu_compat()  # torchtitan 0.2.2 on CPU processes (smoke runs)
     args.dtype = torch.bfloat16
