@@ -322,7 +322,10 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
         register_tiny_flavors()
         register_tiny_dataset()
         mxfp8_ep.install_expert_parallel(
-            A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True))  # type: ignore[arg-type]
+            A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True)),  # type: ignore[arg-type]
+            # Every rank sees at most this many tokens per MoE layer: the symm transport's
+            # buffers are sized for it on every rank alike.
+            max_tokens_per_rank=int(cfg.training.local_batch_size) * int(cfg.training.seq_len),
         )
 
         owns_process_group = not dist.is_initialized()

@@ -1,4 +1,4 @@
-"""mxfp8_ep: expert-parallel all-to-all in MXFP8 for torchtitan MoE training.
+"""mxfp8_ep: expert-parallel token dispatch in MXFP8 for torchtitan MoE training.
 
 Imports neither hydra, submitit nor wandb (the recipe in ``launch/`` does).
 """
@@ -8,8 +8,9 @@ from mxfp8_ep.config import PRESETS, A2AConfig
 __all__ = ["A2AConfig", "PRESETS", "install_expert_parallel"]
 
 
-def install_expert_parallel(a2a: A2AConfig) -> None:
-    """Make torchtitan's Llama4 / DeepSeek-V3 parallelization use our ExpertParallel."""
+def install_expert_parallel(a2a: A2AConfig, max_tokens_per_rank: int | None = None) -> None:
+    """Make torchtitan 0.2.2's Llama4 / DeepSeek-V3 parallelization run every EP MoE layer
+    through our token dispatcher (``mxfp8_ep.expert_parallel``)."""
     from mxfp8_ep.expert_parallel import install_expert_parallel as _install
 
-    _install(a2a)
+    _install(a2a, max_tokens_per_rank)

@@ -225,15 +225,19 @@ class SymmDispatchMetadata:
 class SymmTokenDispatcher(TokenDispatcher):
     """Peer-memory push transport (one node): sync-free, quantizes inside the push."""
 
-    def __init__(self, config, group):
-        super().__init__(config, group)
-        self._kernels = None
+    def _buffer_key(self, x_TD: torch.Tensor) -> tuple:  # noqa: N803
+        # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
+        cfg = self.config
+        return (id(self.group), x_TD.device, x_TD.shape[1], x_TD.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple)
 
     def _buffers(self, x_TD: torch.Tensor) -> _SymmBuffers:  # noqa: N803
+        """The peer buffers for ``x_TD``'s (group, device, dim, dtype), allocated at the first
+        dispatch (a collective: every rank builds the same dispatchers in the same order) and
+        again, larger, when this dispatcher is configured for more tokens than they hold."""
         cfg = self.config
-        key = (id(self.group), x_TD.device, x_TD.shape[1], x_TD.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple)
+        key = self._buffer_key(x_TD)
         bufs = _BUFFERS.get(key)
-        if bufs is None:
+        if bufs is None or (cfg.max_tokens_per_rank or 0) > bufs.max_tokens:
             max_tokens = cfg.max_tokens_per_rank
             if max_tokens is None:  # once, at the first dispatch: agree on the largest T
                 t = torch.tensor([x_TD.shape[0]], dtype=torch.int64, device=x_TD.device)
@@ -250,6 +254,9 @@ class SymmTokenDispatcher(TokenDispatcher):
             )
             _BUFFERS[key] = bufs
         if x_TD.shape[0] > bufs.max_tokens:
+            # Raised on this rank only: the others learn nothing without a host sync. Set
+            # max_tokens_per_rank to the largest token count any rank will see (the recipe sets
+            # local batch x sequence length) so that this cannot happen in training.
             raise ValueError(
                 f"symm dispatch got {x_TD.shape[0]} tokens on rank {self.rank}, but its buffers hold "
                 f"{bufs.max_tokens} per rank; raise TokenDispatcher.Config.max_tokens_per_rank"
@@ -328,9 +335,7 @@ class SymmTokenDispatcher(TokenDispatcher):
         return out
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
-        cfg = self.config
-        key = (id(self.group), src.device, src.shape[1], src.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple)
-        return _BUFFERS[key]
+        return _BUFFERS[self._buffer_key(src)]
 
 
 class _SymmToExperts(torch.autograd.Function):
