@@ -122,6 +122,56 @@ def _free_peer_buffers():
     dispatcher._BUFFERS.clear()
 
 
+def init_process_group() -> torch.device:
+    """NCCL with one GPU per process (torchrun), else gloo on CPU processes (smoke runs)."""
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=device)
+        return device
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def check_step(moe, x, grad, expert_w1, ref: dict | None, device):
+    """One forward+backward of ``moe`` on a fresh copy of ``x``: the input that the timed calls
+    reuse, this step's output / input gradient / expert w1 gradient, and their relative errors
+    against ``ref`` (max over ranks; ``ref=None``: this arm is the reference)."""
+    xi = x.clone().requires_grad_()
+    out = moe(xi)
+    out.backward(grad)
+    w1 = expert_w1(moe).grad
+    w1 = w1.to_local() if hasattr(w1, "to_local") else w1
+    # Clones: the timed calls write the same .grad tensors again.
+    result = {"out": out.detach(), "x_grad": xi.grad.detach().clone(), "w1_grad": w1.detach().clone()}
+    ref = result if ref is None else ref
+    errs = {k: _max_over_ranks(_rel_err(v, ref[k]), device) for k, v in result.items()}
+    return xi, result, errs
+
+
+def time_passes(moe, xi, grad, args, device) -> dict[str, tuple[float, float]]:
+    """``{"fwd" | "fwd+bwd": (steady-state ms, synced ms)}`` for one MoE arm."""
+
+    def fwd():
+        moe(xi)
+
+    def fwd_bwd():
+        moe(xi).backward(grad)
+
+    def drop_grads():
+        # Each timed backward writes fresh gradients, as the first micro-batch of a training
+        # step does (FSDP reduce-scatters them): no accumulation kernels in the timing.
+        moe.zero_grad(set_to_none=True)
+        xi.grad = None
+
+    return {
+        name: (_median_ms(fn, args.iters, args.warmup, device, before=drop_grads, group=args.group),
+               _median_ms(fn, args.iters, args.warmup, device, before=drop_grads))
+        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd))
+    }
+
+
 def _a2a(arm: str):
     from mxfp8_ep.config import A2AConfig
 
@@ -162,34 +212,12 @@ def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> No
         _free_peer_buffers()
         _reset_peak(device)
         moe = _build_moe(shape, device, args.dtype, arm, mesh)
-        xi = x.clone().requires_grad_()
         # Correctness first (one step), against the torchtitan arm.
-        out = moe(xi)
-        out.backward(grad)
-        w1 = moe.experts.w1.grad
-        w1 = w1.to_local() if hasattr(w1, "to_local") else w1
-        # Clones: the timed loops below accumulate into the same .grad tensors.
-        result = {"out": out.detach(), "x_grad": xi.grad.detach().clone(), "w1_grad": w1.detach().clone()}
+        xi, result, errs = check_step(moe, x, grad, lambda m: m.experts.w1, ref or None, device)
         if arm == "torchtitan":
             ref = result
-        errs = {k: _max_over_ranks(_rel_err(v, ref[k]), device) for k, v in result.items()}
-        del out, result, w1
-
-        def fwd():
-            moe(xi)
-
-        def fwd_bwd():
-            moe(xi).backward(grad)
-
-        def drop_grads():
-            # Each timed backward writes fresh gradients, as the first micro-batch of a training
-            # step does (FSDP reduce-scatters them): no accumulation kernels in the timing.
-            moe.zero_grad(set_to_none=True)
-            xi.grad = None
-
-        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-            ms = _median_ms(fn, args.iters, args.warmup, device, before=drop_grads, group=args.group)
-            ms_synced = _median_ms(fn, args.iters, args.warmup, device, before=drop_grads)
+        del result
+        for name, (ms, ms_synced) in time_passes(moe, xi, grad, args, device).items():
             rows.append({
                 "bench": "moe_layer", "shape": shape.label(), "arm": arm, "pass": name, "ms": round(ms, 3),
                 "ms_synced": round(ms_synced, 3),
@@ -295,15 +323,8 @@ def main() -> None:
     args = parser.parse_args()
     args.arms = args.arms.split(",")
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = init_process_group()
+    if device.type == "cpu":
         from launch.titan_cpu_compat import apply_cpu_compat
 
         apply_cpu_compat()  # torchtitan 0.2.2 on CPU processes (smoke runs)

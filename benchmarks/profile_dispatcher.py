@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
 import torch
@@ -142,9 +141,9 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--skip-layer", action="store_true")
     args = parser.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    from benchmarks.dispatcher import init_process_group
+
+    init_process_group()
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.expert_parallel import install_expert_parallel
 

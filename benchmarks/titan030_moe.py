@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 if not hasattr(torch.compiler, "_is_non_strict_tracing"):  # torch 2.11: 0.3.0's dispatchers call it
     torch.compiler._is_non_strict_tracing = lambda: False
@@ -59,7 +58,7 @@ from torchtitan.models.common.token_dispatcher import (  # noqa: E402
     MinimalAsyncEPTokenDispatcher,
 )
 
-from benchmarks.dispatcher import SHAPES, MoEShape, _free_peer_buffers, _max_over_ranks, _median_ms, _rel_err  # noqa: E402
+from benchmarks.dispatcher import SHAPES, MoEShape, _free_peer_buffers, check_step, init_process_group, time_passes  # noqa: E402
 from mxfp8_ep.config import A2AConfig  # noqa: E402
 from mxfp8_ep.titan030 import A2ATokenDispatcher  # noqa: E402
 
@@ -144,30 +143,11 @@ def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> No
         if device.type == "cuda":
             torch.cuda.empty_cache()
         moe = build_moe(shape, arm, mesh, device)
-        xi = x.clone().requires_grad_()
-        out = moe(xi)
-        out.backward(grad)
-        w1 = moe.routed_experts.inner_experts.w1_EFD.grad
-        # Clones: the timed loops below write the same .grad tensors again.
-        result = {"out": out.detach(), "x_grad": xi.grad.detach().clone(), "w1_grad": w1.detach().clone()}
+        xi, result, errs = check_step(moe, x, grad, lambda m: m.routed_experts.inner_experts.w1_EFD, ref or None, device)
         ref = ref or result
-        errs = {k: _max_over_ranks(_rel_err(v, ref[k]), device) for k, v in result.items()}
         correct = all(e <= tolerance(arm) for e in errs.values())  # NaN compares False
-        del out, result, w1
-
-        def fwd():
-            moe(xi)
-
-        def fwd_bwd():
-            moe(xi).backward(grad)
-
-        def drop_grads():
-            moe.zero_grad(set_to_none=True)
-            xi.grad = None
-
-        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-            ms = _median_ms(fn, args.iters, args.warmup, device, before=drop_grads, group=args.group)
-            ms_synced = _median_ms(fn, args.iters, args.warmup, device, before=drop_grads)
+        del result
+        for name, (ms, ms_synced) in time_passes(moe, xi, grad, args, device).items():
             rows.append({
                 "bench": "moe_layer", "shape": shape.label(), "arm": arm, "pass": name, "ms": round(ms, 3),
                 "ms_synced": round(ms_synced, 3), "correct": correct,
@@ -192,16 +172,10 @@ def main() -> None:
     args = parser.parse_args()
     args.arms = args.arms.split(",")
 
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
-        set_spmd_backend("spmd_types")  # 0.3.0's trainer default
-    else:  # CPU smoke run. gloo rejects spmd_types' uneven all_to_all: the functional one instead
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-        set_spmd_backend("partial_dtensor")
+    device = init_process_group()
+    # On CUDA 0.3.0's trainer default; on CPU smoke runs gloo rejects spmd_types' uneven
+    # all_to_all, so the functional one.
+    set_spmd_backend("spmd_types" if device.type == "cuda" else "partial_dtensor")
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
     set_spmd_meshes(dense_mesh=mesh, sparse_mesh=mesh)
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.symm_kernels import _block_d
-from mxfp8_ep.triton_kernels import _bf16_bits, _bf16_bits_to_fp32
+from mxfp8_ep.triton_kernels import _bf16_bits, _bf16_bits_to_fp32, _load_fp32, _store_fp32
 
 
 def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):
@@ -74,23 +74,6 @@ def _round(v, IN_BF16: tl.constexpr):
 
 
 @triton.jit
-def _load(ptr, offs, mask, IN_BF16: tl.constexpr):
-    if IN_BF16:
-        v = _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
-    else:
-        v = tl.load(ptr + offs, mask=mask, other=0.0)
-    return v
-
-
-@triton.jit
-def _store(ptr, offs, v, mask, IN_BF16: tl.constexpr):
-    if IN_BF16:
-        tl.store(ptr + offs, _bf16_bits(v).to(tl.int16), mask=mask)
-    else:
-        tl.store(ptr + offs, v, mask=mask)
-
-
-@triton.jit
 def _rows_kernel(
     a_ptr, b_ptr, c_ptr, out1_ptr, out2_ptr, valid_ptr,
     N: tl.constexpr, OP: tl.constexpr, IN_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -106,17 +89,17 @@ def _rows_kernel(
     else:
         mask = (rows < valid)[:, None] & (cols < N)[None, :]
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    a = _load(a_ptr, offs, mask, IN_BF16)
-    b = _load(b_ptr, offs, mask, IN_BF16)
+    a = _load_fp32(a_ptr, offs, mask, IN_BF16)
+    b = _load_fp32(b_ptr, offs, mask, IN_BF16)
     if OP == 0:
-        _store(out1_ptr, offs, _round(_silu(a), IN_BF16) * b, mask, IN_BF16)
+        _store_fp32(out1_ptr, offs, _round(_silu(a), IN_BF16) * b, mask, IN_BF16)
     elif OP == 1:
-        h3 = _load(c_ptr, offs, mask, IN_BF16)
+        h3 = _load_fp32(c_ptr, offs, mask, IN_BF16)
         silu = _round(_silu(b), IN_BF16)
         d_silu = _round(a * h3, IN_BF16)
-        _store(out2_ptr, offs, a * silu, mask, IN_BF16)
+        _store_fp32(out2_ptr, offs, a * silu, mask, IN_BF16)
         sig = 1.0 / (1.0 + tl.exp(-b))
-        _store(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
+        _store_fp32(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
 
 
 def _launch(op, a, b, c, out1, out2, offsets):

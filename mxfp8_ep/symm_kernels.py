@@ -27,7 +27,9 @@ from mxfp8_ep.triton_kernels import (
     _bf16_bits,
     _bf16_bits_to_fp32,
     _dequantize_groups,
+    _load_fp32,
     _quantize_groups,
+    _store_fp32,
 )
 
 _RCEIL, _FLOOR = 0, 1
@@ -70,21 +72,12 @@ def _mask(row_ok, cols, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _load_tile(ptr, rows, cols, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
-    offs = rows[:, None, None].to(tl.int64) * D + cols
-    if IN_BF16:
-        value = _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
-    else:
-        value = tl.load(ptr + offs, mask=mask, other=0.0)
-    return value
+    return _load_fp32(ptr, rows[:, None, None].to(tl.int64) * D + cols, mask, IN_BF16)
 
 
 @triton.jit
 def _store_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.constexpr):
-    offs = rows[:, None, None].to(tl.int64) * D + cols
-    if IN_BF16:
-        tl.store(ptr + offs, _bf16_bits(value).to(tl.int16), mask=mask)
-    else:
-        tl.store(ptr + offs, value, mask=mask)
+    _store_fp32(ptr, rows[:, None, None].to(tl.int64) * D + cols, value, mask, IN_BF16)
 
 
 @triton.jit

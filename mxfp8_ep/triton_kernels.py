@@ -154,6 +154,25 @@ def _bf16_bits_to_fp32(raw):
 
 
 @triton.jit
+def _load_fp32(ptr, offs, mask, IN_BF16: tl.constexpr):
+    """Load bf16 (as int16 bits) or fp32 values as exact fp32."""
+    if IN_BF16:
+        value = _bf16_bits_to_fp32(tl.load(ptr + offs, mask=mask, other=0))
+    else:
+        value = tl.load(ptr + offs, mask=mask, other=0.0)
+    return value
+
+
+@triton.jit
+def _store_fp32(ptr, offs, value, mask, IN_BF16: tl.constexpr):
+    """Store fp32 values as bf16 (int16 bits, round to nearest even) or as fp32."""
+    if IN_BF16:
+        tl.store(ptr + offs, _bf16_bits(value).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offs, value, mask=mask)
+
+
+@triton.jit
 def _dequantize_groups(data, byte):
     """e4m3 bytes ``[..., G, 32]`` and e8m0 bytes ``[..., G]`` (int32) -> exact fp32."""
     scale = tl.where(byte == 255, float("nan"), _pow2(byte - 127))
