@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.symm_kernels import _block_d
-from mxfp8_ep.triton_kernels import _bf16_bits, _bf16_bits_to_fp32, _load_fp32, _store_fp32
+from mxfp8_ep.triton_kernels import _load_fp32, _round_to_activation, _store_fp32
 
 
 def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):
@@ -67,13 +67,6 @@ def _silu(a):
 
 
 @triton.jit
-def _round(v, IN_BF16: tl.constexpr):
-    if IN_BF16:
-        v = _bf16_bits_to_fp32(_bf16_bits(v))
-    return v
-
-
-@triton.jit
 def _rows_kernel(
     a_ptr, b_ptr, c_ptr, out1_ptr, out2_ptr, valid_ptr,
     N: tl.constexpr, OP: tl.constexpr, IN_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -92,11 +85,11 @@ def _rows_kernel(
     a = _load_fp32(a_ptr, offs, mask, IN_BF16)
     b = _load_fp32(b_ptr, offs, mask, IN_BF16)
     if OP == 0:
-        _store_fp32(out1_ptr, offs, _round(_silu(a), IN_BF16) * b, mask, IN_BF16)
+        _store_fp32(out1_ptr, offs, _round_to_activation(_silu(a), IN_BF16) * b, mask, IN_BF16)
     elif OP == 1:
         h3 = _load_fp32(c_ptr, offs, mask, IN_BF16)
-        silu = _round(_silu(b), IN_BF16)
-        d_silu = _round(a * h3, IN_BF16)
+        silu = _round_to_activation(_silu(b), IN_BF16)
+        d_silu = _round_to_activation(a * h3, IN_BF16)
         _store_fp32(out2_ptr, offs, a * silu, mask, IN_BF16)
         sig = 1.0 / (1.0 + tl.exp(-b))
         _store_fp32(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)

@@ -24,11 +24,10 @@ import triton.language as tl
 from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.symm_reference import staging_views
 from mxfp8_ep.triton_kernels import (
-    _bf16_bits,
-    _bf16_bits_to_fp32,
     _dequantize_groups,
     _load_fp32,
     _quantize_groups,
+    _round_to_activation,
     _store_fp32,
 )
 
@@ -124,9 +123,7 @@ def _push_rows_kernel(
             other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
             dot += tl.sum(tl.sum(other * x, axis=2), axis=1)
         if HAS_FACTOR:
-            x = x * factor[:, None, None]
-            if IN_BF16:
-                x = _bf16_bits_to_fp32(_bf16_bits(x))
+            x = _round_to_activation(x * factor[:, None, None], IN_BF16)
         _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
         remote_mask = _mask(remote, cols, D, BLOCK_D)
         if QUANT:
@@ -150,9 +147,7 @@ def _load_staged_tile(stage_a, stage_b, rows, row_ok, cols, start, D: tl.constex
         data = tl.load(stage_a + rows[:, None, None].to(tl.int64) * D + cols, mask=mask, other=0).to(tl.int32)
         soffs, sok = _scale_offsets(rows, start, D, BLOCK_D)
         byte = tl.load(stage_b + soffs, mask=row_ok[:, None] & sok, other=127).to(tl.int32)
-        value = _dequantize_groups(data, byte)
-        if IN_BF16:
-            value = _bf16_bits_to_fp32(_bf16_bits(value))
+        value = _round_to_activation(_dequantize_groups(data, byte), IN_BF16)
     else:
         value = _load_tile(stage_a, rows, cols, mask, D, IN_BF16)
     return value

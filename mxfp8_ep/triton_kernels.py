@@ -154,6 +154,14 @@ def _bf16_bits_to_fp32(raw):
 
 
 @triton.jit
+def _round_to_activation(v, IN_BF16: tl.constexpr):
+    """fp32 -> the fp32 value of its bf16 rounding (when the activations are bf16)."""
+    if IN_BF16:
+        v = _bf16_bits_to_fp32(_bf16_bits(v))
+    return v
+
+
+@triton.jit
 def _load_fp32(ptr, offs, mask, IN_BF16: tl.constexpr):
     """Load bf16 (as int16 bits) or fp32 values as exact fp32."""
     if IN_BF16:
