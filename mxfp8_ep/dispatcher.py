@@ -345,7 +345,6 @@ class _SymmToExperts(torch.autograd.Function):
     def forward(ctx, x, factor, meta, disp):
         ctx.meta, ctx.disp = meta, disp
         ctx.save_for_backward(x, factor)
-        ctx.x_shape = x.shape
         return disp.to_experts(x.contiguous(), meta, disp.config.a2a.dispatch_fwd, factor=factor)
 
     @staticmethod
