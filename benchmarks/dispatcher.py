@@ -122,6 +122,14 @@ def _free_peer_buffers():
     dispatcher._BUFFERS.clear()
 
 
+def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every MoE benchmark shares: iterations, warm-up, grouping and JSON output."""
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--group", type=int, default=4, help="back-to-back calls per timed sample (ms)")
+    parser.add_argument("--json", default=None)
+
+
 def init_process_group() -> torch.device:
     """NCCL with one GPU per process (torchrun), else gloo on CPU processes (smoke runs)."""
     if torch.cuda.is_available():
@@ -316,10 +324,7 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--leg-rows", type=int, default=131072)
     parser.add_argument("--leg-dim", type=int, default=5120)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--group", type=int, default=4, help="back-to-back calls per timed sample (ms)")
-    parser.add_argument("--json", default=None)
+    add_timing_arguments(parser)
     args = parser.parse_args()
     args.arms = args.arms.split(",")
 

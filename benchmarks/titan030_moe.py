@@ -58,7 +58,15 @@ from torchtitan.models.common.token_dispatcher import (  # noqa: E402
     MinimalAsyncEPTokenDispatcher,
 )
 
-from benchmarks.dispatcher import SHAPES, MoEShape, _free_peer_buffers, check_step, init_process_group, time_passes  # noqa: E402
+from benchmarks.dispatcher import (  # noqa: E402
+    SHAPES,
+    MoEShape,
+    _free_peer_buffers,
+    add_timing_arguments,
+    check_step,
+    init_process_group,
+    time_passes,
+)
 from mxfp8_ep.config import A2AConfig  # noqa: E402
 from mxfp8_ep.titan030 import A2ATokenDispatcher  # noqa: E402
 
@@ -165,10 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv3,llama4")
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--group", type=int, default=4, help="back-to-back calls per timed sample (ms)")
-    parser.add_argument("--json", default=None)
+    add_timing_arguments(parser)
     args = parser.parse_args()
     args.arms = args.arms.split(",")
 
