@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_evidence.sh core  OUT_DIR   # GPU variants of the tests + a2a benchmark
 #   bash benchmarks/gpu_evidence.sh train OUT_DIR   # llama4/dsv3 debugmodel, EP=2, bf16 vs mxfp8
 #   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
+#   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
 # Logs and JSON go to OUT_DIR; a short table is printed last.
 set -uo pipefail
 what=${1:?core|train}
@@ -23,6 +24,17 @@ if [ "$what" = core ]; then
 elif [ "$what" = dispatcher ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
   torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
+elif [ "$what" = transports ]; then
+  runs=/tmp/mxfp8ep_transport_runs
+  rm -rf "$runs"
+  common="model=dsv3_ep_bench training.steps=50 training.seq_len=4096 training.local_batch_size=2 experiment=gpu_transports"
+  python3 launch/train.py $common a2a=bf16 a2a.transport=nccl hydra.run.dir="$runs/bf16_nccl" > "$out/train_nccl.log" 2>&1
+  echo "bf16/nccl exit $?"
+  python3 launch/train.py --multirun $common a2a=bf16,mxfp8,mxfp8_all a2a.transport=symm \
+      hydra.sweep.dir="$runs/symm" > "$out/train_symm.log" 2>&1
+  echo "symm sweep exit $?"
+  python3 launch/compare_runs.py "$runs/symm" --out "$out/compare_symm.json" 2>&1 | tee "$out/compare_symm.txt"
+  cp "$runs"/bf16_nccl/summary.json "$out/summary_bf16_nccl.json" 2>/dev/null
 elif [ "$what" = train ]; then
   runs=/tmp/mxfp8ep_gpu_runs
   rm -rf "$runs"

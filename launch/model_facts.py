@@ -65,6 +65,7 @@ MODELS: dict[tuple[str, str], ModelFacts] = {
     ("llama4", "17bx128e"): _L4_128E,
     ("llama4", "17bx128e_irope"): _flex(_L4_128E),
     ("deepseek_v3", "tiny"): ModelFacts(128, 2, 2, 4, 4, 512, 8, 1, 2, 64, 0, 731_904, 393_216, "sdpa"),
+    ("deepseek_v3", "ep_bench"): ModelFacts(7168, 2, 2, 16, 16, 512, 64, 1, 8, 2048, 0, 5_819_371_520, 5_637_144_576, "sdpa"),
     ("deepseek_v3", "debugmodel"): _DS_DEBUG,
     ("deepseek_v3", "debugmodel_flex_attn"): _flex(_DS_DEBUG),
     ("deepseek_v3", "16B"): ModelFacts(2048, 27, 26, 16, 16, 102400, 64, 2, 6, 1408, 10944, 15_706_484_224, 14_394_851_328, "flex"),

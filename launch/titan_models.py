@@ -83,9 +83,45 @@ def _tiny_deepseek_v3() -> Any:
     )
 
 
+def _ep_bench_deepseek_v3() -> Any:
+    """DeepSeek-V3 MoE layers at full width (dim 7168, expert hidden 2048, 64 experts, top-8,
+    one shared expert), two of them, with the tiny vocabulary: a model whose step time the
+    expert-parallel token exchange dominates, that fits 2xH200 (EP=2, FSDP=2) at 8192 tokens
+    per GPU. For bf16-vs-MXFP8 and nccl-vs-symm training comparisons; not for CPUs."""
+    from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
+    from torchtitan.models.moe import MoEArgs
+
+    return DeepSeekV3ModelArgs(
+        vocab_size=TINY_VOCAB_SIZE,
+        dim=7168,
+        inter_dim=18432,
+        moe_inter_dim=2048,
+        n_layers=2,
+        n_dense_layers=0,  # MoE on every layer
+        n_heads=16,
+        max_seq_len=8192,
+        moe_args=MoEArgs(
+            num_experts=64,
+            num_shared_experts=1,
+            top_k=8,
+            score_func="sigmoid",
+            route_norm=True,
+            route_scale=2.5,
+            score_before_experts=False,
+        ),
+        q_lora_rank=0,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    )
+
+
+# The recipe's own flavors, added to torchtitan's flavor dicts by register_tiny_flavors.
 _TINY_BUILDERS = {
     ("llama4", "tiny"): _tiny_llama4,
     ("deepseek_v3", "tiny"): _tiny_deepseek_v3,
+    ("deepseek_v3", "ep_bench"): _ep_bench_deepseek_v3,
 }
 
 

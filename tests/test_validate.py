@@ -422,3 +422,14 @@ def test_cli_sweep_with_a_bad_point_starts_nothing(tmp_path):
     assert "sweep job #1 (parallelism.ep=4 training.steps=2): parallelism.ep=4 must divide" in proc.stderr
     assert "nothing was started" in proc.stderr
     assert not list((tmp_path / "sweep").rglob("worker_logs"))
+
+
+def test_comm_heavy_model_fits_two_h200_and_not_a_cpu_box():
+    """model=dsv3_ep_bench (full-width DeepSeek-V3 MoE layers, for transport/format training
+    comparisons) passes every check on a 2xH200 node at 8192 tokens per GPU with the symm
+    transport, and is stopped before launch on the 24 GB CPU box by the memory estimate."""
+    two_h200 = Machine(ram_bytes=256 * GIB, cpu_count=32, gpu_memory_bytes=(141 * GIB,) * 2)
+    run = ("model=dsv3_ep_bench", "parallelism=ep2", "training.local_batch_size=2", "training.seq_len=4096")
+    assert check(*run, "a2a=mxfp8", "a2a.transport=symm", machine=two_h200) == []
+    with pytest.raises(ConfigError, match="memory"):
+        check(*run, "a2a=mxfp8")
