@@ -19,7 +19,7 @@ import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import wire_stats
 from mxfp8_ep.config import LEG_FORMATS
-from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, check_quantizable
+from mxfp8_ep.format import MXFP8Tensor, check_quantizable
 from mxfp8_ep.quantize import dequantize, quantize
 
 
@@ -44,13 +44,6 @@ def _check_splits(x: torch.Tensor, output_splits: list[int], input_splits: list[
         )
 
 
-def _wire_row_bytes(x: torch.Tensor, fmt: str) -> int:
-    row = math.prod(x.shape[1:])
-    if fmt == "mxfp8":
-        return row + row // BLOCK_SIZE
-    return row * x.element_size()
-
-
 def exchange(
     x: torch.Tensor,
     output_splits: list[int],
@@ -73,7 +66,7 @@ def exchange(
     x = x.contiguous()
     rank = dist.get_rank(group)
     remote_rows = sum(input_splits) - input_splits[rank]
-    wire_stats.record(leg, remote_rows * _wire_row_bytes(x, fmt))
+    wire_stats.record(leg, remote_rows * wire_stats.row_bytes(math.prod(x.shape[1:]), x.element_size(), fmt))
 
     if fmt == "bf16":
         out = funcol.all_to_all_single(x, output_splits, input_splits, group)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from mxfp8_ep import routing
+from mxfp8_ep import routing, wire_stats
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
@@ -303,10 +303,13 @@ class SymmTokenDispatcher(TokenDispatcher):
     # The two directions. Expert-bound: dispatch forward, combine backward. Token-bound:
     # combine forward, dispatch backward.
 
-    def to_experts(self, src, meta, fmt, factor=None, dot_rows=None, dot_out=None):
+    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None):
         """Sorted rows (read from ``src`` by token) -> a fresh ``(capacity, D)`` expert-major
-        tensor on their owners."""
+        tensor on their owners. ``leg``: dispatch_fwd or combine_bwd."""
         bufs, kernels, a2a = self._buffers_for(src), self.kernels(src.device), self.config.a2a
+        fmt = getattr(a2a, leg)
+        remote = (meta.dst_rank != self.rank).sum()
+        wire_stats.record_rows(leg, remote, wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         staging = bufs.take_staging()
         out = src.new_empty((meta.capacity, src.shape[1]))
         kernels.push_rows(
@@ -318,9 +321,13 @@ class SymmTokenDispatcher(TokenDispatcher):
         kernels.receive_rows(out, meta.row_source, self.rank, staging, bufs.staging_rows, fmt)
         return out
 
-    def to_tokens(self, src, meta, fmt, weight=None, save=None, dot_with=None, dot_out=None):
-        """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32."""
+    def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
+        """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
+        ``leg``: combine_fwd or dispatch_bwd."""
         bufs, kernels, a2a = self._buffers_for(src), self.kernels(src.device), self.config.a2a
+        fmt = getattr(a2a, leg)
+        remote = (meta.return_rank >= 0).sum()
+        wire_stats.record_rows(leg, remote, wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         staging = bufs.take_staging()
         kernels.push_rows(
             src, meta.return_rank, meta.return_row, None, staging, bufs.staging_rows, self.rank,
@@ -345,7 +352,7 @@ class _SymmToExperts(torch.autograd.Function):
     def forward(ctx, x, factor, meta, disp):
         ctx.meta, ctx.disp = meta, disp
         ctx.save_for_backward(x, factor)
-        return disp.to_experts(x.contiguous(), meta, disp.config.a2a.dispatch_fwd, factor=factor)
+        return disp.to_experts(x.contiguous(), meta, "dispatch_fwd", factor=factor)
 
     @staticmethod
     def backward(ctx, grad):
@@ -355,7 +362,7 @@ class _SymmToExperts(torch.autograd.Function):
         if factor is not None and ctx.needs_input_grad[1]:
             grad_factor = torch.empty(factor.shape, dtype=torch.float32, device=grad.device)
         grad_x = disp.to_tokens(
-            grad.contiguous(), meta, disp.config.a2a.dispatch_bwd, weight=factor,
+            grad.contiguous(), meta, "dispatch_bwd", weight=factor,
             dot_with=x if grad_factor is not None else None, dot_out=grad_factor,
         )
         if grad_factor is not None:
@@ -374,7 +381,7 @@ class _SymmToTokens(torch.autograd.Function):
         save = None
         if weight is not None and weight.requires_grad:
             save = routed_output.new_empty((meta.slot.numel(), routed_output.shape[1]))
-        out = disp.to_tokens(routed_output.contiguous(), meta, disp.config.a2a.combine_fwd, weight=weight, save=save)
+        out = disp.to_tokens(routed_output.contiguous(), meta, "combine_fwd", weight=weight, save=save)
         ctx.save_for_backward(weight, save)
         return out
 
@@ -386,7 +393,7 @@ class _SymmToTokens(torch.autograd.Function):
         if save is not None and ctx.needs_input_grad[1]:
             grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=grad.device)
         grad_routed = disp.to_experts(
-            grad.contiguous(), meta, disp.config.a2a.combine_bwd, factor=weight,
+            grad.contiguous(), meta, "combine_bwd", factor=weight,
             dot_rows=save if grad_weight is not None else None, dot_out=grad_weight,
         )
         if grad_weight is not None:

@@ -353,8 +353,8 @@ class _StagingViewDispatcher(SymmTokenDispatcher):
     staging buffer (the next layer's dispatch) overwrites the rows the grouped GEMM saved for
     its weight gradient."""
 
-    def to_experts(self, src, meta, fmt, **kwargs):
-        out = super().to_experts(src, meta, fmt, **kwargs)
+    def to_experts(self, src, meta, leg, **kwargs):
+        out = super().to_experts(src, meta, leg, **kwargs)
         bufs = self._buffers_for(src)
         used = bufs.staging[bufs.next_staging ^ 1]  # the staging buffer this leg just took
         assert used.local.storage_offset() == 0
