@@ -194,6 +194,7 @@ class _SymmBuffers:
     staging: tuple[PeerBuffer, PeerBuffer]
     staging_rows: int
     max_tokens: int
+    capacity: int  # rows of the expert-major tensor dispatch returns (drop-free worst case)
     next_staging: int = 0
 
     def take_staging(self) -> PeerBuffer:
@@ -251,6 +252,7 @@ class SymmTokenDispatcher(TokenDispatcher):
                 staging=(PeerBuffer(nbytes, self.group, x_TD.device), PeerBuffer(nbytes, self.group, x_TD.device)),
                 staging_rows=rows,
                 max_tokens=max_tokens,
+                capacity=capacity,
             )
             _BUFFERS[key] = bufs
         if x_TD.shape[0] > bufs.max_tokens:
@@ -275,7 +277,7 @@ class SymmTokenDispatcher(TokenDispatcher):
         cfg, W, E, L = self.config, self.ep, self.config.num_experts, self.num_local_experts
         bufs = self._buffers(x_TD)
         kernels = self.kernels(x_TD.device)
-        capacity = routing.expert_major_capacity(bufs.max_tokens, cfg.top_k, W, L, cfg.pad_multiple)
+        capacity = bufs.capacity
         with torch.no_grad():
             counts = num_tokens_per_expert_E.to(torch.int64).contiguous()
             kernels.push_counts(counts, bufs.counts, self.rank)
