@@ -181,9 +181,11 @@ def time_passes(moe, xi, grad, args, device) -> dict[str, tuple[float, float]]:
 
 
 def _a2a(arm: str):
+    """``<preset>/<transport>[:serial]``; ``:serial`` runs the shared experts on the main
+    stream (no overlap with the exchange)."""
     from mxfp8_ep.config import A2AConfig
 
-    preset, transport = arm.split("/")
+    preset, transport = arm.split(":")[0].split("/")
     return A2AConfig.preset(preset, transport=transport)
 
 
@@ -205,7 +207,8 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
     with torch.no_grad():
         moe.init_weights(0.02, device)
     moe.to(dtype)
-    style = ExpertParallel() if arm == "torchtitan" else DispatcherExpertParallel(_a2a(arm), shape.tokens)
+    style = (ExpertParallel() if arm == "torchtitan" else
+             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=not arm.endswith(":serial")))
     parallelize_module(moe.experts, mesh, style)
     return moe
 

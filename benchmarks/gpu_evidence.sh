@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_evidence.sh train OUT_DIR   # llama4/dsv3 debugmodel, EP=2, bf16 vs mxfp8
 #   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
 #   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
+#   bash benchmarks/gpu_evidence.sh profile OUT_DIR     # per-kernel sweep + layer timelines
 # Logs and JSON go to OUT_DIR; a short table is printed last.
 set -uo pipefail
 what=${1:?core|train}
@@ -22,8 +23,10 @@ if [ "$what" = core ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_all_to_all.py tests/test_expert_parallel.py -k "nccl" 2>&1 | tee "$out/test_nccl.log" | tail -3
   torchrun --nproc_per_node=2 benchmarks/a2a.py --json "$out/a2a.json" 2>&1 | tee "$out/a2a.log" | grep -v "^W"
 elif [ "$what" = dispatcher ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
+  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py tests/test_grouped_experts.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
   torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
+elif [ "$what" = profile ]; then
+  torchrun --nproc_per_node=2 benchmarks/profile_dispatcher.py --json "$out/profile.json" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^W"
 elif [ "$what" = transports ]; then
   runs=/tmp/mxfp8ep_transport_runs
   rm -rf "$runs"

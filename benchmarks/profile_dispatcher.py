@@ -6,7 +6,9 @@
    for several launch shapes, with the bandwidth it reaches: bytes it must read and write in
    HBM, and bytes it sends over NVLink.
 2. A torch.profiler table of one forward+backward of the DeepSeek-V3-like MoE layer (top
-   kernels by device time), for ``--arm``.
+   kernels by device time), for each of ``--arms``, and its timeline: the time the GPU is idle
+   between kernels, how much of it the host caused (the next kernel was launched after the
+   previous one had ended), and the largest gaps with the kernels and host op around them.
 """
 
 from __future__ import annotations
@@ -105,7 +107,48 @@ def kernel_sweep(args, rows_out):
         dispatcher._BUFFERS.clear()
 
 
-def layer_profile(args):
+def timeline_gaps(trace_file: str, top: int = 12) -> dict:
+    """GPU idle time in a chrome trace of torch.profiler: the union of kernel / memcpy / memset
+    intervals over all streams against the span from the first to the last; a gap is
+    *host-late* when the kernel after it was launched (its runtime call) after the GPU went idle."""
+    with open(trace_file) as f:
+        events = json.load(f)["traceEvents"]
+    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e["ts"])
+    launch = {e["args"]["correlation"]: e for e in events
+              if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    cpu_ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    if not gpu:
+        return {}
+
+    def host_op(ts):
+        inside = [e for e in cpu_ops if e["ts"] <= ts <= e["ts"] + e["dur"]]
+        return min(inside, key=lambda e: e["dur"])["name"] if inside else ""
+
+    end, prev, busy, gaps = gpu[0]["ts"], gpu[0], 0.0, []
+    for e in gpu:
+        if e["ts"] > end:
+            runtime = launch.get(e.get("args", {}).get("correlation"))
+            late = runtime is not None and runtime["ts"] > end
+            gaps.append({"us": round(e["ts"] - end, 1), "host_late": late, "before": prev["name"][:60],
+                         "after": e["name"][:60], "host_op": host_op(runtime["ts"]) if runtime else ""})
+        busy += max(0.0, e["ts"] + e["dur"] - max(end, e["ts"]))
+        if e["ts"] + e["dur"] > end:
+            end, prev = e["ts"] + e["dur"], e
+    span = end - gpu[0]["ts"]
+    return {
+        "span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
+        "idle_ms": round((span - busy) / 1e3, 3),
+        "idle_host_late_ms": round(sum(g["us"] for g in gaps if g["host_late"]) / 1e3, 3),
+        "gaps_over_20us": sum(g["us"] > 20 for g in gaps),
+        "largest": sorted(gaps, key=lambda g: -g["us"])[:top],
+    }
+
+
+def layer_profile(args, arm: str):
+    import os
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.dispatcher import SHAPES, _build_moe
@@ -115,7 +158,7 @@ def layer_profile(args):
 
     mesh = init_device_mesh("cuda", (dist.get_world_size(),), mesh_dim_names=("ep",))
     shape = SHAPES["dsv3"]
-    moe = _build_moe(shape, device, torch.bfloat16, args.arm, mesh)
+    moe = _build_moe(shape, device, torch.bfloat16, arm, mesh)
     x = torch.randn((1, shape.tokens, shape.dim), device=device, dtype=torch.bfloat16, requires_grad=True)
     def step():
         moe.zero_grad(set_to_none=True)
@@ -125,21 +168,31 @@ def layer_profile(args):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(2):
             step()
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
-    return table
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(trace)
+        gaps = timeline_gaps(trace)
+    del moe
+    from benchmarks.dispatcher import _free_peer_buffers
+
+    _free_peer_buffers()
+    torch.cuda.empty_cache()
+    return {"arm": arm, "table": table, "timeline_2_iterations": gaps}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=131072)
     parser.add_argument("--dim", type=int, default=5120)
-    parser.add_argument("--arm", default="mxfp8/symm")
+    parser.add_argument("--arms", default="torchtitan,mxfp8/symm")
     parser.add_argument("--json", default=None)
     parser.add_argument("--skip-layer", action="store_true")
+    parser.add_argument("--skip-kernels", action="store_true")
     args = parser.parse_args()
     from benchmarks.dispatcher import init_process_group
 
@@ -149,14 +202,20 @@ def main():
 
     install_expert_parallel(A2AConfig())
     rows: list[dict] = []
-    kernel_sweep(args, rows)
-    table = None if args.skip_layer else layer_profile(args)
+    if not args.skip_kernels:
+        kernel_sweep(args, rows)
+    profiles = [] if args.skip_layer else [layer_profile(args, arm) for arm in args.arms.split(",")]
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"kernels": rows, "layer_profile": table}, f, indent=1)
-        if table:
-            print(table)
+                json.dump({"kernels": rows, "layer_profiles": profiles}, f, indent=1)
+        for p in profiles:
+            print(f"== {p['arm']}")
+            print(p["table"])
+            t = p["timeline_2_iterations"]
+            print({k: v for k, v in t.items() if k != "largest"})
+            for g in t.get("largest", []):
+                print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
         print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
         for r in rows:
             print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r['ms']:>8.3f} "

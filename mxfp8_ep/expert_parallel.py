@@ -11,8 +11,11 @@ call too). ``install_expert_parallel`` therefore makes two swaps, both undone by
   mesh exactly as torchtitan does, installs no hooks, and records the EP group and the
   ``A2AConfig`` on the experts module;
 * ``MoE.forward``: a MoE whose experts carry that record runs router -> ``dispatch`` ->
-  experts -> shared experts -> ``combine`` (the DeepEP MoE of 0.2.2 has the same shape); every
-  other MoE runs torchtitan's forward unchanged.
+  experts -> ``combine`` (the DeepEP MoE of 0.2.2 has the same shape); every other MoE runs
+  torchtitan's forward unchanged. On CUDA the shared experts run on a side stream, launched
+  before ``dispatch``: their GEMMs overlap the exchange kernels, which are bound by NVLink and
+  HBM rather than by the SMs' math (``overlap_shared_experts``; autograd runs their backward
+  on that stream too, overlapping combine's backward).
 
 ``uninstall_expert_parallel`` restores ``ExpertParallel``; ``MoE.forward`` stays patched, so
 models parallelized while the dispatcher was installed keep using it (for any other MoE the
@@ -50,6 +53,7 @@ class ExpertParallelPlan:
     group: dist.ProcessGroup
     a2a: A2AConfig
     max_tokens_per_rank: int | None
+    overlap_shared_experts: bool = True
 
 
 class CapacityGroupedExperts(titan_moe.GroupedExperts):
@@ -71,15 +75,26 @@ class DispatcherExpertParallel(ExpertParallel):
 
     default_a2a: A2AConfig = A2AConfig()
     default_max_tokens_per_rank: int | None = None
+    default_overlap_shared_experts: bool = True
 
-    def __init__(self, a2a: A2AConfig | None = None, max_tokens_per_rank: int | None = None):
+    def __init__(
+        self,
+        a2a: A2AConfig | None = None,
+        max_tokens_per_rank: int | None = None,
+        overlap_shared_experts: bool | None = None,
+    ):
         super().__init__()
         self.a2a = a2a if a2a is not None else self.default_a2a
         self.max_tokens_per_rank = max_tokens_per_rank or self.default_max_tokens_per_rank
+        self.overlap_shared_experts = (
+            self.default_overlap_shared_experts if overlap_shared_experts is None else overlap_shared_experts
+        )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         group = device_mesh.get_group()
-        module.expert_parallel_plan = ExpertParallelPlan(group, self.a2a, self.max_tokens_per_rank)
+        module.expert_parallel_plan = ExpertParallelPlan(
+            group, self.a2a, self.max_tokens_per_rank, self.overlap_shared_experts
+        )
         transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
         if transport == "symm" and type(module) is titan_moe.GroupedExperts:
             module.__class__ = CapacityGroupedExperts
@@ -120,18 +135,56 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
     with torch.no_grad():
         self.tokens_per_expert.add_(num_tokens_per_expert)
+    shared = _SharedExperts.start(self.shared_experts, x, self.experts.expert_parallel_plan.overlap_shared_experts)
     routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
         x, top_scores, selected_experts_indices, num_tokens_per_expert
     )
     routed_output = self.experts(routed_input, tokens_per_local_expert)
-    out = self.shared_experts(x) if self.shared_experts is not None else None
     out_experts = dispatcher.combine(routed_output, metadata)
+    out = shared.result()
     if out is None:
         return out_experts.reshape(bs, slen, dim)
     return (out + out_experts).reshape(bs, slen, dim)
 
 
-def install_expert_parallel(a2a: A2AConfig, max_tokens_per_rank: int | None = None) -> None:
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+@dataclass
+class _SharedExperts:
+    """The shared experts' output, computed on a side stream when overlapping (CUDA)."""
+
+    out: torch.Tensor | None
+    stream: torch.cuda.Stream | None = None
+
+    @classmethod
+    def start(cls, shared_experts: nn.Module | None, x: torch.Tensor, overlap: bool) -> "_SharedExperts":
+        if shared_experts is None:
+            return cls(None)
+        if not (overlap and x.is_cuda):
+            return cls(shared_experts(x))
+        main = torch.cuda.current_stream(x.device)
+        side = _SIDE_STREAMS.get(x.device)
+        if side is None:
+            side = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out = shared_experts(x)
+        # x was made on the main stream and is read on the side one (now, and by autograd later).
+        x.record_stream(side)
+        return cls(out, side)
+
+    def result(self) -> torch.Tensor | None:
+        if self.stream is not None:
+            main = torch.cuda.current_stream(self.out.device)
+            main.wait_stream(self.stream)
+            self.out.record_stream(main)
+        return self.out
+
+
+def install_expert_parallel(
+    a2a: A2AConfig, max_tokens_per_rank: int | None = None, overlap_shared_experts: bool = True
+) -> None:
     """Make torchtitan's Llama4 / DeepSeek-V3 parallelization run every EP MoE layer through
     our dispatcher with ``a2a`` (call before the model is parallelized)."""
     import torchtitan.models.llama4.infra.parallelize as llama4_parallelize
@@ -141,7 +194,11 @@ def install_expert_parallel(a2a: A2AConfig, max_tokens_per_rank: int | None = No
     bound = type(
         "DispatcherExpertParallel",
         (DispatcherExpertParallel,),
-        {"default_a2a": a2a, "default_max_tokens_per_rank": max_tokens_per_rank},
+        {
+            "default_a2a": a2a,
+            "default_max_tokens_per_rank": max_tokens_per_rank,
+            "default_overlap_shared_experts": overlap_shared_experts,
+        },
     )
     llama4_parallelize.ExpertParallel = bound
     titan_moe.MoE.forward = dispatcher_moe_forward

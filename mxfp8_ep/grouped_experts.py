@@ -7,7 +7,9 @@ touches rows inside its group offsets, but torch's elementwise ops would touch e
 the work at EP=2 under even routing, more at larger EP. Here the activation ``silu(x w1) * x w3``,
 and its backward run as Triton kernels over the rows inside the offsets only (the count is
 read on the device); rows past the offsets are left unwritten, and nothing downstream reads
-them. (One full-size pass remains: autograd's sum of the two input-gradient GEMMs.)
+them. The same holds for the sum of the two input-gradient GEMMs (``x`` feeds both ``w1`` and
+``w3``): ``_ForkRows`` hands ``x`` to them as two outputs and adds their gradients over the
+valid rows only, where autograd's own accumulation would add every row.
 
 Numerics are torch's: silu and the product are each rounded to the activation dtype, as the
 two eager ops round; backward follows torch's ``silu_backward`` and ``mul`` formulas.
@@ -28,8 +30,9 @@ def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):
     (``tokens_per_expert`` rows each, in order); rows past their sum are ignored. The grouped
     GEMMs and their gradients are torch's (autograd of ``torch._grouped_mm``)."""
     offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
-    h1 = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
-    h3 = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
+    x1, x3 = _ForkRows.apply(x, offsets)
+    h1 = torch._grouped_mm(x1, w1.transpose(-2, -1), offs=offsets)
+    h3 = torch._grouped_mm(x3, w3.transpose(-2, -1), offs=offsets)
     return torch._grouped_mm(_SiluMul.apply(h1, h3, offsets), w2.transpose(-2, -1), offs=offsets)
 
 
@@ -46,6 +49,24 @@ class _SiluMul(torch.autograd.Function):
         h1, h3, offsets = ctx.saved_tensors
         dh1, dh3 = _silu_mul_backward(dh.contiguous(), h1, h3, offsets)
         return dh1, dh3, None
+
+
+class _ForkRows(torch.autograd.Function):
+    """``x`` as two outputs (views) for the two GEMMs that read it; backward adds their
+    gradients on the rows inside the offsets (bf16: one fp32 add and one rounding, as torch's
+    ``add``)."""
+
+    @staticmethod
+    def forward(ctx, x, offsets):
+        ctx.save_for_backward(offsets)
+        return x.view_as(x), x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dx1, dx3):
+        (offsets,) = ctx.saved_tensors
+        if dx1 is None or dx3 is None:
+            return (dx3 if dx1 is None else dx1), None
+        return _add_rows(dx1.contiguous(), dx3.contiguous(), offsets), None
 
 
 # --------------------------------------------------------------------------------------------
@@ -71,7 +92,8 @@ def _rows_kernel(
     a_ptr, b_ptr, c_ptr, out1_ptr, out2_ptr, valid_ptr,
     N: tl.constexpr, OP: tl.constexpr, IN_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """OP 0: out1 = silu(a) * b.  OP 1 (a = dh, b = h1, c = h3): out1 = dh1, out2 = dh3."""
+    """OP 0: out1 = silu(a) * b.  OP 1 (a = dh, b = h1, c = h3): out1 = dh1, out2 = dh3.
+    OP 2: out1 = a + b."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     valid = tl.load(valid_ptr)
     if tl.program_id(0) * BLOCK_M >= valid:
@@ -93,6 +115,8 @@ def _rows_kernel(
         _store_fp32(out2_ptr, offs, a * silu, mask, IN_BF16)
         sig = 1.0 / (1.0 + tl.exp(-b))
         _store_fp32(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
+    elif OP == 2:
+        _store_fp32(out1_ptr, offs, a + b, mask, IN_BF16)
 
 
 def _launch(op, a, b, c, out1, out2, offsets):
@@ -123,3 +147,12 @@ def _silu_mul_backward(dh, h1, h3, offsets):
     dh1, dh3 = torch.empty_like(h1), torch.empty_like(h3)
     _launch(1, dh, h1, h3, dh1, dh3, offsets)
     return dh1, dh3
+
+
+def _add_rows(a, b, offsets):
+    """``a + b`` on the rows inside the offsets, written into ``a`` (a gradient autograd hands
+    over and reads no more)."""
+    if not _use_triton(a):
+        return a + b
+    _launch(2, a, b, b, a, a, offsets)
+    return a

@@ -80,3 +80,57 @@ def _check(rank, world):
 @needs_gpus
 def test_symm_triton_equals_torch_twin_and_never_syncs():
     run_on_ranks(WORLD, _check, backend="nccl")
+
+
+def _moe_with_side_stream(rank, world):
+    """torchtitan's MoE (one shared expert) under our dispatcher: the shared experts on a side
+    stream give the same output and gradients, bit for bit, as on the main stream."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.expert_parallel import DispatcherExpertParallel, install_expert_parallel
+
+    install_expert_parallel(A2AConfig())
+    device = torch.device("cuda", rank)
+    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("ep",))
+    tokens, dim = 1024, 512
+    g = torch.Generator(device=device).manual_seed(3 + rank)
+    x = torch.randn((1, tokens, dim), generator=g, device=device).bfloat16()
+    dy = torch.randn((1, tokens, dim), generator=g, device=device).bfloat16()
+    results = {}
+    for overlap in (False, True):
+        args = MoEArgs(num_experts=8, num_shared_experts=1, score_func="sigmoid", route_norm=True, top_k=2,
+                       use_grouped_mm=True, load_balance_coeff=None)
+        with torch.device("meta"):
+            moe = MoE(args, dim=dim, hidden_dim=256)
+        moe.to_empty(device=device)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            moe.init_weights(0.02, device)
+        moe.bfloat16()
+        style = DispatcherExpertParallel(A2AConfig.preset("mxfp8", transport="symm"), tokens,
+                                         overlap_shared_experts=overlap)
+        parallelize_module(moe.experts, mesh, style)
+        xi = x.clone().requires_grad_()
+        for _ in range(2):  # the second step reuses the cached side stream and buffers
+            moe.zero_grad(set_to_none=True)
+            xi.grad = None
+            out = moe(xi)
+            out.backward(dy)
+        torch.cuda.synchronize()
+        grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for n, p in moe.named_parameters()
+                 if p.grad is not None}
+        results[overlap] = (out.detach(), xi.grad, grads)
+    (out0, dx0, g0), (out1, dx1, g1) = results[False], results[True]
+    assert torch.equal(out0, out1)
+    assert torch.equal(dx0, dx1)
+    assert g0.keys() == g1.keys() and any("shared" in n for n in g0)
+    for name in g0:
+        assert torch.equal(g0[name], g1[name]), name
+
+
+@needs_gpus
+def test_shared_experts_on_a_side_stream_change_no_bit():
+    run_on_ranks(WORLD, _moe_with_side_stream, backend="nccl")
