@@ -136,7 +136,11 @@ def timeline_gaps(trace_file: str, top: int = 12) -> dict:
         if e["ts"] + e["dur"] > end:
             end, prev = e["ts"] + e["dur"], e
     span = end - gpu[0]["ts"]
+    per_kernel: dict[str, float] = {}
+    for e in gpu:
+        per_kernel[e["name"][:70]] = per_kernel.get(e["name"][:70], 0.0) + e["dur"]
     return {
+        "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]},
         "span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
         "idle_ms": round((span - busy) / 1e3, 3),
         "idle_host_late_ms": round(sum(g["us"] for g in gaps if g["host_late"]) / 1e3, 3),
@@ -168,7 +172,8 @@ def layer_profile(args, arm: str):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.cpu_ops else [])
+    with profile(activities=activities) as prof:
         for _ in range(2):
             step()
         torch.cuda.synchronize()
@@ -177,12 +182,15 @@ def layer_profile(args, arm: str):
         trace = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(trace)
         gaps = timeline_gaps(trace)
+    # Every rank's timeline: a rank waits in the exchange's barriers for the slowest one.
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, gaps)
     del moe
     from benchmarks.dispatcher import _free_peer_buffers
 
     _free_peer_buffers()
     torch.cuda.empty_cache()
-    return {"arm": arm, "table": table, "timeline_2_iterations": gaps}
+    return {"arm": arm, "table": table, "timeline_2_iterations_per_rank": per_rank}
 
 
 def main():
@@ -193,6 +201,7 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--skip-layer", action="store_true")
     parser.add_argument("--skip-kernels", action="store_true")
+    parser.add_argument("--cpu-ops", action="store_true", help="also record host ops (names the op behind each gap)")
     args = parser.parse_args()
     from benchmarks.dispatcher import init_process_group
 
@@ -212,10 +221,12 @@ def main():
         for p in profiles:
             print(f"== {p['arm']}")
             print(p["table"])
-            t = p["timeline_2_iterations"]
-            print({k: v for k, v in t.items() if k != "largest"})
-            for g in t.get("largest", []):
-                print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
+            for rank, t in enumerate(p["timeline_2_iterations_per_rank"]):
+                print(f"rank {rank}:", {k: v for k, v in t.items() if k not in ("largest", "top_kernels_ms")})
+                for name, ms in t.get("top_kernels_ms", {}).items():
+                    print(f"  {ms:>9.3f} ms  {name}")
+                for g in t.get("largest", [])[:6]:
+                    print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
         print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
         for r in rows:
             print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r['ms']:>8.3f} "
