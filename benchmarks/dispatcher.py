@@ -56,12 +56,12 @@ SHAPES = {
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
 
 
-def _median_ms(fn, iters: int, warmup: int, device: torch.device, before=None, group: int = 1) -> float:
-    """Median over ``iters`` samples (after ``warmup``) of the mean time of ``group``
-    back-to-back calls, max over ranks. ``before`` runs ahead of every call, untimed when
-    ``group == 1``. ``group > 1`` is the steady state of training, where the host enqueues the
-    next layer while the device still runs this one (a design that syncs the host pays its sync
-    there too); ``group == 1`` also counts the host's launch latency at every call."""
+def _sample_ms(fn, iters: int, warmup: int, device: torch.device, before=None, group: int = 1) -> list[float]:
+    """This rank's ``iters`` samples (after ``warmup``), each the mean time of ``group``
+    back-to-back calls. ``before`` runs ahead of every call, untimed when ``group == 1``.
+    ``group > 1`` is the steady state of training, where the host enqueues the next layer
+    while the device still runs this one (a design that syncs the host pays its sync there
+    too); ``group == 1`` also counts the host's launch latency at every call."""
     import time
 
     times = []
@@ -86,9 +86,17 @@ def _median_ms(fn, iters: int, warmup: int, device: torch.device, before=None, g
             ms = (time.perf_counter() - t0) * 1e3 / group
         if i >= warmup:
             times.append(ms)
-    worst = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return float(worst.item())
+    return times
+
+
+def _worst_median(samples: list[float], device) -> float:
+    """Median of this rank's samples, max over ranks."""
+    return _max_over_ranks(statistics.median(samples), device)
+
+
+def _median_ms(fn, iters: int, warmup: int, device: torch.device, before=None, group: int = 1) -> float:
+    """Median over ``iters`` samples of ``_sample_ms``, max over ranks."""
+    return _worst_median(_sample_ms(fn, iters, warmup, device, before, group), device)
 
 
 def _max_over_ranks(value: float, device) -> float:
@@ -127,6 +135,8 @@ def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--group", type=int, default=4, help="back-to-back calls per timed sample (ms)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="MoE arms are timed round-robin in this many rounds (iters split among them)")
     parser.add_argument("--json", default=None)
 
 
@@ -158,9 +168,10 @@ def check_step(moe, x, grad, expert_w1, ref: dict | None, device):
     return xi, result, errs
 
 
-def time_passes(moe, xi, grad, args, device) -> dict[str, tuple[float, float]]:
-    """``{"fwd" | "fwd+bwd": (steady-state ms, synced ms)}`` for one MoE arm."""
+PASSES = ("fwd", "fwd+bwd")
 
+
+def _pass_fns(moe, xi, grad):
     def fwd():
         moe(xi)
 
@@ -173,10 +184,45 @@ def time_passes(moe, xi, grad, args, device) -> dict[str, tuple[float, float]]:
         moe.zero_grad(set_to_none=True)
         xi.grad = None
 
+    return {"fwd": fwd, "fwd+bwd": fwd_bwd}, drop_grads
+
+
+def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
+    """Every MoE arm, timed round-robin: each of ``args.rounds`` rounds builds the arms in turn
+    and takes its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
+    long GEMM load, temperature) fall on all arms alike instead of on the later ones. The first
+    arm is the reference of the one-step correctness check (round 0).
+
+    Returns per arm: ``errs`` (relative errors vs the first arm), ``peak_gib`` and
+    ``ms[pass] = (steady-state ms, synced ms)``, each a median over all rounds' samples, max
+    over ranks."""
+    import math
+
+    per_round = max(1, math.ceil(args.iters / args.rounds))
+    samples = {arm: {p: ([], []) for p in PASSES} for arm in arms}
+    errs, peaks, ref = {}, {}, None
+    for round_ in range(args.rounds):
+        for arm in arms:
+            _free_peer_buffers()
+            _reset_peak(device)
+            moe = build(arm)
+            if round_ == 0:
+                xi, result, errs[arm] = check_step(moe, x, grad, expert_w1, ref, device)
+                ref = ref or result
+                del result
+            else:
+                xi = x.clone().requires_grad_()
+            fns, drop_grads = _pass_fns(moe, xi, grad)
+            for name, fn in fns.items():
+                steady, synced = samples[arm][name]
+                steady += _sample_ms(fn, per_round, args.warmup, device, before=drop_grads, group=args.group)
+                synced += _sample_ms(fn, per_round, args.warmup, device, before=drop_grads)
+            peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device))
+            del moe, xi, fns, drop_grads
     return {
-        name: (_median_ms(fn, args.iters, args.warmup, device, before=drop_grads, group=args.group),
-               _median_ms(fn, args.iters, args.warmup, device, before=drop_grads))
-        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd))
+        arm: {"errs": errs[arm], "peak_gib": peaks[arm],
+              "ms": {p: (_worst_median(s[0], device), _worst_median(s[1], device)) for p, s in samples[arm].items()}}
+        for arm in arms
     }
 
 
@@ -218,23 +264,17 @@ def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> No
     g = torch.Generator(device=device).manual_seed(100 + rank)
     x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=args.dtype)
     grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=args.dtype)
-    ref = {}
-    for arm in ["torchtitan", *args.arms]:
-        _free_peer_buffers()
-        _reset_peak(device)
-        moe = _build_moe(shape, device, args.dtype, arm, mesh)
-        # Correctness first (one step), against the torchtitan arm.
-        xi, result, errs = check_step(moe, x, grad, lambda m: m.experts.w1, ref or None, device)
-        if arm == "torchtitan":
-            ref = result
-        del result
-        for name, (ms, ms_synced) in time_passes(moe, xi, grad, args, device).items():
+    arms = ["torchtitan", *args.arms]
+    results = time_arms(arms, lambda arm: _build_moe(shape, device, args.dtype, arm, mesh), x, grad,
+                        lambda m: m.experts.w1, args, device)
+    for arm in arms:
+        res = results[arm]
+        for name, (ms, ms_synced) in res["ms"].items():
             rows.append({
                 "bench": "moe_layer", "shape": shape.label(), "arm": arm, "pass": name, "ms": round(ms, 3),
-                "ms_synced": round(ms_synced, 3),
-                "peak_gib": round(_peak_gib(device), 2), "rel_err": {k: float(f"{v:.3g}") for k, v in errs.items()},
+                "ms_synced": round(ms_synced, 3), "peak_gib": round(res["peak_gib"], 2),
+                "rel_err": {k: float(f"{v:.3g}") for k, v in res["errs"].items()},
             })
-        del moe, xi
     _speedups(rows, "moe_layer", shape.label())
 
 

@@ -61,11 +61,9 @@ from torchtitan.models.common.token_dispatcher import (  # noqa: E402
 from benchmarks.dispatcher import (  # noqa: E402
     SHAPES,
     MoEShape,
-    _free_peer_buffers,
     add_timing_arguments,
-    check_step,
     init_process_group,
-    time_passes,
+    time_arms,
 )
 from mxfp8_ep.config import A2AConfig  # noqa: E402
 from mxfp8_ep.titan030 import A2ATokenDispatcher  # noqa: E402
@@ -145,23 +143,18 @@ def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> No
     g = torch.Generator(device=device).manual_seed(100 + dist.get_rank())
     x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device).bfloat16()
     grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device).bfloat16()
-    ref = {}
-    for arm in ["alltoall", *[a for a in args.arms if a != "alltoall"]]:
-        _free_peer_buffers()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        moe = build_moe(shape, arm, mesh, device)
-        xi, result, errs = check_step(moe, x, grad, lambda m: m.routed_experts.inner_experts.w1_EFD, ref or None, device)
-        ref = ref or result
+    arms = ["alltoall", *[a for a in args.arms if a != "alltoall"]]
+    results = time_arms(arms, lambda arm: build_moe(shape, arm, mesh, device), x, grad,
+                        lambda m: m.routed_experts.inner_experts.w1_EFD, args, device)
+    for arm in arms:
+        errs = results[arm]["errs"]
         correct = all(e <= tolerance(arm) for e in errs.values())  # NaN compares False
-        del result
-        for name, (ms, ms_synced) in time_passes(moe, xi, grad, args, device).items():
+        for name, (ms, ms_synced) in results[arm]["ms"].items():
             rows.append({
                 "bench": "moe_layer", "shape": shape.label(), "arm": arm, "pass": name, "ms": round(ms, 3),
                 "ms_synced": round(ms_synced, 3), "correct": correct,
                 "rel_err": {k: float(f"{v:.3g}") for k, v in errs.items()},
             })
-        del moe, xi
     for r in rows:
         if r["shape"] == shape.label():
             for base, key in BASELINES.items():

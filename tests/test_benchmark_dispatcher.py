@@ -27,7 +27,7 @@ def test_benchmark_script_writes_rows_with_checked_arms(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "benchmarks/dispatcher.py",
          "--shapes", "tiny", "--leg-rows", "256", "--leg-dim", "64", "--iters", "2", "--warmup", "1",
-         "--group", "2", "--arms", ",".join(ARMS), "--json", str(out)],
+         "--group", "2", "--rounds", "2", "--arms", ",".join(ARMS), "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

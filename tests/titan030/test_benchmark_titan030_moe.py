@@ -18,7 +18,7 @@ def test_benchmark_script_writes_rows_for_every_arm(tmp_path):
     out = tmp_path / "titan030_moe.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "benchmarks/titan030_moe.py",
-         "--shapes", "tiny", "--arms", ",".join(ARMS), "--iters", "1", "--warmup", "0", "--group", "1",
+         "--shapes", "tiny", "--arms", ",".join(ARMS), "--iters", "1", "--warmup", "0", "--group", "1", "--rounds", "1",
          "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
