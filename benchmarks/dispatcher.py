@@ -218,7 +218,8 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
                 steady += _sample_ms(fn, per_round, args.warmup, device, before=drop_grads, group=args.group)
                 synced += _sample_ms(fn, per_round, args.warmup, device, before=drop_grads)
             peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device))
-            del moe, xi, fns, drop_grads
+            # Nothing may keep this arm's model alive into the next arm's peak.
+            del moe, xi, fns, drop_grads, fn
     return {
         arm: {"errs": errs[arm], "peak_gib": peaks[arm],
               "ms": {p: (_worst_median(s[0], device), _worst_median(s[1], device)) for p, s in samples[arm].items()}}
@@ -227,8 +228,8 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 
 def _a2a(arm: str):
-    """``<preset>/<transport>[:serial]``; ``:serial`` runs the shared experts on the main
-    stream (no overlap with the exchange)."""
+    """``<preset>/<transport>[:overlap]``; ``:overlap`` runs the shared experts on a side
+    stream (``DispatcherExpertParallel(overlap_shared_experts=True)``)."""
     from mxfp8_ep.config import A2AConfig
 
     preset, transport = arm.split(":")[0].split("/")
@@ -254,7 +255,7 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
         moe.init_weights(0.02, device)
     moe.to(dtype)
     style = (ExpertParallel() if arm == "torchtitan" else
-             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=not arm.endswith(":serial")))
+             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=arm.endswith(":overlap")))
     parallelize_module(moe.experts, mesh, style)
     return moe
 

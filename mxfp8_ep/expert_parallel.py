@@ -12,10 +12,11 @@ call too). ``install_expert_parallel`` therefore makes two swaps, both undone by
   ``A2AConfig`` on the experts module;
 * ``MoE.forward``: a MoE whose experts carry that record runs router -> ``dispatch`` ->
   experts -> ``combine`` (the DeepEP MoE of 0.2.2 has the same shape); every other MoE runs
-  torchtitan's forward unchanged. On CUDA the shared experts run on a side stream, launched
-  before ``dispatch``: their GEMMs overlap the exchange kernels, which are bound by NVLink and
-  HBM rather than by the SMs' math (``overlap_shared_experts``; autograd runs their backward
-  on that stream too, overlapping combine's backward).
+  torchtitan's forward unchanged. ``overlap_shared_experts`` (off by default) runs the shared
+  experts on a CUDA side stream launched before ``dispatch``, so that their GEMMs could overlap
+  the exchange kernels (autograd runs their backward on that stream too). Measured on 2xH200
+  (benchmarks/RESULTS.md, arms ``:serial``) it gains nothing on the DeepSeek-V3 / Llama4-like
+  layers: the push kernels occupy every SM while they run.
 
 ``uninstall_expert_parallel`` restores ``ExpertParallel``; ``MoE.forward`` stays patched, so
 models parallelized while the dispatcher was installed keep using it (for any other MoE the
@@ -53,7 +54,7 @@ class ExpertParallelPlan:
     group: dist.ProcessGroup
     a2a: A2AConfig
     max_tokens_per_rank: int | None
-    overlap_shared_experts: bool = True
+    overlap_shared_experts: bool = False
 
 
 class CapacityGroupedExperts(titan_moe.GroupedExperts):
@@ -75,7 +76,7 @@ class DispatcherExpertParallel(ExpertParallel):
 
     default_a2a: A2AConfig = A2AConfig()
     default_max_tokens_per_rank: int | None = None
-    default_overlap_shared_experts: bool = True
+    default_overlap_shared_experts: bool = False
 
     def __init__(
         self,
@@ -183,7 +184,7 @@ class _SharedExperts:
 
 
 def install_expert_parallel(
-    a2a: A2AConfig, max_tokens_per_rank: int | None = None, overlap_shared_experts: bool = True
+    a2a: A2AConfig, max_tokens_per_rank: int | None = None, overlap_shared_experts: bool = False
 ) -> None:
     """Make torchtitan's Llama4 / DeepSeek-V3 parallelization run every EP MoE layer through
     our dispatcher with ``a2a`` (call before the model is parallelized)."""
