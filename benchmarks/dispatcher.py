@@ -54,6 +54,21 @@ SHAPES = {
     "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),
 }
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
+LEG_ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl", "mxfp8_all/nccl"]
+# The link NCCL's exchanges cross (``--link``), as NCCL environment: NVLink (its default on one
+# node), NCCL's shared-memory transport through host memory (~24 GB/s on 2xH200), or its socket
+# transport over loopback -- the slow links that multi-node EP crosses, on one machine. Peer
+# memory (symm) always uses NVLink: its arms run on the nvlink link only.
+LINKS: dict[str, dict[str, str]] = {
+    "nvlink": {},
+    "shm": {"NCCL_P2P_DISABLE": "1"},
+    "socket": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"},
+}
+
+
+def link_env(link: str) -> str:
+    """``KEY=VALUE ...`` of a link, for shells (benchmarks/gpu_evidence.sh)."""
+    return " ".join(f"{k}={v}" for k, v in LINKS[link].items())
 
 
 def _sample_ms(fn, iters: int, warmup: int, device: torch.device, before=None, group: int = 1) -> list[float]:
@@ -323,11 +338,12 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
     rank, top_k, experts = dist.get_rank(), 8, 64
     tokens = args.leg_rows // top_k
     shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
-    for routing in ("even", "zipf"):
+    arms = [a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm")]
+    for routing in args.routings.split(","):
         scores, ids, counts = _leg_routing(tokens, experts, top_k, routing, device, rank)
         x = torch.randn((tokens, args.leg_dim), device=device, dtype=args.dtype)
         ref = {}
-        for arm in ["torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl"]:
+        for arm in ["torchtitan", *arms]:
             _free_peer_buffers()
             _reset_peak(device)
             if arm == "torchtitan":
@@ -345,7 +361,7 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
                 ms = _median_ms(fn, args.iters, args.warmup, device, group=args.group)
                 ms_synced = _median_ms(fn, args.iters, args.warmup, device)
                 rows.append({
-                    "bench": "leg", "shape": f"{shape}, {routing}", "arm": arm, "pass": f"{leg} fwd",
+                    "bench": "leg", "link": args.link, "shape": f"{shape}, {routing}", "arm": arm, "pass": f"{leg} fwd",
                     "ms": round(ms, 3), "ms_synced": round(ms_synced, 3), "peak_gib": round(_peak_gib(device), 2),
                     "rel_err": {"dispatch+combine": float(f"{err:.3g}")},
                 })
@@ -356,9 +372,12 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
 def _speedups(rows, bench, shape):
     rows = [r for r in rows if r["bench"] == bench and r["shape"] == shape]
     base = {r["pass"]: r for r in rows if r["arm"] == "torchtitan"}
+    ours_bf16 = {r["pass"]: r for r in rows if r["arm"] == "bf16/nccl"}
     for r in rows:
         r["speedup_vs_torchtitan"] = round(base[r["pass"]]["ms"] / r["ms"], 3)
         r["speedup_synced"] = round(base[r["pass"]]["ms_synced"] / r["ms_synced"], 3)
+        if r["pass"] in ours_bf16:
+            r["speedup_vs_bf16_nccl"] = round(ours_bf16[r["pass"]]["ms"] / r["ms"], 3)
 
 
 def main() -> None:
@@ -368,9 +387,16 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--leg-rows", type=int, default=131072)
     parser.add_argument("--leg-dim", type=int, default=5120)
+    parser.add_argument("--leg-arms", default=",".join(LEG_ARMS))
+    parser.add_argument("--routings", default="even,zipf", help="leg routings")
+    parser.add_argument("--link", choices=sorted(LINKS), default="nvlink",
+                        help="the link NCCL crosses (sets its environment before it starts; recorded in every row)")
     add_timing_arguments(parser)
     args = parser.parse_args()
     args.arms = args.arms.split(",")
+    args.leg_arms = args.leg_arms.split(",")
+    for key, value in LINKS[args.link].items():
+        os.environ[key] = value  # before NCCL creates its communicators
 
     device = init_process_group()
     if device.type == "cpu":
@@ -391,6 +417,8 @@ def main() -> None:
     if "moe_layer" in benches:
         for name in args.shapes.split(","):
             bench_moe_layer(SHAPES[name], args, device, mesh, rows)
+    for r in rows:
+        r.setdefault("link", args.link)
 
     if dist.get_rank() == 0:
         if args.json:

@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
 #   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
 #   bash benchmarks/gpu_evidence.sh profile OUT_DIR     # per-kernel sweep + layer timelines
+#   bash benchmarks/gpu_evidence.sh links OUT_DIR       # dispatch/combine legs over NVLink, SHM, sockets
+#   bash benchmarks/gpu_evidence.sh shm_train OUT_DIR   # dsv3_ep_bench, 50 steps, NCCL over SHM: */nccl
 # Logs and JSON go to OUT_DIR; a short table is printed last.
 set -uo pipefail
 what=${1:?core|train}
@@ -27,6 +29,35 @@ elif [ "$what" = dispatcher ]; then
   torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
 elif [ "$what" = profile ]; then
   torchrun --nproc_per_node=2 benchmarks/profile_dispatcher.py --json "$out/profile.json" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^W"
+elif [ "$what" = links ]; then
+  # Socket legs take ~0.1 s each: fewer samples, even routing only.
+  for link in nvlink shm socket; do
+    extra=""; [ "$link" = socket ] && extra="--iters 5 --warmup 2 --group 1 --routings even"
+    env $(python3 -c "from benchmarks.dispatcher import link_env; print(link_env('$link'))") \
+      torchrun --nproc_per_node=2 benchmarks/dispatcher.py --bench leg --link $link $extra \
+      --json "$out/leg_$link.json" > "$out/leg_$link.log" 2>&1
+    echo "$link exit $?"
+  done
+  python3 - "$out" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+keys = ("bench", "link", "shape", "arm", "pass", "ms", "speedup_vs_torchtitan", "speedup_vs_bf16_nccl")
+rows = [{k: r.get(k) for k in keys} for link in ("nvlink", "shm", "socket")
+        for r in json.loads((out / f"leg_{link}.json").read_text()) if (out / f"leg_{link}.json").exists()]
+(out / "nccl_links_h200x2.json").write_text(json.dumps(rows, indent=1))
+for r in rows:
+    print(f"{r['link']:<7} {r['shape'][-5:]:<6} {r['pass']:<13} {r['arm']:<15} {r['ms']:>9.3f} ms "
+          f"{r['speedup_vs_torchtitan']:>6.2f}x titan {r['speedup_vs_bf16_nccl'] or 0:>6.2f}x bf16/nccl")
+PY
+elif [ "$what" = shm_train ]; then
+  runs=/tmp/mxfp8ep_shm_runs
+  rm -rf "$runs"
+  env $(python3 -c "from benchmarks.dispatcher import link_env; print(link_env('shm'))") \
+    python3 launch/train.py --multirun model=dsv3_ep_bench training.steps=50 training.seq_len=4096 \
+      training.local_batch_size=2 experiment=gpu_shm_link a2a=bf16,mxfp8,mxfp8_all a2a.transport=nccl \
+      hydra.sweep.dir="$runs" > "$out/train_shm.log" 2>&1
+  echo "shm sweep exit $?"
+  python3 launch/compare_runs.py "$runs" --out "$out/compare_shm.json" 2>&1 | tee "$out/compare_shm.txt"
 elif [ "$what" = transports ]; then
   runs=/tmp/mxfp8ep_transport_runs
   rm -rf "$runs"

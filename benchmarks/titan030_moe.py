@@ -66,7 +66,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     time_arms,
 )
 from mxfp8_ep.config import A2AConfig  # noqa: E402
-from mxfp8_ep.titan030 import A2ATokenDispatcher  # noqa: E402
+from mxfp8_ep.titan030 import A2ATokenDispatcher, valid_row_experts_config  # noqa: E402
 
 ARMS = ["alltoall", "minimal_async_ep", "bf16/symm", "mxfp8/symm", "mxfp8_all/symm"]
 BASELINES = {"alltoall": "speedup_vs_alltoall", "minimal_async_ep": "speedup_vs_minimal_async_ep"}
@@ -111,6 +111,8 @@ def build_moe(shape: MoEShape, arm: str, mesh, device: torch.device):
         param_init={}, comm_backend="standard",
     )
     routed.token_dispatcher = dispatcher_config(arm, shape, device)
+    if "/" in arm:  # ours: with the experts the override installs
+        routed.inner_experts = valid_row_experts_config(routed.inner_experts)
     config = make_moe_config(
         num_experts=shape.experts, load_balance_coeff=None,
         router=make_router_config(dim=shape.dim, num_experts=shape.experts, gate_param_init={}, top_k=shape.top_k,

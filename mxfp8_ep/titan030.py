@@ -20,6 +20,11 @@ kernel and transport). The transport is resolved once the EP mesh is known (``wi
   the last expert segment are unused; it reduces each token's top-k outputs in fp32.
 * ``auto``: symm on one node with CUDA and >= 2 EP ranks, nccl otherwise.
 
+The override also swaps 0.3.0's ``GroupedExperts`` for ``ValidRowGroupedExperts``: the same
+math (bf16-identical), but its elementwise work -- the SwiGLU and the sum of the two
+input-gradient GEMMs -- covers only the rows inside the expert offsets
+(``mxfp8_ep.grouped_experts``), not the whole static-capacity buffer symm hands over.
+
 Importing this module imports torchtitan 0.3.0; nothing else in ``mxfp8_ep`` does, so the
 library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is installed.
 """
@@ -36,6 +41,7 @@ from mxfp8_ep.config import A2AConfig
 
 try:
     from torchtitan.config.override import derive, override
+    from torchtitan.models.common.moe import GroupedExperts
     from torchtitan.models.common.token_dispatcher import (
         AllToAllTokenDispatcher,
         LocalTokenDispatcher,
@@ -145,6 +151,35 @@ class PaddedA2ATokenDispatcher(_ExchangeLegs, TorchAOTokenDispatcher):
         self.symm_pad_multiple = config.pad_multiple
 
 
+class ValidRowGroupedExperts(GroupedExperts):
+    """0.3.0's ``GroupedExperts`` with the SwiGLU and the input-gradient sum over the rows inside
+    the expert offsets only (``mxfp8_ep.grouped_experts.grouped_swiglu``). A subclass that swaps
+    the ``_grouped_mm`` seam (0.3.0's MXFP8 / FP8 grouped-GEMM converters subclass the experts'
+    class) runs the parent's forward."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(GroupedExperts.Config):
+        pass
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # noqa: N803
+        if type(self)._grouped_mm is not GroupedExperts._grouped_mm:
+            return super().forward(x_RD, num_tokens_per_expert_E)
+        from mxfp8_ep.grouped_experts import grouped_swiglu
+
+        w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
+        return grouped_swiglu(
+            x_RD.bfloat16(), w1.bfloat16(), w2.bfloat16(), w3.bfloat16(), num_tokens_per_expert_E
+        ).type_as(x_RD)
+
+
+def valid_row_experts_config(cfg: GroupedExperts.Config) -> GroupedExperts.Config:
+    """``ValidRowGroupedExperts``' config for 0.3.0's plain ``GroupedExperts`` config; any other
+    experts config (a converter's subclass, another model's experts) unchanged."""
+    if type(cfg) is not GroupedExperts.Config:
+        return cfg
+    return derive(cfg, ValidRowGroupedExperts.Config)
+
+
 def replacement_config(cfg: LocalTokenDispatcher.Config, a2a: A2AConfig, max_tokens_per_rank: int | None = None):
     """Our dispatcher config for the 0.3.0 dispatcher config ``cfg``: padded where ``cfg`` pads
     (TorchAO, HybridEP with ``pad_multiple``), keeping its pad multiple and, unless given, its
@@ -172,7 +207,7 @@ def a2a_from_kwargs(preset: str, **legs) -> A2AConfig:
 )
 def token_dispatcher(model_cfg, *, preset: str = "mxfp8", max_tokens_per_rank: int | None = None, **a2a_fields):
     """Replace the token dispatcher config of every MoE layer of the model (MTP layers
-    included) with ours. kwargs: ``preset`` (bf16 | mxfp8 | mxfp8_all), any ``A2AConfig`` field
+    included) with ours, and its plain ``GroupedExperts`` with ``ValidRowGroupedExperts``. kwargs: ``preset`` (bf16 | mxfp8 | mxfp8_all), any ``A2AConfig`` field
     (``transport``, ``dispatch_fwd``, ..., ``scale_rounding``, ``kernel``) and
     ``max_tokens_per_rank``. Raises if the model has no MoE layer."""
     a2a = a2a_from_kwargs(preset, **a2a_fields)
@@ -184,9 +219,14 @@ def token_dispatcher(model_cfg, *, preset: str = "mxfp8", max_tokens_per_rank: i
             f"such as deepseek_v3"
         )
     for _fqn, cfg, parent, attr in claims:
-        new = replacement_config(cfg, a2a, max_tokens_per_rank)
-        if isinstance(parent, list):
-            parent[attr] = new
-        else:
-            setattr(parent, attr, new)
+        _replace(parent, attr, replacement_config(cfg, a2a, max_tokens_per_rank))
+    for _fqn, cfg, parent, attr in list(model_cfg.traverse(GroupedExperts.Config)):
+        _replace(parent, attr, valid_row_experts_config(cfg))
     return model_cfg
+
+
+def _replace(parent, attr, new) -> None:
+    if isinstance(parent, list):
+        parent[attr] = new
+    else:
+        setattr(parent, attr, new)

@@ -92,6 +92,11 @@ def moe_config(spec: MoESpec, dispatcher_config):
         param_init={}, comm_backend="standard",
     )
     routed.token_dispatcher = dispatcher_config
+    if type(dispatcher_config).__module__.startswith("mxfp8_ep"):
+        # Our arms run with the experts the override installs; the references with 0.3.0's.
+        from mxfp8_ep.titan030 import valid_row_experts_config
+
+        routed.inner_experts = valid_row_experts_config(routed.inner_experts)
     return make_moe_config(
         num_experts=spec.num_experts,
         router=make_router_config(dim=spec.dim, num_experts=spec.num_experts, gate_param_init=init,

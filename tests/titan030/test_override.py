@@ -11,7 +11,7 @@ titan030 = pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 from torchtitan.components.quantization.utils import swap_token_dispatcher  # noqa: E402
 from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.config.override import apply_overrides  # noqa: E402
-from torchtitan.models.common.moe import RoutedExperts  # noqa: E402
+from torchtitan.models.common.moe import GroupedExperts, RoutedExperts  # noqa: E402
 from torchtitan.models.common.token_dispatcher import (  # noqa: E402
     AllToAllTokenDispatcher,
     LocalTokenDispatcher,
@@ -57,6 +57,10 @@ def test_override_replaces_the_dispatcher_of_every_moe_layer(config):
         assert new.a2a == A2AConfig.preset("mxfp8", transport="auto"), fqn
     built = after[0][1].build()
     assert isinstance(built, titan030.A2ATokenDispatcher) and isinstance(built, AllToAllTokenDispatcher)
+    experts = [c for _, c, _, _ in cfg.model_spec.model.traverse(GroupedExperts.Config)]
+    assert len(experts) == len(moe_layers), "one routed-experts config per MoE layer"
+    assert all(type(c) is titan030.ValidRowGroupedExperts.Config for c in experts)
+    assert isinstance(experts[0].build(), titan030.ValidRowGroupedExperts)
 
 
 def test_override_keeps_the_padding_of_the_grouped_gemm_converters():
