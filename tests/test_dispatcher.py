@@ -359,6 +359,11 @@ def test_fuzz_covers_200_routings_and_the_edges():
         assert any(0 in ex.tokens for ex in drawn), world
         assert max(ex.spec.top_k for ex in drawn) == min(4, max(ex.spec.num_experts for ex in drawn)), world
         assert {ex.preset for ex in drawn} == set(PRESETS), world
+        # The nccl transport's fused path (any MXFP8 leg) meets the edges too: everything to one
+        # rank, empty experts (forced routings), ranks without tokens.
+        fused = [ex for ex in drawn + extreme_examples(world) if A2AConfig.preset(ex.preset).any_quantized]
+        assert {"one_rank", "forced"} <= {ex.routing for ex in fused}, world
+        assert any(0 in ex.tokens for ex in fused) and any(ex.name == "all-to-one" for ex in fused), world
 
 
 # --------------------------------------------------------------------------------------------
