@@ -10,9 +10,16 @@ torchtitan 0.3.0's token dispatchers (``models/common/token_dispatcher.py``):
 Autograd runs through both. Each of the four legs (dispatch / combine, forward / backward)
 travels in the format ``A2AConfig`` gives it. Two transports, one API:
 
-* ``NcclTokenDispatcher`` (``transport="nccl"``): all-to-all-v through the process group, one
-  device-to-host sync per layer for the splits (as torchtitan). Works on NCCL across nodes and
-  on gloo. With bf16 legs it is torchtitan 0.2.2's ExpertParallel + MoE math, bit for bit.
+* ``transport="nccl"``: all-to-all through the process group, one device-to-host sync per
+  layer for the splits (as torchtitan). Works on NCCL across nodes and on gloo.
+
+  - all legs bf16: ``NcclTokenDispatcher``, torchtitan 0.2.2's ExpertParallel + MoE math
+    around ``all_to_all_v``, bit for bit;
+  - any leg MXFP8: ``FusedNcclTokenDispatcher``, the symm transport's kernels around one
+    ``all_to_all_single`` per leg: quantizing fused into the gather of the routed rows,
+    payload and scales in one exchange, dequantizing fused into the expert-major permute
+    (dispatch) and into the fp32 top-k reduction (combine). Same kernels, same rows, same
+    reduction order as symm: the same bits.
 * ``SymmTokenDispatcher`` (``transport="symm"``): Triton kernels push each row straight into
   its owner's expert-major slot through peer memory (``peer_memory.PeerBuffer``); MXFP8 legs
   quantize inside that push and dequantize inside the receiving pass. Token counts travel
@@ -33,9 +40,9 @@ from mxfp8_ep import routing, wire_stats
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
-from mxfp8_ep.peer_memory import PeerBuffer
+from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
 from mxfp8_ep.quantize import resolve_kernel
-from mxfp8_ep.symm_reference import staging_nbytes
+from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes
 
 
 def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup) -> str:
@@ -76,7 +83,12 @@ class TokenDispatcher:
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
             transport = resolve_transport(self.a2a.transport, torch.device(device), group)
-            cls = SymmTokenDispatcher if transport == "symm" else NcclTokenDispatcher
+            if transport == "symm":
+                cls = SymmTokenDispatcher
+            elif self.a2a.any_quantized:
+                cls = FusedNcclTokenDispatcher
+            else:  # all-bf16 legs: torchtitan's math, bit for bit
+                cls = NcclTokenDispatcher
             return cls(self, group)
 
     def __init__(self, config: Config, group: dist.ProcessGroup):
@@ -124,8 +136,11 @@ class NcclDispatchMetadata:
 
 
 class NcclTokenDispatcher(TokenDispatcher):
-    """All-to-all-v transport (multi-node NCCL, and gloo): torchtitan 0.2.2's ExpertParallel and
-    MoE math around ``all_to_all_v``, whose legs travel as bf16 or MXFP8."""
+    """All-to-all-v transport (multi-node NCCL, and gloo) for all-bf16 legs: torchtitan 0.2.2's
+    ExpertParallel and MoE math around ``all_to_all_v``, bit for bit. ``Config.build`` takes
+    ``FusedNcclTokenDispatcher`` instead when any leg is MXFP8 (this class still carries MXFP8
+    legs, through ``all_to_all_v``'s separate quantize pass and two exchanges, when built
+    directly)."""
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
         self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
@@ -182,6 +197,136 @@ class NcclTokenDispatcher(TokenDispatcher):
 
 
 # --------------------------------------------------------------------------------------------
+# push transports: symm, and nccl with MXFP8 legs
+
+
+@dataclass(frozen=True)
+class ExchangeSplits:
+    """Rows this rank sends each rank and receives from each in the all-to-all of the
+    expert-bound direction, its own entries 0 (those rows never leave it); the token-bound
+    direction swaps them."""
+
+    send: list[int]
+    recv: list[int]
+
+
+@dataclass(frozen=True)
+class PushDispatchMetadata:
+    """Routing of one dispatch, for its combine and both backwards. A row that crosses ranks is
+    addressed where its receiver reads it: symm, in the receiver's staging buffer (which peers
+    write into); nccl, in the rank-major all-to-all buffers (``routing.exchange_tables``)."""
+
+    slot: torch.Tensor  # (N,) token * K + k of each expert-sorted row
+    inv: torch.Tensor  # (N,) expert-sorted row of each slot
+    dst_rank: torch.Tensor  # (N,) rank that owns each sorted row's expert
+    # (N,) its row in the owner's expert-major tensor (symm; nccl when the owner is this rank),
+    # else (nccl) in the send buffer of dispatch = the receive buffer of combine
+    dst_row: torch.Tensor
+    row_source: torch.Tensor  # (R,) per expert-major row: source rank, PAD_ROW or UNUSED_ROW
+    return_rank: torch.Tensor  # (R,) rank a row goes back to in combine (-1: stays, pad, unused)
+    # (R,) symm: its sorted row there; nccl: its row in the receive buffer of dispatch = the
+    # send buffer of combine
+    return_row: torch.Tensor
+    topk_scores_TK: torch.Tensor  # noqa: N815
+    num_tokens: int
+    capacity: int  # R: rows of the expert-major tensor
+    splits: ExchangeSplits | None = None  # nccl: the all-to-all's rows per rank
+
+
+class PushTokenDispatcher(TokenDispatcher):
+    """What the symm and the fused nccl transports share: routing metadata from the
+    expert-major layout (``routing``), and each leg as ``push_rows`` (one pass that gathers,
+    weights and, for an MXFP8 leg, quantizes each row; rows that stay are stored unquantized
+    straight into their destination) -> the transport's exchange -> ``receive_rows`` (into the
+    expert-major tensor) or ``reduce_slots`` (the fp32 top-k reduction), each dequantizing as
+    it reads. Kernels: ``symm_kernels`` (Triton) or their twins ``symm_reference``.
+
+    A transport supplies the token counts and routing tables (``_routing``), the buffer a leg
+    pushes into (``_send_buffer``) and the exchange that makes it readable (``_exchange``)."""
+
+    def kernels(self, device: torch.device):
+        if resolve_kernel(self.config.a2a.kernel, device) == "triton":
+            from mxfp8_ep import symm_kernels as kernels
+        else:
+            from mxfp8_ep import symm_reference as kernels
+        return kernels
+
+    def _routing(self, x_TD, counts_E) -> tuple[routing.RoutingTables, int, ExchangeSplits | None]:  # noqa: N803
+        """Exchange the token counts: this rank's routing tables, the rows of the expert-major
+        tensor, and the all-to-all splits (if any)."""
+        raise NotImplementedError
+
+    def _send_buffer(self, src, meta, leg, fmt, to_experts):
+        """The buffer ``leg`` pushes into and its rows; records the leg's wire bytes."""
+        raise NotImplementedError
+
+    def _exchange(self, sent, rows, src, meta, fmt, to_experts):
+        """After the push: the buffer this rank reads the leg's rows from, its rows, and the
+        staged row of each row read (``stage_row``, None: the same row)."""
+        raise NotImplementedError
+
+    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
+        self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
+        cfg = self.config
+        kernels = self.kernels(x_TD.device)
+        with torch.no_grad():
+            tables, capacity, splits = self._routing(x_TD, num_tokens_per_expert_E.to(torch.int64).contiguous())
+            slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
+            dst_rank, dst_row, inv, row_source, return_rank, return_row = kernels.routing_metadata(
+                tables, slot, topk_expert_ids_TK.reshape(-1), self.rank, self.ep, self.num_local_experts, capacity
+            )
+        meta = PushDispatchMetadata(
+            slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, row_source=row_source,
+            return_rank=return_rank, return_row=return_row, topk_scores_TK=topk_scores_TK,
+            num_tokens=x_TD.shape[0], capacity=capacity, splits=splits,
+        )
+        factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
+        routed_input = _ToExperts.apply(x_TD, factor, meta, self)
+        return routed_input, tables.tokens_per_local_expert, meta
+
+    def combine(self, routed_output, metadata: PushDispatchMetadata):
+        weight = None if self.config.score_before_experts else metadata.topk_scores_TK.reshape(-1)
+        return _ToTokens.apply(routed_output, weight, metadata, self)
+
+    # The two directions. Expert-bound: dispatch forward, combine backward. Token-bound:
+    # combine forward, dispatch backward.
+
+    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None):
+        """Sorted rows (read from ``src`` by token) -> a fresh ``(capacity, D)`` expert-major
+        tensor on their owners. ``leg``: dispatch_fwd or combine_bwd."""
+        kernels, a2a = self.kernels(src.device), self.config.a2a
+        fmt = getattr(a2a, leg)
+        send, rows = self._send_buffer(src, meta, leg, fmt, to_experts=True)
+        out = src.new_empty((meta.capacity, src.shape[1]))
+        kernels.push_rows(
+            src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt,
+            a2a.scale_rounding, slot=meta.slot, top_k=self.config.top_k, factor=factor,
+            dot_rows=dot_rows, dot_out=dot_out,
+        )
+        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt, to_experts=True)
+        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row)
+        return out
+
+    def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
+        """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
+        ``leg``: combine_fwd or dispatch_bwd."""
+        kernels, a2a = self.kernels(src.device), self.config.a2a
+        fmt = getattr(a2a, leg)
+        send, rows = self._send_buffer(src, meta, leg, fmt, to_experts=False)
+        kernels.push_rows(
+            src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
+        )
+        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt, to_experts=False)
+        out = src.new_empty((meta.num_tokens, src.shape[1]))
+        kernels.reduce_slots(
+            out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
+            self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
+            stage_row=stage_row,
+        )
+        return out
+
+
+# --------------------------------------------------------------------------------------------
 # symm
 
 
@@ -209,22 +354,10 @@ class _SymmBuffers:
 _BUFFERS: dict[tuple, _SymmBuffers] = {}
 
 
-@dataclass(frozen=True)
-class SymmDispatchMetadata:
-    slot: torch.Tensor  # (N,) token * K + k of each expert-sorted row
-    inv: torch.Tensor  # (N,) expert-sorted row of each slot
-    dst_rank: torch.Tensor  # (N,) rank that owns each sorted row's expert
-    dst_row: torch.Tensor  # (N,) its row in that rank's expert-major tensor
-    row_source: torch.Tensor  # (R,) per expert-major row: source rank, PAD_ROW or UNUSED_ROW
-    return_rank: torch.Tensor  # (R,) rank a row goes back to in combine (-1: stays, pad, unused)
-    return_row: torch.Tensor  # (R,) its sorted row there
-    topk_scores_TK: torch.Tensor  # noqa: N815
-    num_tokens: int
-    capacity: int
-
-
-class SymmTokenDispatcher(TokenDispatcher):
-    """Peer-memory push transport (one node): sync-free, quantizes inside the push."""
+class SymmTokenDispatcher(PushTokenDispatcher):
+    """Peer-memory push transport (one node): sync-free, quantizes inside the push. Each
+    leg's rows go straight into the owner's staging buffer at the row the owner reads them
+    from; a barrier makes them visible."""
 
     def _buffer_key(self, x_TD: torch.Tensor) -> tuple:  # noqa: N803
         # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
@@ -265,89 +398,80 @@ class SymmTokenDispatcher(TokenDispatcher):
             )
         return bufs
 
-    def kernels(self, device: torch.device):
-        if resolve_kernel(self.config.a2a.kernel, device) == "triton":
-            from mxfp8_ep import symm_kernels as kernels
-        else:
-            from mxfp8_ep import symm_reference as kernels
-        return kernels
-
-    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
-        self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
-        cfg, W, E, L = self.config, self.ep, self.config.num_experts, self.num_local_experts
+    def _routing(self, x_TD, counts_E):  # noqa: N803
+        W, E = self.ep, self.config.num_experts
         bufs = self._buffers(x_TD)
-        kernels = self.kernels(x_TD.device)
-        capacity = bufs.capacity
-        with torch.no_grad():
-            counts = num_tokens_per_expert_E.to(torch.int64).contiguous()
-            kernels.push_counts(counts, bufs.counts, self.rank)
-            bufs.counts.barrier()
-            # A copy: the count buffer is rewritten by the next dispatch.
-            counts_WE = bufs.counts.local[: W * E * 8].view(torch.int64).view(W, E).clone()  # noqa: N806
-            slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
-            tables = routing.routing_tables(counts_WE, self.rank, cfg.pad_multiple)
-            dst_rank, dst_row, inv, row_source, return_rank, return_row = kernels.routing_metadata(
-                tables, slot, topk_expert_ids_TK.reshape(-1), self.rank, W, L, capacity
-            )
-        meta = SymmDispatchMetadata(
-            slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, row_source=row_source,
-            return_rank=return_rank, return_row=return_row, topk_scores_TK=topk_scores_TK,
-            num_tokens=x_TD.shape[0], capacity=capacity,
-        )
-        factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
-        routed_input = _SymmToExperts.apply(x_TD, factor, meta, self)
-        return routed_input, tables.tokens_per_local_expert, meta
+        self.kernels(x_TD.device).push_counts(counts_E, bufs.counts, self.rank)
+        bufs.counts.barrier()
+        # A copy: the count buffer is rewritten by the next dispatch.
+        counts_WE = bufs.counts.local[: W * E * 8].view(torch.int64).view(W, E).clone()  # noqa: N806
+        return routing.routing_tables(counts_WE, self.rank, self.config.pad_multiple), bufs.capacity, None
 
-    def combine(self, routed_output, metadata: SymmDispatchMetadata):
-        weight = None if self.config.score_before_experts else metadata.topk_scores_TK.reshape(-1)
-        return _SymmToTokens.apply(routed_output, weight, metadata, self)
-
-    # The two directions. Expert-bound: dispatch forward, combine backward. Token-bound:
-    # combine forward, dispatch backward.
-
-    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None):
-        """Sorted rows (read from ``src`` by token) -> a fresh ``(capacity, D)`` expert-major
-        tensor on their owners. ``leg``: dispatch_fwd or combine_bwd."""
-        bufs, kernels, a2a = self._buffers_for(src), self.kernels(src.device), self.config.a2a
-        fmt = getattr(a2a, leg)
-        remote = (meta.dst_rank != self.rank).sum()
+    def _send_buffer(self, src, meta, leg, fmt, to_experts):
+        remote = (meta.dst_rank != self.rank).sum() if to_experts else (meta.return_rank >= 0).sum()
         wire_stats.record_rows(leg, remote, wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        staging = bufs.take_staging()
-        out = src.new_empty((meta.capacity, src.shape[1]))
-        kernels.push_rows(
-            src, meta.dst_rank, meta.dst_row, out, staging, bufs.staging_rows, self.rank, fmt,
-            a2a.scale_rounding, slot=meta.slot, top_k=self.config.top_k, factor=factor,
-            dot_rows=dot_rows, dot_out=dot_out,
-        )
-        staging.barrier()
-        kernels.receive_rows(out, meta.row_source, self.rank, staging, bufs.staging_rows, fmt)
-        return out
+        bufs = self._buffers_for(src)
+        return bufs.take_staging(), bufs.staging_rows
 
-    def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
-        """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
-        ``leg``: combine_fwd or dispatch_bwd."""
-        bufs, kernels, a2a = self._buffers_for(src), self.kernels(src.device), self.config.a2a
-        fmt = getattr(a2a, leg)
-        remote = (meta.return_rank >= 0).sum()
-        wire_stats.record_rows(leg, remote, wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        staging = bufs.take_staging()
-        kernels.push_rows(
-            src, meta.return_rank, meta.return_row, None, staging, bufs.staging_rows, self.rank,
-            fmt, a2a.scale_rounding,
-        )
-        staging.barrier()
-        out = src.new_empty((meta.num_tokens, src.shape[1]))
-        kernels.reduce_slots(
-            out, meta.inv, meta.dst_rank, meta.dst_row, src, staging, bufs.staging_rows, self.rank,
-            fmt, self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
-        )
-        return out
+    def _exchange(self, sent, rows, src, meta, fmt, to_experts):
+        sent.barrier()  # the peers' pushes into this rank's staging buffer are visible
+        return sent, rows, None
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
         return _BUFFERS[self._buffer_key(src)]
 
 
-class _SymmToExperts(torch.autograd.Function):
+# --------------------------------------------------------------------------------------------
+# nccl with MXFP8 legs
+
+
+class FusedNcclTokenDispatcher(PushTokenDispatcher):
+    """All-to-all transport (multi-node NCCL, and gloo) for configs with an MXFP8 leg, on the
+    symm transport's kernels: each leg is one ``push_rows`` into a rank-major send buffer
+    (rows gathered by token and quantized in the same pass; rows that stay on this rank go
+    unquantized straight into the expert-major output), ONE ``all_to_all_single`` of packed
+    rows (MXFP8: ``D`` e4m3 bytes then ``D/32`` scale bytes per row, so the scales need no
+    second exchange), and one receiving pass that dequantizes into the expert-major layout the
+    grouped GEMM takes (``receive_rows``) or into the fp32 top-k reduction (``reduce_slots``).
+    bf16 legs of the same config take the same path unquantized. The counts travel in one
+    all-gather and their splits reach the host once per layer (the one device-to-host sync,
+    as torchtitan); dispatch returns exactly the received rows plus per-expert padding."""
+
+    def _routing(self, x_TD, counts_E):  # noqa: N803
+        W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple
+        counts_WE = funcol.wait_tensor(funcol.all_gather_tensor(counts_E, 0, self.group)).view(W, E)  # noqa: N806
+        rows_WW = counts_WE.view(W, W, L).sum(dim=2)  # noqa: N806  [s, d]: rows rank s sends rank d
+        # The one device-to-host sync of this transport (torchtitan makes the same one).
+        send, recv = torch.stack([rows_WW[self.rank], rows_WW[:, self.rank]]).tolist()
+        capacity = (sum(recv) + L * align + align - 1) // align * align
+        send[self.rank] = recv[self.rank] = 0
+        return routing.exchange_tables(counts_WE, self.rank, align), capacity, ExchangeSplits(send=send, recv=recv)
+
+    def _splits(self, meta, to_experts) -> tuple[list[int], list[int]]:
+        send, recv = meta.splits.send, meta.splits.recv
+        return (send, recv) if to_experts else (recv, send)
+
+    def _send_buffer(self, src, meta, leg, fmt, to_experts):
+        rows = sum(self._splits(meta, to_experts)[0])
+        wire_stats.record(leg, rows * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
+        return LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep), rows
+
+    def _exchange(self, sent, rows, src, meta, fmt, to_experts):
+        send, recv = self._splits(meta, to_experts)
+        nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
+        received = funcol.wait_tensor(
+            funcol.all_to_all_single(sent.local.view(rows, nbytes), recv, send, self.group)
+        )
+        stage_row = meta.return_row if to_experts else meta.dst_row
+        return LocalBuffer(received.view(-1), self.ep), sum(recv), stage_row
+
+
+# --------------------------------------------------------------------------------------------
+# autograd of the push transports
+
+
+class _ToExperts(torch.autograd.Function):
     """Dispatch: tokens -> expert-major rows (scores applied here when they come first)."""
 
     @staticmethod
@@ -372,7 +496,7 @@ class _SymmToExperts(torch.autograd.Function):
         return grad_x, grad_factor, None, None
 
 
-class _SymmToTokens(torch.autograd.Function):
+class _ToTokens(torch.autograd.Function):
     """Combine: expert-major rows -> tokens (scores applied here when they come after)."""
 
     @staticmethod

@@ -8,7 +8,8 @@ mapped in all ranks, plus a barrier after which all writes into this rank's buff
   transport on CPU processes.
 
 Kernels get the peers' buffers as an int64 tensor of addresses (``ptrs``); torch code gets them
-as tensors (``peer(rank)``).
+as tensors (``peer(rank)``). ``LocalBuffer`` has the same face over one local tensor (every
+peer is itself): the nccl transport's all-to-all buffers, for the same kernels.
 """
 
 from __future__ import annotations
@@ -98,3 +99,24 @@ def _map_shared_files(nbytes: int, group: dist.ProcessGroup) -> list[torch.Tenso
     # Every rank has mapped every file: the names can go, the mappings stay.
     os.unlink(paths[rank])
     return [p[:nbytes] for p in peers]
+
+
+class LocalBuffer:
+    """A byte buffer of this rank's, taken where the kernels take a ``PeerBuffer``: every
+    peer is this buffer itself (peer offsets 0), so a row is stored at its row index whatever
+    rank it is bound for. The nccl transport's send and receive buffers of an all-to-all."""
+
+    _zero_offsets: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def __init__(self, local: torch.Tensor, world_size: int):
+        self.local = local
+        self.world_size = world_size
+
+    def peer(self, rank: int) -> torch.Tensor:
+        return self.local
+
+    def element_offsets(self, itemsize: int) -> torch.Tensor:
+        key = (self.world_size, self.local.device)
+        if key not in self._zero_offsets:
+            self._zero_offsets[key] = torch.zeros(self.world_size, dtype=torch.int64, device=self.local.device)
+        return self._zero_offsets[key]

@@ -14,7 +14,7 @@ unused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -109,3 +109,32 @@ def routing_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTab
         dst_base=dst_base, first_row=_exclusive_cumsum(counts_WE[rank], 0), seg_len=seg_len,
         seg_end=torch.cumsum(seg_len, dim=0), seg_origin_row=seg_origin_row, tokens_per_local_expert=m_size[rank],
     )
+
+
+def exchange_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTables:  # noqa: N803
+    """``routing_tables`` for an all-to-all instead of peer memory: the same expert-major
+    layout, but a row that crosses ranks is addressed by its row in the rank-major exchange
+    buffers (this rank's own rows never enter them):
+
+    * ``dst_base`` of another rank's expert: rows bound for it are addressed by their row in
+      the send buffer (this rank's sorted rows without its own block);
+    * ``seg_origin_row`` of another source's segment: its rows by their row in the receive
+      buffer (sources in rank order without this rank, each source's rows in its sorted order).
+
+    The send buffer of the token-bound direction is laid out like this receive buffer, and its
+    receive buffer like this send buffer: the same addresses serve both directions."""
+    tables = routing_tables(counts_WE, rank, align)
+    W, E = counts_WE.shape
+    L = E // W
+    owner = torch.arange(E, device=counts_WE.device) // L
+    own_block = counts_WE[rank, rank * L : (rank + 1) * L].sum()
+    send_row0 = tables.first_row - torch.where(owner > rank, own_block, 0)
+    dst_base = torch.where(owner == rank, tables.dst_base, send_row0)
+    from_source = counts_WE[:, rank * L : (rank + 1) * L].sum(dim=1)  # (W,) rows each source sends here
+    is_peer = torch.arange(W, device=counts_WE.device) != rank
+    recv_start = _exclusive_cumsum(torch.where(is_peer, from_source, 0), 0)
+    first_to_here = counts_WE[:, : rank * L].sum(dim=1)  # first sorted row, on each source, bound here
+    shift = torch.where(is_peer, recv_start - first_to_here, 0)
+    shift = torch.cat([shift, shift.new_zeros(1)])  # the padding segment of each expert
+    origin = (tables.seg_origin_row.view(L, W + 1) + shift).reshape(-1)
+    return replace(tables, dst_base=dst_base, seg_origin_row=origin)

@@ -11,6 +11,10 @@ two give the same bits. Peers' buffers arrive as an int64 tensor of addresses.
 * ``reduce_slots``: the receiving side of the token-bound legs: for each token, dequantizes its
   K rows (or reads them from this rank's expert output) and reduces them in fp32.
 
+The nccl transport runs the same kernels around an all-to-all (``dispatcher``): ``push_rows``
+into a local send buffer (every peer offset 0), the receiving passes from the receive buffer,
+each row read at the staged row its ``stage_row`` index names.
+
 No kernel reads a device value on the host: grids are sized from static capacities and rows a
 kernel must skip are marked in the index tensors.
 """
@@ -80,18 +84,20 @@ def _store_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.const
 
 
 @triton.jit
-def _scale_offsets(rows, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """[rows, BLOCK_D // 32] offsets of the tile's scale bytes in a [*, D // 32] array, and
-    which of them exist."""
+def _packed_offsets(rows, cols, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Byte offsets of a tile in a packed MXFP8 staging buffer (row = D e4m3 bytes, then its
+    D // 32 scale bytes): the e4m3 bytes [rows, BLOCK_D // 32, 32], the scale bytes
+    [rows, BLOCK_D // 32], and which scales exist."""
+    base = rows.to(tl.int64) * (D + D // 32)
     groups = start // 32 + tl.arange(0, BLOCK_D // 32)
-    return rows[:, None].to(tl.int64) * (D // 32) + groups[None, :], (groups < D // 32)[None, :]
+    return base[:, None, None] + cols, base[:, None] + D + groups[None, :], (groups < D // 32)[None, :]
 
 
 @triton.jit
 def _push_rows_kernel(
     src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
-    M, STAGING_ROWS, rank,
+    M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -128,10 +134,9 @@ def _push_rows_kernel(
         remote_mask = _mask(remote, cols, D, BLOCK_D)
         if QUANT:
             e4m3, byte = _quantize_groups(x, ROUNDING)
-            data_ptr = stage_ptr + peer[:, None, None] + dst_row[:, None, None] * D + cols
-            tl.store(data_ptr, e4m3.to(tl.uint8), mask=remote_mask)
-            soffs, sok = _scale_offsets(dst_row, start, D, BLOCK_D)
-            tl.store(stage_ptr + peer[:, None] + STAGING_ROWS * D + soffs, byte.to(tl.uint8), mask=remote[:, None] & sok)
+            doffs, soffs, sok = _packed_offsets(dst_row, cols, start, D, BLOCK_D)
+            tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=remote_mask)
+            tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=remote[:, None] & sok)
         else:
             _store_tile(stage_ptr + peer[:, None, None], dst_row, cols, x, remote_mask, D, IN_BF16)
     if HAS_DOT:
@@ -139,24 +144,35 @@ def _push_rows_kernel(
 
 
 @triton.jit
-def _load_staged_tile(stage_a, stage_b, rows, row_ok, cols, start, D: tl.constexpr, IN_BF16: tl.constexpr,
+def _staged_rows(stage_row_ptr, rows, row_ok, HAS_STAGE_ROW: tl.constexpr):
+    """The staged row each of ``rows`` reads: ``stage_row[rows]``, or the same row."""
+    if HAS_STAGE_ROW:
+        staged = tl.load(stage_row_ptr + rows, mask=row_ok, other=0)
+    else:
+        staged = rows
+    return staged
+
+
+@triton.jit
+def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_BF16: tl.constexpr,
                       QUANT: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows of this rank's staging buffer, decoded to fp32 values of the activation dtype."""
     mask = _mask(row_ok, cols, D, BLOCK_D)
     if QUANT:
-        data = tl.load(stage_a + rows[:, None, None].to(tl.int64) * D + cols, mask=mask, other=0).to(tl.int32)
-        soffs, sok = _scale_offsets(rows, start, D, BLOCK_D)
-        byte = tl.load(stage_b + soffs, mask=row_ok[:, None] & sok, other=127).to(tl.int32)
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, BLOCK_D)
+        data = tl.load(stage_ptr + doffs, mask=mask, other=0).to(tl.int32)
+        byte = tl.load(stage_ptr + soffs, mask=row_ok[:, None] & sok, other=127).to(tl.int32)
         value = _round_to_activation(_dequantize_groups(data, byte), IN_BF16)
     else:
-        value = _load_tile(stage_a, rows, cols, mask, D, IN_BF16)
+        value = _load_tile(stage_ptr, rows, cols, mask, D, IN_BF16)
     return value
 
 
 @triton.jit
 def _receive_rows_kernel(
-    out_ptr, source_ptr, stage_a, stage_b, R, rank,
-    D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    out_ptr, source_ptr, stage_ptr, stage_row_ptr, R, rank,
+    D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     source = tl.load(source_ptr + rows, mask=rows < R, other=-2)
@@ -164,19 +180,20 @@ def _receive_rows_kernel(
     pad = source == -1
     if tl.max((remote | pad).to(tl.int32), axis=0) == 0:
         return
+    staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, BLOCK_D)
-        value = _load_staged_tile(stage_a, stage_b, rows, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+        value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
         value = tl.where(pad[:, None, None], 0.0, value)
         _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
 
 
 @triton.jit
 def _reduce_slots_kernel(
-    out_ptr, inv_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_a, stage_b,
+    out_ptr, inv_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_ptr, stage_row_ptr,
     weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -197,7 +214,8 @@ def _reduce_slots_kernel(
             is_remote = tok_ok & (owner != rank)
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
             local_val = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
-            remote_val = _load_staged_tile(stage_a, stage_b, n, is_remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+            staged = _staged_rows(stage_row_ptr, n, is_remote, HAS_STAGE_ROW)
+            remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
             value = tl.where(is_local[:, None, None], local_val, remote_val)
             if HAS_SAVE:
                 _store_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
@@ -272,9 +290,10 @@ def _block_d(dim: int) -> int:
     return max(BLOCK_SIZE, min(512, triton.next_power_of_2(dim)))
 
 
-def _staged(staging, staging_rows, dim, dtype, fmt):
-    views = staging_views(staging.local, staging_rows, dim, dtype, fmt)
-    return (views[0], views[1]) if fmt == "mxfp8" else (_bits(views[0]), _bits(views[0]))
+def _stage(buf, staging_rows, dim, dtype, fmt):
+    """A staging byte buffer as the kernels take it: its bytes (MXFP8: packed rows) or its
+    values (bf16 as int16 bits)."""
+    return _bits(staging_views(buf, staging_rows, dim, dtype, fmt)[0])
 
 
 def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
@@ -292,13 +311,13 @@ def push_rows(
     dim = src.shape[1]
     block_m = PUSH_BLOCK_M
     no_fp32 = _no_fp32(src.device)
-    stage = _bits(staging_views(staging.local, staging_rows, dim, src.dtype, fmt)[0])
+    stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     _push_rows_kernel[(triton.cdiv(num, block_m),)](
         _bits(src), slot if slot is not None else dst_rank, factor if factor is not None else no_fp32,
         _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
         dst_rank, dst_row, _bits(local_out if local_out is not None else src), stage,
         staging.element_offsets(stage.element_size()),
-        num, staging_rows, rank,
+        num, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
@@ -306,37 +325,37 @@ def push_rows(
     )
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
     rows, dim = out.shape
     if rows == 0:
         return
-    stage_a, stage_b = _staged(staging, staging_rows, dim, out.dtype, fmt)
     block_m = RECEIVE_BLOCK_M
     _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
-        _bits(out), source, stage_a, stage_b, rows, rank,
-        D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", BLOCK_M=block_m,
-        BLOCK_D=_block_d(dim), num_warps=RECEIVE_WARPS,
+        _bits(out), source, _stage(staging.local, staging_rows, dim, out.dtype, fmt),
+        stage_row if stage_row is not None else source, rows, rank,
+        D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
+        BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=RECEIVE_WARPS,
     )
 
 
 def reduce_slots(
     out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
-    weight=None, save=None, dot_with=None, dot_out=None,
+    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None,
 ) -> None:
     num_tokens, dim = out.shape
     if num_tokens == 0:
         return
-    stage_a, stage_b = _staged(staging, staging_rows, dim, out.dtype, fmt)
     block_t = REDUCE_BLOCK_T
     no_fp32 = _no_fp32(out.device)
     _reduce_slots_kernel[(triton.cdiv(num_tokens, block_t),)](
-        _bits(out), inv, row_rank, local_row, _bits(local_src), stage_a, stage_b,
+        _bits(out), inv, row_rank, local_row, _bits(local_src), _stage(staging.local, staging_rows, dim, out.dtype, fmt),
+        stage_row if stage_row is not None else inv,
         weight if weight is not None else no_fp32, _bits(save if save is not None else out),
         _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, HAS_SAVE=save is not None,
-        HAS_DOT=dot_out is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim), num_warps=REDUCE_WARPS,
+        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim), num_warps=REDUCE_WARPS,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )

@@ -2,10 +2,16 @@
 arithmetic, same bytes. They run wherever torch runs (CPU emulation of peers in CI, or on CUDA
 peer memory to check the Triton kernels on the GPU machine).
 
-A *staging* buffer is the byte buffer a rank receives pushed rows in, indexed by destination
-row. In the activation's own dtype (leg format ``bf16``) a row is ``D`` elements; in MXFP8 the
-e4m3 bytes of all rows come first (``rows x D``), then their e8m0 scale bytes
-(``rows x D/32``).
+A *staging* buffer is a byte buffer of rows, indexed by row: the one a rank receives pushed
+rows in (symm: peers write into it), or the send / receive buffer of an all-to-all (nccl: a
+``peer_memory.LocalBuffer``, whose every peer is itself). A row takes
+``wire_stats.row_bytes`` bytes: in the activation's own dtype (leg format ``bf16``) ``D``
+elements; in MXFP8 its ``D`` e4m3 bytes followed by its ``D/32`` e8m0 scale bytes (payload and
+scales of a row travel together, so one exchange carries both).
+
+Where a receiving pass reads a row: by default the staged row with the index of the row it
+fills (symm: peers push each row to the index its reader uses); with ``stage_row``, the
+staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buffer).
 
 Arithmetic (shared with the kernels, so both give the same bits):
 * a routing weight multiplies in fp32 and the product is rounded to the activation dtype
@@ -18,24 +24,30 @@ from __future__ import annotations
 
 import torch
 
-from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, dequantize_reference, quantize_reference
+from mxfp8_ep.config import LEG_FORMATS
+from mxfp8_ep.format import MXFP8Tensor, dequantize_reference, quantize_reference
+from mxfp8_ep.wire_stats import row_bytes
+
+
+def staged_row_nbytes(dim: int, dtype: torch.dtype, fmt: str) -> int:
+    """Bytes of one staged row of ``dim`` elements in leg format ``fmt`` (its wire size)."""
+    return row_bytes(dim, torch.empty((), dtype=dtype).element_size(), fmt)
 
 
 def staging_nbytes(rows: int, dim: int, dtype: torch.dtype) -> int:
     """Bytes of a staging buffer that holds ``rows`` rows in either format."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return rows * max(dim * itemsize, dim + dim // BLOCK_SIZE)
+    return rows * max(staged_row_nbytes(dim, dtype, fmt) for fmt in LEG_FORMATS)
 
 
 def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
-    """``(rows, dim)`` views of a staging byte buffer: ``(values,)`` for the activation's own
-    dtype, ``(e4m3 bytes, scale bytes)`` for MXFP8."""
+    """Views of the first ``rows`` rows of a staging byte buffer: ``(values,)`` (``rows x
+    dim`` in ``dtype``) for the activation's own dtype, ``(e4m3 bytes, scale bytes)`` (``rows
+    x dim`` and ``rows x dim/32``, strided views of the packed rows) for MXFP8."""
+    nbytes = staged_row_nbytes(dim, dtype, fmt)
     if fmt == "mxfp8":
-        data = buf[: rows * dim].view(rows, dim)
-        scale = buf[rows * dim : rows * dim + rows * (dim // BLOCK_SIZE)].view(rows, dim // BLOCK_SIZE)
-        return data, scale
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return (buf[: rows * dim * itemsize].view(dtype).view(rows, dim),)
+        packed = buf[: rows * nbytes].view(rows, nbytes)
+        return packed[:, :dim], packed[:, dim:]
+    return (buf[: rows * nbytes].view(dtype).view(rows, dim),)
 
 
 def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Tensor:
@@ -89,24 +101,25 @@ def push_rows(
             views[0][dst_row[sel]] = values[sel]
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt) -> None:
-    """Rows of ``out`` whose ``source`` is another rank: decoded from this rank's staging
-    buffer (same row). Padding rows (-1): zeros. This rank's own rows and unused rows: as is."""
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
+    """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
+    buffer, row ``stage_row[i]`` (or ``i``). Padding rows (-1): zeros. This rank's own rows and
+    unused rows: as is."""
     dim = out.shape[1]
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     remote = (source >= 0) & (source != rank)
     rows = torch.nonzero(remote).squeeze(1)
-    out[rows] = _decode(views, rows, out.dtype, fmt)
+    out[rows] = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
     out[source == -1] = 0
 
 
 def reduce_slots(
     out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
-    weight=None, save=None, dot_with=None, dot_out=None,
+    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None,
 ) -> None:
     """``out[t] = sum_k weight[t*K+k] * v(inv[t*K+k])`` in fp32 (k ascending), where ``v(n)``
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else
-    row ``n`` of this rank's staging buffer (decoded). ``save[n] = v(n)``;
+    row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded). ``save[n] = v(n)``;
     ``dot_out[t*K+k] = <v(inv[t*K+k]), dot_with[t]>`` in fp32."""
     num_tokens, dim = out.shape
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
@@ -115,8 +128,9 @@ def reduce_slots(
     for k in range(top_k):
         n = inv[slots + k]
         is_local = row_rank[n] == rank
-        local_vals = local_src[torch.where(is_local, local_row[n], 0)]
-        v = torch.where(is_local.unsqueeze(1), local_vals, _decode(views, n, out.dtype, fmt))
+        v = local_src[torch.where(is_local, local_row[n], 0)]
+        remote = torch.nonzero(~is_local).squeeze(1)
+        v[remote] = _decode(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
         if save is not None:
             save[n] = v
         if dot_out is not None:

@@ -1,7 +1,9 @@
 """The token dispatcher (``mxfp8_ep.dispatcher``) against torchtitan 0.2.2's MoE layer without
 expert parallelism, on gloo process groups of 2, 3 and 4 ranks, both transports (``nccl``:
-all-to-all-v; ``symm``: peer-memory pushes over the CPU shared-memory emulation with the torch
-twins of the kernels; tests/test_symm_kernels.py proves the Triton kernels equal the twins).
+all-to-all, torchtitan's math for all-bf16 legs, the fused kernels of ``FusedNcclTokenDispatcher``
+when a leg is MXFP8; ``symm``: peer-memory pushes over the CPU shared-memory emulation; both
+run the torch twins of the kernels here, tests/test_symm_kernels.py proves the Triton kernels
+equal the twins).
 
 Routings: >= 200 drawn by hypothesis in the parent and run inside ONE process group per world
 size (both transports per routing), plus hand-picked extremes. Kinds: torchtitan's router on
@@ -17,16 +19,23 @@ References (the reference's expert gradients are summed over ranks and sliced):
   each leg's format (quantize + dequantize with the format reference; rows that stay never
   do); for bf16 legs it is torchtitan's layer unchanged. EP must equal it:
   - shared expert gradients: bit for bit, always (they see only x and the output gradient);
-  - transport nccl with row-wise experts: output, input gradient, score gradients and router
-    gradient bit for bit (the transport is torchtitan's gather / bmm / index-add math, the
-    legs quantize exactly the crossing rows, and a row-wise expert's rows do not depend on
-    their batch); expert weight gradients within ``ORDER_TOL``: EP sums every rank's rows in
-    one pass, the reference per rank, then across ranks;
-  - otherwise within ``ORDER_TOL``: the symm transport reduces a token's K rows in fp32 in
-    slot order and rounds once, where torchtitan runs a bmm (combine) and an index-add in
-    expert order, rounding each add in bf16 (dispatch backward), and its score gradients are
-    fp32 dot products summed in another order; torchtitan's matmul experts (``grouped``)
-    multiply other batches under EP than without it (moe_harness says why that matters).
+  - transport nccl with all-bf16 legs and row-wise experts: output, input gradient, score
+    gradients and router gradient bit for bit (the transport is torchtitan's gather / bmm /
+    index-add math, and a row-wise expert's rows do not depend on their batch); expert
+    weight gradients within ``ORDER_TOL``: EP sums every rank's rows in one pass, the
+    reference per rank, then across ranks;
+  - otherwise within ``ORDER_TOL``: the symm transport and the nccl transport with an MXFP8
+    leg reduce a token's K rows in fp32 in slot order and round once, where torchtitan runs a
+    bmm (combine) and an index-add in expert order, rounding each add in bf16 (dispatch
+    backward), and their score gradients are fp32 dot products summed in another order;
+    torchtitan's matmul experts (``grouped``) multiply other batches under EP than without
+    it (moe_harness says why that matters).
+* *symm*, for transport nccl with an MXFP8 leg: every output and gradient bit for bit, every
+  expert kind. Both run the same kernels on the same expert-major layout: the same rows are
+  quantized (those that cross ranks) with the same arithmetic, each token's rows reduced in
+  the same fp32 order, and the experts see the same per-expert batches (the layouts differ
+  only in unused rows past the last expert, which no expert reads). This is the precise
+  check of the fused nccl path; the two above bound it like symm.
   Score gradients are compared relative to their Cauchy-Schwarz size (|a| |b| of the dot
   product), since a dot product can cancel to ~0 while its rounding error does not; the
   router's gradient must then equal torchtitan's router backward of EP's score gradients.
@@ -54,7 +63,7 @@ from hypothesis import strategies as st
 
 from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
 from mxfp8_ep.config import TRANSPORTS as CONFIG_TRANSPORTS
-from mxfp8_ep.dispatcher import NcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
+from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, NcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
 from tests.moe_harness import (
     DTYPES,
     EXPERT_KINDS,
@@ -76,8 +85,12 @@ from tests.moe_harness import (
 )
 
 TRANSPORTS = tuple(t for t in CONFIG_TRANSPORTS if t != "auto")
-DISPATCHER_CLASS = {"nccl": NcclTokenDispatcher, "symm": SymmTokenDispatcher}
-assert set(DISPATCHER_CLASS) == set(TRANSPORTS)
+assert TRANSPORTS == ("symm", "nccl")  # symm first: the fused nccl path is checked against it
+# (transport, any leg MXFP8) -> the class Config.build must pick.
+DISPATCHER_CLASS = {
+    ("nccl", False): NcclTokenDispatcher, ("nccl", True): FusedNcclTokenDispatcher,
+    ("symm", False): SymmTokenDispatcher, ("symm", True): SymmTokenDispatcher,
+}
 EXAMPLES = {2: 80, 3: 70, 4: 50}
 MAX_TOKENS = 16  # per rank; TokenDispatcher.Config.max_tokens_per_rank of every example
 PAD_MULTIPLES = (1, 8)  # 8 = torchtitan's TOKEN_GROUP_ALIGN_SIZE_M for bf16
@@ -209,12 +222,12 @@ def _rows_between_ranks(ids: torch.Tensor, rank: int, world: int, local: int) ->
     return sent
 
 
-def _expectation(ex: Example, transport: str, name: str):
+def _expectation(ex: Example, dispatcher, name: str):
     """How EP must match the reference that applies the legs' formats: 'exact', or a
     relative bound (module docstring)."""
     if name in SHARED:
         return "exact"
-    if transport == "nccl" and ex.spec.experts == "rowwise" and name not in EXPERTS:
+    if type(dispatcher) is NcclTokenDispatcher and ex.spec.experts == "rowwise" and name not in EXPERTS:
         return "exact"
     return ORDER_TOL[ex.spec.dtype]
 
@@ -274,6 +287,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
 
+    results = {}
     for transport in TRANSPORTS:
         config = TokenDispatcher.Config(
             num_experts=spec.num_experts, top_k=spec.top_k, a2a=replace(a2a_legs, transport=transport),
@@ -282,14 +296,18 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
         )
         dispatcher = config.build(dist.group.WORLD, "cpu")
         where = f"{transport} rank {rank}/{world}: {ex}"
-        assert type(dispatcher) is DISPATCHER_CLASS[transport], where
+        assert type(dispatcher) is DISPATCHER_CLASS[transport, quantized], where
         ep = build_ep_layer(reference, spec, dispatcher, rank)
         out, grads, seen = run_layer(ep, ep_forward, x, grad_out, bias)
         got = {"out": out, "scores": seen.get("scores", torch.zeros(ids.shape, dtype=torch.float32))}
         got.update({n: g for n, g in grads.items() if n != ROUTER})
+        results[transport] = {**got, ROUTER: grads[ROUTER]}
+        if type(dispatcher) is FusedNcclTokenDispatcher:
+            for name, ref in results["symm"].items():
+                _compare(name, results[transport][name], ref, "exact", f"{where} vs symm")
         assert set(got) == set(wire), where
         for name, ref in wire.items():
-            expect = _expectation(ex, transport, name)
+            expect = _expectation(ex, dispatcher, name)
             err = _compare(name, got[name], ref, expect, where, scale)
             key = (transport, spec.experts, spec.dtype, "q" if quantized else "-", name.split(".")[0])
             stats[key] = max(stats.get(key, 0.0), err)
@@ -341,6 +359,11 @@ def test_fuzz_covers_200_routings_and_the_edges():
         assert any(0 in ex.tokens for ex in drawn), world
         assert max(ex.spec.top_k for ex in drawn) == min(4, max(ex.spec.num_experts for ex in drawn)), world
         assert {ex.preset for ex in drawn} == set(PRESETS), world
+        # The nccl transport's fused path (any MXFP8 leg) meets the edges too: everything to one
+        # rank, empty experts (forced routings), ranks without tokens.
+        fused = [ex for ex in drawn + extreme_examples(world) if A2AConfig.preset(ex.preset).any_quantized]
+        assert {"one_rank", "forced"} <= {ex.routing for ex in fused}, world
+        assert any(0 in ex.tokens for ex in fused) and any(ex.name == "all-to-one" for ex in fused), world
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The symm transport on real GPUs (one process per GPU, NCCL + CUDA symmetric memory): the
 compiled Triton kernels against their torch twins, and no host sync in forward or backward.
+The nccl transport with MXFP8 legs runs the same kernels around NCCL all-to-alls: against its
+twins and against symm.
 The CPU suite (tests/test_dispatcher.py, tests/test_symm_kernels.py) runs the same kernels
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
 them and the GPU machine runs them (benchmarks/gpu_evidence.sh)."""
@@ -134,3 +136,45 @@ def _moe_with_side_stream(rank, world):
 @needs_gpus
 def test_shared_experts_on_a_side_stream_change_no_bit():
     run_on_ranks(WORLD, _moe_with_side_stream, backend="nccl")
+
+
+def _check_fused_nccl(rank, world):
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
+
+    device = torch.device("cuda", rank)
+    tokens, experts, dim = 512, 16, 512
+    for preset in ("mxfp8", "mxfp8_all"):
+        for top_k, sbe, skew in ((4, False, False), (1, True, False), (2, False, True)):
+            x, scores, ids, counts = _routing(rank, tokens, experts, top_k, dim, device, skew)
+            results = {}
+            for transport, kernel, cls in (("nccl", "torch", FusedNcclTokenDispatcher),
+                                           ("nccl", "triton", FusedNcclTokenDispatcher),
+                                           ("symm", "triton", SymmTokenDispatcher)):
+                cfg = TokenDispatcher.Config(
+                    num_experts=experts, top_k=top_k, score_before_experts=sbe, max_tokens_per_rank=tokens,
+                    a2a=A2AConfig.preset(preset, kernel=kernel, transport=transport),
+                )
+                disp = cfg.build(dist.group.WORLD, device)
+                assert type(disp) is cls
+                # nccl makes its one device-to-host sync per layer (the splits): no sync check.
+                results[transport, kernel] = _run(disp, x, scores, ids, counts, sync_check=False)
+            got = results["nccl", "triton"]
+            case = f"{preset} top_k={top_k} score_before={sbe} skew={skew}"
+            valid = int(got[1].sum())
+            for other in (results["nccl", "torch"], results["symm", "triton"]):
+                assert torch.equal(got[1], other[1]), case
+                assert torch.equal(got[0][:valid].view(torch.int16), other[0][:valid].view(torch.int16)), case
+                assert torch.equal(got[2].view(torch.int16), other[2].view(torch.int16)), case
+                assert torch.equal(got[3].view(torch.int16), other[3].view(torch.int16)), case
+            # Same kernels as symm: the score gradients too; against the twin, up to sum order.
+            assert torch.equal(got[4], results["symm", "triton"][4]), case
+            torch.testing.assert_close(got[4], results["nccl", "torch"][4], rtol=1e-5, atol=1e-5, msg=case)
+
+
+@needs_gpus
+def test_fused_nccl_equals_its_twin_and_symm():
+    """The nccl transport with MXFP8 legs (FusedNcclTokenDispatcher) on NCCL: compiled Triton
+    kernels equal the torch twins, and equal the symm transport bit for bit (same kernels, same
+    layout; only the exchange differs)."""
+    run_on_ranks(WORLD, _check_fused_nccl, backend="nccl")

@@ -17,6 +17,11 @@ Cases cover bf16 and fp32 activations, every preset, both scale roundings, score
 after the experts, top_k 1-3, a rank without tokens, everything to one rank, and NaN / inf
 tokens (compared NaN-aware: the kernels' NaN bits need not be torch's). Dims stay small
 (D = 64 or 96, T <= 6 per rank, E <= 6): the interpreter runs each program in Python.
+
+The nccl transport with MXFP8 legs (``FusedNcclTokenDispatcher``) runs the same kernels around
+an all-to-all: pushes into a local send buffer, receiving passes that read each row where its
+``stage_row`` index says (empty send / receive buffers included). A few MXFP8 cases run it
+too: every routing kind on 2 ranks, two on 3.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ MAX_TOKENS = 6  # per rank: small buffers, few interpreter programs
 PAD_MULTIPLE = 4
 SCORE_RTOL = 1e-5
 DTYPES = (torch.bfloat16, torch.float32)
+KINDS = ("random", "one rank empty", "all to rank 0", "non-finite")
 
 
 def _cases(world: int) -> list[dict]:
@@ -55,12 +61,19 @@ def _cases(world: int) -> list[dict]:
         rceil, floor = SCALE_ROUNDINGS
         grid = [(presets[0], b16, False, rceil), (presets[1], f32, True, floor),
                 (presets[2], b16, True, rceil), (presets[2], f32, False, floor)]
-    kinds = ("random", "one rank empty", "all to rank 0", "non-finite")
-    return [
+    symm = [
         dict(preset=preset, dtype=dtype, score_before_experts=sbe, rounding=rounding, num_experts=2 * world,
-             top_k=1 + i % 3, dim=(64, 96)[i // 3 % 2], kind=kinds[(i + i // 4) % len(kinds)], seed=i)
+             top_k=1 + i % 3, dim=(64, 96)[i // 3 % 2], kind=KINDS[(i + i // 4) % len(KINDS)], seed=i,
+             transport="symm")
         for i, (preset, dtype, sbe, rounding) in enumerate(grid)
     ]
+    # The fused nccl transport: MXFP8 cases (both dtypes, presets and roundings on 2 ranks),
+    # routing kind and score placement cycling.
+    quantized = [c for c in symm if A2AConfig.preset(c["preset"]).any_quantized]
+    picked = quantized[::2] if world == 2 else quantized[:2]
+    nccl = [dict(c, transport="nccl", kind=KINDS[j % len(KINDS)], score_before_experts=bool(j % 2))
+            for j, c in enumerate(picked)]
+    return symm + nccl
 
 
 def _routing(case: dict, rank: int, world: int):
@@ -84,16 +97,17 @@ def _routing(case: dict, rank: int, world: int):
 
 
 def _run(case: dict, kernel: str, rank: int, world: int):
-    from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher
+    from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
 
     x, scores, ids, counts, grad_out, row_scale = _routing(case, rank, world)
     config = TokenDispatcher.Config(
         num_experts=case["num_experts"], top_k=case["top_k"], score_before_experts=case["score_before_experts"],
         pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
-        a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel, transport="symm"),
+        a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel,
+                             transport=case["transport"]),
     )
     dispatcher = config.build(dist.group.WORLD, "cpu")
-    assert type(dispatcher) is SymmTokenDispatcher
+    assert type(dispatcher) is {"symm": SymmTokenDispatcher, "nccl": FusedNcclTokenDispatcher}[case["transport"]]
     x = x.clone().requires_grad_(True)
     scores = scores.clone().requires_grad_(True)
     seen = {}
@@ -146,4 +160,9 @@ def test_triton_kernels_equal_torch_twins(world):
     assert {c["preset"] for c in cases} == set(PRESETS) and {c["dtype"] for c in cases} == set(DTYPES)
     assert {c["rounding"] for c in cases if A2AConfig.preset(c["preset"]).any_quantized} == set(SCALE_ROUNDINGS)
     assert {c["score_before_experts"] for c in cases} == {False, True}
+    nccl = [c for c in cases if c["transport"] == "nccl"]
+    assert nccl and all(A2AConfig.preset(c["preset"]).any_quantized for c in nccl)
+    if world == 2:
+        assert {c["kind"] for c in nccl} == set(KINDS) and {c["rounding"] for c in nccl} == set(SCALE_ROUNDINGS)
+        assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
     run_forked(world, _check, cases)

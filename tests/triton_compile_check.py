@@ -24,10 +24,11 @@ DEQUANT = {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": None, "M": "i32", "
            "OUT_BF16": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
 PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_ptr": "*i16",
         "dot_out_ptr": "*fp32", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64", "local_out_ptr": "*i16",
-        "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "STAGING_ROWS": "i32", "rank": "i32"}
-RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_a": "*u8", "stage_b": "*u8", "R": "i32", "rank": "i32"}
+        "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32"}
+RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "R": "i32",
+           "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
-          "local_src_ptr": "*i16", "stage_a": "*u8", "stage_b": "*u8", "weight_ptr": "*fp32", "save_ptr": "*i16",
+          "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32", "save_ptr": "*i16",
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
         "valid_ptr": "*i32"}
@@ -37,9 +38,16 @@ SYMM = {
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
                        ROUNDING=0, BLOCK_M=4, BLOCK_D=512)),
-    "receive_mxfp8": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True, BLOCK_M=4, BLOCK_D=512)),
-    "reduce_mxfp8": (sk._reduce_slots_kernel, REDUCE, dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True,
-                                                          HAS_WEIGHT=True, HAS_SAVE=True, HAS_DOT=True, BLOCK_T=2, BLOCK_D=512)),
+    # symm reads staged row i for row i; nccl reads the row its stage_row index names.
+    **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
+                                                                      HAS_STAGE_ROW=staged, BLOCK_M=4, BLOCK_D=512))
+       for tag, staged in (("", False), ("_stage_row", True))},
+    "receive_bf16_stage_row": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
+                               dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, BLOCK_M=4, BLOCK_D=512)),
+    **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
+                              dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
+                                   HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=2, BLOCK_D=512))
+       for tag, staged in (("", False), ("_stage_row", True))},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                                              "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
