@@ -74,6 +74,8 @@ class _ForkRows(torch.autograd.Function):
 # torch over all rows elsewhere (identical values on the rows that matter).
 
 _BLOCK_M = 4
+# Under the Triton interpreter (CPU tests) each program runs in Python: fewer, larger ones.
+_INTERPRETER_BLOCK_M = 64
 
 
 def _use_triton(t: torch.Tensor) -> bool:
@@ -125,10 +127,11 @@ def _launch(op, a, b, c, out1, out2, offsets):
         return
     bits = (lambda t: t.view(torch.int16)) if a.dtype == torch.bfloat16 else (lambda t: t)
     block_n = _block_d(n)
-    grid = (triton.cdiv(rows, _BLOCK_M), triton.cdiv(n, block_n))
+    block_m = _BLOCK_M if a.is_cuda else _INTERPRETER_BLOCK_M
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
     _rows_kernel[grid](
         bits(a), bits(b), bits(c), bits(out1), bits(out2), offsets[-1:],
-        N=n, OP=op, IN_BF16=a.dtype == torch.bfloat16, BLOCK_M=_BLOCK_M, BLOCK_N=block_n,
+        N=n, OP=op, IN_BF16=a.dtype == torch.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n,
     )
 
 
