@@ -43,7 +43,7 @@ import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 keys = ("bench", "link", "shape", "arm", "pass", "ms", "speedup_vs_torchtitan", "speedup_vs_bf16_nccl")
 rows = [{k: r.get(k) for k in keys} for link in ("nvlink", "shm", "socket")
-        for r in json.loads((out / f"leg_{link}.json").read_text()) if (out / f"leg_{link}.json").exists()]
+        if (out / f"leg_{link}.json").exists() for r in json.loads((out / f"leg_{link}.json").read_text())]
 (out / "nccl_links_h200x2.json").write_text(json.dumps(rows, indent=1))
 for r in rows:
     print(f"{r['link']:<7} {r['shape'][-5:]:<6} {r['pass']:<13} {r['arm']:<15} {r['ms']:>9.3f} ms "

@@ -42,7 +42,7 @@ from torchtitan.models.moe import moe as titan_moe
 
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
-from mxfp8_ep.grouped_experts import grouped_swiglu
+from mxfp8_ep.grouped_experts import grouped_swiglu_experts
 
 _ORIGINAL: dict = {}
 
@@ -65,10 +65,7 @@ class CapacityGroupedExperts(titan_moe.GroupedExperts):
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         if not self.use_grouped_mm:
             return super().forward(x, num_tokens_per_expert)
-        w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w2, self.w3))
-        return grouped_swiglu(
-            x.bfloat16(), w1.bfloat16(), w2.bfloat16(), w3.bfloat16(), num_tokens_per_expert
-        ).type_as(x)
+        return grouped_swiglu_experts(x, self.w1, self.w2, self.w3, num_tokens_per_expert)
 
 
 class DispatcherExpertParallel(ExpertParallel):
@@ -136,7 +133,7 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
     with torch.no_grad():
         self.tokens_per_expert.add_(num_tokens_per_expert)
-    overlap = self.experts.expert_parallel_plan.overlap_shared_experts and x.is_cuda
+    overlap = self.shared_experts is not None and x.is_cuda and self.experts.expert_parallel_plan.overlap_shared_experts
     shared = _SharedExperts.start(self.shared_experts, x) if overlap else None
     routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
         x, top_scores, selected_experts_indices, num_tokens_per_expert
@@ -162,13 +159,11 @@ class _SharedExperts:
     Started before dispatch, so autograd adds ``x``'s gradients in another order than
     torchtitan's (bf16: the input gradient may differ in the last bit)."""
 
-    out: torch.Tensor | None
-    stream: torch.cuda.Stream | None = None
+    out: torch.Tensor
+    stream: torch.cuda.Stream
 
     @classmethod
-    def start(cls, shared_experts: nn.Module | None, x: torch.Tensor) -> "_SharedExperts":
-        if shared_experts is None:
-            return cls(None)
+    def start(cls, shared_experts: nn.Module, x: torch.Tensor) -> "_SharedExperts":
         main = torch.cuda.current_stream(x.device)
         side = _SIDE_STREAMS.get(x.device)
         if side is None:
@@ -180,11 +175,10 @@ class _SharedExperts:
         x.record_stream(side)
         return cls(out, side)
 
-    def result(self) -> torch.Tensor | None:
-        if self.out is not None:
-            main = torch.cuda.current_stream(self.out.device)
-            main.wait_stream(self.stream)
-            self.out.record_stream(main)
+    def result(self) -> torch.Tensor:
+        main = torch.cuda.current_stream(self.out.device)
+        main.wait_stream(self.stream)
+        self.out.record_stream(main)
         return self.out
 
 

@@ -36,6 +36,14 @@ def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):
     return torch._grouped_mm(_SiluMul.apply(h1, h3, offsets), w2.transpose(-2, -1), offs=offsets)
 
 
+def grouped_swiglu_experts(x, w1, w2, w3, tokens_per_expert):
+    """``grouped_swiglu`` as an experts module runs it on its parameters: DTensor weights as
+    their local shards, inputs and weights in bf16, the result in ``x``'s dtype (torchtitan's
+    grouped-GEMM experts, 0.2.2 and 0.3.0 alike)."""
+    w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (w1, w2, w3))
+    return grouped_swiglu(x.bfloat16(), w1.bfloat16(), w2.bfloat16(), w3.bfloat16(), tokens_per_expert).type_as(x)
+
+
 class _SiluMul(torch.autograd.Function):
     """``silu(h1) * h3`` on the rows inside the offsets."""
 

@@ -153,7 +153,7 @@ class PaddedA2ATokenDispatcher(_ExchangeLegs, TorchAOTokenDispatcher):
 
 class ValidRowGroupedExperts(GroupedExperts):
     """0.3.0's ``GroupedExperts`` with the SwiGLU and the input-gradient sum over the rows inside
-    the expert offsets only (``mxfp8_ep.grouped_experts.grouped_swiglu``). A subclass that swaps
+    the expert offsets only (``mxfp8_ep.grouped_experts.grouped_swiglu_experts``). A subclass that swaps
     the ``_grouped_mm`` seam (0.3.0's MXFP8 / FP8 grouped-GEMM converters subclass the experts'
     class) runs the parent's forward."""
 
@@ -164,12 +164,9 @@ class ValidRowGroupedExperts(GroupedExperts):
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # noqa: N803
         if type(self)._grouped_mm is not GroupedExperts._grouped_mm:
             return super().forward(x_RD, num_tokens_per_expert_E)
-        from mxfp8_ep.grouped_experts import grouped_swiglu
+        from mxfp8_ep.grouped_experts import grouped_swiglu_experts
 
-        w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1_EFD, self.w2_EDF, self.w3_EFD))
-        return grouped_swiglu(
-            x_RD.bfloat16(), w1.bfloat16(), w2.bfloat16(), w3.bfloat16(), num_tokens_per_expert_E
-        ).type_as(x_RD)
+        return grouped_swiglu_experts(x_RD, self.w1_EFD, self.w2_EDF, self.w3_EFD, num_tokens_per_expert_E)
 
 
 def valid_row_experts_config(cfg: GroupedExperts.Config) -> GroupedExperts.Config:
