@@ -38,6 +38,11 @@ from mxfp8_ep.triton_kernels import (
 _RCEIL, _FLOOR = 0, 1
 # Launch shapes (rows per program, warps), tuned on 2xH200 (benchmarks/profile_dispatcher.py).
 PUSH_BLOCK_M, PUSH_WARPS = 4, 4
+# push_rows visits its row blocks in this many interleaved stripes: programs that run at the
+# same time then hold rows bound for every rank (the expert-sorted rows come grouped by owner),
+# so the rows that stay (HBM copies) overlap the rows that cross NVLink instead of preceding or
+# following them, and no two ranks push into the same peer at once.
+PUSH_STRIPES = 8
 RECEIVE_BLOCK_M, RECEIVE_WARPS = 4, 4
 REDUCE_BLOCK_T, REDUCE_WARPS = 2, 4
 
@@ -100,9 +105,13 @@ def _push_rows_kernel(
     M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # Program p takes block (p % STRIPES) * per_stripe + p // STRIPES (the grid is a multiple
+    # of STRIPES; blocks past the rows find no active row).
+    pid = tl.program_id(0)
+    block = (pid % STRIPES) * (tl.num_programs(0) // STRIPES) + pid // STRIPES
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dst_rank = tl.load(dst_rank_ptr + rows, mask=rows < M, other=-1)
     active = dst_rank >= 0
     if tl.max(active.to(tl.int32), axis=0) == 0:
@@ -309,10 +318,10 @@ def push_rows(
     if num == 0:
         return
     dim = src.shape[1]
-    block_m = PUSH_BLOCK_M
+    block_m, stripes = PUSH_BLOCK_M, PUSH_STRIPES
     no_fp32 = _no_fp32(src.device)
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
-    _push_rows_kernel[(triton.cdiv(num, block_m),)](
+    _push_rows_kernel[(stripes * triton.cdiv(triton.cdiv(num, block_m), stripes),)](
         _bits(src), slot if slot is not None else dst_rank, factor if factor is not None else no_fp32,
         _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
         dst_rank, dst_row, _bits(local_out if local_out is not None else src), stage,
@@ -321,7 +330,7 @@ def push_rows(
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        num_warps=PUSH_WARPS,
+        STRIPES=stripes, num_warps=PUSH_WARPS,
     )
 
 

@@ -73,7 +73,12 @@ def _cases(world: int) -> list[dict]:
     picked = quantized[::2] if world == 2 else quantized[:2]
     nccl = [dict(c, transport="nccl", kind=KINDS[j % len(KINDS)], score_before_experts=bool(j % 2))
             for j, c in enumerate(picked)]
-    return symm + nccl
+    # push_rows visits its row blocks in interleaved stripes: one row per block and 3 stripes
+    # (top_k 3: >= 6 rows, so every stripe holds >= 2 blocks) must still push every row once,
+    # quantizing (an MXFP8 preset) on both transports.
+    striped = [dict(quantized[0], top_k=3, kind="random", transport=t, push_launch=(1, 3), seed=50 + j)
+               for j, t in enumerate(("symm", "nccl"))] if world == 2 else []
+    return symm + nccl + striped
 
 
 def _routing(case: dict, rank: int, world: int):
@@ -132,8 +137,12 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check(rank, world, cases):
+    from mxfp8_ep import symm_kernels
+
     torch.set_num_threads(1)
+    default_launch = symm_kernels.PUSH_BLOCK_M, symm_kernels.PUSH_STRIPES
     for case in cases:
+        symm_kernels.PUSH_BLOCK_M, symm_kernels.PUSH_STRIPES = case.get("push_launch", default_launch)
         ref = _run(case, "torch", rank, world)
         got = _run(case, "triton", rank, world)
         where = f"rank {rank}/{world}: {case}"
@@ -165,4 +174,6 @@ def test_triton_kernels_equal_torch_twins(world):
     if world == 2:
         assert {c["kind"] for c in nccl} == set(KINDS) and {c["rounding"] for c in nccl} == set(SCALE_ROUNDINGS)
         assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
+    if world == 2:
+        assert {c["transport"] for c in cases if "push_launch" in c} == {"symm", "nccl"}
     run_forked(world, _check, cases)
