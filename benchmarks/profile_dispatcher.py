@@ -49,7 +49,7 @@ def kernel_sweep(args, rows_out):
     tokens = args.rows // top_k
     scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
     x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
-    defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES
+    defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES
     for fmt in ("bf16", "mxfp8"):
         preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
         cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
@@ -85,24 +85,27 @@ def kernel_sweep(args, rows_out):
         hbm = {"hbm_copy": 2 * n * dim * 2, "push": n * dim * 2 + (n - remote) * dim * 2, "receive": remote * (wire_row + dim * 2),
                "push_back": remote * dim * 2, "reduce": n * dim * 2 + tokens * dim * 2}
         nvlink = {"push": remote * wire_row, "push_back": remote * wire_row, "p2p_copy": remote * wire_row}
-        # (rows per program, warps[, push stripes]): push's stripes 1 = the blocks in row order.
-        shapes = {"push": [(4, 4, 1), (4, 4, 2), (4, 4, 8), (4, 4, 16), (2, 4, 8)], "receive": [(4, 4), (8, 8)],
-                  "push_back": [(4, 4, 1), (4, 4, 8)], "reduce": [(1, 4), (2, 4), (4, 8)]}
+        # (rows per program, warps[, push stripes, push pipelining stages]): stripes 1 = the
+        # blocks in row order.
+        shapes = {"push": [(4, 4, 1, 1), (4, 4, 8, 1), (4, 4, 8, 2), (4, 4, 8, 3), (8, 8, 8, 2)],
+                  "receive": [(4, 4), (8, 8), (8, 4), (16, 8)],
+                  "push_back": [(4, 4, 8, 1), (4, 4, 8, 2)], "reduce": [(1, 4), (2, 4), (4, 8)]}
         for name, fn in stage.items():
             for block, warps, *stripes in shapes.get(name, [(0, 0)]):
                 if name in ("push", "push_back"):
-                    sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES = block, warps, stripes[0]
+                    sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = block, warps, *stripes
                 elif name == "receive":
                     sk.RECEIVE_BLOCK_M, sk.RECEIVE_WARPS = block, warps
                 elif name == "reduce":
                     sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = block, warps
                 ms = _time(fn)
                 row = {"fmt": fmt, "stage": name, "block": block, "warps": warps, "stripes": stripes[0] if stripes else None,
+                       "stages": stripes[1] if stripes else None,
                        "ms": round(ms, 4),
                        "hbm_GBps": round(hbm.get(name, 0) / ms / 1e6, 1),
                        "nvlink_GBps": round(nvlink.get(name, 0) / ms / 1e6, 1)}
                 rows_out.append(row)
-            sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES = defaults
+            sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = defaults
             sk.RECEIVE_BLOCK_M, sk.RECEIVE_WARPS = 4, 4
             sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = 2, 4
         from mxfp8_ep import dispatcher
@@ -230,9 +233,9 @@ def main():
                     print(f"  {ms:>9.3f} ms  {name}")
                 for g in t.get("largest", [])[:6]:
                     print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
-        print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'stripes':>7} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
+        print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'stripes':>7} {'stages':>6} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
         for r in rows:
-            print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r.get('stripes') or '':>7} {r['ms']:>8.3f} "
+            print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r.get('stripes') or '':>7} {r.get('stages') or '':>6} {r['ms']:>8.3f} "
                   f"{r['hbm_GBps']:>9.1f} {r['nvlink_GBps']:>11.1f}")
     dist.destroy_process_group()
 

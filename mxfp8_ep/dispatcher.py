@@ -30,6 +30,7 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -211,10 +212,28 @@ class ExchangeSplits:
 
 
 @dataclass(frozen=True)
+class ExpertRowRouting:
+    """Routing of the rows of this rank's expert-major tensor, known once the token counts of
+    every rank are (symm: at once, on the device; nccl: after the host has the splits)."""
+
+    capacity: int  # R: rows of the expert-major tensor
+    row_source: torch.Tensor  # (R,) per expert-major row: source rank, PAD_ROW or UNUSED_ROW
+    return_rank: torch.Tensor  # (R,) rank a row goes back to in combine (-1: stays, pad, unused)
+    # (R,) symm: its sorted row there; nccl: its row in the receive buffer of dispatch = the
+    # send buffer of combine
+    return_row: torch.Tensor
+    splits: ExchangeSplits | None = None  # nccl: the all-to-all's rows per rank
+
+
+@dataclass
 class PushDispatchMetadata:
     """Routing of one dispatch, for its combine and both backwards. A row that crosses ranks is
     addressed where its receiver reads it: symm, in the receiver's staging buffer (which peers
-    write into); nccl, in the rank-major all-to-all buffers (``routing.exchange_tables``)."""
+    write into); nccl, in the rank-major all-to-all buffers (``routing.exchange_tables``).
+
+    The expert-side routing (``expert_rows``) may be pending: a function that returns it when
+    first needed (nccl: it waits for the splits on the host, so the device work queued before
+    that wait keeps the GPU busy through it)."""
 
     slot: torch.Tensor  # (N,) token * K + k of each expert-sorted row
     inv: torch.Tensor  # (N,) expert-sorted row of each slot
@@ -222,15 +241,35 @@ class PushDispatchMetadata:
     # (N,) its row in the owner's expert-major tensor (symm; nccl when the owner is this rank),
     # else (nccl) in the send buffer of dispatch = the receive buffer of combine
     dst_row: torch.Tensor
-    row_source: torch.Tensor  # (R,) per expert-major row: source rank, PAD_ROW or UNUSED_ROW
-    return_rank: torch.Tensor  # (R,) rank a row goes back to in combine (-1: stays, pad, unused)
-    # (R,) symm: its sorted row there; nccl: its row in the receive buffer of dispatch = the
-    # send buffer of combine
-    return_row: torch.Tensor
     topk_scores_TK: torch.Tensor  # noqa: N815
     num_tokens: int
-    capacity: int  # R: rows of the expert-major tensor
-    splits: ExchangeSplits | None = None  # nccl: the all-to-all's rows per rank
+    pending_expert_rows: ExpertRowRouting | Callable[[], ExpertRowRouting]
+
+    @property
+    def expert_rows(self) -> ExpertRowRouting:
+        if callable(self.pending_expert_rows):
+            self.pending_expert_rows = self.pending_expert_rows()
+        return self.pending_expert_rows
+
+    @property
+    def capacity(self) -> int:
+        return self.expert_rows.capacity
+
+    @property
+    def row_source(self) -> torch.Tensor:
+        return self.expert_rows.row_source
+
+    @property
+    def return_rank(self) -> torch.Tensor:
+        return self.expert_rows.return_rank
+
+    @property
+    def return_row(self) -> torch.Tensor:
+        return self.expert_rows.return_row
+
+    @property
+    def splits(self) -> ExchangeSplits | None:
+        return self.expert_rows.splits
 
 
 class PushTokenDispatcher(TokenDispatcher):
@@ -241,8 +280,10 @@ class PushTokenDispatcher(TokenDispatcher):
     expert-major tensor) or ``reduce_slots`` (the fp32 top-k reduction), each dequantizing as
     it reads. Kernels: ``symm_kernels`` (Triton) or their twins ``symm_reference``.
 
-    A transport supplies the token counts and routing tables (``_routing``), the buffer a leg
-    pushes into (``_send_buffer``) and the exchange that makes it readable (``_exchange``)."""
+    A transport supplies the token counts, routing tables and expert-row routing
+    (``_routing``), the expert-bound push and exchange (``_push_to_experts``), and the buffer
+    a token-bound leg pushes into (``_send_buffer``) with the exchange that makes it readable
+    (``_exchange``)."""
 
     def kernels(self, device: torch.device):
         if resolve_kernel(self.config.a2a.kernel, device) == "triton":
@@ -251,18 +292,25 @@ class PushTokenDispatcher(TokenDispatcher):
             from mxfp8_ep import symm_reference as kernels
         return kernels
 
-    def _routing(self, x_TD, counts_E) -> tuple[routing.RoutingTables, int, ExchangeSplits | None]:  # noqa: N803
-        """Exchange the token counts: this rank's routing tables, the rows of the expert-major
-        tensor, and the all-to-all splits (if any)."""
+    def _routing(self, x_TD, counts_E):  # noqa: N803
+        """Exchange the token counts: this rank's routing tables and the expert-row routing
+        (or a function that returns it when first needed)."""
         raise NotImplementedError
 
-    def _send_buffer(self, src, meta, leg, fmt, to_experts):
-        """The buffer ``leg`` pushes into and its rows; records the leg's wire bytes."""
+    def _push_to_experts(self, push, src, meta, leg, fmt):
+        """Run ``push(out, send, rows, only)`` (``push_rows`` of this leg's sorted rows) and the
+        exchange: the fresh expert-major tensor ``out``, the buffer this rank reads the leg's
+        rows from, its rows, and the staged row of each row read (``stage_row``, None: the
+        same row)."""
         raise NotImplementedError
 
-    def _exchange(self, sent, rows, src, meta, fmt, to_experts):
-        """After the push: the buffer this rank reads the leg's rows from, its rows, and the
-        staged row of each row read (``stage_row``, None: the same row)."""
+    def _send_buffer(self, src, meta, leg, fmt):
+        """The buffer a token-bound ``leg`` pushes into and its rows; records the wire bytes."""
+        raise NotImplementedError
+
+    def _exchange(self, sent, rows, src, meta, fmt):
+        """After a token-bound push: the buffer this rank reads the leg's rows from, its rows,
+        and the staged row of each row read (``stage_row``, None: the same row)."""
         raise NotImplementedError
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
@@ -270,15 +318,14 @@ class PushTokenDispatcher(TokenDispatcher):
         cfg = self.config
         kernels = self.kernels(x_TD.device)
         with torch.no_grad():
-            tables, capacity, splits = self._routing(x_TD, num_tokens_per_expert_E.to(torch.int64).contiguous())
             slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
-            dst_rank, dst_row, inv, row_source, return_rank, return_row = kernels.routing_metadata(
-                tables, slot, topk_expert_ids_TK.reshape(-1), self.rank, self.ep, self.num_local_experts, capacity
+            tables, expert_rows = self._routing(x_TD, num_tokens_per_expert_E.to(torch.int64).contiguous())
+            dst_rank, dst_row, inv = kernels.sorted_row_routing(
+                tables, slot, topk_expert_ids_TK.reshape(-1), self.num_local_experts
             )
         meta = PushDispatchMetadata(
-            slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, row_source=row_source,
-            return_rank=return_rank, return_row=return_row, topk_scores_TK=topk_scores_TK,
-            num_tokens=x_TD.shape[0], capacity=capacity, splits=splits,
+            slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, topk_scores_TK=topk_scores_TK,
+            num_tokens=x_TD.shape[0], pending_expert_rows=expert_rows,
         )
         factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
         routed_input = _ToExperts.apply(x_TD, factor, meta, self)
@@ -296,14 +343,15 @@ class PushTokenDispatcher(TokenDispatcher):
         tensor on their owners. ``leg``: dispatch_fwd or combine_bwd."""
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
-        send, rows = self._send_buffer(src, meta, leg, fmt, to_experts=True)
-        out = src.new_empty((meta.capacity, src.shape[1]))
-        kernels.push_rows(
-            src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt,
-            a2a.scale_rounding, slot=meta.slot, top_k=self.config.top_k, factor=factor,
-            dot_rows=dot_rows, dot_out=dot_out,
-        )
-        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt, to_experts=True)
+
+        def push(out, send, rows, only):
+            kernels.push_rows(
+                src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
+                slot=meta.slot, top_k=self.config.top_k, factor=factor, dot_rows=dot_rows, dot_out=dot_out,
+                only=only,
+            )
+
+        out, recv, rows, stage_row = self._push_to_experts(push, src, meta, leg, fmt)
         kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row)
         return out
 
@@ -312,11 +360,11 @@ class PushTokenDispatcher(TokenDispatcher):
         ``leg``: combine_fwd or dispatch_bwd."""
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
-        send, rows = self._send_buffer(src, meta, leg, fmt, to_experts=False)
+        send, rows = self._send_buffer(src, meta, leg, fmt)
         kernels.push_rows(
             src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
         )
-        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt, to_experts=False)
+        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
             out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
@@ -398,7 +446,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         # tokens than the buffers hold fails on every rank instead of leaving its peers waiting
         # in the next barrier: it raises here, after the count exchange; they assert on the device.
         mine = torch.cat([counts_E, counts_E.new_full((1,), x_TD.shape[0])])
-        self.kernels(x_TD.device).push_counts(mine, bufs.counts, self.rank)
+        kernels = self.kernels(x_TD.device)
+        kernels.push_counts(mine, bufs.counts, self.rank)
         bufs.counts.barrier()
         table = bufs.counts.local[: W * (E + 1) * 8].view(torch.int64).view(W, E + 1)
         message = (f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per rank); "
@@ -408,15 +457,25 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         _assert_on_device((table[:, E] <= bufs.max_tokens).all(), message)
         # A copy: the count buffer is rewritten by the next dispatch.
         counts_WE = table[:, :E].clone()  # noqa: N806
-        return routing.routing_tables(counts_WE, self.rank, self.config.pad_multiple), bufs.capacity, None
+        tables = routing.routing_tables(counts_WE, self.rank, self.config.pad_multiple)
+        rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
+        return tables, rows
 
-    def _send_buffer(self, src, meta, leg, fmt, to_experts):
-        remote = (meta.dst_rank != self.rank).sum() if to_experts else (meta.return_rank >= 0).sum()
-        wire_stats.record_rows(leg, remote, wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+    def _push_to_experts(self, push, src, meta, leg, fmt):
+        wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        out = src.new_empty((meta.capacity, src.shape[1]))
+        push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
+        send.barrier()  # the peers' pushes into this rank's staging buffer are visible
+        return out, send, bufs.staging_rows, None
+
+    def _send_buffer(self, src, meta, leg, fmt):
+        wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         bufs = self._buffers_for(src)
         return bufs.take_staging(), bufs.staging_rows
 
-    def _exchange(self, sent, rows, src, meta, fmt, to_experts):
+    def _exchange(self, sent, rows, src, meta, fmt):
         sent.barrier()  # the peers' pushes into this rank's staging buffer are visible
         return sent, rows, None
 
@@ -454,30 +513,75 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
         W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple
         counts_WE = funcol.wait_tensor(funcol.all_gather_tensor(counts_E, 0, self.group)).view(W, E)  # noqa: N806
         rows_WW = counts_WE.view(W, W, L).sum(dim=2)  # noqa: N806  [s, d]: rows rank s sends rank d
-        # The one device-to-host sync of this transport (torchtitan makes the same one).
-        send, recv = torch.stack([rows_WW[self.rank], rows_WW[:, self.rank]]).tolist()
-        capacity = (sum(recv) + L * align + align - 1) // align * align
-        send[self.rank] = recv[self.rank] = 0
-        return routing.exchange_tables(counts_WE, self.rank, align), capacity, ExchangeSplits(send=send, recv=recv)
+        # The one device-to-host sync of this transport (torchtitan makes the same one). The
+        # copy is queued now; the host waits for it only when the expert rows are first needed,
+        # after the push of the rows that leave: that push keeps the GPU busy meanwhile.
+        splits = _HostCopy(torch.stack([rows_WW[self.rank], rows_WW[:, self.rank]]))
+        tables = routing.exchange_tables(counts_WE, self.rank, align)
+        kernels = self.kernels(x_TD.device)
 
-    def _splits(self, meta, to_experts) -> tuple[list[int], list[int]]:
-        send, recv = meta.splits.send, meta.splits.recv
-        return (send, recv) if to_experts else (recv, send)
+        def expert_rows() -> ExpertRowRouting:
+            send, recv = splits.tolist()
+            capacity = (sum(recv) + L * align + align - 1) // align * align
+            send[self.rank] = recv[self.rank] = 0
+            return ExpertRowRouting(capacity, *kernels.expert_row_routing(tables, self.rank, W, capacity),
+                                    splits=ExchangeSplits(send=send, recv=recv))
 
-    def _send_buffer(self, src, meta, leg, fmt, to_experts):
-        rows = sum(self._splits(meta, to_experts)[0])
+        return tables, expert_rows
+
+    def _push_to_experts(self, push, src, meta, leg, fmt):
+        nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
+        # Before the host has the splits (dispatch forward), the send buffer is sized for every
+        # sorted row: the rows that leave this rank are at most all of them.
+        resolved = not callable(meta.pending_expert_rows)
+        rows = sum(meta.splits.send) if resolved else meta.dst_rank.numel()
+        send = LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep)
+        push(None, send, rows, "remote")
+        splits = meta.splits  # (waits for the host copy of the splits on the first dispatch leg)
+        num_send, num_recv = sum(splits.send), sum(splits.recv)
+        wire_stats.record(leg, num_send * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        received = funcol.all_to_all_single(
+            send.local[: num_send * nbytes].view(num_send, nbytes), splits.recv, splits.send, self.group
+        )
+        # The rows that stay go straight into the expert-major tensor while the exchange runs.
+        out = src.new_empty((meta.capacity, src.shape[1]))
+        push(out, send, rows, "local")
+        received = funcol.wait_tensor(received)
+        return out, LocalBuffer(received.view(-1), self.ep), num_recv, meta.return_row
+
+    def _send_buffer(self, src, meta, leg, fmt):
+        rows = sum(meta.splits.recv)  # the token-bound direction sends what dispatch received
         wire_stats.record(leg, rows * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         return LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep), rows
 
-    def _exchange(self, sent, rows, src, meta, fmt, to_experts):
-        send, recv = self._splits(meta, to_experts)
+    def _exchange(self, sent, rows, src, meta, fmt):
+        send, recv = meta.splits.recv, meta.splits.send
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         received = funcol.wait_tensor(
             funcol.all_to_all_single(sent.local.view(rows, nbytes), recv, send, self.group)
         )
-        stage_row = meta.return_row if to_experts else meta.dst_row
-        return LocalBuffer(received.view(-1), self.ep), sum(recv), stage_row
+        return LocalBuffer(received.view(-1), self.ep), sum(recv), meta.dst_row
+
+
+class _HostCopy:
+    """A small device tensor's values on the host: the copy is queued at construction (CUDA:
+    into pinned memory, on the current stream, with an event behind it) and ``tolist`` waits
+    for that copy alone, not for the work queued after it."""
+
+    def __init__(self, value: torch.Tensor):
+        if value.is_cuda:
+            self._host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            self._host.copy_(value, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host, self._done = value, None
+
+    def tolist(self) -> list:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
-from mxfp8_ep.symm_reference import staging_views
+from mxfp8_ep.symm_reference import PUSH_ONLY, staging_views
 from mxfp8_ep.triton_kernels import (
     _dequantize_groups,
     _load_fp32,
@@ -43,8 +43,11 @@ PUSH_BLOCK_M, PUSH_WARPS = 4, 4
 # so the rows that stay (HBM copies) overlap the rows that cross NVLink instead of preceding or
 # following them, and no two ranks push into the same peer at once.
 PUSH_STRIPES = 8
+# Software-pipelining stages of push_rows' column loop (1: none).
+PUSH_STAGES = 1
 RECEIVE_BLOCK_M, RECEIVE_WARPS = 4, 4
 REDUCE_BLOCK_T, REDUCE_WARPS = 2, 4
+ROUTING_BLOCK = 1024
 
 
 @triton.jit
@@ -105,7 +108,8 @@ def _push_rows_kernel(
     M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
+    ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # Program p takes block (p % STRIPES) * per_stripe + p // STRIPES (the grid is a multiple
     # of STRIPES; blocks past the rows find no active row).
@@ -113,6 +117,10 @@ def _push_rows_kernel(
     block = (pid % STRIPES) * (tl.num_programs(0) // STRIPES) + pid // STRIPES
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dst_rank = tl.load(dst_rank_ptr + rows, mask=rows < M, other=-1)
+    if ONLY == 1:  # the rows that stay
+        dst_rank = tl.where(dst_rank == rank, dst_rank, -1)
+    elif ONLY == 2:  # the rows that leave
+        dst_rank = tl.where(dst_rank != rank, dst_rank, -1)
     active = dst_rank >= 0
     if tl.max(active.to(tl.int32), axis=0) == 0:
         return
@@ -131,7 +139,7 @@ def _push_rows_kernel(
     if HAS_FACTOR:
         factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
     dot = tl.zeros((BLOCK_M,), tl.float32)
-    for start in range(0, D, BLOCK_D):
+    for start in tl.range(0, D, BLOCK_D, num_stages=STAGES):
         cols = _cols(start, BLOCK_D)
         x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
         if HAS_DOT:
@@ -312,7 +320,7 @@ def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
 ) -> None:
     num = dst_rank.numel()
     if num == 0:
@@ -330,7 +338,7 @@ def push_rows(
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        STRIPES=stripes, num_warps=PUSH_WARPS,
+        ONLY=PUSH_ONLY.index(only), STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
     )
 
 
@@ -370,20 +378,23 @@ def reduce_slots(
     )
 
 
-def routing_metadata(tables, slot, expert_ids, rank, world, num_local_experts, capacity):
+def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     num = slot.numel()
     dst_rank, dst_row, inv = torch.empty_like(slot), torch.empty_like(slot), torch.empty_like(slot)
-    block = 1024
     if num:
-        _sorted_rows_kernel[(triton.cdiv(num, block),)](
+        _sorted_rows_kernel[(triton.cdiv(num, ROUTING_BLOCK),)](
             slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, inv, num,
-            L=num_local_experts, BLOCK=block,
+            L=num_local_experts, BLOCK=ROUTING_BLOCK,
         )
-    source = torch.empty(capacity, dtype=torch.int64, device=slot.device)
+    return dst_rank, dst_row, inv
+
+
+def expert_row_routing(tables, rank, world, capacity):
+    source = torch.empty(capacity, dtype=torch.int64, device=tables.seg_end.device)
     return_rank, return_row = torch.empty_like(source), torch.empty_like(source)
     num_seg = tables.seg_end.numel()
-    _expert_rows_kernel[(triton.cdiv(capacity, block),)](
+    _expert_rows_kernel[(triton.cdiv(capacity, ROUTING_BLOCK),)](
         tables.seg_end, tables.seg_len, tables.seg_origin_row, source, return_rank, return_row, capacity, rank,
-        W=world, NUM_SEG=num_seg, STEPS=max(1, num_seg.bit_length()), BLOCK=block,
+        W=world, NUM_SEG=num_seg, STEPS=max(1, num_seg.bit_length()), BLOCK=ROUTING_BLOCK,
     )
-    return dst_rank, dst_row, inv, source, return_rank, return_row
+    return source, return_rank, return_row

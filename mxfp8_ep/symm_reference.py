@@ -57,6 +57,21 @@ def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Te
     return views[0][rows]
 
 
+# Which rows a push stores (``push_rows(only=...)``): the nccl transport pushes the rows that
+# leave before its host sync and those that stay after it, while the exchange runs.
+PUSH_ONLY = ("all", "local", "remote")
+
+
+def _only(dst_rank: torch.Tensor, rank: int, only: str) -> torch.Tensor:
+    """``dst_rank`` with the rows that ``only`` skips set to -1."""
+    if only not in PUSH_ONLY:
+        raise ValueError(f"push only={only!r}: one of {PUSH_ONLY}")
+    if only == "all":
+        return dst_rank
+    keep = (dst_rank == rank) if only == "local" else (dst_rank != rank)
+    return torch.where(keep, dst_rank, -1)
+
+
 def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
     """Row ``rank`` of every rank's ``(W, E)`` int64 count buffer = this rank's counts."""
     num = counts.numel()
@@ -66,12 +81,14 @@ def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
 ) -> None:
     """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``factor[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
     rank, of rank ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
     With ``dot_rows``: ``dot_out[slot[j]] = <dot_rows[j], src row>`` in fp32 (before the factor).
+    ``only`` (``PUSH_ONLY``): push just the rows that stay (``local``) or just those that leave
+    (``remote``); the others are skipped as if their ``dst_rank`` were -1.
     (A reference: boolean indexing, so it syncs with the host; the Triton kernel does not.)"""
     num = dst_rank.numel()
     if num == 0:
@@ -79,6 +96,7 @@ def push_rows(
     dim = src.shape[1]
     idx = slot if slot is not None else torch.arange(num, device=src.device)
     values = src[idx // top_k] if slot is not None else src[:num]
+    dst_rank = _only(dst_rank, rank, only)
     active = dst_rank >= 0
     if dot_rows is not None:
         dots = (dot_rows[:num].float() * values.float()).sum(dim=1)
@@ -142,23 +160,25 @@ def reduce_slots(
     out.copy_(acc.to(out.dtype))
 
 
-def routing_metadata(tables, slot, expert_ids, rank, world, num_local_experts, capacity):
-    """Per-row routing of the symm transport from ``routing.RoutingTables``:
-
-    * per expert-sorted row ``j`` (of ``N``): the rank owning its expert (``dst_rank``), its row
-      there (``dst_row``), and ``inv[slot[j]] = j``;
-    * per row ``i`` of this rank's ``capacity``-row expert-major buffer: its source rank, or -1
-      (padding) / -2 (unused) (``row_source``); the rank and sorted row it returns to in combine
-      (``return_rank`` -1 when it stays here or is no data row; ``return_row``).
-    """
-    num, W, L = slot.numel(), world, num_local_experts
+def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
+    """Per expert-sorted row ``j`` (of ``N``), from ``routing.RoutingTables``: the rank owning
+    its expert (``dst_rank``), its row there (``dst_row``), and ``inv[slot[j]] = j``."""
+    num, L = slot.numel(), num_local_experts
     expert = expert_ids[slot]
     j = torch.arange(num, device=slot.device)
     dst_rank = expert // L
     dst_row = tables.dst_base[expert] + j - tables.first_row[expert]
     inv = torch.empty_like(slot)
     inv[slot] = j
-    rows = torch.arange(capacity, device=slot.device)
+    return dst_rank, dst_row, inv
+
+
+def expert_row_routing(tables, rank, world, capacity):
+    """Per row ``i`` of this rank's ``capacity``-row expert-major buffer: its source rank, or -1
+    (padding) / -2 (unused) (``row_source``); the rank and row it returns to in combine
+    (``return_rank`` -1 when it stays here or is no data row; ``return_row``)."""
+    W = world
+    rows = torch.arange(capacity, device=tables.seg_end.device)
     num_segments = tables.seg_end.numel()
     seg = torch.searchsorted(tables.seg_end, rows, right=True)
     seg_c = seg.clamp(max=num_segments - 1)
@@ -168,4 +188,4 @@ def routing_metadata(tables, slot, expert_ids, rank, world, num_local_experts, c
     source = torch.where(seg < num_segments, source, -2)
     return_rank = torch.where((source >= 0) & (source != rank), source, -1)
     return_row = torch.where(source >= 0, tables.seg_origin_row[seg_c] + offset, 0)
-    return dst_rank, dst_row, inv, source, return_rank, return_row
+    return source, return_rank, return_row
