@@ -50,6 +50,7 @@ def kernel_sweep(args, rows_out):
     scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
     x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
     defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES
+    receive_shapes = dict(sk.RECEIVE_SHAPES)
     for fmt in ("bf16", "mxfp8"):
         preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
         cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
@@ -95,7 +96,7 @@ def kernel_sweep(args, rows_out):
                 if name in ("push", "push_back"):
                     sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = block, warps, *stripes
                 elif name == "receive":
-                    sk.RECEIVE_BLOCK_M, sk.RECEIVE_WARPS = block, warps
+                    sk.RECEIVE_SHAPES = {**receive_shapes, fmt: (block, warps)}
                 elif name == "reduce":
                     sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = block, warps
                 ms = _time(fn)
@@ -106,7 +107,7 @@ def kernel_sweep(args, rows_out):
                        "nvlink_GBps": round(nvlink.get(name, 0) / ms / 1e6, 1)}
                 rows_out.append(row)
             sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = defaults
-            sk.RECEIVE_BLOCK_M, sk.RECEIVE_WARPS = 4, 4
+            sk.RECEIVE_SHAPES = receive_shapes
             sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = 2, 4
         from mxfp8_ep import dispatcher
 
