@@ -35,6 +35,10 @@ class ParallelismConfig:
     # FSDP shard degree; -1 = whatever is left of the world size after TP.
     fsdp: int = -1
     tp: int = 1
+    # Run each MoE layer's shared experts on a CUDA side stream, beside the dispatch. Pays where
+    # the GPU waits on a slow link (transport nccl across nodes); no gain measured on symm, whose
+    # pushes hold every SM. x's bf16 gradient terms then add in another order than torchtitan's.
+    overlap_shared_experts: bool = False
 
 
 def _a2a_schema() -> type:

@@ -289,6 +289,21 @@ def _setup_process(cpu: bool) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, per_node)))
 
 
+def install_dispatcher(cfg: DictConfig) -> None:
+    """Route every EP MoE layer of the models built from now on through our dispatcher, as
+    ``cfg.a2a`` and ``cfg.parallelism`` say."""
+    import mxfp8_ep
+    from mxfp8_ep.config import A2AConfig
+
+    mxfp8_ep.install_expert_parallel(
+        A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True)),  # type: ignore[arg-type]
+        # Every rank sees at most this many tokens per MoE layer: the symm transport's
+        # buffers are sized for it on every rank alike.
+        max_tokens_per_rank=int(cfg.training.local_batch_size) * int(cfg.training.seq_len),
+        overlap_shared_experts=bool(cfg.parallelism.get("overlap_shared_experts", False)),
+    )
+
+
 def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
     """Train with torchtitan per ``cfg`` in this worker process.
 
@@ -304,9 +319,6 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
     Raises:
         launch.stop.Stopped: on every rank, after a clean stop by a signal.
     """
-    import mxfp8_ep
-    from mxfp8_ep.config import A2AConfig
-
     from launch.titan_cpu_compat import apply_cpu_compat
     from launch.titan_data import register_tiny_dataset
     from launch.titan_models import register_tiny_flavors
@@ -321,12 +333,7 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
 
         register_tiny_flavors()
         register_tiny_dataset()
-        mxfp8_ep.install_expert_parallel(
-            A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True)),  # type: ignore[arg-type]
-            # Every rank sees at most this many tokens per MoE layer: the symm transport's
-            # buffers are sized for it on every rank alike.
-            max_tokens_per_rank=int(cfg.training.local_batch_size) * int(cfg.training.seq_len),
-        )
+        install_dispatcher(cfg)
 
         owns_process_group = not dist.is_initialized()
         trainer: RecipeTrainer | None = None

@@ -205,3 +205,19 @@ def test_mxfp8_a2a_config_trains(tmp_path: Path, family: str) -> None:
         # Same rows cross the wire both ways; the forward goes as MXFP8 (1 byte + 1/32 scale
         # byte per element) and its gradient as bf16 (2 bytes).
         assert legs["dispatch_fwd"] < 0.6 * legs["dispatch_bwd"], legs
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_install_dispatcher_takes_a2a_tokens_and_shared_expert_overlap_from_the_config(overlap, monkeypatch):
+    import mxfp8_ep
+    from launch.titan_runner import install_dispatcher
+    from mxfp8_ep.config import A2AConfig
+
+    seen: dict = {}
+    monkeypatch.setattr(mxfp8_ep, "install_expert_parallel", lambda a2a, **kw: seen.update(a2a=a2a, **kw))
+    cfg = make_cfg("deepseek_v3", a2a="mxfp8")
+    cfg.parallelism.overlap_shared_experts = overlap
+    install_dispatcher(cfg)
+    assert seen["a2a"] == A2AConfig.preset("mxfp8")
+    assert seen["max_tokens_per_rank"] == 4 * 64  # local batch x seq len
+    assert seen["overlap_shared_experts"] is overlap
