@@ -507,7 +507,12 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
     grouped GEMM takes (``receive_rows``) or into the fp32 top-k reduction (``reduce_slots``).
     bf16 legs of the same config take the same path unquantized. The counts travel in one
     all-gather and their splits reach the host once per layer (the one device-to-host sync,
-    as torchtitan); dispatch returns exactly the received rows plus per-expert padding."""
+    as torchtitan); dispatch returns exactly the received rows plus per-expert padding.
+
+    An expert-bound leg pushes the rows that leave first, starts the exchange, then pushes the
+    rows that stay while the exchange runs. In dispatch's forward the host waits for the splits
+    only after the first push is queued (into a send buffer sized for every sorted row), so
+    the GPU stays busy through that wait."""
 
     def _routing(self, x_TD, counts_E):  # noqa: N803
         W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple

@@ -328,6 +328,8 @@ def push_rows(
     if num == 0:
         return
     dim = src.shape[1]
+    if only not in PUSH_ONLY:
+        raise ValueError(f"push only={only!r}: one of {PUSH_ONLY}")
     block_m, stripes = PUSH_BLOCK_M, PUSH_STRIPES
     no_fp32 = _no_fp32(src.device)
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)

@@ -177,3 +177,34 @@ def test_triton_kernels_equal_torch_twins(world):
     if world == 2:
         assert {c["transport"] for c in cases if "push_launch" in c} == {"symm", "nccl"}
     run_forked(world, _check, cases)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
+def test_push_rows_only_pushes_the_rows_it_names(fmt):
+    """``push_rows(only=...)``: ``local`` stores only the rows that stay, ``remote`` only those
+    that leave, ``all`` both; kernel and twin give the same bytes; anything else is an error."""
+    from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.peer_memory import LocalBuffer
+    from mxfp8_ep.symm_reference import staging_nbytes
+
+    g = torch.Generator().manual_seed(3)
+    src = torch.randn(6, 64, generator=g).bfloat16()
+    dst_rank = torch.tensor([0, 1, 0, -1, 1, 0])  # this is rank 0; -1: pushed nowhere
+    dst_row = torch.tensor([0, 0, 1, 0, 1, 2])
+    pushed = {}
+    for only in ("all", "local", "remote"):
+        for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
+            out = torch.zeros(3, 64, dtype=torch.bfloat16)
+            stage = LocalBuffer(torch.zeros(staging_nbytes(2, 64, torch.bfloat16), dtype=torch.uint8), 2)
+            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", only=only)
+            pushed[only, name] = (out, stage.local.clone())
+        (out, staged), (ref_out, ref_staged) = pushed[only, "triton"], pushed[only, "torch"]
+        assert torch.equal(bits(out), bits(ref_out)) and torch.equal(staged, ref_staged), only
+        assert bool(out.any()) == (only != "remote") and bool(staged.any()) == (only != "local"), only
+        if only == "local":
+            assert torch.equal(bits(out), bits(src[[0, 2, 5]]))
+    assert torch.equal(pushed["all", "torch"][0], pushed["local", "torch"][0])
+    assert torch.equal(pushed["all", "torch"][1], pushed["remote", "torch"][1])
+    for kernels in (symm_kernels, symm_reference):
+        with pytest.raises(ValueError, match="only="):
+            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", only="stay")
