@@ -243,18 +243,12 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 
 def _a2a(arm: str):
-    """``<preset>/<transport>[:overlap][:chunks<N>]``; ``:overlap`` runs the shared experts on a
-    side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``), ``:chunks<N>``
-    exchanges in N chunks (``A2AConfig.exchange_chunks``, nccl)."""
+    """``<preset>/<transport>[:overlap]``; ``:overlap`` runs the shared experts on a side
+    stream (``DispatcherExpertParallel(overlap_shared_experts=True)``)."""
     from mxfp8_ep.config import A2AConfig
 
-    name, *options = arm.split(":")
-    preset, transport = name.split("/")
-    chunks = [int(o[len("chunks"):]) for o in options if o.startswith("chunks")]
-    unknown = [o for o in options if o != "overlap" and not o.startswith("chunks")]
-    if unknown:
-        raise ValueError(f"arm {arm!r}: unknown options {unknown} (known: overlap, chunks<N>)")
-    return A2AConfig.preset(preset, transport=transport, exchange_chunks=chunks[0] if chunks else 1)
+    preset, transport = arm.split(":")[0].split("/")
+    return A2AConfig.preset(preset, transport=transport)
 
 
 def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
@@ -276,7 +270,7 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
         moe.init_weights(0.02, device)
     moe.to(dtype)
     style = (ExpertParallel() if arm == "torchtitan" else
-             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=":overlap" in arm))
+             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=arm.endswith(":overlap")))
     parallelize_module(moe.experts, mesh, style)
     return moe
 
@@ -344,7 +338,7 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
     rank, top_k, experts = dist.get_rank(), 8, 64
     tokens = args.leg_rows // top_k
     shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
-    arms = [a for a in args.leg_arms if args.link == "nvlink" or "/symm" not in a]
+    arms = [a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm")]
     for routing in args.routings.split(","):
         scores, ids, counts = _leg_routing(tokens, experts, top_k, routing, device, rank)
         x = torch.randn((tokens, args.leg_dim), device=device, dtype=args.dtype)

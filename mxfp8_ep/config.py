@@ -46,10 +46,6 @@ class A2AConfig:
     # "auto": Triton kernels on CUDA, torch reference elsewhere.
     kernel: str = "auto"
     transport: str = "auto"
-    # nccl transport: each exchange in this many chunks, so the pushes of the token-bound legs
-    # and the receiving pass of the expert-bound legs overlap the exchange of another chunk
-    # (1: one exchange per leg; symm ignores it).
-    exchange_chunks: int = 1
 
     def __post_init__(self) -> None:
         for leg in self.legs():
@@ -64,8 +60,6 @@ class A2AConfig:
             raise ValueError(f"A2AConfig.kernel={self.kernel!r}: expected one of {KERNELS}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"A2AConfig.transport={self.transport!r}: expected one of {TRANSPORTS}")
-        if not isinstance(self.exchange_chunks, int) or self.exchange_chunks < 1:
-            raise ValueError(f"A2AConfig.exchange_chunks={self.exchange_chunks!r}: expected an integer >= 1")
 
     @staticmethod
     def legs() -> tuple[str, str, str, str]:

@@ -281,8 +281,9 @@ class PushTokenDispatcher(TokenDispatcher):
     it reads. Kernels: ``symm_kernels`` (Triton) or their twins ``symm_reference``.
 
     A transport supplies the token counts, routing tables and expert-row routing
-    (``_routing``), and each direction's push, exchange and receiving order
-    (``_expert_bound``, ``_token_bound``)."""
+    (``_routing``), the expert-bound push and exchange (``_push_to_experts``), and the buffer
+    a token-bound leg pushes into (``_send_buffer``) with the exchange that makes it readable
+    (``_exchange``)."""
 
     def kernels(self, device: torch.device):
         if resolve_kernel(self.config.a2a.kernel, device) == "triton":
@@ -296,22 +297,20 @@ class PushTokenDispatcher(TokenDispatcher):
         (or a function that returns it when first needed)."""
         raise NotImplementedError
 
-    def _sorted_rows(self, kernels, tables, slot, expert_ids):
-        """Per sorted row: its owner rank, its row there (or in the exchange buffer), and the
-        inverse of ``slot``."""
-        return kernels.sorted_row_routing(tables, slot, expert_ids, self.num_local_experts)
-
-    def _expert_bound(self, push, receive, src, meta, leg, fmt) -> torch.Tensor:
-        """An expert-bound leg: ``push(out, send, rows, only, row_range=None)`` (``push_rows`` of
-        its sorted rows), the exchange, and ``receive(out, recv, rows, stage_row, stage_range=None,
-        zero_pads=True)`` (``receive_rows``) into the fresh expert-major tensor ``out``, returned."""
+    def _push_to_experts(self, push, src, meta, leg, fmt):
+        """Run ``push(out, send, rows, only)`` (``push_rows`` of this leg's sorted rows) and the
+        exchange: the fresh expert-major tensor ``out``, the buffer this rank reads the leg's
+        rows from, its rows, and the staged row of each row read (``stage_row``, None: the
+        same row)."""
         raise NotImplementedError
 
-    def _token_bound(self, push, src, meta, leg, fmt):
-        """A token-bound leg up to its reduction: ``push(send, rows, row_range=None)``
-        (``push_rows`` of the expert-major rows) and the exchange; returns the buffer this rank
-        reads the leg's rows from, its rows, and the staged row of each sorted row
-        (``stage_row``, None: the same row)."""
+    def _send_buffer(self, src, meta, leg, fmt):
+        """The buffer a token-bound ``leg`` pushes into and its rows; records the wire bytes."""
+        raise NotImplementedError
+
+    def _exchange(self, sent, rows, src, meta, fmt):
+        """After a token-bound push: the buffer this rank reads the leg's rows from, its rows,
+        and the staged row of each row read (``stage_row``, None: the same row)."""
         raise NotImplementedError
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
@@ -321,7 +320,9 @@ class PushTokenDispatcher(TokenDispatcher):
         with torch.no_grad():
             slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
             tables, expert_rows = self._routing(x_TD, num_tokens_per_expert_E.to(torch.int64).contiguous())
-            dst_rank, dst_row, inv = self._sorted_rows(kernels, tables, slot, topk_expert_ids_TK.reshape(-1))
+            dst_rank, dst_row, inv = kernels.sorted_row_routing(
+                tables, slot, topk_expert_ids_TK.reshape(-1), self.num_local_experts
+            )
         meta = PushDispatchMetadata(
             slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, topk_scores_TK=topk_scores_TK,
             num_tokens=x_TD.shape[0], pending_expert_rows=expert_rows,
@@ -343,32 +344,27 @@ class PushTokenDispatcher(TokenDispatcher):
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
 
-        def push(out, send, rows, only, row_range=None):
+        def push(out, send, rows, only):
             kernels.push_rows(
                 src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
                 slot=meta.slot, top_k=self.config.top_k, factor=factor, dot_rows=dot_rows, dot_out=dot_out,
-                only=only, row_range=row_range,
+                only=only,
             )
 
-        def receive(out, recv, rows, stage_row, stage_range=None, zero_pads=True):
-            kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row,
-                                 stage_range=stage_range, zero_pads=zero_pads)
-
-        return self._expert_bound(push, receive, src, meta, leg, fmt)
+        out, recv, rows, stage_row = self._push_to_experts(push, src, meta, leg, fmt)
+        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row)
+        return out
 
     def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
         """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
         ``leg``: combine_fwd or dispatch_bwd."""
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
-
-        def push(send, rows, row_range=None):
-            kernels.push_rows(
-                src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
-                row_range=row_range,
-            )
-
-        recv, rows, stage_row = self._token_bound(push, src, meta, leg, fmt)
+        send, rows = self._send_buffer(src, meta, leg, fmt)
+        kernels.push_rows(
+            src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
+        )
+        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
             out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
@@ -465,23 +461,23 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 
-    def _expert_bound(self, push, receive, src, meta, leg, fmt):
+    def _push_to_experts(self, push, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         bufs = self._buffers_for(src)
-        staging = bufs.take_staging()
+        send = bufs.take_staging()
         out = src.new_empty((meta.capacity, src.shape[1]))
-        push(out, staging, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
-        staging.barrier()  # the peers' pushes into this rank's staging buffer are visible
-        receive(out, staging, bufs.staging_rows, None)
-        return out
+        push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
+        send.barrier()  # the peers' pushes into this rank's staging buffer are visible
+        return out, send, bufs.staging_rows, None
 
-    def _token_bound(self, push, src, meta, leg, fmt):
+    def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         bufs = self._buffers_for(src)
-        staging = bufs.take_staging()
-        push(staging, bufs.staging_rows)
-        staging.barrier()
-        return staging, bufs.staging_rows, None
+        return bufs.take_staging(), bufs.staging_rows
+
+    def _exchange(self, sent, rows, src, meta, fmt):
+        sent.barrier()  # the peers' pushes into this rank's staging buffer are visible
+        return sent, rows, None
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
         return _BUFFERS[self._buffer_key(src)]
@@ -533,39 +529,12 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
             send, recv = splits.tolist()
             capacity = (sum(recv) + L * align + align - 1) // align * align
             send[self.rank] = recv[self.rank] = 0
-            source, return_rank, return_row = kernels.expert_row_routing(tables, self.rank, W, capacity)
-            chunks = self.config.a2a.exchange_chunks
-            if chunks > 1:  # the rows that came from peers, addressed in the chunk-major receive buffer
-                return_row = routing.chunk_major_rows(return_row, source, return_rank >= 0, tables.recv_rows, chunks)
-            return ExpertRowRouting(capacity, source, return_rank, return_row,
+            return ExpertRowRouting(capacity, *kernels.expert_row_routing(tables, self.rank, W, capacity),
                                     splits=ExchangeSplits(send=send, recv=recv))
 
         return tables, expert_rows
 
-    def _sorted_rows(self, kernels, tables, slot, expert_ids):
-        dst_rank, dst_row, inv = super()._sorted_rows(kernels, tables, slot, expert_ids)
-        chunks = self.config.a2a.exchange_chunks
-        if chunks > 1:  # the rows that leave, addressed in the chunk-major send buffer
-            dst_row = routing.chunk_major_rows(dst_row, dst_rank, dst_rank != self.rank, tables.send_rows, chunks)
-        return dst_rank, dst_row, inv
-
-    def _exchange(self, send, recv, send_splits, recv_splits, push=None) -> list:
-        """Start the all-to-all of ``send`` into ``recv`` (byte rows), one per chunk
-        (``routing.chunk_splits``), each after ``push(row_range)`` of its rows when given.
-        Returns each chunk's received row range with its pending work, in order."""
-        chunks = self.config.a2a.exchange_chunks
-        pending, sent, received = [], 0, 0
-        for send_c, recv_c in zip(routing.chunk_splits(send_splits, chunks), routing.chunk_splits(recv_splits, chunks)):
-            num_send, num_recv = sum(send_c), sum(recv_c)
-            if push is not None:
-                push((sent, sent + num_send) if chunks > 1 else None)
-            work = dist.all_to_all_single(recv[received: received + num_recv], send[sent: sent + num_send],
-                                          recv_c, send_c, group=self.group, async_op=True)
-            pending.append(((received, received + num_recv), work))
-            sent, received = sent + num_send, received + num_recv
-        return pending
-
-    def _expert_bound(self, push, receive, src, meta, leg, fmt):
+    def _push_to_experts(self, push, src, meta, leg, fmt):
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.
@@ -576,31 +545,28 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
         splits = meta.splits  # (waits for the host copy of the splits on the first dispatch leg)
         num_send, num_recv = sum(splits.send), sum(splits.recv)
         wire_stats.record(leg, num_send * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        recv = torch.empty((num_recv, nbytes), dtype=torch.uint8, device=src.device)
-        pending = self._exchange(send.local[: num_send * nbytes].view(num_send, nbytes), recv, splits.send, splits.recv)
+        received = funcol.all_to_all_single(
+            send.local[: num_send * nbytes].view(num_send, nbytes), splits.recv, splits.send, self.group
+        )
         # The rows that stay go straight into the expert-major tensor while the exchange runs.
         out = src.new_empty((meta.capacity, src.shape[1]))
         push(out, send, rows, "local")
-        chunked = len(pending) > 1
-        for i, (stage_range, work) in enumerate(pending):
-            work.wait()  # each chunk's rows dequantize while the next chunk is in flight
-            receive(out, LocalBuffer(recv.view(-1), self.ep), num_recv, meta.return_row,
-                    stage_range=stage_range if chunked else None, zero_pads=i == 0)
-        return out
+        received = funcol.wait_tensor(received)
+        return out, LocalBuffer(received.view(-1), self.ep), num_recv, meta.return_row
 
-    def _token_bound(self, push, src, meta, leg, fmt):
-        send_splits, recv_splits = meta.splits.recv, meta.splits.send  # dispatch's, reversed
-        rows, num_recv = sum(send_splits), sum(recv_splits)
+    def _send_buffer(self, src, meta, leg, fmt):
+        rows = sum(meta.splits.recv)  # the token-bound direction sends what dispatch received
         wire_stats.record(leg, rows * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
-        send = LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep)
-        recv = torch.empty((num_recv, nbytes), dtype=torch.uint8, device=src.device)
-        # Chunk i + 1 is pushed (quantized) while chunk i is in flight.
-        pending = self._exchange(send.local.view(rows, nbytes), recv, send_splits, recv_splits,
-                                 push=lambda row_range: push(send, rows, row_range))
-        for _, work in pending:
-            work.wait()
-        return LocalBuffer(recv.view(-1), self.ep), num_recv, meta.dst_row
+        return LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep), rows
+
+    def _exchange(self, sent, rows, src, meta, fmt):
+        send, recv = meta.splits.recv, meta.splits.send
+        nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
+        received = funcol.wait_tensor(
+            funcol.all_to_all_single(sent.local.view(rows, nbytes), recv, send, self.group)
+        )
+        return LocalBuffer(received.view(-1), self.ep), sum(recv), meta.dst_row
 
 
 class _HostCopy:

@@ -111,16 +111,7 @@ def routing_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTab
     )
 
 
-@dataclass(frozen=True)
-class ExchangeTables(RoutingTables):
-    """``RoutingTables`` addressed for an all-to-all, with the rows of each peer's segment of
-    the rank-major exchange buffers (on the device, before the host has the splits)."""
-
-    send_rows: torch.Tensor  # (W,) rows this rank sends each rank in the expert-bound direction (0 to itself)
-    recv_rows: torch.Tensor  # (W,) rows it receives from each rank (0 from itself)
-
-
-def exchange_tables(counts_WE: torch.Tensor, rank: int, align: int) -> ExchangeTables:  # noqa: N803
+def exchange_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTables:  # noqa: N803
     """``routing_tables`` for an all-to-all instead of peer memory: the same expert-major
     layout, but a row that crosses ranks is addressed by its row in the rank-major exchange
     buffers (this rank's own rows never enter them):
@@ -146,36 +137,4 @@ def exchange_tables(counts_WE: torch.Tensor, rank: int, align: int) -> ExchangeT
     shift = torch.where(is_peer, recv_start - first_to_here, 0)
     shift = torch.cat([shift, shift.new_zeros(1)])  # the padding segment of each expert
     origin = (tables.seg_origin_row.view(L, W + 1) + shift).reshape(-1)
-    send_rows = torch.where(is_peer, counts_WE[rank].view(W, L).sum(dim=1), 0)
-    return ExchangeTables(**{**vars(replace(tables, dst_base=dst_base, seg_origin_row=origin)),
-                             "send_rows": send_rows, "recv_rows": torch.where(is_peer, from_source, 0)})
-
-
-# A chunked exchange (``A2AConfig.exchange_chunks``) sends, in chunk c of C, rows
-# [c * n // C, (c + 1) * n // C) of every peer's n-row segment; its buffers are laid out
-# chunk-major: chunk 0's pieces of every peer (in rank order), then chunk 1's, ... so each
-# chunk is one contiguous all-to-all. ``chunk_splits`` (host) and ``chunk_major_rows``
-# (device) are the two sides of that one layout.
-
-
-def chunk_splits(rows: list[int], chunks: int) -> list[list[int]]:
-    """Per chunk, the rows of each peer's segment (of ``rows[p]`` rows) it carries."""
-    return [[(c + 1) * n // chunks - c * n // chunks for n in rows] for c in range(chunks)]
-
-
-def chunk_major_rows(row: torch.Tensor, peer: torch.Tensor, moves: torch.Tensor, rows: torch.Tensor,
-                     chunks: int) -> torch.Tensor:
-    """``row`` (a row of a rank-major exchange buffer whose peer segments hold ``rows[p]`` rows,
-    in rank order) -> its row in the chunk-major layout, where ``moves``; else unchanged."""
-    W = rows.numel()
-    start = torch.cumsum(rows, dim=0) - rows
-    c = torch.arange(chunks + 1, device=rows.device)
-    first = c[:, None] * rows[None, :] // chunks  # (C + 1, W): a segment's rows in earlier chunks
-    before = first[:-1].sum(dim=1)  # (C,): rows of all segments in earlier chunks
-    piece = first[1:] - first[:-1]  # (C, W)
-    piece_start = before[:, None] + torch.cumsum(piece, dim=1) - piece  # (C, W)
-    p = peer.clamp(0, W - 1)
-    k = row - start[p]  # index inside the peer's segment
-    n = rows[p].clamp(min=1)
-    chunk = (((k + 1) * chunks - 1) // n).clamp(0, chunks - 1)  # the c with first[c] <= k < first[c + 1]
-    return torch.where(moves, piece_start[chunk, p] + k - first[chunk, p], row)
+    return replace(tables, dst_base=dst_base, seg_origin_row=origin)

@@ -107,11 +107,11 @@ def _packed_offsets(rows, cols, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
 def _push_rows_kernel(
     src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
-    M, rank, row_lo, row_hi,
+    M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
-    ONLY: tl.constexpr, HAS_ROW_RANGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-    STRIPES: tl.constexpr, STAGES: tl.constexpr,
+    ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     # Program p takes block (p % STRIPES) * per_stripe + p // STRIPES (the grid is a multiple
     # of STRIPES; blocks past the rows find no active row).
@@ -123,13 +123,10 @@ def _push_rows_kernel(
         dst_rank = tl.where(dst_rank == rank, dst_rank, -1)
     elif ONLY == 2:  # the rows that leave
         dst_rank = tl.where(dst_rank != rank, dst_rank, -1)
-    dst_row = tl.load(dst_row_ptr + rows, mask=dst_rank >= 0, other=0).to(tl.int64)
-    if HAS_ROW_RANGE:  # rows that leave, only those stored in [row_lo, row_hi) (one chunk)
-        outside = (dst_rank >= 0) & (dst_rank != rank) & ((dst_row < row_lo) | (dst_row >= row_hi))
-        dst_rank = tl.where(outside, -1, dst_rank)
     active = dst_rank >= 0
     if tl.max(active.to(tl.int32), axis=0) == 0:
         return
+    dst_row = tl.load(dst_row_ptr + rows, mask=active, other=0).to(tl.int64)
     if HAS_SLOT:
         slot = tl.load(slot_ptr + rows, mask=active, other=0)
         src_row = slot // TOP_K
@@ -192,19 +189,17 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
 
 @triton.jit
 def _receive_rows_kernel(
-    out_ptr, source_ptr, stage_ptr, stage_row_ptr, R, rank, stage_lo, stage_hi,
+    out_ptr, source_ptr, stage_ptr, stage_row_ptr, R, rank,
     D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
-    HAS_STAGE_RANGE: tl.constexpr, ZERO_PADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     source = tl.load(source_ptr + rows, mask=rows < R, other=-2)
     remote = (source >= 0) & (source != rank)
-    pad = (source == -1) & ZERO_PADS
-    staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
-    if HAS_STAGE_RANGE:  # only the rows staged in [stage_lo, stage_hi) (one chunk)
-        remote = remote & (staged >= stage_lo) & (staged < stage_hi)
+    pad = source == -1
     if tl.max((remote | pad).to(tl.int32), axis=0) == 0:
         return
+    staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, BLOCK_D)
         value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
@@ -327,7 +322,7 @@ def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", row_range=None,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
 ) -> None:
     num = dst_rank.numel()
     if num == 0:
@@ -343,26 +338,23 @@ def push_rows(
         _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
         dst_rank, dst_row, _bits(local_out if local_out is not None else src), stage,
         staging.element_offsets(stage.element_size()),
-        num, rank, *(row_range or (0, 0)),
+        num, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        ONLY=PUSH_ONLY.index(only), HAS_ROW_RANGE=row_range is not None, STRIPES=stripes, STAGES=PUSH_STAGES,
-        num_warps=PUSH_WARPS,
+        ONLY=PUSH_ONLY.index(only), STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
     )
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, stage_range=None,
-                 zero_pads=True) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
     rows, dim = out.shape
     if rows == 0:
         return
     block_m, warps = RECEIVE_SHAPES[fmt]
     _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
         _bits(out), source, _stage(staging.local, staging_rows, dim, out.dtype, fmt),
-        stage_row if stage_row is not None else source, rows, rank, *(stage_range or (0, 0)),
+        stage_row if stage_row is not None else source, rows, rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
-        HAS_STAGE_RANGE=stage_range is not None, ZERO_PADS=zero_pads,
         BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=warps,
     )
 

@@ -81,16 +81,14 @@ def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", row_range=None,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
 ) -> None:
     """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``factor[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
     rank, of rank ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
     With ``dot_rows``: ``dot_out[slot[j]] = <dot_rows[j], src row>`` in fp32 (before the factor).
     ``only`` (``PUSH_ONLY``): push just the rows that stay (``local``) or just those that leave
-    (``remote``); the others are skipped as if their ``dst_rank`` were -1. ``row_range``
-    ``(lo, hi)``: of the rows that leave, only those with ``lo <= dst_row < hi`` (one chunk of
-    a chunked exchange).
+    (``remote``); the others are skipped as if their ``dst_rank`` were -1.
     (A reference: boolean indexing, so it syncs with the host; the Triton kernel does not.)"""
     num = dst_rank.numel()
     if num == 0:
@@ -99,10 +97,6 @@ def push_rows(
     idx = slot if slot is not None else torch.arange(num, device=src.device)
     values = src[idx // top_k] if slot is not None else src[:num]
     dst_rank = _only(dst_rank, rank, only)
-    if row_range is not None:
-        lo, hi = row_range
-        outside = (dst_rank >= 0) & (dst_rank != rank) & ((dst_row < lo) | (dst_row >= hi))
-        dst_rank = torch.where(outside, -1, dst_rank)
     active = dst_rank >= 0
     if dot_rows is not None:
         dots = (dot_rows[:num].float() * values.float()).sum(dim=1)
@@ -125,22 +119,16 @@ def push_rows(
             views[0][dst_row[sel]] = values[sel]
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, stage_range=None,
-                 zero_pads=True) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
     """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
-    buffer, row ``stage_row[i]`` (or ``i``). Padding rows (-1): zeros (unless ``zero_pads`` is
-    False). This rank's own rows and unused rows: as is. ``stage_range`` ``(lo, hi)``: only the
-    rows staged in ``[lo, hi)`` (one chunk of a chunked exchange)."""
+    buffer, row ``stage_row[i]`` (or ``i``). Padding rows (-1): zeros. This rank's own rows and
+    unused rows: as is."""
     dim = out.shape[1]
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     remote = (source >= 0) & (source != rank)
-    staged = torch.arange(out.shape[0], device=out.device) if stage_row is None else stage_row
-    if stage_range is not None:
-        remote = remote & (staged >= stage_range[0]) & (staged < stage_range[1])
     rows = torch.nonzero(remote).squeeze(1)
-    out[rows] = _decode(views, staged[rows], out.dtype, fmt)
-    if zero_pads:
-        out[source == -1] = 0
+    out[rows] = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    out[source == -1] = 0
 
 
 def reduce_slots(

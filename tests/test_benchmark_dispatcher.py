@@ -8,11 +8,9 @@ import sys
 
 import torch
 
-import pytest
+from benchmarks.dispatcher import _leg_routing
 
-from benchmarks.dispatcher import _a2a, _leg_routing
-
-ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/nccl", "mxfp8_all/nccl:chunks2"]
+ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/nccl"]
 
 
 def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
@@ -22,16 +20,6 @@ def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
     _, ids, counts = _leg_routing(4096, 64, 8, "zipf", torch.device("cpu"), rank=0)
     assert all(len(set(row.tolist())) == 8 for row in ids[:64]), "top-k picks distinct experts"
     assert counts[:32].sum() > 2 * counts[32:].sum(), "popular experts live on rank 0"
-
-
-def test_arm_names_give_preset_transport_and_chunks():
-    from mxfp8_ep.config import A2AConfig
-
-    assert _a2a("mxfp8/symm") == A2AConfig.preset("mxfp8", transport="symm")
-    assert _a2a("mxfp8_all/nccl:chunks4") == A2AConfig.preset("mxfp8_all", transport="nccl", exchange_chunks=4)
-    assert _a2a("bf16/symm:overlap").exchange_chunks == 1
-    with pytest.raises(ValueError, match="unknown options"):
-        _a2a("mxfp8/nccl:chunky")
 
 
 def test_benchmark_script_writes_rows_with_checked_arms(tmp_path):

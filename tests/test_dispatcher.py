@@ -289,10 +289,8 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
 
     results = {}
     for transport in TRANSPORTS:
-        chunks = exchange_chunks(ex) if transport == "nccl" else 1
         config = TokenDispatcher.Config(
-            num_experts=spec.num_experts, top_k=spec.top_k,
-            a2a=replace(a2a_legs, transport=transport, exchange_chunks=chunks),
+            num_experts=spec.num_experts, top_k=spec.top_k, a2a=replace(a2a_legs, transport=transport),
             score_before_experts=spec.score_before_experts, pad_multiple=ex.pad_multiple,
             max_tokens_per_rank=MAX_TOKENS,
         )
@@ -333,12 +331,6 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
                 )
 
 
-def exchange_chunks(ex: Example) -> int:
-    """The fused nccl transport's chunks for an example (1, 2 or 3, spread over the examples):
-    a chunked exchange must give the same bits as one exchange, and as symm."""
-    return 1 + (sum(ex.tokens) + ex.spec.num_experts + len(ex.name)) % 3
-
-
 def _fuzz(rank, world, examples):
     setup_rank()
     for dtype in DTYPES.values():
@@ -372,9 +364,6 @@ def test_fuzz_covers_200_routings_and_the_edges():
         fused = [ex for ex in drawn + extreme_examples(world) if A2AConfig.preset(ex.preset).any_quantized]
         assert {"one_rank", "forced"} <= {ex.routing for ex in fused}, world
         assert any(0 in ex.tokens for ex in fused) and any(ex.name == "all-to-one" for ex in fused), world
-        # ... in one exchange and in chunks, the edges included
-        assert {exchange_chunks(ex) for ex in fused} == {1, 2, 3}, world
-        assert any(exchange_chunks(ex) > 1 for ex in fused if ex.routing in ("one_rank", "forced")), world
 
 
 # --------------------------------------------------------------------------------------------

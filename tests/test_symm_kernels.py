@@ -71,8 +71,7 @@ def _cases(world: int) -> list[dict]:
     # routing kind and score placement cycling.
     quantized = [c for c in symm if A2AConfig.preset(c["preset"]).any_quantized]
     picked = quantized[::2] if world == 2 else quantized[:2]
-    # The fused nccl transport exchanges in 1, 2 or 3 chunks (row-range pushes and receives).
-    nccl = [dict(c, transport="nccl", kind=KINDS[j % len(KINDS)], score_before_experts=bool(j % 2), chunks=1 + j % 3)
+    nccl = [dict(c, transport="nccl", kind=KINDS[j % len(KINDS)], score_before_experts=bool(j % 2))
             for j, c in enumerate(picked)]
     # push_rows visits its row blocks in interleaved stripes: one row per block and 3 stripes
     # (top_k 3: >= 6 rows, so every stripe holds >= 2 blocks) must still push every row once,
@@ -110,7 +109,7 @@ def _run(case: dict, kernel: str, rank: int, world: int):
         num_experts=case["num_experts"], top_k=case["top_k"], score_before_experts=case["score_before_experts"],
         pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
         a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel,
-                             transport=case["transport"], exchange_chunks=case.get("chunks", 1)),
+                             transport=case["transport"]),
     )
     dispatcher = config.build(dist.group.WORLD, "cpu")
     assert type(dispatcher) is {"symm": SymmTokenDispatcher, "nccl": FusedNcclTokenDispatcher}[case["transport"]]
@@ -173,7 +172,6 @@ def test_triton_kernels_equal_torch_twins(world):
     nccl = [c for c in cases if c["transport"] == "nccl"]
     assert nccl and all(A2AConfig.preset(c["preset"]).any_quantized for c in nccl)
     if world == 2:
-        assert {c.get("chunks", 1) for c in nccl} == {1, 2, 3}
         assert {c["kind"] for c in nccl} == set(KINDS) and {c["rounding"] for c in nccl} == set(SCALE_ROUNDINGS)
         assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
     if world == 2:

@@ -24,9 +24,9 @@ DEQUANT = {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": None, "M": "i32", "
            "OUT_BF16": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
 PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_ptr": "*i16",
         "dot_out_ptr": "*fp32", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64", "local_out_ptr": "*i16",
-        "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32", "row_lo": "i64", "row_hi": "i64"}
+        "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32"}
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "R": "i32",
-           "rank": "i32", "stage_lo": "i64", "stage_hi": "i64"}
+           "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
           "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32", "save_ptr": "*i16",
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
@@ -34,23 +34,20 @@ ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "
         "valid_ptr": "*i32"}
 SYMM = {
     "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
-                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, HAS_ROW_RANGE=False, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
+                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
-                       ROUNDING=0, ONLY=0, HAS_ROW_RANGE=False, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
+                       ROUNDING=0, ONLY=0, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
-        ONLY=sk.PUSH_ONLY.index(only), HAS_ROW_RANGE=only == "remote", BLOCK_M=4, BLOCK_D=512, STRIPES=8,
-        STAGES=1)) for only in ("local", "remote")},
+        ONLY=sk.PUSH_ONLY.index(only), BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)) for only in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
-                                                                      HAS_STAGE_ROW=staged, HAS_STAGE_RANGE=staged,
-                                                                      ZERO_PADS=True, BLOCK_M=4, BLOCK_D=512))
+                                                                      HAS_STAGE_ROW=staged, BLOCK_M=4, BLOCK_D=512))
        for tag, staged in (("", False), ("_stage_row", True))},
     "receive_bf16_stage_row": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
-                               dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, HAS_STAGE_RANGE=True,
-                                    ZERO_PADS=False, BLOCK_M=4, BLOCK_D=512)),
+                               dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, BLOCK_M=4, BLOCK_D=512)),
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
                                    HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=2, BLOCK_D=512))
