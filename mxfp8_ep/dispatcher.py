@@ -246,6 +246,11 @@ class PushDispatchMetadata:
     pending_expert_rows: ExpertRowRouting | Callable[[], ExpertRowRouting]
 
     @property
+    def expert_rows_known(self) -> bool:
+        """Whether ``expert_rows`` is at hand (no wait for the host)."""
+        return not callable(self.pending_expert_rows)
+
+    @property
     def expert_rows(self) -> ExpertRowRouting:
         if callable(self.pending_expert_rows):
             self.pending_expert_rows = self.pending_expert_rows()
@@ -538,13 +543,12 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.
-        resolved = not callable(meta.pending_expert_rows)
-        rows = sum(meta.splits.send) if resolved else meta.dst_rank.numel()
+        rows = sum(meta.splits.send) if meta.expert_rows_known else meta.dst_rank.numel()
         send = LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep)
         push(None, send, rows, "remote")
         splits = meta.splits  # (waits for the host copy of the splits on the first dispatch leg)
         num_send, num_recv = sum(splits.send), sum(splits.recv)
-        wire_stats.record(leg, num_send * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        wire_stats.record(leg, num_send * nbytes)  # a staged row is its wire size
         received = funcol.all_to_all_single(
             send.local[: num_send * nbytes].view(num_send, nbytes), splits.recv, splits.send, self.group
         )
@@ -556,8 +560,8 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
     def _send_buffer(self, src, meta, leg, fmt):
         rows = sum(meta.splits.recv)  # the token-bound direction sends what dispatch received
-        wire_stats.record(leg, rows * wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
+        wire_stats.record(leg, rows * nbytes)  # a staged row is its wire size
         return LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep), rows
 
     def _exchange(self, sent, rows, src, meta, fmt):
