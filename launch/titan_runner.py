@@ -300,7 +300,7 @@ def install_dispatcher(cfg: DictConfig) -> None:
         # Every rank sees at most this many tokens per MoE layer: the symm transport's
         # buffers are sized for it on every rank alike.
         max_tokens_per_rank=int(cfg.training.local_batch_size) * int(cfg.training.seq_len),
-        overlap_shared_experts=bool(cfg.parallelism.get("overlap_shared_experts", False)),
+        overlap_shared_experts=bool(cfg.parallelism.overlap_shared_experts),
     )
 
 
