@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_evidence.sh train OUT_DIR   # llama4/dsv3 debugmodel, EP=2, bf16 vs mxfp8
 #   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
 #   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
+#   bash benchmarks/gpu_evidence.sh step_profile OUT_DIR  # dsv3_ep_bench: one step's GPU time by category
 #   bash benchmarks/gpu_evidence.sh profile OUT_DIR     # per-kernel sweep + layer timelines
 #   bash benchmarks/gpu_evidence.sh links OUT_DIR       # dispatch/combine legs over NVLink, SHM, sockets
 #   bash benchmarks/gpu_evidence.sh shm_train OUT_DIR   # dsv3_ep_bench, 50 steps, NCCL over SHM: */nccl
@@ -58,10 +59,24 @@ elif [ "$what" = shm_train ]; then
       hydra.sweep.dir="$runs" > "$out/train_shm.log" 2>&1
   echo "shm sweep exit $?"
   python3 launch/compare_runs.py "$runs" --out "$out/compare_shm.json" 2>&1 | tee "$out/compare_shm.txt"
+elif [ "$what" = step_profile ]; then
+  # torchtitan's profiler traces step 10 of each arm (ARMS: "<preset>/<transport> ...").
+  runs=/tmp/mxfp8ep_profile_runs
+  rm -rf "$runs"
+  for arm in ${ARMS:-bf16/nccl bf16/symm mxfp8/symm}; do
+    name=${arm/\//_}
+    python3 launch/train.py model=dsv3_ep_bench training.steps=11 training.profile_freq=10 \
+        ${TRAIN_ARGS:-training.seq_len=4096 training.local_batch_size=2} experiment=gpu_step_profile \
+        a2a=${arm%/*} a2a.transport=${arm#*/} hydra.run.dir="$runs/$name" > "$out/train_$name.log" 2>&1
+    echo "$arm exit $?"
+    python3 benchmarks/step_profile.py "$runs/$name/profile_traces" --json "$out/step_profile_$name.json" \
+        > "$out/step_profile_$name.txt" 2>&1
+  done
+  tail -n +1 "$out"/step_profile_*.txt
 elif [ "$what" = transports ]; then
   runs=/tmp/mxfp8ep_transport_runs
   rm -rf "$runs"
-  common="model=dsv3_ep_bench training.steps=50 training.seq_len=4096 training.local_batch_size=2 experiment=gpu_transports"
+  common="model=dsv3_ep_bench training.steps=${STEPS:-50} ${TRAIN_ARGS:-training.seq_len=4096 training.local_batch_size=2} experiment=gpu_transports"
   python3 launch/train.py $common a2a=bf16 a2a.transport=nccl hydra.run.dir="$runs/bf16_nccl" > "$out/train_nccl.log" 2>&1
   echo "bf16/nccl exit $?"
   python3 launch/train.py --multirun $common a2a=bf16,mxfp8,mxfp8_all a2a.transport=symm \

@@ -113,6 +113,10 @@ class LoggingConfig:
     verbose: bool = False
 
 
+# Steps torchtitan's profiler runs (untraced) before the one step it records, each cycle.
+PROFILER_WARMUP_STEPS = 3
+
+
 @dataclass
 class TrainingConfig:
     steps: int = 20
@@ -132,6 +136,10 @@ class TrainingConfig:
     resume: Optional[str] = None
     compile: bool = False
     activation_checkpoint: str = "none"  # none | full | selective
+    # Every this many steps, torchtitan's profiler writes one step's Chrome trace per rank to
+    # <run dir>/profile_traces/iteration_<step>/ (benchmarks/step_profile.py sums them up);
+    # 0: off. It records one step after PROFILER_WARMUP_STEPS warm-up steps, so at least 4.
+    profile_freq: int = 0
     # Data: null = the tiny tokenizer and text shipped in launch/assets/ (no download).
     dataset: str = "mxfp8ep_tiny"
     dataset_path: Optional[str] = None

@@ -1,6 +1,6 @@
 """Patches that let torchtitan 0.2.2 train its MoE models on CPU processes (gloo).
 
-torchtitan 0.2.2 assumes an accelerator. On a machine without CUDA five things break (measured
+torchtitan 0.2.2 assumes an accelerator. On a machine without CUDA six things break (measured
 on torchtitan 0.2.2 + torch 2.13 CPU); each patch below fixes exactly one of them:
 
 1. ``_patch_device``: ``torchtitan.tools.utils`` picks ``device_type`` once at import time and
@@ -22,6 +22,9 @@ on torchtitan 0.2.2 + torch 2.13 CPU); each patch below fixes exactly one of the
    ``update_from_config``; a model built from flavor args alone (unit tests, validation) fails
    with AttributeError. We give the args class the default torchtitan's config uses,
    ``"standard"``.
+6. ``_patch_profiler_activities``: torchtitan's profiler (``training.profile_freq``) lists
+   the accelerator's activity, which is None without one; ``torch.profiler.profile`` rejects
+   None. We drop None from the list: the traces then hold the CPU ops.
 
 All patches are applied by :func:`apply_cpu_compat` only when CUDA is unavailable, once per
 process. On a CUDA machine the function is a no-op, so GPU runs see stock torchtitan.
@@ -82,6 +85,7 @@ def apply_cpu_compat(force: bool = False) -> bool:
         _patch_histc()
         _patch_permute_indices()
         _patch_dsv3_moe_impl()
+        _patch_profiler_activities()
         _applied = True
     return True
 
@@ -289,3 +293,24 @@ def _patch_dsv3_moe_impl() -> None:
         # A class attribute, not a dataclass field: instances (and asdict) are unchanged and
         # update_from_config still overrides it per instance.
         DeepSeekV3ModelArgs.moe_impl = "standard"  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------
+# 6. profiler activities without an accelerator
+# --------------------------------------------------------------------------------------------
+
+
+def _patch_profiler_activities() -> None:
+    profile = torch.profiler.profile
+    original = profile.__init__
+    if getattr(original, "_drops_none_activities", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args: Any, activities: Any = None, **kwargs: Any) -> None:
+        if activities is not None:
+            activities = [a for a in activities if a is not None]
+        original(self, *args, activities=activities, **kwargs)
+
+    __init__._drops_none_activities = True  # type: ignore[attr-defined]
+    profile.__init__ = __init__

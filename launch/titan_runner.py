@@ -35,6 +35,7 @@ from torchtitan.train import Trainer
 
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
 from launch.run_summary import RunSummary, steady_mean
+from launch.schema import PROFILER_WARMUP_STEPS
 from launch.stop import Stopped, StopSignals, signal_name
 from launch.titan_metrics import WandbSettings
 from launch.wandb_offline import find_runs
@@ -103,6 +104,10 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
 
     jc.compile.enable = bool(t.compile)
     jc.activation_checkpoint.mode = t.activation_checkpoint
+    jc.profiling.enable_profiling = int(t.profile_freq) > 0
+    if jc.profiling.enable_profiling:
+        jc.profiling.profile_freq = int(t.profile_freq)
+        jc.profiling.profiler_warmup, jc.profiling.profiler_active = PROFILER_WARMUP_STEPS, 1
 
     jc.metrics.log_freq = int(cfg.logging.log_freq)
     jc.metrics.enable_wandb = False

@@ -28,7 +28,7 @@ from launch.launcher import Launcher, Target, launcher_for
 from launch.machine import GIB, Machine
 from launch.memory import estimate
 from launch.model_facts import ModelFacts
-from launch.schema import TrainConfig
+from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
 from launch.titan_data import DATASET_PATHS, TOKENIZER_DIR, TOKENIZER_FILES
 from mxfp8_ep.config import BLOCK_SIZE, KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
 
@@ -141,6 +141,12 @@ def _check_training(cfg: Any, r: Report) -> None:
         r.error(
             f"training.activation_checkpoint={t.activation_checkpoint!r}: use one of "
             f"{list(ACTIVATION_CHECKPOINT)}"
+        )
+    warmup_and_active = PROFILER_WARMUP_STEPS + 1
+    if t.profile_freq != 0 and t.profile_freq < warmup_and_active:
+        r.error(
+            f"training.profile_freq={t.profile_freq}: 0 (off) or >= {warmup_and_active} (the "
+            f"profiler warms up {PROFILER_WARMUP_STEPS} steps before the step it records)"
         )
     if cfg.validate.memory not in MEMORY_CHECK:
         r.error(f"validate.memory={cfg.validate.memory!r}: use one of {list(MEMORY_CHECK)}")

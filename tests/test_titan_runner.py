@@ -194,7 +194,17 @@ def test_deepseek_v3_ep2_resumes_from_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
 def test_mxfp8_a2a_config_trains(tmp_path: Path, family: str) -> None:
-    summary = train(make_cfg(family, a2a="mxfp8", steps=6, wandb_mode="disabled"), tmp_path / family)
+    from benchmarks.step_profile import newest_traces, summarize
+
+    cfg = make_cfg(family, a2a="mxfp8", steps=6, wandb_mode="disabled")
+    cfg.training.profile_freq = 5  # torchtitan's profiler: 3 warm-up steps, then step 5 traced
+    summary = train(cfg, tmp_path / family)
+    traces = newest_traces(tmp_path / family / "profile_traces")
+    assert [t.relative_to(tmp_path / family).as_posix() for t in traces] == [
+        f"profile_traces/iteration_5/rank{r}_trace.json" for r in range(WORLD)
+    ]
+    with pytest.raises(ValueError, match="no GPU events"):  # a CPU run's traces have only CPU ops
+        summarize(traces[0])
     assert summary["a2a"] == "mxfp8"
     assert summary["steps"] == 6
     losses = summary["losses"]
@@ -205,6 +215,21 @@ def test_mxfp8_a2a_config_trains(tmp_path: Path, family: str) -> None:
         # Same rows cross the wire both ways; the forward goes as MXFP8 (1 byte + 1/32 scale
         # byte per element) and its gradient as bf16 (2 bytes).
         assert legs["dispatch_fwd"] < 0.6 * legs["dispatch_bwd"], legs
+
+
+@pytest.mark.parametrize("freq", [0, 7])
+def test_profile_freq_turns_on_torchtitans_profiler(freq, tmp_path: Path) -> None:
+    from launch.schema import PROFILER_WARMUP_STEPS
+    from launch.titan_runner import build_job_config
+
+    cfg = make_cfg("deepseek_v3")
+    cfg.training.profile_freq = freq
+    jc = build_job_config(cfg, str(tmp_path))
+    assert jc.profiling.enable_profiling is (freq > 0)
+    if freq:
+        assert jc.profiling.profile_freq == freq and jc.profiling.profiler_active == 1
+        assert jc.profiling.profiler_warmup == PROFILER_WARMUP_STEPS
+        assert jc.job.dump_folder == str(tmp_path)  # traces land in <run dir>/profile_traces
 
 
 @pytest.mark.parametrize("overlap", [False, True])

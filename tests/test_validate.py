@@ -276,6 +276,7 @@ def test_default_run_fits_a_small_laptop():
         ("training.warmup_steps=-1", "training.warmup_steps=-1 must be >= 0"),
         ("training.max_norm=0", "training.max_norm=0.0 must be > 0"),
         ("training.activation_checkpoint=some", "training.activation_checkpoint='some'"),
+        ("training.profile_freq=3", "training.profile_freq=3: 0 (off) or >= 4"),
         ("logging.log_freq=0", "logging.log_freq=0 must be >= 1"),
         ("logging.wandb_mode=cloud", "logging.wandb_mode='cloud'"),
     ],
