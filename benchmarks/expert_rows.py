@@ -1,0 +1,125 @@
+"""Do the routed experts pay for the expert-major buffer's static capacity? One GPU.
+
+    torchrun --nproc_per_node=1 benchmarks/expert_rows.py --json expert_rows.json
+
+The symm dispatcher returns an expert-major buffer sized for the drop-free worst case
+(``routing.expert_major_capacity``: twice the even-routing rows at EP=2), because it cannot
+size it to the rows received without a host sync. The grouped GEMMs read only the rows inside
+their offsets; everything else that touches all rows pays for the tail. This times one MoE
+layer's routed experts (forward, forward+backward), the rows of one EP rank under even routing
+at ``--ep``, side by side and round-robin:
+
+* ``torchtitan``: torchtitan 0.2.2's grouped-GEMM experts (``_run_experts_grouped_mm``) on a
+  buffer of exactly the received rows plus padding (what its ``_permute`` returns);
+* ``torchtitan+capacity``: the same on a capacity-sized buffer (its elementwise ops over all rows);
+* ``ours``: ``mxfp8_ep.grouped_experts.grouped_swiglu`` on exactly the received rows;
+* ``ours+capacity``: on the capacity-sized buffer, as the symm dispatcher hands it over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.dispatcher import SHAPES, _rel_err, _sample_ms, add_timing_arguments, init_process_group
+from mxfp8_ep import routing
+
+ARMS = ("torchtitan", "torchtitan+capacity", "ours", "ours+capacity")
+
+
+def even_counts(rows: int, num_local_experts: int, align: int) -> torch.Tensor:
+    """Rows per local expert under even routing, each padded to ``align`` (torchtitan's layout)."""
+    base, extra = divmod(rows, num_local_experts)
+    counts = torch.tensor([base + (e < extra) for e in range(num_local_experts)])
+    return routing.padded_expert_sizes(counts.view(1, -1), align)
+
+
+def bench_shape(name: str, args, device, rows_out: list[dict]) -> None:
+    from torchtitan.models.moe.moe import _run_experts_grouped_mm
+
+    from mxfp8_ep.grouped_experts import grouped_swiglu
+
+    shape = SHAPES[name]
+    L = shape.experts // args.ep
+    received = shape.tokens * shape.top_k  # rows an EP rank receives under even routing
+    counts = even_counts(received, L, args.align).to(device)
+    exact = int(counts.sum())
+    capacity = routing.expert_major_capacity(shape.tokens, shape.top_k, args.ep, L, args.align)
+    g = torch.Generator(device=device).manual_seed(0)
+    w1, w3 = (torch.randn((L, shape.hidden, shape.dim), generator=g, device=device, dtype=torch.bfloat16) * 0.02
+              for _ in range(2))
+    w2 = torch.randn((L, shape.dim, shape.hidden), generator=g, device=device, dtype=torch.bfloat16) * 0.02
+    x_cap = torch.randn((capacity, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+    grad_cap = torch.randn((capacity, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+    weights = [w.requires_grad_() for w in (w1, w2, w3)]
+
+    def run(arm: str):
+        rows = capacity if arm.endswith("+capacity") else exact
+        x = x_cap[:rows].detach().requires_grad_()
+        if arm.startswith("torchtitan"):
+            return x, lambda: _run_experts_grouped_mm(w1, w2, w3, x, counts)
+        return x, lambda: grouped_swiglu(x, w1, w2, w3, counts)
+
+    def drop_grads():
+        for w in weights:
+            w.grad = None
+
+    # Correctness on the rows that matter: every arm against torchtitan on exact rows.
+    ref = None
+    errs = {}
+    for arm in ARMS:
+        x, fn = run(arm)
+        drop_grads()
+        out = fn()
+        out.backward(grad_cap[: out.shape[0]])
+        got = [out[:exact], x.grad[:exact], *(w.grad for w in weights)]
+        ref = ref or [t.detach().clone() for t in got]
+        errs[arm] = max(_rel_err(a, b) for a, b in zip(got, ref))
+    samples = {arm: {"fwd": [], "fwd+bwd": []} for arm in ARMS}
+    per_round = max(1, args.iters // args.rounds)
+    for _ in range(args.rounds):
+        for arm in ARMS:
+            x, fn = run(arm)
+            grad = grad_cap[: x.shape[0]]
+            samples[arm]["fwd"] += _sample_ms(fn, per_round, args.warmup, device, group=args.group)
+            samples[arm]["fwd+bwd"] += _sample_ms(lambda: fn().backward(grad), per_round, args.warmup, device,
+                                                  before=drop_grads, group=args.group)
+    for arm in ARMS:
+        for name_, s in samples[arm].items():
+            rows_out.append({
+                "bench": "expert_rows", "shape": f"{name} EP={args.ep}: {exact} rows, capacity {capacity}",
+                "arm": arm, "pass": name_, "ms": round(statistics.median(s), 3), "rel_err": float(f"{errs[arm]:.3g}"),
+            })
+    for r in rows_out:
+        ref_ms = next(q["ms"] for q in rows_out if q["shape"] == r["shape"] and q["pass"] == r["pass"]
+                      and q["arm"] == "torchtitan")
+        r["vs_torchtitan"] = round(ref_ms / r["ms"], 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="dsv3,llama4")
+    parser.add_argument("--ep", type=int, default=2)
+    parser.add_argument("--align", type=int, default=8)
+    add_timing_arguments(parser)
+    args = parser.parse_args()
+    device = init_process_group()
+    rows: list[dict] = []
+    for name in args.shapes.split(","):
+        bench_shape(name, args, device, rows)
+    if dist.get_rank() == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(f"{'pass':<8} {'arm':<20} {'ms':>9} {'vs titan':>9} {'rel_err':>9}  shape")
+        for r in rows:
+            print(f"{r['pass']:<8} {r['arm']:<20} {r['ms']:>9.3f} {r['vs_torchtitan']:>8.3f}x {r['rel_err']:>9.2g}  {r['shape']}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
