@@ -64,16 +64,18 @@ def bench_shape(name: str, args, device, rows_out: list[dict]) -> None:
             return x, lambda: _run_experts_grouped_mm(w1, w2, w3, x, counts)
         return x, lambda: grouped_swiglu(x, w1, w2, w3, counts)
 
-    def drop_grads():
-        for w in weights:
-            w.grad = None
+    def drop_grads(x):
+        # Each timed backward writes fresh gradients: no accumulation kernels in the timing
+        # (x.grad would otherwise add up over a capacity-sized buffer).
+        for t in (x, *weights):
+            t.grad = None
 
     # Correctness on the rows that matter: every arm against torchtitan on exact rows.
     ref = None
     errs = {}
     for arm in ARMS:
         x, fn = run(arm)
-        drop_grads()
+        drop_grads(x)
         out = fn()
         out.backward(grad_cap[: out.shape[0]])
         got = [out[:exact], x.grad[:exact], *(w.grad for w in weights)]
@@ -87,7 +89,12 @@ def bench_shape(name: str, args, device, rows_out: list[dict]) -> None:
             grad = grad_cap[: x.shape[0]]
             samples[arm]["fwd"] += _sample_ms(fn, per_round, args.warmup, device, group=args.group)
             samples[arm]["fwd+bwd"] += _sample_ms(lambda: fn().backward(grad), per_round, args.warmup, device,
-                                                  before=drop_grads, group=args.group)
+                                                  before=lambda: drop_grads(x), group=args.group)
+    if args.profile:
+        for arm in ARMS:
+            x, fn = run(arm)
+            grad = grad_cap[: x.shape[0]]
+            profile_kernels(f"{name} EP={args.ep} {arm}", lambda: fn().backward(grad), lambda: drop_grads(x))
     for arm in ARMS:
         for name_, s in samples[arm].items():
             rows_out.append({
@@ -100,11 +107,26 @@ def bench_shape(name: str, args, device, rows_out: list[dict]) -> None:
         r["vs_torchtitan"] = round(ref_ms / r["ms"], 3)
 
 
+def profile_kernels(label: str, fn, before, top: int = 12) -> None:
+    """One call of ``fn`` under torch.profiler: its ``top`` kernels by GPU time (rank 0 prints)."""
+    before()
+    fn()  # warm
+    before()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    if dist.get_rank() == 0:
+        print(f"--- {label}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv3,llama4")
     parser.add_argument("--ep", type=int, default=2)
     parser.add_argument("--align", type=int, default=8)
+    parser.add_argument("--profile", action="store_true", help="print each arm's top kernels of one fwd+bwd (CUDA)")
     add_timing_arguments(parser)
     args = parser.parse_args()
     device = init_process_group()

@@ -84,6 +84,15 @@ class _ForkRows(torch.autograd.Function):
 _BLOCK_M = 4
 # Under the Triton interpreter (CPU tests) each program runs in Python: fewer, larger ones.
 _INTERPRETER_BLOCK_M = 64
+# Persistent programs per SM (CUDA); the interpreter runs this many programs in all.
+_PROGRAMS_PER_SM = 8
+_INTERPRETER_PROGRAMS = 3
+
+
+def _programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_PROGRAMS
+    return _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _use_triton(t: torch.Tensor) -> bool:
@@ -103,30 +112,39 @@ def _rows_kernel(
     N: tl.constexpr, OP: tl.constexpr, IN_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """OP 0: out1 = silu(a) * b.  OP 1 (a = dh, b = h1, c = h3): out1 = dh1, out2 = dh3.
-    OP 2: out1 = a + b."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    OP 2: out1 = a + b.
+
+    Persistent: the programs stride over the row blocks inside the offsets (``valid``, read on
+    the device), so the grid does not grow with the buffer's capacity (at EP=8 eight times the
+    rows an even routing fills; programs that only found themselves past the offsets used to
+    cost as much as a third of the useful work)."""
     valid = tl.load(valid_ptr)
-    if tl.program_id(0) * BLOCK_M >= valid:
-        return
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if N % BLOCK_N == 0:  # no column mask: 16-byte vector loads and stores
-        mask = (rows < valid)[:, None] & tl.full((1, BLOCK_N), 1, tl.int1)
-    else:
-        mask = (rows < valid)[:, None] & (cols < N)[None, :]
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    a = _load_fp32(a_ptr, offs, mask, IN_BF16)
-    b = _load_fp32(b_ptr, offs, mask, IN_BF16)
-    if OP == 0:
-        _store_fp32(out1_ptr, offs, _round_to_activation(_silu(a), IN_BF16) * b, mask, IN_BF16)
-    elif OP == 1:
-        h3 = _load_fp32(c_ptr, offs, mask, IN_BF16)
-        silu = _round_to_activation(_silu(b), IN_BF16)
-        d_silu = _round_to_activation(a * h3, IN_BF16)
-        _store_fp32(out2_ptr, offs, a * silu, mask, IN_BF16)
-        sig = 1.0 / (1.0 + tl.exp(-b))
-        _store_fp32(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
-    elif OP == 2:
-        _store_fp32(out1_ptr, offs, a + b, mask, IN_BF16)
+    block = tl.program_id(0)
+    # A while loop: the Triton interpreter cannot take a range bound loaded from memory.
+    while block * BLOCK_M < valid:
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < valid
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            if N % BLOCK_N == 0:  # no column mask: 16-byte vector loads and stores
+                mask = row_ok[:, None] & tl.full((1, BLOCK_N), 1, tl.int1)
+            else:
+                mask = row_ok[:, None] & (cols < N)[None, :]
+            offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+            a = _load_fp32(a_ptr, offs, mask, IN_BF16)
+            b = _load_fp32(b_ptr, offs, mask, IN_BF16)
+            if OP == 0:
+                _store_fp32(out1_ptr, offs, _round_to_activation(_silu(a), IN_BF16) * b, mask, IN_BF16)
+            elif OP == 1:
+                h3 = _load_fp32(c_ptr, offs, mask, IN_BF16)
+                silu = _round_to_activation(_silu(b), IN_BF16)
+                d_silu = _round_to_activation(a * h3, IN_BF16)
+                _store_fp32(out2_ptr, offs, a * silu, mask, IN_BF16)
+                sig = 1.0 / (1.0 + tl.exp(-b))
+                _store_fp32(out1_ptr, offs, d_silu * sig * (1.0 + b * (1.0 - sig)), mask, IN_BF16)
+            elif OP == 2:
+                _store_fp32(out1_ptr, offs, a + b, mask, IN_BF16)
+        block += tl.num_programs(0)
 
 
 def _launch(op, a, b, c, out1, out2, offsets):
@@ -136,7 +154,7 @@ def _launch(op, a, b, c, out1, out2, offsets):
     bits = (lambda t: t.view(torch.int16)) if a.dtype == torch.bfloat16 else (lambda t: t)
     block_n = _block_d(n)
     block_m = _BLOCK_M if a.is_cuda else _INTERPRETER_BLOCK_M
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(n, block_n))
+    grid = (min(triton.cdiv(rows, block_m), _programs(a.device)),)
     _rows_kernel[grid](
         bits(a), bits(b), bits(c), bits(out1), bits(out2), offsets[-1:],
         N=n, OP=op, IN_BF16=a.dtype == torch.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n,

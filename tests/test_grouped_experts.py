@@ -9,6 +9,7 @@ import pytest
 import torch
 from torchtitan.models.moe.moe import _run_experts_grouped_mm
 
+from mxfp8_ep import grouped_experts
 from mxfp8_ep.grouped_experts import grouped_swiglu
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -23,7 +24,11 @@ def _grads(fn, x, ws, dy):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tokens_per_expert", [[8, 0, 16, 8], [0, 0, 0, 8], [24, 8, 0, 0]])
-def test_grouped_swiglu_equals_torchtitan_on_rows_inside_offsets(device, tokens_per_expert):
+# 4-row blocks: the persistent programs (3 under the interpreter) each take several blocks
+@pytest.mark.parametrize("block_m", [None, 4])
+def test_grouped_swiglu_equals_torchtitan_on_rows_inside_offsets(device, tokens_per_expert, block_m, monkeypatch):
+    if block_m is not None:
+        monkeypatch.setattr(grouped_experts, "_INTERPRETER_BLOCK_M", block_m)
     torch.manual_seed(sum(tokens_per_expert))
     experts, dim, hidden, tail = 4, 64, 96, 24
     tpe = torch.tensor(tokens_per_expert, device=device)
