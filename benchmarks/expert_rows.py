@@ -121,18 +121,60 @@ def profile_kernels(label: str, fn, before, top: int = 12) -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70))
 
 
+def sweep_rows_kernel(name: str, args, device, rows_out: list[dict]) -> None:
+    """The SwiGLU / input-gradient kernel alone over a capacity-sized buffer, per launch shape
+    (persistent programs per SM x rows per block): forward (silu * mul), backward, and the add of
+    the two input gradients, each timed on the rows of one rank under even routing."""
+    from mxfp8_ep import grouped_experts as ge
+
+    shape = SHAPES[name]
+    L = shape.experts // args.ep
+    counts = even_counts(shape.tokens * shape.top_k, L, args.align).to(device)
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    capacity = routing.expert_major_capacity(shape.tokens, shape.top_k, args.ep, L, args.align)
+    g = torch.Generator(device=device).manual_seed(0)
+    h1, h3, dh = (torch.randn((capacity, shape.hidden), generator=g, device=device, dtype=torch.bfloat16)
+                  for _ in range(3))
+    dx1, dx3 = (torch.randn((capacity, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+                for _ in range(2))
+    ops = {"silu_mul": lambda: ge._silu_mul(h1, h3, offsets),
+           "silu_mul_backward": lambda: ge._silu_mul_backward(dh, h1, h3, offsets),
+           "add_rows": lambda: ge._add_rows(dx1, dx3, offsets)}
+    defaults = (ge._PROGRAMS_PER_SM, ge._BLOCK_M)
+    try:
+        for per_sm in (4, 8, 16, 32):
+            for block_m in (2, 4, 8):
+                ge._PROGRAMS_PER_SM, ge._BLOCK_M = per_sm, block_m
+                for op, fn in ops.items():
+                    ms = statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
+                    rows_out.append({"bench": "rows_kernel", "shape": f"{name} EP={args.ep}, capacity {capacity}",
+                                     "arm": f"{per_sm} programs/SM, {block_m} rows", "pass": op, "ms": round(ms, 4)})
+    finally:
+        ge._PROGRAMS_PER_SM, ge._BLOCK_M = defaults
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv3,llama4")
     parser.add_argument("--ep", type=int, default=2)
     parser.add_argument("--align", type=int, default=8)
     parser.add_argument("--profile", action="store_true", help="print each arm's top kernels of one fwd+bwd (CUDA)")
+    parser.add_argument("--sweep-rows-kernel", action="store_true",
+                        help="time the SwiGLU kernel alone per launch shape instead of the experts")
     add_timing_arguments(parser)
     args = parser.parse_args()
     device = init_process_group()
     rows: list[dict] = []
     for name in args.shapes.split(","):
-        bench_shape(name, args, device, rows)
+        (sweep_rows_kernel if args.sweep_rows_kernel else bench_shape)(name, args, device, rows)
+    if args.sweep_rows_kernel:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        for r in rows:
+            print(f"{r['pass']:<18} {r['arm']:<24} {r['ms']:>8.4f} ms  {r['shape']}")
+        dist.destroy_process_group()
+        return
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:

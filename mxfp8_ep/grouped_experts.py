@@ -81,12 +81,14 @@ class _ForkRows(torch.autograd.Function):
 # Elementwise work over the rows inside the offsets. Triton on CUDA (or under the interpreter),
 # torch over all rows elsewhere (identical values on the rows that matter).
 
-_BLOCK_M = 4
+# Rows per block and persistent programs per SM, from a sweep on one H200 (benchmarks/
+# expert_rows.py --sweep-rows-kernel; DeepSeek-V3-like rows, EP 2 and 8): the three ops take
+# 1.32 / 1.28 ms against 1.42 / 1.35 ms at (4 rows, 8 per SM).
+_BLOCK_M = 2
+_PROGRAMS_PER_SM = 32
 # Under the Triton interpreter (CPU tests) each program runs in Python: fewer, larger ones.
 _INTERPRETER_BLOCK_M = 64
-# Persistent programs per SM (CUDA); the interpreter runs this many programs in all.
-_PROGRAMS_PER_SM = 8
-_INTERPRETER_PROGRAMS = 3
+_INTERPRETER_PROGRAMS = 3  # all programs, under the interpreter
 
 
 def _programs(device: torch.device) -> int:

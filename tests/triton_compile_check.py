@@ -58,7 +58,7 @@ SYMM = {
     "expert_rows": (sk._expert_rows_kernel, {"seg_end_ptr": "*i64", "seg_len_ptr": "*i64", "seg_origin_ptr": "*i64",
                                              "source_ptr": "*i64", "return_rank_ptr": "*i64", "return_row_ptr": "*i64",
                                              "R": "i32", "rank": "i32"}, dict(W=2, NUM_SEG=384, STEPS=9, BLOCK=1024)),
-    "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=4, BLOCK_N=512)),
+    "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=ge._BLOCK_M, BLOCK_N=512)),
 }
 CASES = {
     "quantize_bf16_rceil": (tk._quantize_kernel, {**QUANT, "x_ptr": "*i16"}, {"IN_BF16": True, "ROUNDING": 0}),
