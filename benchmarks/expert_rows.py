@@ -167,23 +167,19 @@ def main() -> None:
     rows: list[dict] = []
     for name in args.shapes.split(","):
         (sweep_rows_kernel if args.sweep_rows_kernel else bench_shape)(name, args, device, rows)
-    if args.sweep_rows_kernel:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        for r in rows:
-            print(f"{r['pass']:<18} {r['arm']:<24} {r['ms']:>8.4f} ms  {r['shape']}")
-        dist.destroy_process_group()
-        return
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
-        print(f"{'pass':<8} {'arm':<20} {'ms':>9} {'vs titan':>9} {'rel_err':>9}  shape")
-        for r in rows:
-            print(f"{r['pass']:<8} {r['arm']:<20} {r['ms']:>9.3f} {r['vs_torchtitan']:>8.3f}x {r['rel_err']:>9.2g}  {r['shape']}")
+        if args.sweep_rows_kernel:
+            for r in rows:
+                print(f"{r['pass']:<18} {r['arm']:<24} {r['ms']:>8.4f} ms  {r['shape']}")
+        else:
+            print(f"{'pass':<8} {'arm':<20} {'ms':>9} {'vs titan':>9} {'rel_err':>9}  shape")
+            for r in rows:
+                print(f"{r['pass']:<8} {r['arm']:<20} {r['ms']:>9.3f} {r['vs_torchtitan']:>8.3f}x "
+                      f"{r['rel_err']:>9.2g}  {r['shape']}")
     dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
