@@ -48,7 +48,8 @@ PUSH_STAGES = 1
 # (rows per program, warps) of receive_rows per leg format: dequantizing reads half the bytes
 # per row, so MXFP8 takes more rows per program (0.36 vs 0.44 ms on the profile's leg).
 RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
-REDUCE_BLOCK_T, REDUCE_WARPS = 2, 4
+# reduce_slots: (tokens per program, warps, widest column tile).
+REDUCE_BLOCK_T, REDUCE_WARPS, REDUCE_BLOCK_D = 2, 4, 512
 ROUTING_BLOCK = 1024
 
 
@@ -300,13 +301,15 @@ def _no_fp32(device: torch.device) -> torch.Tensor:
     return torch.empty(1, dtype=torch.float32, device=device)
 
 
-def _block_d(dim: int) -> int:
-    """Columns per tile (a multiple of 32): the largest power of two <= 512 that divides ``dim``
-    (unmasked, vector loads and stores), else a masked tile covering ``dim``."""
-    for block in (512, 256, 128, 64, 32):
+def _block_d(dim: int, largest: int = 512) -> int:
+    """Columns per tile (a multiple of 32): the largest power of two <= ``largest`` that divides
+    ``dim`` (unmasked, vector loads and stores), else a masked tile covering ``dim``."""
+    block = largest
+    while block >= BLOCK_SIZE:
         if dim % block == 0:
             return block
-    return max(BLOCK_SIZE, min(512, triton.next_power_of_2(dim)))
+        block //= 2
+    return max(BLOCK_SIZE, min(largest, triton.next_power_of_2(dim)))
 
 
 def _stage(buf, staging_rows, dim, dtype, fmt):
@@ -376,7 +379,7 @@ def reduce_slots(
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, HAS_SAVE=save is not None,
-        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim), num_warps=REDUCE_WARPS,
+        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, REDUCE_BLOCK_D), num_warps=REDUCE_WARPS,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )

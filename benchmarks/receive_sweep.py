@@ -1,0 +1,111 @@
+"""Launch shapes of the receiving-side kernels, on one GPU.
+
+    torchrun --nproc_per_node=1 benchmarks/receive_sweep.py --json receive_sweep.json
+
+After a leg's barrier, ``reduce_slots`` (combine: each token's K rows, local or staged, reduced
+in fp32) and ``receive_rows`` (dispatch: staged rows dequantized into the expert-major tensor)
+read only this GPU's memory: the staging buffer the peers pushed into is local by then. So
+their speed, and the launch shape that gives it, can be measured on one GPU with the routing of
+an EP=2 rank made up: under even routing half of each token's rows come from the peer (read
+from staging, MXFP8 or bf16), half from this rank's own expert output; rows land in random
+order, as expert-sorted rows do. Each shape's time is a median of CUDA-event samples, with the
+HBM bytes the kernel must move and the rate that makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.dispatcher import SHAPES, _sample_ms, add_timing_arguments, init_process_group
+from mxfp8_ep import symm_kernels as sk
+from mxfp8_ep.peer_memory import LocalBuffer
+from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes
+
+REDUCE_SHAPES = [(t, w, d) for t in (1, 2, 4) for w in (4, 8) for d in (512, 1024)]
+RECEIVE_SHAPES = [(m, w) for m in (4, 8, 16) for w in (4, 8)]
+
+
+def made_up_routing(tokens: int, top_k: int, device, seed: int = 0):
+    """An EP=2 rank 0's view of a leg: sorted row ``n`` of slot ``slot`` comes from rank
+    ``n % 2`` (1: staged at row ``n``), from its expert output row ``perm[n]`` when local."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = tokens * top_k
+    inv = torch.randperm(n, generator=g, device=device)  # sorted row of each slot
+    row_rank = torch.arange(n, device=device) % 2
+    local_row = torch.randperm(n, generator=g, device=device)
+    return inv, row_rank, local_row
+
+
+def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
+    shape = SHAPES[shape_name]
+    tokens, top_k, dim = shape.tokens, shape.top_k, shape.dim
+    n = tokens * top_k
+    inv, row_rank, local_row = made_up_routing(tokens, top_k, device)
+    local_src = torch.randn((n, dim), device=device, dtype=torch.bfloat16)
+    out = torch.empty((tokens, dim), device=device, dtype=torch.bfloat16)
+    weight = torch.rand(n, device=device)
+    # receive: the first half of the expert-major rows come from the peer, then this rank's own
+    # rows (already in place: skipped), then unused capacity.
+    received = torch.empty((2 * n, dim), device=device, dtype=torch.bfloat16)
+    source = torch.full((2 * n,), -2, dtype=torch.int64, device=device)
+    source[: n // 2] = 1
+    source[n // 2 : n] = 0
+    defaults = sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D
+    receive_defaults = dict(sk.RECEIVE_SHAPES)
+    try:
+        for fmt in ("bf16", "mxfp8"):
+            staging = LocalBuffer(torch.randint(0, 127, (staging_nbytes(n, dim, torch.bfloat16),), dtype=torch.uint8,
+                                                device=device), 1)
+            staged = n // 2 * staged_row_nbytes(dim, torch.bfloat16, fmt)  # bytes read from staging
+            reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
+            receive_hbm = staged + n // 2 * dim * 2
+            for t, w, d in REDUCE_SHAPES:
+                sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = t, w, d
+                ms = statistics.median(_sample_ms(
+                    lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
+                                            weight=weight),
+                    args.iters, args.warmup, device, group=args.group))
+                rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "reduce_slots",
+                                 "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
+                                 "hbm_GBps": round(reduce_hbm / ms / 1e6, 1)})
+            sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = defaults
+            for m, w in RECEIVE_SHAPES:
+                sk.RECEIVE_SHAPES = {**receive_defaults, fmt: (m, w)}
+                ms = statistics.median(_sample_ms(
+                    lambda: sk.receive_rows(received, source, 0, staging, n, fmt),
+                    args.iters, args.warmup, device, group=args.group))
+                rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "receive_rows",
+                                 "fmt": fmt, "launch": {"rows": m, "warps": w}, "ms": round(ms, 4),
+                                 "hbm_GBps": round(receive_hbm / ms / 1e6, 1)})
+            sk.RECEIVE_SHAPES = receive_defaults
+    finally:
+        sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = defaults
+        sk.RECEIVE_SHAPES = receive_defaults
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="dsv3")
+    add_timing_arguments(parser)
+    args = parser.parse_args()
+    device = init_process_group()
+    rows: list[dict] = []
+    for name in args.shapes.split(","):
+        sweep(name, args, device, rows)
+    if dist.get_rank() == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        for r in rows:
+            print(f"{r['kernel']:<13} {r['fmt']:<6} {json.dumps(r['launch']):<44} {r['ms']:>8.4f} ms "
+                  f"{r['hbm_GBps']:>8.1f} GB/s  {r['shape']}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
