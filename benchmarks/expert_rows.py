@@ -21,12 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.dispatcher import SHAPES, _rel_err, _sample_ms, add_timing_arguments, init_process_group
-from mxfp8_ep import routing
+# Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.dispatcher import SHAPES, _rel_err, _sample_ms, add_timing_arguments, init_process_group  # noqa: E402
+from mxfp8_ep import routing  # noqa: E402
 
 ARMS = ("torchtitan", "torchtitan+capacity", "ours", "ours+capacity")
 

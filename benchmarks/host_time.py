@@ -15,13 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from benchmarks.dispatcher import SHAPES, MoEShape, _build_moe, _free_peer_buffers, init_process_group
+# Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.dispatcher import SHAPES, MoEShape, _build_moe, _free_peer_buffers, init_process_group  # noqa: E402
 
 ARMS = ("torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8/nccl")
 

@@ -16,9 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# Run as a script (torchrun benchmarks/profile_dispatcher.py): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _time(fn, iters=20, warmup=5) -> float:

@@ -17,14 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.dispatcher import SHAPES, _sample_ms, add_timing_arguments, init_process_group
-from mxfp8_ep import symm_kernels as sk
-from mxfp8_ep.peer_memory import LocalBuffer
-from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes
+# Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.dispatcher import SHAPES, _sample_ms, add_timing_arguments, init_process_group  # noqa: E402
+from mxfp8_ep import symm_kernels as sk  # noqa: E402
+from mxfp8_ep.peer_memory import LocalBuffer  # noqa: E402
+from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes  # noqa: E402
 
 REDUCE_SHAPES = [(t, w, d) for t in (1, 2, 4) for w in (4, 8) for d in (512, 1024)]
 RECEIVE_SHAPES = [(m, w) for m in (4, 8, 16) for w in (4, 8)]
@@ -39,6 +44,11 @@ def made_up_routing(tokens: int, top_k: int, device, seed: int = 0):
     row_rank = torch.arange(n, device=device) % 2
     local_row = torch.randperm(n, generator=g, device=device)
     return inv, row_rank, local_row
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``"1,4,1024;2,4,512"`` -> [(1, 4, 1024), (2, 4, 512)]."""
+    return [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part]
 
 
 def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
@@ -64,7 +74,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             staged = n // 2 * staged_row_nbytes(dim, torch.bfloat16, fmt)  # bytes read from staging
             reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
             receive_hbm = staged + n // 2 * dim * 2
-            for t, w, d in REDUCE_SHAPES:
+            for t, w, d in args.reduce_shapes:
                 sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = t, w, d
                 ms = statistics.median(_sample_ms(
                     lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
@@ -72,16 +82,16 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                     args.iters, args.warmup, device, group=args.group))
                 rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "reduce_slots",
                                  "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
-                                 "hbm_GBps": round(reduce_hbm / ms / 1e6, 1)})
+                                 "hbm_bytes": reduce_hbm})
             sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = defaults
-            for m, w in RECEIVE_SHAPES:
+            for m, w in args.receive_shapes:
                 sk.RECEIVE_SHAPES = {**receive_defaults, fmt: (m, w)}
                 ms = statistics.median(_sample_ms(
                     lambda: sk.receive_rows(received, source, 0, staging, n, fmt),
                     args.iters, args.warmup, device, group=args.group))
                 rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "receive_rows",
                                  "fmt": fmt, "launch": {"rows": m, "warps": w}, "ms": round(ms, 4),
-                                 "hbm_GBps": round(receive_hbm / ms / 1e6, 1)})
+                                 "hbm_bytes": receive_hbm})
             sk.RECEIVE_SHAPES = receive_defaults
     finally:
         sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = defaults
@@ -91,12 +101,25 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv3")
+    parser.add_argument("--reduce-shapes", type=parse_shapes, default=REDUCE_SHAPES,
+                        help='reduce_slots launch shapes "tokens,warps,block_d;..."')
+    parser.add_argument("--receive-shapes", type=parse_shapes, default=RECEIVE_SHAPES,
+                        help='receive_rows launch shapes "rows,warps;..."')
     add_timing_arguments(parser)
     args = parser.parse_args()
     device = init_process_group()
-    rows: list[dict] = []
-    for name in args.shapes.split(","):
-        sweep(name, args, device, rows)
+    # Every launch shape once per round, the rounds one after another: a drift of the GPU falls
+    # on all shapes alike. A row's time is the median over the rounds.
+    runs: list[list[dict]] = []
+    for _ in range(args.rounds):
+        runs.append([])
+        for name in args.shapes.split(","):
+            sweep(name, args, device, runs[-1])
+    rows = runs[0]
+    for i, row in enumerate(rows):
+        row["rounds_ms"] = [run[i]["ms"] for run in runs]
+        row["ms"] = round(statistics.median(row["rounds_ms"]), 4)
+        row["hbm_GBps"] = round(row.pop("hbm_bytes") / row["ms"] / 1e6, 1)
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
