@@ -56,6 +56,7 @@ def kernel_sweep(args, rows_out):
     x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
     defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES
     receive_shapes = dict(sk.RECEIVE_SHAPES)
+    reduce_defaults = sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS
     for fmt in ("bf16", "mxfp8"):
         preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
         cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
@@ -113,7 +114,7 @@ def kernel_sweep(args, rows_out):
                 rows_out.append(row)
             sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = defaults
             sk.RECEIVE_SHAPES = receive_shapes
-            sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = 2, 4
+            sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = reduce_defaults
         from mxfp8_ep import dispatcher
 
         dispatcher._BUFFERS.clear()

@@ -48,8 +48,10 @@ PUSH_STAGES = 1
 # (rows per program, warps) of receive_rows per leg format: dequantizing reads half the bytes
 # per row, so MXFP8 takes more rows per program (0.36 vs 0.44 ms on the profile's leg).
 RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
-# reduce_slots: (tokens per program, warps, widest column tile).
-REDUCE_BLOCK_T, REDUCE_WARPS, REDUCE_BLOCK_D = 2, 4, 512
+# reduce_slots: (tokens per program, warps, widest column tile). One H200, the receiving side
+# alone (benchmarks/receive_sweep.py --rounds 5): 0.397 vs 0.485 ms with an MXFP8 leg and
+# 0.370 vs 0.384 ms in bf16 at (2, 4, 512), DeepSeek-V3-like combine of 8192 tokens.
+REDUCE_BLOCK_T, REDUCE_WARPS, REDUCE_BLOCK_D = 1, 4, 1024
 ROUTING_BLOCK = 1024
 
 
