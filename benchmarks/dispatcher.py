@@ -145,6 +145,20 @@ def _free_peer_buffers():
     dispatcher._BUFFERS.clear()
 
 
+def finish(rows: list[dict], json_path: str | None, line, header: str | None = None) -> None:
+    """The end of every benchmark: rank 0 writes ``rows`` as JSON (when asked) and prints
+    ``header`` and ``line(row)`` for each row; then the process group goes."""
+    if dist.get_rank() == 0:
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(rows, f, indent=1)
+        if header:
+            print(header)
+        for r in rows:
+            print(line(r))
+    dist.destroy_process_group()
+
+
 def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every MoE benchmark shares: iterations, warm-up, grouping and JSON output."""
     parser.add_argument("--iters", type=int, default=20)
@@ -420,16 +434,11 @@ def main() -> None:
     for r in rows:
         r.setdefault("link", args.link)
 
-    if dist.get_rank() == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print(f"{'bench':<10} {'pass':<15} {'arm':<15} {'ms':>8} {'vs titan':>9} {'synced':>8} {'vs titan':>9} "
-              f"{'peak GiB':>9}  shape / rel_err")
-        for r in rows:
-            print(f"{r['bench']:<10} {r['pass']:<15} {r['arm']:<15} {r['ms']:>8.3f} {r['speedup_vs_torchtitan']:>8.3f}x "
-                  f"{r['ms_synced']:>8.3f} {r['speedup_synced']:>8.3f}x {r['peak_gib']:>9.2f}  {r['shape']} {r['rel_err']}")
-    dist.destroy_process_group()
+    finish(rows, args.json, header=(
+        f"{'bench':<10} {'pass':<15} {'arm':<15} {'ms':>8} {'vs titan':>9} {'synced':>8} {'vs titan':>9} "
+        f"{'peak GiB':>9}  shape / rel_err"), line=lambda r: (
+        f"{r['bench']:<10} {r['pass']:<15} {r['arm']:<15} {r['ms']:>8.3f} {r['speedup_vs_torchtitan']:>8.3f}x "
+        f"{r['ms_synced']:>8.3f} {r['speedup_synced']:>8.3f}x {r['peak_gib']:>9.2f}  {r['shape']} {r['rel_err']}"))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ at ``--ep``, side by side and round-robin:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +29,14 @@ import torch.distributed as dist
 # Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.dispatcher import SHAPES, _rel_err, _sample_ms, add_timing_arguments, init_process_group  # noqa: E402
+from benchmarks.dispatcher import (  # noqa: E402
+    SHAPES,
+    _rel_err,
+    _sample_ms,
+    add_timing_arguments,
+    finish,
+    init_process_group,
+)
 from mxfp8_ep import routing  # noqa: E402
 
 ARMS = ("torchtitan", "torchtitan+capacity", "ours", "ours+capacity")
@@ -172,19 +178,13 @@ def main() -> None:
     rows: list[dict] = []
     for name in args.shapes.split(","):
         (sweep_rows_kernel if args.sweep_rows_kernel else bench_shape)(name, args, device, rows)
-    if dist.get_rank() == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        if args.sweep_rows_kernel:
-            for r in rows:
-                print(f"{r['pass']:<18} {r['arm']:<24} {r['ms']:>8.4f} ms  {r['shape']}")
-        else:
-            print(f"{'pass':<8} {'arm':<20} {'ms':>9} {'vs titan':>9} {'rel_err':>9}  shape")
-            for r in rows:
-                print(f"{r['pass']:<8} {r['arm']:<20} {r['ms']:>9.3f} {r['vs_torchtitan']:>8.3f}x "
-                      f"{r['rel_err']:>9.2g}  {r['shape']}")
-    dist.destroy_process_group()
+    if args.sweep_rows_kernel:
+        finish(rows, args.json, lambda r: f"{r['pass']:<18} {r['arm']:<24} {r['ms']:>8.4f} ms  {r['shape']}")
+    else:
+        finish(rows, args.json, header=f"{'pass':<8} {'arm':<20} {'ms':>9} {'vs titan':>9} {'rel_err':>9}  shape",
+               line=lambda r: (f"{r['pass']:<8} {r['arm']:<20} {r['ms']:>9.3f} {r['vs_torchtitan']:>8.3f}x "
+                               f"{r['rel_err']:>9.2g}  {r['shape']}"))
+
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,6 @@ the dispatcher's own launches all run, its pushes stay local).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,7 +25,14 @@ from torch.distributed.device_mesh import init_device_mesh
 # Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.dispatcher import SHAPES, MoEShape, _build_moe, _free_peer_buffers, init_process_group  # noqa: E402
+from benchmarks.dispatcher import (  # noqa: E402
+    SHAPES,
+    MoEShape,
+    _build_moe,
+    _free_peer_buffers,
+    finish,
+    init_process_group,
+)
 
 ARMS = ("torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8/nccl")
 
@@ -84,14 +90,8 @@ def main() -> None:
                      "host_fwd_bwd_ms": round(host, 3), "gpu_fwd_bwd_ms": round(gpu, 3)})
         del moe
         _free_peer_buffers()
-    if dist.get_rank() == 0:
-        for r in rows:
-            print(f"{r['arm']:<12} host fwd {r['host_fwd_ms']:8.2f} ms  host fwd+bwd {r['host_fwd_bwd_ms']:8.2f} ms"
-                  f"  GPU done {r['gpu_fwd_bwd_ms']:8.2f} ms")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-    dist.destroy_process_group()
+    finish(rows, args.json, lambda r: (f"{r['arm']:<12} host fwd {r['host_fwd_ms']:8.2f} ms  host fwd+bwd "
+                                       f"{r['host_fwd_bwd_ms']:8.2f} ms  GPU done {r['gpu_fwd_bwd_ms']:8.2f} ms"))
 
 
 if __name__ == "__main__":

@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 # Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.dispatcher import SHAPES, _sample_ms, add_timing_arguments, init_process_group  # noqa: E402
+from benchmarks.dispatcher import SHAPES, _sample_ms, add_timing_arguments, finish, init_process_group  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep.peer_memory import LocalBuffer  # noqa: E402
 from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes  # noqa: E402
@@ -120,14 +119,8 @@ def main() -> None:
         row["rounds_ms"] = [run[i]["ms"] for run in runs]
         row["ms"] = round(statistics.median(row["rounds_ms"]), 4)
         row["hbm_GBps"] = round(row.pop("hbm_bytes") / row["ms"] / 1e6, 1)
-    if dist.get_rank() == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        for r in rows:
-            print(f"{r['kernel']:<13} {r['fmt']:<6} {json.dumps(r['launch']):<44} {r['ms']:>8.4f} ms "
-                  f"{r['hbm_GBps']:>8.1f} GB/s  {r['shape']}")
-    dist.destroy_process_group()
+    finish(rows, args.json, lambda r: (f"{r['kernel']:<13} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
+                                       f"{r['ms']:>8.4f} ms {r['hbm_GBps']:>8.1f} GB/s  {r['shape']}"))
 
 
 if __name__ == "__main__":
