@@ -118,8 +118,8 @@ def _rows_kernel(
 
     Persistent: the programs stride over the row blocks inside the offsets (``valid``, read on
     the device), so the grid does not grow with the buffer's capacity (at EP=8 eight times the
-    rows an even routing fills; programs that only found themselves past the offsets used to
-    cost as much as a third of the useful work)."""
+    rows an even routing fills, where programs that only found themselves past the offsets used
+    to cost more than the useful work: 2.66 vs 1.20 ms per forward+backward)."""
     valid = tl.load(valid_ptr)
     block = tl.program_id(0)
     # A while loop: the Triton interpreter cannot take a range bound loaded from memory.
