@@ -159,6 +159,11 @@ def finish(rows: list[dict], json_path: str | None, line, header: str | None = N
     dist.destroy_process_group()
 
 
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """Launch shapes from the command line: ``"1,4,1024;2,4,512"`` -> [(1, 4, 1024), (2, 4, 512)]."""
+    return [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part]
+
+
 def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every MoE benchmark shares: iterations, warm-up, grouping and JSON output."""
     parser.add_argument("--iters", type=int, default=20)

@@ -36,10 +36,13 @@ from benchmarks.dispatcher import (  # noqa: E402
     add_timing_arguments,
     finish,
     init_process_group,
+    parse_shapes,
 )
 from mxfp8_ep import routing  # noqa: E402
 
 ARMS = ("torchtitan", "torchtitan+capacity", "ours", "ours+capacity")
+# (persistent programs per SM, rows per block) of the SwiGLU kernel sweep
+SWEEP_LAUNCH = [(per_sm, block_m) for per_sm in (4, 8, 16, 32) for block_m in (2, 4, 8)]
 
 
 def even_counts(rows: int, num_local_experts: int, align: int) -> torch.Tensor:
@@ -153,13 +156,12 @@ def sweep_rows_kernel(name: str, args, device, rows_out: list[dict]) -> None:
            "add_rows": lambda: ge._add_rows(dx1, dx3, offsets)}
     defaults = (ge._PROGRAMS_PER_SM, ge._BLOCK_M)
     try:
-        for per_sm in (4, 8, 16, 32):
-            for block_m in (2, 4, 8):
-                ge._PROGRAMS_PER_SM, ge._BLOCK_M = per_sm, block_m
-                for op, fn in ops.items():
-                    ms = statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
-                    rows_out.append({"bench": "rows_kernel", "shape": f"{name} EP={args.ep}, capacity {capacity}",
-                                     "arm": f"{per_sm} programs/SM, {block_m} rows", "pass": op, "ms": round(ms, 4)})
+        for per_sm, block_m in args.sweep_launch:
+            ge._PROGRAMS_PER_SM, ge._BLOCK_M = per_sm, block_m
+            for op, fn in ops.items():
+                ms = statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
+                rows_out.append({"bench": "rows_kernel", "shape": f"{name} EP={args.ep}, capacity {capacity}",
+                                 "arm": f"{per_sm} programs/SM, {block_m} rows", "pass": op, "ms": round(ms, 4)})
     finally:
         ge._PROGRAMS_PER_SM, ge._BLOCK_M = defaults
 
@@ -170,6 +172,8 @@ def main() -> None:
     parser.add_argument("--ep", type=int, default=2)
     parser.add_argument("--align", type=int, default=8)
     parser.add_argument("--profile", action="store_true", help="print each arm's top kernels of one fwd+bwd (CUDA)")
+    parser.add_argument("--sweep-launch", type=parse_shapes, default=SWEEP_LAUNCH,
+                        help='launch shapes of the sweep, "programs per SM,rows per block;..."')
     parser.add_argument("--sweep-rows-kernel", action="store_true",
                         help="time the SwiGLU kernel alone per launch shape instead of the experts")
     add_timing_arguments(parser)

@@ -25,13 +25,31 @@ import torch
 # Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.dispatcher import SHAPES, _sample_ms, add_timing_arguments, finish, init_process_group  # noqa: E402
+from benchmarks.dispatcher import (  # noqa: E402
+    SHAPES,
+    _sample_ms,
+    add_timing_arguments,
+    finish,
+    init_process_group,
+    parse_shapes,
+)
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep.peer_memory import LocalBuffer  # noqa: E402
 from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes  # noqa: E402
 
 REDUCE_SHAPES = [(t, w, d) for t in (1, 2, 4) for w in (4, 8) for d in (512, 1024)]
 RECEIVE_SHAPES = [(m, w) for m in (4, 8, 16) for w in (4, 8)]
+
+
+def merge_rounds(runs: list[list[dict]]) -> list[dict]:
+    """The first round's rows, each with every round's time (``rounds_ms``), their median
+    (``ms``) and the HBM rate at the median (``hbm_GBps``, from the row's ``hbm_bytes``)."""
+    rows = [dict(r) for r in runs[0]]
+    for i, row in enumerate(rows):
+        row["rounds_ms"] = [run[i]["ms"] for run in runs]
+        row["ms"] = round(statistics.median(row["rounds_ms"]), 4)
+        row["hbm_GBps"] = round(row.pop("hbm_bytes") / row["ms"] / 1e6, 1)
+    return rows
 
 
 def made_up_routing(tokens: int, top_k: int, device, seed: int = 0):
@@ -43,11 +61,6 @@ def made_up_routing(tokens: int, top_k: int, device, seed: int = 0):
     row_rank = torch.arange(n, device=device) % 2
     local_row = torch.randperm(n, generator=g, device=device)
     return inv, row_rank, local_row
-
-
-def parse_shapes(text: str) -> list[tuple[int, ...]]:
-    """``"1,4,1024;2,4,512"`` -> [(1, 4, 1024), (2, 4, 512)]."""
-    return [tuple(int(v) for v in part.split(",")) for part in text.split(";") if part]
 
 
 def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
@@ -114,11 +127,7 @@ def main() -> None:
         runs.append([])
         for name in args.shapes.split(","):
             sweep(name, args, device, runs[-1])
-    rows = runs[0]
-    for i, row in enumerate(rows):
-        row["rounds_ms"] = [run[i]["ms"] for run in runs]
-        row["ms"] = round(statistics.median(row["rounds_ms"]), 4)
-        row["hbm_GBps"] = round(row.pop("hbm_bytes") / row["ms"] / 1e6, 1)
+    rows = merge_rounds(runs)
     finish(rows, args.json, lambda r: (f"{r['kernel']:<13} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
                                        f"{r['ms']:>8.4f} ms {r['hbm_GBps']:>8.1f} GB/s  {r['shape']}"))
 

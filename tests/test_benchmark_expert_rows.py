@@ -36,11 +36,12 @@ def test_rows_kernel_sweep_writes_a_row_per_launch_shape_and_op(tmp_path):
     out = tmp_path / "sweep.json"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "benchmarks/expert_rows.py",
-         "--shapes", "tiny", "--sweep-rows-kernel", "--iters", "1", "--warmup", "0", "--group", "1",
-         "--json", str(out)],
+         "--shapes", "tiny", "--sweep-rows-kernel", "--sweep-launch", "8,2;32,4", "--iters", "1",
+         "--warmup", "0", "--group", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert {r["pass"] for r in rows} == {"silu_mul", "silu_mul_backward", "add_rows"}
-    assert len({r["arm"] for r in rows}) == len(rows) // 3 > 1 and all(r["ms"] > 0 for r in rows)
+    assert {r["arm"] for r in rows} == {"8 programs/SM, 2 rows", "32 programs/SM, 4 rows"}
+    assert len(rows) == 6 and all(r["ms"] > 0 for r in rows)

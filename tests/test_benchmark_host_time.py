@@ -9,7 +9,7 @@ import sys
 
 def test_script_writes_a_row_per_arm(tmp_path):
     out = tmp_path / "host.json"
-    arms = ["torchtitan", "mxfp8/nccl"]
+    arms = ["torchtitan", "bf16/nccl"]
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "benchmarks/host_time.py",
          "--shape", "tiny", "--experts", "8", "--arms", ",".join(arms), "--calls", "3", "--json", str(out)],
