@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
-from mxfp8_ep.symm_reference import PUSH_ONLY, staging_views
+from mxfp8_ep.symm_reference import push_only_index, staging_views
 from mxfp8_ep.triton_kernels import (
     _dequantize_groups,
     _load_fp32,
@@ -333,8 +333,7 @@ def push_rows(
     if num == 0:
         return
     dim = src.shape[1]
-    if only not in PUSH_ONLY:
-        raise ValueError(f"push only={only!r}: one of {PUSH_ONLY}")
+    only_index = push_only_index(only)
     block_m, stripes = PUSH_BLOCK_M, PUSH_STRIPES
     no_fp32 = _no_fp32(src.device)
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
@@ -347,7 +346,7 @@ def push_rows(
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        ONLY=PUSH_ONLY.index(only), STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
+        ONLY=only_index, STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
     )
 
 

@@ -62,10 +62,17 @@ def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Te
 PUSH_ONLY = ("all", "local", "remote")
 
 
-def _only(dst_rank: torch.Tensor, rank: int, only: str) -> torch.Tensor:
-    """``dst_rank`` with the rows that ``only`` skips set to -1."""
+def push_only_index(only: str) -> int:
+    """``only``'s index in ``PUSH_ONLY`` (the Triton kernel's ``ONLY``); a clear error for
+    anything else."""
     if only not in PUSH_ONLY:
         raise ValueError(f"push only={only!r}: one of {PUSH_ONLY}")
+    return PUSH_ONLY.index(only)
+
+
+def _only(dst_rank: torch.Tensor, rank: int, only: str) -> torch.Tensor:
+    """``dst_rank`` with the rows that ``only`` skips set to -1."""
+    push_only_index(only)
     if only == "all":
         return dst_rank
     keep = (dst_rank == rank) if only == "local" else (dst_rank != rank)

@@ -41,7 +41,7 @@ SYMM = {
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
-        ONLY=sk.PUSH_ONLY.index(only), BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)) for only in ("local", "remote")},
+        ONLY=sk.push_only_index(only), BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)) for only in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
                                                                       HAS_STAGE_ROW=staged, BLOCK_M=4, BLOCK_D=512))
