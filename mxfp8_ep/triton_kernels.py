@@ -9,8 +9,8 @@ turns NaN into a finite byte, and mishandles bf16 subnormals; the GPU's cvt does
 the bits ourselves makes interpreter, GPU and the torch reference agree bit for bit.
 
 Compiled for a GPU (``HW_CONVERT``), the last steps use the hardware's own conversions
-instead: fp32 -> e4m3 (``cvt.rn.satfinite.e4m3x2.f32``, round to nearest even, on values the
-kernel has already scaled and clamped), e4m3 -> fp32 (exact) and fp32 -> bf16 (round to
+instead: fp32 -> e4m3 (``cvt.rn.satfinite.e4m3x2.f32``, round to nearest even, saturating to
++-448 as the integer path's clamp does), e4m3 -> fp32 (exact) and fp32 -> bf16 (round to
 nearest even). They give the same bits as the integer path (NaN is canonicalized by hand) at a
 fraction of the instructions; the GPU tests compare them with the torch reference.
 """
@@ -113,9 +113,11 @@ def _tile_offsets(M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
 def _quantize_groups(x3, ROUNDING: tl.constexpr):
     """Quantize fp32 ``[..., G, 32]`` blocks: e4m3 bytes (int32, same shape) and e8m0 scale
     bytes (int32, ``[..., G]``), bit-identical to ``format.quantize_reference``."""
-    # tl.max drops NaN on GPU: detect NaN blocks separately.
-    amax = tl.max(tl.abs(x3), axis=2)
-    has_nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
+    # One integer max over |x|'s bits: non-negative floats order as their bits do, and every
+    # NaN's bits lie above inf's (tl.max over floats would drop NaN on GPU).
+    amax_bits = tl.max(x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
+    has_nan = amax_bits > 0x7F800000
+    amax = amax_bits.to(tl.float32, bitcast=True)
     if ROUNDING == 0:
         descale = tl.math.div_rn(amax, 448.0)
         bits = descale.to(tl.int32, bitcast=True)
@@ -130,19 +132,20 @@ def _quantize_groups(x3, ROUNDING: tl.constexpr):
         byte = tl.where(has_nan, 255, byte)
         scaled = x3 * multiplier[:, :, None]
     else:
-        exp_unbiased = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        exp_unbiased = ((amax_bits >> 23) & 0xFF) - 127
         byte = tl.minimum(tl.maximum(exp_unbiased - 8, -127), 128) + 127
         byte = tl.where(has_nan, 255, byte)
         divisor = _pow2(tl.maximum(byte - 127, -126))
         divisor = tl.where(has_nan, float("inf"), divisor)
         scaled = tl.math.div_rn(x3, divisor[:, :, None])
-    # Saturating clamp that keeps NaN (comparisons with NaN are false).
-    scaled = tl.where(scaled > 448.0, 448.0, scaled)
-    scaled = tl.where(scaled < -448.0, -448.0, scaled)
     if HW_CONVERT:
+        # cvt.rn.satfinite saturates to +-448 itself (infinities too); NaN is canonicalized here.
         e4m3 = scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
         e4m3 = tl.where(scaled != scaled, 0x7F, e4m3)
     else:
+        # Saturating clamp that keeps NaN (comparisons with NaN are false).
+        scaled = tl.where(scaled > 448.0, 448.0, scaled)
+        scaled = tl.where(scaled < -448.0, -448.0, scaled)
         e4m3 = _e4m3_bits(_round_to_e4m3_grid(scaled))
     return e4m3, byte
 
