@@ -262,32 +262,19 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 
 def _a2a(arm: str):
-    """``<preset>/<transport>[:option ...]`` -> its A2AConfig (``_arm_style`` reads the options)."""
+    """``<preset>/<transport>[:overlap]``; ``:overlap`` runs the shared experts on a side
+    stream (``DispatcherExpertParallel(overlap_shared_experts=True)``)."""
     from mxfp8_ep.config import A2AConfig
 
     preset, transport = arm.split(":")[0].split("/")
     return A2AConfig.preset(preset, transport=transport)
 
 
-def _arm_style(arm: str, tokens: int):
-    """The ``DispatcherExpertParallel`` of an arm ``<preset>/<transport>[:overlap][:push=N]``:
-    ``:overlap`` runs the shared experts on a side stream, started right before dispatch's push
-    (``overlap_shared_experts=True``); ``:push=N`` caps that push at N programs
-    (``overlap_push_programs``), leaving SMs to them."""
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel
-
-    options = arm.split(":")[1:]
-    push = [int(o.split("=")[1]) for o in options if o.startswith("push=")]
-    unknown = [o for o in options if o != "overlap" and not o.startswith("push=")]
-    if unknown:
-        raise ValueError(f"arm {arm!r}: unknown options {unknown} (known: overlap, push=N)")
-    return DispatcherExpertParallel(_a2a(arm), tokens, overlap_shared_experts="overlap" in options,
-                                    overlap_push_programs=push[0] if push else None)
-
-
 def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
     from torchtitan.distributed.expert_parallel import ExpertParallel
     from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    from mxfp8_ep.expert_parallel import DispatcherExpertParallel
 
     args = MoEArgs(
         num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,
@@ -301,7 +288,8 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
     with torch.no_grad():
         moe.init_weights(0.02, device)
     moe.to(dtype)
-    style = ExpertParallel() if arm == "torchtitan" else _arm_style(arm, shape.tokens)
+    style = (ExpertParallel() if arm == "torchtitan" else
+             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=arm.endswith(":overlap")))
     parallelize_module(moe.experts, mesh, style)
     return moe
 

@@ -120,77 +120,6 @@ def kernel_sweep(args, rows_out):
         dispatcher._BUFFERS.clear()
 
 
-def push_overlap_sweep(args, rows_out):
-    """The push with its programs capped (``TokenDispatcher.Config.overlap_push_programs``), alone and
-    beside three GEMMs of the shared expert's shape (tokens x dim @ dim x 2048, on a side
-    stream launched right after the push, as ``overlap_shared_experts`` does): how much of the
-    GEMMs a capped push lets run beside the exchange. Also the token-bound push of the
-    capacity-sized expert-major buffer (half its blocks hold no row), uncapped and persistent."""
-    from benchmarks.dispatcher import _leg_routing
-    from mxfp8_ep import symm_kernels as sk
-    from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.dispatcher import TokenDispatcher
-
-    rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    top_k, experts, dim = 8, 64, args.dim
-    tokens = args.rows // top_k
-    scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
-    x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
-    w = torch.randn((dim, 2048), device=device, dtype=torch.bfloat16) * 0.02
-    side = torch.cuda.Stream(device)
-    limited = sk.PUSH_LIMITED_SHAPE
-    # (programs, rows per program, warps); None: one program per row block (the default grid).
-    # (Triton 3.6 fails to compile this kernel for sm_90 with 32-row blocks.)
-    caps = [(None, 0, 0), (8 * sms, 4, 4), (2 * sms, 8, 8), (sms, 16, 16), (sms, 16, 8), (sms // 2, 16, 16),
-            (sms // 2, 16, 8), (sms // 4, 16, 16)]
-    for fmt in ("bf16", "mxfp8"):
-        preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
-        cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
-                                     a2a=A2AConfig.preset(preset, kernel="triton", transport="symm"))
-        disp = cfg.build(dist.group.WORLD, device)
-        routed, _, meta = disp.dispatch(x, scores, ids, counts)
-        bufs = disp._buffers_for(x)
-        staging = bufs.staging[0]
-        out = torch.empty_like(routed)
-
-        def push(programs):
-            sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, bufs.staging_rows, rank, fmt, "rceil",
-                         slot=meta.slot, top_k=top_k, programs=programs)
-
-        def push_back(programs):
-            sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging, bufs.staging_rows, rank, fmt,
-                         "rceil", programs=programs)
-
-        def gemms():
-            for _ in range(3):
-                torch.mm(x, w)
-
-        def push_beside_gemms(programs):
-            main = torch.cuda.current_stream(device)
-            side.wait_stream(main)
-            push(programs)
-            with torch.cuda.stream(side):
-                gemms()
-            main.wait_stream(side)
-
-        gemm_ms = _time(gemms)
-        for programs, block, warps in caps:
-            if programs is not None:
-                sk.PUSH_LIMITED_SHAPE = (block, warps)
-            alone = _time(lambda: push(programs))
-            both = _time(lambda: push_beside_gemms(programs))
-            back = _time(lambda: push_back(programs))
-            rows_out.append({"fmt": fmt, "stage": "push_overlap", "programs": programs, "block": block, "warps": warps,
-                             "push_ms": round(alone, 4), "gemms_ms": round(gemm_ms, 4),
-                             "push_beside_gemms_ms": round(both, 4), "serial_ms": round(alone + gemm_ms, 4),
-                             "hidden_ms": round(alone + gemm_ms - both, 4), "push_back_ms": round(back, 4)})
-        sk.PUSH_LIMITED_SHAPE = limited
-        from mxfp8_ep import dispatcher
-
-        dispatcher._BUFFERS.clear()
-
-
 def timeline_gaps(trace_file: str, top: int = 12) -> dict:
     """GPU idle time in a chrome trace of torch.profiler: the union of kernel / memcpy / memset
     intervals over all streams against the span from the first to the last; a gap is
@@ -286,8 +215,6 @@ def main():
     parser.add_argument("--skip-layer", action="store_true")
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--cpu-ops", action="store_true", help="also record host ops (names the op behind each gap)")
-    parser.add_argument("--push-sweep", action="store_true",
-                        help="only the capped-push sweep: push alone and beside GEMMs on a side stream")
     args = parser.parse_args()
     from benchmarks.dispatcher import init_process_group
 
@@ -297,17 +224,13 @@ def main():
 
     install_expert_parallel(A2AConfig())
     rows: list[dict] = []
-    overlap_rows: list[dict] = []
-    if args.push_sweep:
-        push_overlap_sweep(args, overlap_rows)
-        args.skip_kernels = args.skip_layer = True
     if not args.skip_kernels:
         kernel_sweep(args, rows)
     profiles = [] if args.skip_layer else [layer_profile(args, arm) for arm in args.arms.split(",")]
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"kernels": rows, "push_overlap": overlap_rows, "layer_profiles": profiles}, f, indent=1)
+                json.dump({"kernels": rows, "layer_profiles": profiles}, f, indent=1)
         for p in profiles:
             print(f"== {p['arm']}")
             print(p["table"])
@@ -317,13 +240,6 @@ def main():
                     print(f"  {ms:>9.3f} ms  {name}")
                 for g in t.get("largest", [])[:6]:
                     print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
-        if overlap_rows:
-            print(f"{'fmt':<6} {'programs':>8} {'block':>5} {'warps':>5} {'push':>7} {'gemms':>7} {'both':>7} "
-                  f"{'serial':>7} {'hidden':>7} {'push_back':>9}  (ms)")
-        for r in overlap_rows:
-            print(f"{r['fmt']:<6} {str(r['programs']):>8} {r['block']:>5} {r['warps']:>5} {r['push_ms']:>7.3f} "
-                  f"{r['gemms_ms']:>7.3f} {r['push_beside_gemms_ms']:>7.3f} {r['serial_ms']:>7.3f} "
-                  f"{r['hidden_ms']:>7.3f} {r['push_back_ms']:>9.3f}")
         print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'stripes':>7} {'stages':>6} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
         for r in rows:
             print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r.get('stripes') or '':>7} {r.get('stages') or '':>6} {r['ms']:>8.3f} "

@@ -81,16 +81,6 @@ class TokenDispatcher:
         # symm: receive buffers are sized for this many tokens per rank (None: the largest
         # token count of the first dispatch, over the EP group).
         max_tokens_per_rank: int | None = None
-        # Programs of dispatch's push when ``dispatch(before_push=...)`` starts other work beside
-        # it (the shared experts: DispatcherExpertParallel(overlap_shared_experts)); each then
-        # strides over the row blocks. A number below the GPU's SM count leaves the other SMs to
-        # that work. None: one program per block of rows, the fastest push on its own (the
-        # other pushes always run so).
-        overlap_push_programs: int | None = None
-
-        def __post_init__(self):
-            if self.overlap_push_programs is not None and self.overlap_push_programs < 1:
-                raise ValueError(f"overlap_push_programs must be None or >= 1, got {self.overlap_push_programs}")
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
             transport = resolve_transport(self.a2a.transport, torch.device(device), group)
@@ -153,10 +143,8 @@ class NcclTokenDispatcher(TokenDispatcher):
     legs, through ``all_to_all_v``'s separate quantize pass and two exchanges, when built
     directly)."""
 
-    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E, before_push=None):  # noqa: N803
+    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
         self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
-        if before_push is not None:  # this transport has no push: its exchange starts now
-            before_push()
         a2a, cfg, W, L = self.config.a2a, self.config, self.ep, self.num_local_experts
         counts = num_tokens_per_expert_E.to(torch.int64)
         with torch.no_grad():
@@ -256,8 +244,6 @@ class PushDispatchMetadata:
     topk_scores_TK: torch.Tensor  # noqa: N815
     num_tokens: int
     pending_expert_rows: ExpertRowRouting | Callable[[], ExpertRowRouting]
-    # Called once, right before dispatch's push is launched (``dispatch(before_push=...)``).
-    before_push: Callable[[], None] | None = None
 
     @property
     def expert_rows_known(self) -> bool:
@@ -332,11 +318,7 @@ class PushTokenDispatcher(TokenDispatcher):
         and the staged row of each row read (``stage_row``, None: the same row)."""
         raise NotImplementedError
 
-    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E, before_push=None):  # noqa: N803
-        """``before_push``: a function called once on the host right before the push of the
-        routed rows is launched, after the routing kernels: what it launches on another
-        stream then starts beside the exchange instead of ahead of the routing
-        (``mxfp8_ep.expert_parallel``'s shared experts)."""
+    def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
         self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
         cfg = self.config
         kernels = self.kernels(x_TD.device)
@@ -349,7 +331,6 @@ class PushTokenDispatcher(TokenDispatcher):
         meta = PushDispatchMetadata(
             slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, topk_scores_TK=topk_scores_TK,
             num_tokens=x_TD.shape[0], pending_expert_rows=expert_rows,
-            before_push=_in_grad_mode(before_push, torch.is_grad_enabled()) if before_push is not None else None,
         )
         factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
         routed_input = _ToExperts.apply(x_TD, factor, meta, self)
@@ -367,17 +348,12 @@ class PushTokenDispatcher(TokenDispatcher):
         tensor on their owners. ``leg``: dispatch_fwd or combine_bwd."""
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
-        beside = meta.before_push is not None  # dispatch forward, with work to start beside it
-        programs = self.config.overlap_push_programs if beside else None
 
         def push(out, send, rows, only):
-            if meta.before_push is not None:
-                start, meta.before_push = meta.before_push, None
-                start()
             kernels.push_rows(
                 src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
                 slot=meta.slot, top_k=self.config.top_k, factor=factor, dot_rows=dot_rows, dot_out=dot_out,
-                only=only, programs=programs,
+                only=only,
             )
 
         out, recv, rows, stage_row = self._push_to_experts(push, src, meta, leg, fmt)
@@ -510,17 +486,6 @@ class SymmTokenDispatcher(PushTokenDispatcher):
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
         return _BUFFERS[self._buffer_key(src)]
-
-
-def _in_grad_mode(fn: Callable[[], None], enabled: bool) -> Callable[[], None]:
-    """``fn`` run in the grad mode of dispatch's caller (the push runs inside an autograd
-    Function's forward, where grad mode is off)."""
-
-    def run() -> None:
-        with torch.set_grad_enabled(enabled):
-            fn()
-
-    return run
 
 
 def _assert_on_device(ok: torch.Tensor, message: str) -> None:

@@ -55,7 +55,6 @@ class ExpertParallelPlan:
     a2a: A2AConfig
     max_tokens_per_rank: int | None
     overlap_shared_experts: bool = False
-    overlap_push_programs: int | None = None  # TokenDispatcher.Config.overlap_push_programs
 
 
 class CapacityGroupedExperts(titan_moe.GroupedExperts):
@@ -81,10 +80,8 @@ class DispatcherExpertParallel(ExpertParallel):
         a2a: A2AConfig | None = None,
         max_tokens_per_rank: int | None = None,
         overlap_shared_experts: bool | None = None,
-        overlap_push_programs: int | None = None,
     ):
         super().__init__()
-        self.overlap_push_programs = overlap_push_programs
         self.a2a = a2a if a2a is not None else self.default_a2a
         self.max_tokens_per_rank = max_tokens_per_rank or self.default_max_tokens_per_rank
         self.overlap_shared_experts = (
@@ -94,7 +91,7 @@ class DispatcherExpertParallel(ExpertParallel):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         group = device_mesh.get_group()
         module.expert_parallel_plan = ExpertParallelPlan(
-            group, self.a2a, self.max_tokens_per_rank, self.overlap_shared_experts, self.overlap_push_programs
+            group, self.a2a, self.max_tokens_per_rank, self.overlap_shared_experts
         )
         transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
         if transport == "symm" and type(module) is titan_moe.GroupedExperts:
@@ -119,7 +116,6 @@ def token_dispatcher_for(moe: nn.Module, device: torch.device) -> TokenDispatche
             score_before_experts=moe.score_before_experts,
             pad_multiple=TOKEN_GROUP_ALIGN_SIZE_M,
             max_tokens_per_rank=plan.max_tokens_per_rank,
-            overlap_push_programs=plan.overlap_push_programs,
         )
         dispatcher = config.build(plan.group, device)
         moe.token_dispatcher = dispatcher
@@ -138,17 +134,13 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         self.tokens_per_expert.add_(num_tokens_per_expert)
     overlap = self.shared_experts is not None and x.is_cuda and self.experts.expert_parallel_plan.overlap_shared_experts
-    shared: list[_SharedExperts] = []
-
-    def start_shared() -> None:
-        shared.append(_SharedExperts.start(self.shared_experts, x))
-
+    shared = _SharedExperts.start(self.shared_experts, x) if overlap else None
     routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
-        x, top_scores, selected_experts_indices, num_tokens_per_expert, before_push=start_shared if overlap else None
+        x, top_scores, selected_experts_indices, num_tokens_per_expert
     )
     routed_output = self.experts(routed_input, tokens_per_local_expert)
-    if shared:
-        out = shared[0].result()
+    if shared is not None:
+        out = shared.result()
     else:
         # torchtitan's order (its autograd then adds x's gradients in the same order: bit for bit)
         out = self.shared_experts(x) if self.shared_experts is not None else None

@@ -45,12 +45,6 @@ PUSH_BLOCK_M, PUSH_WARPS = 4, 4
 PUSH_STRIPES = 8
 # Software-pipelining stages of push_rows' column loop (1: none).
 PUSH_STAGES = 1
-# (rows per program, warps) of push_rows when its programs are capped (``programs``, from
-# ``TokenDispatcher.Config.overlap_push_programs``): each program then strides over many row
-# blocks, so it takes more rows and warps at a time to keep enough bytes in flight. 2xH200,
-# 131072 rows x 5120, 66 programs (benchmarks/profile_dispatcher.py --push-sweep): bf16 2.51 ms,
-# MXFP8 2.09 ms, against 2.53 / 2.21 ms at (16, 8) (32-row blocks do not compile on sm_90).
-PUSH_LIMITED_SHAPE = (16, 16)
 # (rows per program, warps) of receive_rows per leg format: dequantizing reads half the bytes
 # per row, so MXFP8 takes more rows per program (0.36 vs 0.44 ms on the profile's leg).
 RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
@@ -113,15 +107,19 @@ def _packed_offsets(rows, cols, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _push_block(
-    block, src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
+def _push_rows_kernel(
+    src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
     M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
-    ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
+    ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
-    """One block of BLOCK_M rows (nothing when none of them is active)."""
+    # Program p takes block (p % STRIPES) * per_stripe + p // STRIPES (the grid is a multiple
+    # of STRIPES; blocks past the rows find no active row).
+    pid = tl.program_id(0)
+    block = (pid % STRIPES) * (tl.num_programs(0) // STRIPES) + pid // STRIPES
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dst_rank = tl.load(dst_rank_ptr + rows, mask=rows < M, other=-1)
     if ONLY == 1:  # the rows that stay
@@ -129,73 +127,49 @@ def _push_block(
     elif ONLY == 2:  # the rows that leave
         dst_rank = tl.where(dst_rank != rank, dst_rank, -1)
     active = dst_rank >= 0
-    if tl.max(active.to(tl.int32), axis=0) > 0:
-        dst_row = tl.load(dst_row_ptr + rows, mask=active, other=0).to(tl.int64)
-        if HAS_SLOT:
-            slot = tl.load(slot_ptr + rows, mask=active, other=0)
-            src_row = slot // TOP_K
-        else:
-            slot = rows
-            src_row = rows
-        is_local = active & (dst_rank == rank)
-        remote = active & (dst_rank != rank)
-        # A peer's staging buffer = this rank's staging pointer + an element offset. Allocations
-        # are 16-byte aligned; saying so lets the stores to peers use 16-byte vectors.
-        peer = tl.multiple_of(tl.load(peer_delta_ptr + dst_rank, mask=remote, other=0), 16)
-        if HAS_FACTOR:
-            factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
-        # The expert-sorted rows come grouped by owner, so most blocks hold only rows that stay
-        # or only rows that leave: each path (the local store; the quantize and peer store)
-        # runs only in blocks that have rows for it.
-        any_local = tl.max(is_local.to(tl.int32), axis=0) > 0
-        any_remote = tl.max(remote.to(tl.int32), axis=0) > 0
-        dot = tl.zeros((BLOCK_M,), tl.float32)
-        for start in tl.range(0, D, BLOCK_D, num_stages=STAGES):
-            cols = _cols(start, BLOCK_D)
-            x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
-            if HAS_DOT:
-                other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
-                dot += tl.sum(tl.sum(other * x, axis=2), axis=1)
-            if HAS_FACTOR:
-                x = _round_to_activation(x * factor[:, None, None], IN_BF16)
-            if any_local:
-                _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
-            if any_remote:
-                remote_mask = _mask(remote, cols, D, BLOCK_D)
-                if QUANT:
-                    e4m3, byte = _quantize_groups(x, ROUNDING)
-                    doffs, soffs, sok = _packed_offsets(dst_row, cols, start, D, BLOCK_D)
-                    tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=remote_mask)
-                    tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=remote[:, None] & sok)
-                else:
-                    _store_tile(stage_ptr + peer[:, None, None], dst_row, cols, x, remote_mask, D, IN_BF16)
+    if tl.max(active.to(tl.int32), axis=0) == 0:
+        return
+    dst_row = tl.load(dst_row_ptr + rows, mask=active, other=0).to(tl.int64)
+    if HAS_SLOT:
+        slot = tl.load(slot_ptr + rows, mask=active, other=0)
+        src_row = slot // TOP_K
+    else:
+        slot = rows
+        src_row = rows
+    is_local = active & (dst_rank == rank)
+    remote = active & (dst_rank != rank)
+    # A peer's staging buffer = this rank's staging pointer + an element offset. Allocations are
+    # 16-byte aligned; saying so lets the stores to peers use 16-byte vectors.
+    peer = tl.multiple_of(tl.load(peer_delta_ptr + dst_rank, mask=remote, other=0), 16)
+    if HAS_FACTOR:
+        factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
+    # The expert-sorted rows come grouped by owner, so most blocks hold only rows that stay or
+    # only rows that leave: each path (the local store; the quantize and the peer store) runs
+    # only in blocks that have rows for it.
+    any_local = tl.max(is_local.to(tl.int32), axis=0) > 0
+    any_remote = tl.max(remote.to(tl.int32), axis=0) > 0
+    dot = tl.zeros((BLOCK_M,), tl.float32)
+    for start in tl.range(0, D, BLOCK_D, num_stages=STAGES):
+        cols = _cols(start, BLOCK_D)
+        x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
         if HAS_DOT:
-            tl.store(dot_out_ptr + slot, dot, mask=active)
-
-
-@triton.jit
-def _push_rows_kernel(
-    src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
-    dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
-    M, rank, NUM_BLOCKS,
-    D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
-    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
-    ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    # The programs stride over NUM_BLOCKS (a multiple of STRIPES; blocks past the rows find no
-    # active row): step i takes block (i % STRIPES) * per_stripe + i // STRIPES. With one
-    # program per block (the default grid) each program takes one step.
-    per_stripe = NUM_BLOCKS // STRIPES
-    i = tl.program_id(0)
-    while i < NUM_BLOCKS:
-        block = (i % STRIPES) * per_stripe + i // STRIPES
-        _push_block(
-            block, src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
-            dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr, M, rank,
-            D, TOP_K, HAS_SLOT, HAS_FACTOR, HAS_DOT, IN_BF16, QUANT, ROUNDING, ONLY, BLOCK_M, BLOCK_D, STAGES,
-        )
-        i += tl.num_programs(0)
+            other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
+            dot += tl.sum(tl.sum(other * x, axis=2), axis=1)
+        if HAS_FACTOR:
+            x = _round_to_activation(x * factor[:, None, None], IN_BF16)
+        if any_local:
+            _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+        if any_remote:
+            remote_mask = _mask(remote, cols, D, BLOCK_D)
+            if QUANT:
+                e4m3, byte = _quantize_groups(x, ROUNDING)
+                doffs, soffs, sok = _packed_offsets(dst_row, cols, start, D, BLOCK_D)
+                tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=remote_mask)
+                tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=remote[:, None] & sok)
+            else:
+                _store_tile(stage_ptr + peer[:, None, None], dst_row, cols, x, remote_mask, D, IN_BF16)
+    if HAS_DOT:
+        tl.store(dot_out_ptr + slot, dot, mask=active)
 
 
 @triton.jit
@@ -360,30 +334,26 @@ def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", programs=None,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
 ) -> None:
     num = dst_rank.numel()
     if num == 0:
         return
     dim = src.shape[1]
     only_index = push_only_index(only)
-    block_m, warps, stripes = PUSH_BLOCK_M, PUSH_WARPS, PUSH_STRIPES
-    if programs is not None:
-        block_m, warps = PUSH_LIMITED_SHAPE
-    num_blocks = stripes * triton.cdiv(triton.cdiv(num, block_m), stripes)
-    grid = num_blocks if programs is None else max(1, min(int(programs), num_blocks))
+    block_m, stripes = PUSH_BLOCK_M, PUSH_STRIPES
     no_fp32 = _no_fp32(src.device)
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
-    _push_rows_kernel[(grid,)](
+    _push_rows_kernel[(stripes * triton.cdiv(triton.cdiv(num, block_m), stripes),)](
         _bits(src), slot if slot is not None else dst_rank, factor if factor is not None else no_fp32,
         _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
         dst_rank, dst_row, _bits(local_out if local_out is not None else src), stage,
         staging.element_offsets(stage.element_size()),
-        num, rank, num_blocks,
+        num, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        ONLY=only_index, STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=warps,
+        ONLY=only_index, STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
     )
 
 

@@ -88,15 +88,14 @@ def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", programs=None,
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
 ) -> None:
     """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``factor[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
     rank, of rank ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
     With ``dot_rows``: ``dot_out[slot[j]] = <dot_rows[j], src row>`` in fp32 (before the factor).
     ``only`` (``PUSH_ONLY``): push just the rows that stay (``local``) or just those that leave
-    (``remote``); the others are skipped as if their ``dst_rank`` were -1. ``programs``: the
-    Triton kernel's launch width (the rows moved do not depend on it).
+    (``remote``); the others are skipped as if their ``dst_rank`` were -1.
     (A reference: boolean indexing, so it syncs with the host; the Triton kernel does not.)"""
     num = dst_rank.numel()
     if num == 0:

@@ -746,31 +746,6 @@ def test_too_many_tokens_on_one_rank_fails_on_every_rank():
     run_forked(2, _too_many_tokens, timeout_s=OVERFLOW_TIMEOUT_S)
 
 
-def _before_push(rank, world):
-    setup_rank()
-    for transport, preset in (("symm", "bf16"), ("symm", "mxfp8"), ("nccl", "bf16"), ("nccl", "mxfp8")):
-        dispatcher = _dispatcher(transport, preset)
-        x, scores, ids, counts = _to_next_rank(rank, world, 4, 64)
-        x.requires_grad_(True)
-        calls = []
-
-        def start_side_work():
-            calls.append((torch.is_grad_enabled(), (x * 2).requires_grad))
-
-        routed, _, meta = dispatcher.dispatch(x, scores, ids, counts, before_push=start_side_work)
-        assert calls == [(True, True)], (transport, preset, calls)
-        dispatcher.combine(routed, meta).sum().backward()  # combine's backward pushes again
-        assert len(calls) == 1, (transport, preset, calls)
-
-
-def test_before_push_runs_once_in_the_callers_grad_mode():
-    """``dispatch(before_push=f)``: f runs once per dispatch (not again in combine's backward,
-    which also pushes) and with the caller's grad mode, although the push runs inside an
-    autograd Function's forward: what it computes (the shared experts) gets gradients."""
-    preload()
-    run_forked(2, _before_push)
-
-
 def _larger_config_after_smaller(rank, world):
     setup_rank()
     small = TokenDispatcher.Config(num_experts=2 * world, top_k=1, max_tokens_per_rank=4,

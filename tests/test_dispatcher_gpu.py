@@ -36,12 +36,10 @@ def _routing(rank, tokens, experts, top_k, dim, device, skew: bool):
 def _run(dispatcher, x, scores, ids, counts, sync_check: bool):
     x = x.clone().requires_grad_()
     scores = scores.clone().requires_grad_()
-    # With overlap_push_programs set, dispatch's push is capped when work starts beside it.
-    beside = (lambda: None) if dispatcher.config.overlap_push_programs else None
     if sync_check:
         torch.cuda.set_sync_debug_mode("error")
     try:
-        routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts, before_push=beside)
+        routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
         # A stand-in expert: scale each row (keeps the routed layout visible in the output).
         y = routed * 1.5
         out = dispatcher.combine(y, meta)
@@ -62,27 +60,23 @@ def _check(rank, world):
         for top_k, sbe, skew in ((4, False, False), (1, True, False), (2, False, True)):
             x, scores, ids, counts = _routing(rank, tokens, experts, top_k, dim, device, skew)
             results = {}
-            # The Triton kernels with the default grid and with dispatch's push capped at 3
-            # programs (each strides over many blocks).
-            for kernel, programs in (("torch", None), ("triton", None), ("triton", 3)):
+            for kernel in ("torch", "triton"):
                 cfg = TokenDispatcher.Config(
                     num_experts=experts, top_k=top_k, score_before_experts=sbe, max_tokens_per_rank=tokens,
-                    a2a=A2AConfig.preset(preset, kernel=kernel, transport="symm"), overlap_push_programs=programs,
+                    a2a=A2AConfig.preset(preset, kernel=kernel, transport="symm"),
                 )
                 disp = cfg.build(dist.group.WORLD, device)
                 assert isinstance(disp, SymmTokenDispatcher)
                 _run(disp, x, scores, ids, counts, sync_check=False)  # allocates the peer buffers
-                results[kernel, programs] = _run(disp, x, scores, ids, counts, sync_check=(kernel == "triton"))
-            ref = results["torch", None]
-            for programs in (None, 3):
-                got = results["triton", programs]
-                case = f"{preset} top_k={top_k} score_before={sbe} skew={skew} push_programs={programs}"
-                valid = int(ref[1].sum())  # rows past the padded experts are never read
-                assert torch.equal(got[0][:valid].view(torch.int16), ref[0][:valid].view(torch.int16)), case
-                assert torch.equal(got[2].view(torch.int16), ref[2].view(torch.int16)), case
-                assert torch.equal(got[3].view(torch.int16), ref[3].view(torch.int16)), case
-                # Score gradients are fp32 dot products: tl.sum and torch.sum add in different orders.
-                torch.testing.assert_close(got[4], ref[4], rtol=1e-5, atol=1e-5, msg=case)
+                results[kernel] = _run(disp, x, scores, ids, counts, sync_check=(kernel == "triton"))
+            ref, got = results["torch"], results["triton"]
+            case = f"{preset} top_k={top_k} score_before={sbe} skew={skew}"
+            valid = int(ref[1].sum())  # rows past the padded experts are never read
+            assert torch.equal(got[0][:valid].view(torch.int16), ref[0][:valid].view(torch.int16)), case
+            assert torch.equal(got[2].view(torch.int16), ref[2].view(torch.int16)), case
+            assert torch.equal(got[3].view(torch.int16), ref[3].view(torch.int16)), case
+            # Score gradients are fp32 dot products: tl.sum and torch.sum add in different orders.
+            torch.testing.assert_close(got[4], ref[4], rtol=1e-5, atol=1e-5, msg=case)
 
 
 @needs_gpus
@@ -92,8 +86,7 @@ def test_symm_triton_equals_torch_twin_and_never_syncs():
 
 def _moe_with_side_stream(rank, world):
     """torchtitan's MoE (one shared expert) under our dispatcher: the shared experts on a side
-    stream (started right before dispatch's push, whose programs may be capped) give the same
-    output and parameter gradients, bit for bit, as on the main stream."""
+    stream give the same output and parameter gradients, bit for bit, as on the main stream."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
     from torchtitan.models.moe.moe import MoE, MoEArgs
@@ -109,7 +102,7 @@ def _moe_with_side_stream(rank, world):
     x = torch.randn((1, tokens, dim), generator=g, device=device).bfloat16()
     dy = torch.randn((1, tokens, dim), generator=g, device=device).bfloat16()
     results = {}
-    for overlap, programs in ((False, None), (True, None), (True, 16)):
+    for overlap in (False, True):
         args = MoEArgs(num_experts=8, num_shared_experts=1, score_func="sigmoid", route_norm=True, top_k=2,
                        use_grouped_mm=True, load_balance_coeff=None)
         with torch.device("meta"):
@@ -120,7 +113,7 @@ def _moe_with_side_stream(rank, world):
             moe.init_weights(0.02, device)
         moe.bfloat16()
         style = DispatcherExpertParallel(A2AConfig.preset("mxfp8", transport="symm"), tokens,
-                                         overlap_shared_experts=overlap, overlap_push_programs=programs)
+                                         overlap_shared_experts=overlap)
         parallelize_module(moe.experts, mesh, style)
         xi = x.clone().requires_grad_()
         for _ in range(2):  # the second step reuses the cached side stream and buffers
@@ -131,17 +124,15 @@ def _moe_with_side_stream(rank, world):
         torch.cuda.synchronize()
         grads = {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for n, p in moe.named_parameters()
                  if p.grad is not None}
-        results[overlap, programs] = (out.detach(), xi.grad, grads)
-    out0, dx0, g0 = results[False, None]
-    for key in ((True, None), (True, 16)):
-        out1, dx1, g1 = results[key]
-        assert torch.equal(out0, out1), key
-        # x's three gradients (router, shared experts, dispatch) are added in another order when
-        # the shared experts start first: within one bf16 rounding of the largest, not bit for bit.
-        torch.testing.assert_close(dx1, dx0, rtol=0, atol=2**-7 * float(dx0.abs().max()), msg=str(key))
-        assert g0.keys() == g1.keys() and any("shared" in n for n in g0), key
-        for name in g0:
-            assert torch.equal(g0[name], g1[name]), (key, name)
+        results[overlap] = (out.detach(), xi.grad, grads)
+    (out0, dx0, g0), (out1, dx1, g1) = results[False], results[True]
+    assert torch.equal(out0, out1)
+    # x's three gradients (router, shared experts, dispatch) are added in another order when the
+    # shared experts start first: within one bf16 rounding of the largest, not bit for bit.
+    torch.testing.assert_close(dx1, dx0, rtol=0, atol=2**-7 * float(dx0.abs().max()))
+    assert g0.keys() == g1.keys() and any("shared" in n for n in g0)
+    for name in g0:
+        assert torch.equal(g0[name], g1[name]), name
 
 
 @needs_gpus

@@ -78,12 +78,7 @@ def _cases(world: int) -> list[dict]:
     # quantizing (an MXFP8 preset) on both transports.
     striped = [dict(quantized[0], top_k=3, kind="random", transport=t, push_launch=(1, 3), seed=50 + j)
                for j, t in enumerate(("symm", "nccl"))] if world == 2 else []
-    # Dispatch's push capped at 2 programs (TokenDispatcher.Config.overlap_push_programs, with
-    # work started beside it): they stride over all its blocks (capped launch shape: 2 rows per
-    # block), bf16 and MXFP8 legs.
-    capped = [dict(c, top_k=3, kind="random", push_programs=2, seed=60 + j)
-              for j, c in enumerate((symm[0], quantized[1]))] if world == 2 else []
-    return symm + nccl + striped + capped
+    return symm + nccl + striped
 
 
 def _routing(case: dict, rank: int, world: int):
@@ -112,7 +107,7 @@ def _run(case: dict, kernel: str, rank: int, world: int):
     x, scores, ids, counts, grad_out, row_scale = _routing(case, rank, world)
     config = TokenDispatcher.Config(
         num_experts=case["num_experts"], top_k=case["top_k"], score_before_experts=case["score_before_experts"],
-        pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS, overlap_push_programs=case.get("push_programs"),
+        pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
         a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel,
                              transport=case["transport"]),
     )
@@ -121,8 +116,7 @@ def _run(case: dict, kernel: str, rank: int, world: int):
     x = x.clone().requires_grad_(True)
     scores = scores.clone().requires_grad_(True)
     seen = {}
-    beside = (lambda: None) if case.get("push_programs") else None
-    routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts, before_push=beside)
+    routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
     routed.register_hook(lambda g: seen.__setitem__("routed_grad", g))
     valid = int(per_expert.sum())  # rows past the padded experts are never read
     scale = row_scale[: routed.shape[0]]
@@ -147,7 +141,6 @@ def _check(rank, world, cases):
 
     torch.set_num_threads(1)
     default_launch = symm_kernels.PUSH_BLOCK_M, symm_kernels.PUSH_STRIPES
-    symm_kernels.PUSH_LIMITED_SHAPE = (2, 4)
     for case in cases:
         symm_kernels.PUSH_BLOCK_M, symm_kernels.PUSH_STRIPES = case.get("push_launch", default_launch)
         ref = _run(case, "torch", rank, world)
@@ -183,8 +176,6 @@ def test_triton_kernels_equal_torch_twins(world):
         assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
     if world == 2:
         assert {c["transport"] for c in cases if "push_launch" in c} == {"symm", "nccl"}
-        capped = [c for c in cases if c.get("push_programs")]
-        assert {A2AConfig.preset(c["preset"]).any_quantized for c in capped} == {False, True}
     run_forked(world, _check, cases)
 
 
