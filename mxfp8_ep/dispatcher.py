@@ -45,6 +45,10 @@ from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
 from mxfp8_ep.quantize import resolve_kernel
 from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes
 
+# torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU
+# machine's torch 2.11 may have only the old one.
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
 
 def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup) -> str:
     """``auto`` -> ``symm`` on one node with CUDA and >= 2 ranks, ``nccl`` otherwise. An
@@ -521,7 +525,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
     def _routing(self, x_TD, counts_E):  # noqa: N803
         W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple
-        counts_WE = funcol.wait_tensor(funcol.all_gather_tensor(counts_E, 0, self.group)).view(W, E)  # noqa: N806
+        counts_WE = funcol.wait_tensor(_all_gather(counts_E, 0, self.group)).view(W, E)  # noqa: N806
         rows_WW = counts_WE.view(W, W, L).sum(dim=2)  # noqa: N806  [s, d]: rows rank s sends rank d
         # The one device-to-host sync of this transport (torchtitan makes the same one). The
         # copy is queued now; the host waits for it only when the expert rows are first needed,
