@@ -109,16 +109,13 @@ def bench_shape(name: str, args, device, rows_out: list[dict]) -> None:
             x, fn = run(arm)
             grad = grad_cap[: x.shape[0]]
             profile_kernels(f"{name} EP={args.ep} {arm}", lambda: fn().backward(grad), lambda: drop_grads(x))
-    for arm in ARMS:
-        for name_, s in samples[arm].items():
-            rows_out.append({
-                "bench": "expert_rows", "shape": f"{name} EP={args.ep}: {exact} rows, capacity {capacity}",
-                "arm": arm, "pass": name_, "ms": round(statistics.median(s), 3), "rel_err": float(f"{errs[arm]:.3g}"),
-            })
-    for r in rows_out:
-        ref_ms = next(q["ms"] for q in rows_out if q["shape"] == r["shape"] and q["pass"] == r["pass"]
-                      and q["arm"] == "torchtitan")
-        r["vs_torchtitan"] = round(ref_ms / r["ms"], 3)
+    rows = [{"bench": "expert_rows", "shape": f"{name} EP={args.ep}: {exact} rows, capacity {capacity}",
+             "arm": arm, "pass": name_, "ms": round(statistics.median(s), 3), "rel_err": float(f"{errs[arm]:.3g}")}
+            for arm in ARMS for name_, s in samples[arm].items()]
+    ref_ms = {r["pass"]: r["ms"] for r in rows if r["arm"] == "torchtitan"}
+    for r in rows:
+        r["vs_torchtitan"] = round(ref_ms[r["pass"]] / r["ms"], 3)
+    rows_out += rows
 
 
 def profile_kernels(label: str, fn, before, top: int = 12) -> None:

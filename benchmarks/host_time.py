@@ -1,7 +1,7 @@
 """Is the host the bottleneck of a MoE layer? Host time (Python returns) vs GPU time (the work
 done) of one forward+backward, per arm, one process.
 
-    torchrun --nproc_per_node=1 benchmarks/host_time.py [--ep-experts 64]
+    torchrun --nproc_per_node=1 benchmarks/host_time.py [--experts 64]
 
 ``moe(x)`` and ``.backward()`` return on the host while the GPU still runs what they queued; the
 host time is when ``backward`` returns, the GPU time when a sync after it does. If the host took
@@ -30,6 +30,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     MoEShape,
     _build_moe,
     _free_peer_buffers,
+    _pass_fns,
     finish,
     init_process_group,
 )
@@ -38,10 +39,10 @@ ARMS = ("torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8/nccl")
 
 
 def host_and_gpu_ms(moe, x, grad, calls: int = 12, warmup: int = 2) -> tuple[float, float, float]:
+    _, drop_grads = _pass_fns(moe, x, grad)
     fwd, host, gpu = [], [], []
     for i in range(calls):
-        moe.zero_grad(set_to_none=True)
-        x.grad = None
+        drop_grads()
         if x.is_cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()

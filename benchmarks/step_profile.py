@@ -84,11 +84,13 @@ class _Regions:
     """CPU annotations per thread, to find the region a launch happened in."""
 
     def __init__(self, events: list[dict]):
+        # Per thread: (start, stop, category) of each annotation a region rule matches.
         self._by_thread: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
         for e in events:
             if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op"):
-                if any(rule.search(e["name"]) for _, rule in _REGION_RULES):
-                    self._by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+                category = next((c for c, rule in _REGION_RULES if rule.search(e["name"])), None)
+                if category is not None:
+                    self._by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e["dur"], category))
         self._starts = {}
         for key, spans in self._by_thread.items():
             spans.sort()
@@ -103,11 +105,9 @@ class _Regions:
             return None
         # Regions do not interleave within a thread; scan the ones that start before the launch.
         i = bisect.bisect_right(self._starts[key], launch["ts"])
-        for start, stop, name in reversed(spans[:i]):
+        for start, stop, category in reversed(spans[:i]):
             if start <= launch["ts"] <= stop:
-                for category, rule in _REGION_RULES:
-                    if rule.search(name):
-                        return category
+                return category
         return None
 
 
