@@ -9,6 +9,8 @@
    kernels by device time), for each of ``--arms``, and its timeline: the time the GPU is idle
    between kernels, how much of it the host caused (the next kernel was launched after the
    previous one had ended), and the largest gaps with the kernels and host op around them.
+3. ``--leg-arms``: the same timeline over back-to-back dispatch legs alone (``--rows`` x
+   ``--dim``, even routing), per call: every kernel of the leg, routing included.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def kernel_sweep(args, rows_out):
         dispatcher._BUFFERS.clear()
 
 
-def timeline_gaps(trace_file: str, top: int = 12) -> dict:
+def timeline_gaps(trace_file: str, top: int = 12, kernels: int = 14) -> dict:
     """GPU idle time in a chrome trace of torch.profiler: the union of kernel / memcpy / memset
     intervals over all streams against the span from the first to the last; a gap is
     *host-late* when the kernel after it was launched (its runtime call) after the GPU went idle."""
@@ -153,13 +155,54 @@ def timeline_gaps(trace_file: str, top: int = 12) -> dict:
     for e in gpu:
         per_kernel[e["name"][:70]] = per_kernel.get(e["name"][:70], 0.0) + e["dur"]
     return {
-        "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]},
+        "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:kernels]},
         "span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
         "idle_ms": round((span - busy) / 1e3, 3),
         "idle_host_late_ms": round(sum(g["us"] for g in gaps if g["host_late"]) / 1e3, 3),
         "gaps_over_20us": sum(g["us"] > 20 for g in gaps),
         "largest": sorted(gaps, key=lambda g: -g["us"])[:top],
     }
+
+
+def leg_profile(args, arm: str, calls: int = 10):
+    """torch.profiler over ``calls`` back-to-back dispatch legs of ``arm`` (the leg shape of
+    ``--rows`` x ``--dim``, even routing): every kernel's device time per call, and the
+    timeline's idle time, per rank."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.dispatcher import _a2a, _free_peer_buffers, _leg_routing
+    from mxfp8_ep.dispatcher import TokenDispatcher
+
+    rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
+    top_k, experts = 8, 64
+    tokens = args.rows // top_k
+    scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
+    x = torch.randn((tokens, args.dim), device=device, dtype=torch.bfloat16)
+    cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
+    disp = cfg.build(dist.group.WORLD, device)
+    for _ in range(5):
+        disp.dispatch(x, scores, ids, counts)
+    torch.cuda.synchronize()
+    dist.barrier()
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.cpu_ops else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            disp.dispatch(x, scores, ids, counts)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(trace)
+        gaps = timeline_gaps(trace, kernels=40)
+    gaps = {k: ({n: round(ms / calls, 4) for n, ms in v.items()} if k == "top_kernels_ms"
+                else round(v / calls, 4) if k.endswith("_ms") else v) for k, v in gaps.items()}
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, gaps)
+    del disp
+    _free_peer_buffers()
+    return {"arm": arm, "leg": "dispatch fwd", "per_call_per_rank": per_rank}
 
 
 def layer_profile(args, arm: str):
@@ -215,6 +258,7 @@ def main():
     parser.add_argument("--skip-layer", action="store_true")
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--cpu-ops", action="store_true", help="also record host ops (names the op behind each gap)")
+    parser.add_argument("--leg-arms", default="", help="also profile the dispatch leg alone of these arms")
     args = parser.parse_args()
     from benchmarks.dispatcher import init_process_group
 
@@ -227,10 +271,17 @@ def main():
     if not args.skip_kernels:
         kernel_sweep(args, rows)
     profiles = [] if args.skip_layer else [layer_profile(args, arm) for arm in args.arms.split(",")]
+    legs = [leg_profile(args, arm) for arm in args.leg_arms.split(",") if arm]
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"kernels": rows, "layer_profiles": profiles}, f, indent=1)
+                json.dump({"kernels": rows, "layer_profiles": profiles, "leg_profiles": legs}, f, indent=1)
+        for p in legs:
+            print(f"== {p['arm']} {p['leg']}, per call")
+            for rank, t in enumerate(p["per_call_per_rank"]):
+                print(f"rank {rank}:", {k: v for k, v in t.items() if k not in ("largest", "top_kernels_ms")})
+                for name, ms in t.get("top_kernels_ms", {}).items():
+                    print(f"  {ms:>9.4f} ms  {name}")
         for p in profiles:
             print(f"== {p['arm']}")
             print(p["table"])

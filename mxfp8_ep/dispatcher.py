@@ -153,9 +153,10 @@ class NcclTokenDispatcher(TokenDispatcher):
         counts = num_tokens_per_expert_E.to(torch.int64)
         with torch.no_grad():
             counts_recv = funcol.wait_tensor(funcol.all_to_all_single(counts, None, None, self.group))
-            # The one device-to-host sync of this transport (torchtitan makes the same one).
-            input_splits = counts.view(W, L).sum(dim=1).tolist()
-            output_splits = counts_recv.view(W, L).sum(dim=1).tolist()
+            # The one host wait of this transport (torchtitan makes the same one, as two syncs):
+            # NCCL takes the splits on the host. One copy of both, waited for here.
+            splits = torch.stack([counts.view(W, L).sum(dim=1), counts_recv.view(W, L).sum(dim=1)])
+            input_splits, output_splits = _HostCopy(splits).tolist()
             slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
         routed_input = x_TD[slot // cfg.top_k]
         if cfg.score_before_experts:
@@ -580,7 +581,9 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 class _HostCopy:
     """A small device tensor's values on the host: the copy is queued at construction (CUDA:
     into pinned memory, on the current stream, with an event behind it) and ``tolist`` waits
-    for that copy alone, not for the work queued after it."""
+    for that copy alone, not for the work queued after it. The nccl transports' one host wait
+    per layer; ``torch.cuda.set_sync_debug_mode`` does not flag an event wait, so the GPU tests
+    count these waits (tests/test_dispatcher_gpu.py)."""
 
     def __init__(self, value: torch.Tensor):
         if value.is_cuda:

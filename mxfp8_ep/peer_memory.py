@@ -38,7 +38,7 @@ class PeerBuffer:
             self._peers, self._handle = _map_shared_files(self.nbytes, group), None
         else:
             raise RuntimeError(f"peer buffers exist for cuda and cpu devices, not {self.device}")
-        self.ptrs = torch.tensor([p.data_ptr() for p in self._peers], dtype=torch.int64, device=self.device)
+        self.ptrs = _int64_tensor([p.data_ptr() for p in self._peers], self.device)
         self._element_offsets: dict[int, torch.Tensor] = {}
 
     @property
@@ -56,9 +56,7 @@ class PeerBuffer:
             deltas = [p.data_ptr() - local for p in self._peers]
             if any(d % itemsize for d in deltas):
                 raise RuntimeError(f"peer buffers are not {itemsize}-byte aligned relative to each other")
-            self._element_offsets[itemsize] = torch.tensor(
-                [d // itemsize for d in deltas], dtype=torch.int64, device=self.device
-            )
+            self._element_offsets[itemsize] = _int64_tensor([d // itemsize for d in deltas], self.device)
         return self._element_offsets[itemsize]
 
     def barrier(self) -> None:
@@ -68,6 +66,15 @@ class PeerBuffer:
             self._handle.barrier(channel=0)
         else:
             dist.barrier(group=self.group)
+
+
+def _int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` on ``device`` without a host sync: CUDA gets them by an asynchronous copy from
+    pinned memory (a copy from pageable memory would wait for the stream)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _map_symmetric_memory(nbytes: int, group: dist.ProcessGroup, device: torch.device):

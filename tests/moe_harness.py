@@ -40,9 +40,11 @@ once (``preload``): spawning them costs ~10 s of imports per rank on the CI mach
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -100,9 +102,10 @@ def _experts_module(spec: LayerSpec, num_experts: int):
     return cls(dim=spec.dim, hidden_dim=spec.hidden, num_experts=num_experts, use_grouped_mm=False)
 
 
-def build_reference(spec: LayerSpec):
+def build_reference(spec: LayerSpec, device="cpu"):
     """torchtitan's MoE (one shared expert) with every parameter drawn from ``spec.seed``
-    (N(0, 1/fan_in): outputs of order one) in the activation dtype."""
+    (N(0, 1/fan_in): outputs of order one, the same values on every device) in the activation
+    dtype, on ``device``."""
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
     if spec.experts not in EXPERT_KINDS:
@@ -118,7 +121,7 @@ def build_reference(spec: LayerSpec):
     dtype = DTYPES[spec.dtype]
     for _, p in sorted(moe.named_parameters()):
         p.data = (torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5).to(dtype)
-    return moe
+    return moe.to(device)
 
 
 def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
@@ -128,7 +131,7 @@ def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
 
     L = dispatcher.num_local_experts
     ep = copy.deepcopy(reference)
-    local = _experts_module(spec, L)
+    local = _experts_module(spec, L).to(reference.experts.w1.device)
     for name in ("w1", "w2", "w3"):
         full = getattr(reference.experts, name)
         getattr(local, name).data = full.data[rank * L : (rank + 1) * L].clone()
@@ -206,14 +209,45 @@ def crossing_rows(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
     return flat[torch.argsort(flat, stable=True)] // num_local != rank
 
 
-def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None = None):
+@contextlib.contextmanager
+def host_sync_check(waits: list):
+    """CUDA: inside, every synchronizing CUDA operation raises
+    (``torch.cuda.set_sync_debug_mode("error")``), and every explicit host wait, which that mode
+    does not see (``Event`` / ``Stream`` / device ``synchronize``), is appended to ``waits``
+    with the file and line that made it."""
+    import traceback
+
+    def counted(name, original):
+        def wait(*args, **kwargs):
+            caller = traceback.extract_stack(limit=2)[0]
+            waits.append(f"{name} at {caller.filename}:{caller.lineno}")
+            return original(*args, **kwargs)
+
+        return wait
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with contextlib.ExitStack() as stack:
+        for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda, "synchronize")):
+            label = f"{getattr(owner, '__name__', owner)}.{name}"
+            stack.enter_context(mock.patch.object(owner, name, counted(label, getattr(owner, name))))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+
+def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None = None, sync_check: bool = False):
     """``forward(moe, x)`` on ``x`` (T, D), then backward of ``<out, grad_out>``. Returns the
     output, the gradients (``"x"`` and every parameter by name; zeros where none flowed) and
     what hooks saw: the gradient of the router's top scores (``"scores"``, (T, K)), and the
     experts' input gradient / output rows (``"rows_grad"``, ``"rows_out"``, expert-sorted).
     With ``legs`` (a non-EP layer only), the rows that would cross ranks pass the legs.
-    Several layers: ``run_stack``."""
-    seen = {}
+    With ``sync_check`` (CUDA), forward and backward run under ``host_sync_check`` (its host
+    waits in ``"host_waits"``) except the experts' forward: these test experts read their
+    counts on the host (torchtitan's for-loop experts do too; its grouped-GEMM experts and the
+    library's do not). Several layers: ``run_stack``."""
+    seen = {"host_waits": []}
 
     def on_router(module, args, outputs):
         seen["ids"] = outputs[1]
@@ -237,9 +271,13 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     hooks = [moe.router.register_forward_hook(on_router), moe.experts.register_forward_hook(on_experts)]
     if legs is not None:
         hooks += [moe.experts.register_forward_pre_hook(dispatch_legs), moe.experts.register_forward_hook(combine_legs)]
+    if sync_check:
+        hooks += [moe.experts.register_forward_pre_hook(lambda *_: torch.cuda.set_sync_debug_mode(0)),
+                  moe.experts.register_forward_hook(lambda *_: torch.cuda.set_sync_debug_mode("error"))]
     try:
-        out = forward(moe, x.view(1, *x.shape)).view(x.shape)
-        out.backward(grad_out)
+        with host_sync_check(seen["host_waits"]) if sync_check else contextlib.nullcontext():
+            out = forward(moe, x.view(1, *x.shape)).view(x.shape)
+            out.backward(grad_out)
     finally:
         for h in hooks:
             h.remove()
@@ -292,7 +330,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def check_rowwise_is_batch_independent(dtype: torch.dtype, dim: int = 64, hidden: int = 32) -> None:
     """The premise of the exact comparisons: a ``rowwise`` expert gives each row the same
-    output and the same input gradient whether it is computed alone or in a batch."""
+    output and the same input gradient whether it is computed alone or in a batch (on the CPU;
+    CUDA splits the reductions by the batch's shape)."""
     spec = LayerSpec(dim=dim, hidden=hidden, num_experts=2, dtype=next(k for k, v in DTYPES.items() if v == dtype))
     experts = _experts_module(spec, 2)
     g = torch.Generator().manual_seed(5)

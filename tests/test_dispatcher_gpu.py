@@ -2,6 +2,17 @@
 compiled Triton kernels against their torch twins, and no host sync in forward or backward.
 The nccl transport with MXFP8 legs runs the same kernels around NCCL all-to-alls: against its
 twins and against symm.
+
+The CPU suite's fuzz (tests/test_dispatcher.py: torchtitan's MoE layer against the same layer
+under EP, both transports, every preset) runs here too, with more routings (``GPU_EXAMPLES``
+hypothesis routings plus the hand-picked extremes), and the two-layer stale-buffer check on
+real symmetric memory. Each EP layer's forward and backward runs under
+``torch.cuda.set_sync_debug_mode("error")`` (every synchronizing CUDA operation raises), and its
+explicit host waits, which that mode cannot see (``Event`` / ``Stream`` / device
+``synchronize``), are counted: symm makes none; nccl makes exactly one per layer, the event
+wait for the splits that NCCL's all-to-all takes on the host (``dispatcher._HostCopy``). Only
+the test's expert stand-ins (torchtitan's for-loop experts and the row-wise twin) read their
+counts on the host, in their forward, outside the check.
 The CPU suite (tests/test_dispatcher.py, tests/test_symm_kernels.py) runs the same kernels
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
 them and the GPU machine runs them (benchmarks/gpu_evidence.sh)."""
@@ -15,6 +26,7 @@ import torch.distributed as dist
 from tests.distributed import run_on_ranks
 
 WORLD = 2
+GPU_EXAMPLES = 200  # hypothesis routings of the fuzz on WORLD GPUs (CPU: 80 at 2 ranks, 200 over 2-4)
 needs_gpus = pytest.mark.skipif(
     torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher.py"
 )
@@ -180,3 +192,19 @@ def test_fused_nccl_equals_its_twin_and_symm():
     kernels equal the torch twins, and equal the symm transport bit for bit (same kernels, same
     layout; only the exchange differs)."""
     run_on_ranks(WORLD, _check_fused_nccl, backend="nccl")
+
+
+@needs_gpus
+def test_fuzz_against_torchtitan_without_host_sync():
+    from tests.test_dispatcher import _fuzz, extreme_examples, hypothesis_examples
+
+    run_on_ranks(WORLD, _fuzz, hypothesis_examples(WORLD, GPU_EXAMPLES) + extreme_examples(WORLD), backend="nccl")
+
+
+@needs_gpus
+def test_two_layers_sharing_peer_buffers_on_gpus():
+    """The stale-buffer check (tests/test_dispatcher.py) on CUDA symmetric memory, with the
+    planted MinimalAsyncEP bug caught."""
+    from tests.test_dispatcher import _stale_buffers
+
+    run_on_ranks(WORLD, _stale_buffers, backend="nccl")
