@@ -10,8 +10,9 @@ Arms: ``torchtitan`` (its ``ExpertParallel``, bf16: the reference), then our dis
 of 64 experts), even or Zipf routing; torchtitan's whole leg (gather, count exchange,
 all-to-all, permute; and back: unpermute, all-to-all, unsort, reduce) against ours.
 
-Times: median over ``--iters`` iterations (after warm-up) of each rank, then the max over ranks
-(CUDA events). ``peak_gib``: the allocator's peak during the arm plus the arm's peer buffers,
+Arms run round-robin (``--rounds`` rounds, each with its share of the samples), so slow drifts
+of the GPU fall on all arms alike. Times: median over ``--iters`` iterations (after warm-up) of
+each rank, then the max over ranks (CUDA events). ``peak_gib``: the allocator's peak during the arm plus the arm's peer buffers,
 max over ranks. Each arm's outputs (and, for the MoE layer, the input and expert gradients) are
 compared with the torchtitan arm's (``rel_err``).
 """
@@ -54,6 +55,7 @@ SHAPES = {
     "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),
 }
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
+LEGS = ("dispatch", "combine")
 LEG_ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl", "mxfp8_all/nccl"]
 # The link NCCL's exchanges cross (``--link``), as NCCL environment: NVLink (its default on one
 # node), NCCL's shared-memory transport through host memory (~24 GB/s on 2xH200), or its socket
@@ -352,39 +354,52 @@ class _TitanLeg:
 
 
 def bench_legs(args, device, mesh, rows: list[dict]) -> None:
+    """The legs alone, every arm round-robin as in ``time_arms``: each of ``args.rounds`` rounds
+    builds the arms in turn and takes its share of the ``args.iters`` samples of each leg."""
+    import math
+
     from mxfp8_ep.dispatcher import TokenDispatcher
 
     rank, top_k, experts = dist.get_rank(), 8, 64
     tokens = args.leg_rows // top_k
     shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
-    arms = [a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm")]
+    arms = ["torchtitan", *(a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm"))]
+    per_round = max(1, math.ceil(args.iters / args.rounds))
     for routing in args.routings.split(","):
         scores, ids, counts = _leg_routing(tokens, experts, top_k, routing, device, rank)
         x = torch.randn((tokens, args.leg_dim), device=device, dtype=args.dtype)
-        ref = {}
-        for arm in ["torchtitan", *arms]:
-            _free_peer_buffers()
-            _reset_peak(device)
-            if arm == "torchtitan":
-                disp = _TitanLeg(experts, top_k, mesh)
-            else:
-                cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
-                disp = cfg.build(mesh.get_group(), device)
-            routed, per_expert, meta = disp.dispatch(x, scores, ids, counts)
-            out = disp.combine(routed, meta)
-            if arm == "torchtitan":
-                ref = {"combined": out}
-            err = _max_over_ranks(_rel_err(out, ref["combined"]), device)
-            for leg, fn in (("dispatch", lambda: disp.dispatch(x, scores, ids, counts)),
-                            ("combine", lambda: disp.combine(routed, meta))):
-                ms = _median_ms(fn, args.iters, args.warmup, device, group=args.group)
-                ms_synced = _median_ms(fn, args.iters, args.warmup, device)
+        samples = {arm: {leg: ([], []) for leg in LEGS} for arm in arms}
+        errs, peaks, ref = {}, {}, None
+        for round_ in range(args.rounds):
+            for arm in arms:
+                _free_peer_buffers()
+                _reset_peak(device)
+                if arm == "torchtitan":
+                    disp = _TitanLeg(experts, top_k, mesh)
+                else:
+                    cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
+                    disp = cfg.build(mesh.get_group(), device)
+                routed, per_expert, meta = disp.dispatch(x, scores, ids, counts)
+                out = disp.combine(routed, meta)
+                if round_ == 0:
+                    ref = out if arm == "torchtitan" else ref
+                    errs[arm] = _max_over_ranks(_rel_err(out, ref), device)
+                for leg, fn in (("dispatch", lambda: disp.dispatch(x, scores, ids, counts)),
+                                ("combine", lambda: disp.combine(routed, meta))):
+                    steady, synced = samples[arm][leg]
+                    steady += _sample_ms(fn, per_round, args.warmup, device, group=args.group)
+                    synced += _sample_ms(fn, per_round, args.warmup, device)
+                peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device))
+                del disp, routed, per_expert, meta, out, fn
+            ref = None  # round 0 checked every arm; later rounds' peaks must not hold it
+        for arm in arms:
+            for leg in LEGS:
+                steady, synced = samples[arm][leg]
                 rows.append({
                     "bench": "leg", "link": args.link, "shape": f"{shape}, {routing}", "arm": arm, "pass": f"{leg} fwd",
-                    "ms": round(ms, 3), "ms_synced": round(ms_synced, 3), "peak_gib": round(_peak_gib(device), 2),
-                    "rel_err": {"dispatch+combine": float(f"{err:.3g}")},
+                    "ms": round(_worst_median(steady, device), 3), "ms_synced": round(_worst_median(synced, device), 3),
+                    "peak_gib": round(peaks[arm], 2), "rel_err": {"dispatch+combine": float(f"{errs[arm]:.3g}")},
                 })
-            del disp, routed, meta, out
         _speedups(rows, "leg", f"{shape}, {routing}")
 
 
