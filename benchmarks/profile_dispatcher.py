@@ -198,11 +198,58 @@ def leg_profile(args, arm: str, calls: int = 10):
         gaps = timeline_gaps(trace, kernels=40)
     gaps = {k: ({n: round(ms / calls, 4) for n, ms in v.items()} if k == "top_kernels_ms"
                 else round(v / calls, 4) if k.endswith("_ms") else v) for k, v in gaps.items()}
+    gaps.update(_host_ms(disp, lambda: disp.dispatch(x, scores, ids, counts)))
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, gaps)
     del disp
     _free_peer_buffers()
     return {"arm": arm, "leg": "dispatch fwd", "per_call_per_rank": per_rank}
+
+
+def _host_ms(disp, call, samples: int = 20) -> dict:
+    """Host time of one call while the GPU is busy with other work (so the host never waits
+    for it), median ms: until the push kernel's launch, in all, and inside the routing table
+    ops. The GPU starts a leg's bulk work only after the host has queued everything before the
+    push."""
+    import time
+
+    from mxfp8_ep import routing, symm_kernels
+
+    marks: dict[str, float] = {}
+
+    def marked(name, fn):
+        def wrapper(*args, **kwargs):
+            marks.setdefault(f"{name}_start", time.perf_counter())
+            out = fn(*args, **kwargs)
+            marks.setdefault(f"{name}_end", time.perf_counter())
+            return out
+        return wrapper
+
+    patched = [(symm_kernels, "push_rows"), (routing, "routing_tables"), (symm_kernels, "expert_row_routing"),
+               (symm_kernels, "sorted_row_routing")]
+    originals = [getattr(m, n) for m, n in patched]
+    times: dict[str, list[float]] = {}
+    for (module, name), fn in zip(patched, originals):
+        setattr(module, name, marked(name, fn))
+    try:
+        for _ in range(samples):
+            dist.barrier()
+            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU work ahead of the call
+            marks.clear()
+            t0 = time.perf_counter()
+            call()
+            t1 = time.perf_counter()
+            seen = {"host_to_push_ms": marks.get("push_rows_start", t1) - t0, "host_total_ms": t1 - t0}
+            for _, name in patched[1:]:
+                if f"{name}_start" in marks:
+                    seen[f"host_{name}_ms"] = marks[f"{name}_end"] - marks[f"{name}_start"]
+            for key, value in seen.items():
+                times.setdefault(key, []).append(value * 1e3)
+            torch.cuda.synchronize()
+    finally:
+        for (module, name), fn in zip(patched, originals):
+            setattr(module, name, fn)
+    return {key: round(statistics.median(v), 4) for key, v in times.items()}
 
 
 def layer_profile(args, arm: str):

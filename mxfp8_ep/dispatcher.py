@@ -455,19 +455,18 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         # Every rank's token count travels with its expert counts, so that a rank with more
         # tokens than the buffers hold fails on every rank instead of leaving its peers waiting
         # in the next barrier: it raises here, after the count exchange; they assert on the device.
-        mine = torch.cat([counts_E, counts_E.new_full((1,), x_TD.shape[0])])
         kernels = self.kernels(x_TD.device)
-        kernels.push_counts(mine, bufs.counts, self.rank)
+        kernels.push_counts(counts_E, x_TD.shape[0], bufs.counts, self.rank)
         bufs.counts.barrier()
         table = bufs.counts.local[: W * (E + 1) * 8].view(torch.int64).view(W, E + 1)
         message = (f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per rank); "
                    f"raise TokenDispatcher.Config.max_tokens_per_rank")
         if x_TD.shape[0] > bufs.max_tokens:
             raise ValueError(f"{message} (rank {self.rank} got {x_TD.shape[0]})")
-        _assert_on_device((table[:, E] <= bufs.max_tokens).all(), message)
-        # A copy: the count buffer is rewritten by the next dispatch.
-        counts_WE = table[:, :E].clone()  # noqa: N806
-        tables = routing.routing_tables(counts_WE, self.rank, self.config.pad_multiple)
+        # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
+        # only after this leg's staging barrier, which this rank reaches after these reads.
+        tables, within = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens)
+        _assert_on_device(within, message)
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
-from mxfp8_ep.symm_reference import push_only_index, staging_views
+from mxfp8_ep.symm_reference import push_only_index, staging_views, unpack_routing_tables
 from mxfp8_ep.triton_kernels import (
     _dequantize_groups,
     _load_fp32,
@@ -56,12 +56,62 @@ ROUTING_BLOCK = 1024
 
 
 @triton.jit
-def _push_counts_kernel(counts_ptr, peer_ptrs, rank, NUM: tl.constexpr, BLOCK: tl.constexpr):
+def _push_counts_kernel(counts_ptr, peer_ptrs, rank, tokens, NUM: tl.constexpr, BLOCK: tl.constexpr):
     peer = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
-    mask = offs < NUM
     base = tl.load(peer_ptrs + peer).to(tl.pointer_type(tl.int64))
-    tl.store(base + rank * NUM + offs, tl.load(counts_ptr + offs, mask=mask), mask=mask)
+    row = tl.load(counts_ptr + offs, mask=offs < NUM, other=0)
+    row = tl.where(offs == NUM, tokens, row)
+    tl.store(base + rank * (NUM + 1) + offs, row, mask=offs <= NUM)
+
+
+@triton.jit
+def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
+                           W: tl.constexpr, L: tl.constexpr, WP: tl.constexpr, LP: tl.constexpr):
+    """One program: ``routing.routing_tables`` of the ``(W, E + 1)`` count table (every rank's
+    counts per expert, then its token count), packed into ``out`` in ``RoutingTables`` field
+    order, then the flag ``every rank's tokens <= max_tokens``."""
+    E: tl.constexpr = W * L
+    S: tl.constexpr = (W + 1) * L
+    s3 = tl.arange(0, WP)[:, None, None]
+    d3 = tl.arange(0, WP)[None, :, None]
+    l3 = tl.arange(0, LP)[None, None, :]
+    c = tl.load(table_ptr + s3 * (E + 1) + d3 * L + l3, mask=(s3 < W) & (d3 < W) & (l3 < L), other=0)  # [s, d, l]
+    d2 = tl.arange(0, WP)[:, None]  # rows of [d, l] and of [s, l]
+    l2 = tl.arange(0, LP)[None, :]
+    ok2 = (d2 < W) & (l2 < L)
+    total = tl.sum(c, axis=0)  # [d, l]: rows every source sends expert d*L + l
+    m_size = tl.where(ok2, (tl.maximum(total, align) + align - 1) // align * align, 0)
+    dst_base = tl.cumsum(m_size, axis=1) - m_size + tl.sum(tl.where(s3 < rank, c, 0), axis=0)
+    tl.store(out_ptr + d2 * L + l2, dst_base, mask=ok2)
+    mine_row = tl.sum(tl.where(s3 == rank, c, 0), axis=0)  # [d, l]: this rank's counts
+    before_d = tl.cumsum(tl.sum(mine_row, axis=1), axis=0) - tl.sum(mine_row, axis=1)
+    first_row = before_d[:, None] + tl.cumsum(mine_row, axis=1) - mine_row
+    tl.store(out_ptr + E + d2 * L + l2, first_row, mask=ok2)
+    # This rank's segments: per local expert l, the W sources' rows, then its padding.
+    mine = tl.sum(tl.where(d3 == rank, c, 0), axis=1)  # [s, l]: rows source s sends local expert l
+    m_rank = tl.sum(tl.where(d2 == rank, m_size, 0), axis=0)  # [l]
+    pad = m_rank - tl.sum(mine, axis=0)
+    start = tl.cumsum(m_rank, axis=0) - m_rank
+    s2 = d2
+    seg = l2 * (W + 1) + s2
+    lp = tl.arange(0, LP)
+    pad_seg = lp * (W + 1) + W
+    l_ok = lp < L
+    tl.store(out_ptr + 2 * E + seg, mine, mask=ok2)
+    tl.store(out_ptr + 2 * E + pad_seg, pad, mask=l_ok)
+    tl.store(out_ptr + 2 * E + S + seg, start[None, :] + tl.cumsum(mine, axis=0), mask=ok2)
+    tl.store(out_ptr + 2 * E + S + pad_seg, start + m_rank, mask=l_ok)
+    # Each source's first sorted row bound for (this rank, l): its rows for the experts before.
+    before = tl.sum(tl.sum(tl.where(d3 < rank, c, 0), axis=2), axis=1)  # [s]
+    origin = before[:, None] + tl.cumsum(mine, axis=1) - mine
+    tl.store(out_ptr + 2 * E + 2 * S + seg, origin, mask=ok2)
+    tl.store(out_ptr + 2 * E + 2 * S + pad_seg, tl.zeros_like(pad), mask=l_ok)
+    tl.store(out_ptr + 2 * E + 3 * S + lp, m_rank, mask=l_ok)
+    s1 = tl.arange(0, WP)
+    tokens = tl.load(table_ptr + s1 * (E + 1) + E, mask=s1 < W, other=0)
+    within = tl.sum(((tokens <= max_tokens) & (s1 < W)).to(tl.int64), axis=0) == W
+    tl.store(out_ptr + 2 * E + 3 * S + L, within.to(tl.int64))
 
 
 # Tiles are [rows, BLOCK_D // 32, 32]: one MXFP8 block per innermost row, so quantizing and
@@ -327,9 +377,19 @@ def _stage(buf, staging_rows, dim, dtype, fmt):
     return _bits(staging_views(buf, staging_rows, dim, dtype, fmt)[0])
 
 
-def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
+def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int) -> None:
     num = counts.numel()
-    _push_counts_kernel[(buf.world_size,)](counts, buf.ptrs, rank, NUM=num, BLOCK=triton.next_power_of_2(num))
+    _push_counts_kernel[(buf.world_size,)](counts, buf.ptrs, rank, tokens, NUM=num, BLOCK=triton.next_power_of_2(num + 1))
+
+
+def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
+    W, E = table.shape[0], table.shape[1] - 1
+    L = E // W
+    packed = torch.empty(2 * E + 3 * (W + 1) * L + L + 1, dtype=torch.int64, device=table.device)
+    _routing_tables_kernel[(1,)](
+        table, packed, rank, align, max_tokens, W=W, L=L, WP=triton.next_power_of_2(W), LP=triton.next_power_of_2(L),
+    )
+    return unpack_routing_tables(packed, W, L)
 
 
 def push_rows(

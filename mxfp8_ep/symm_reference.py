@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from mxfp8_ep import routing
 from mxfp8_ep.config import LEG_FORMATS
 from mxfp8_ep.format import MXFP8Tensor, dequantize_reference, quantize_reference
 from mxfp8_ep.wire_stats import row_bytes
@@ -79,11 +80,31 @@ def _only(dst_rank: torch.Tensor, rank: int, only: str) -> torch.Tensor:
     return torch.where(keep, dst_rank, -1)
 
 
-def push_counts(counts: torch.Tensor, buf, rank: int) -> None:
-    """Row ``rank`` of every rank's ``(W, E)`` int64 count buffer = this rank's counts."""
-    num = counts.numel()
+def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int) -> None:
+    """Row ``rank`` of every rank's ``(W, E + 1)`` int64 count table = this rank's ``E``
+    counts, then its token count."""
+    num = counts.numel() + 1
+    row = torch.cat([counts, counts.new_full((1,), tokens)])
     for peer in range(buf.world_size):
-        buf.peer(peer)[: buf.world_size * num * 8].view(torch.int64).view(buf.world_size, num)[rank] = counts
+        buf.peer(peer)[: buf.world_size * num * 8].view(torch.int64).view(buf.world_size, num)[rank] = row
+
+
+def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
+    """From the ``(W, E + 1)`` count table (every rank's counts per expert, then its token
+    count): ``routing.routing_tables`` of the counts (computed before the table is rewritten)
+    and a bool tensor, every rank's token count ``<= max_tokens``."""
+    E = table.shape[1] - 1
+    tables = routing.routing_tables(table[:, :E].clone(), rank, align)
+    return tables, (table[:, E] <= max_tokens).all()
+
+
+def unpack_routing_tables(packed: torch.Tensor, W: int, L: int):  # noqa: N803
+    """The Triton ``routing_tables``' one int64 output: ``RoutingTables`` fields in order
+    (views), then the token-count flag (nonzero: within)."""
+    E, S = W * L, (W + 1) * L
+    sizes = (E, E, S, S, S, L, 1)
+    *fields, ok = torch.split(packed, sizes)
+    return routing.RoutingTables(*fields), ok.view(())
 
 
 def push_rows(

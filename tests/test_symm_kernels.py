@@ -208,3 +208,35 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
     for kernels in (symm_kernels, symm_reference):
         with pytest.raises(ValueError, match="only="):
             kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", only="stay")
+
+
+def test_routing_tables_kernel_equals_its_twin():
+    """The one-program ``routing_tables`` kernel against the twin (``routing.routing_tables`` of
+    the counts, and the token-count flag) on count tables of every shape the symm transport
+    takes (W ranks up to 8, local experts up to 32, non-powers of two), with empty experts,
+    empty ranks, all rows to one rank, and a rank over the token limit."""
+    from dataclasses import fields
+
+    from mxfp8_ep import symm_kernels, symm_reference
+
+    g = torch.Generator().manual_seed(11)
+    checked = 0
+    for W, L, align in ((1, 3, 8), (2, 1, 1), (2, 5, 8), (3, 2, 4), (4, 3, 1), (8, 32, 8), (3, 7, 8)):
+        E = W * L
+        for kind in ("random", "sparse", "one rank", "over"):
+            counts = torch.randint(0, 9, (W, E), generator=g)
+            if kind == "sparse":
+                counts *= torch.rand((W, E), generator=g) < 0.3
+            elif kind == "one rank":
+                counts[:, L:] = 0
+            tokens = counts.sum(dim=1, keepdim=True) + 1
+            max_tokens = int(tokens.max()) - (kind == "over")
+            table = torch.cat([counts, tokens], dim=1).contiguous()
+            for rank in range(W):
+                want, want_ok = symm_reference.routing_tables(table, rank, align, max_tokens)
+                got, got_ok = symm_kernels.routing_tables(table, rank, align, max_tokens)
+                for f in fields(want):
+                    assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (W, L, align, kind, rank, f.name)
+                assert bool(got_ok) == bool(want_ok) == (kind != "over"), (W, L, kind)
+                checked += 1
+    assert checked == 4 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))

@@ -59,6 +59,13 @@ SYMM = {
     "expert_rows": (sk._expert_rows_kernel, {"seg_end_ptr": "*i64", "seg_len_ptr": "*i64", "seg_origin_ptr": "*i64",
                                              "source_ptr": "*i64", "return_rank_ptr": "*i64", "return_row_ptr": "*i64",
                                              "R": "i32", "rank": "i32"}, dict(W=2, NUM_SEG=384, STEPS=9, BLOCK=1024)),
+    # The DeepSeek-V3-like count tables at EP 2 and 8, and a world of 3 (no powers of two).
+    **{f"routing_tables_w{w}": (sk._routing_tables_kernel, {"table_ptr": "*i64", "out_ptr": "*i64", "rank": "i32",
+                                                           "align": "i32", "max_tokens": "i32"},
+                                dict(W=w, L=256 // w if w != 3 else 5, WP=4 if w == 3 else w,
+                                     LP=8 if w == 3 else 256 // w)) for w in (2, 3, 8)},
+    "push_counts": (sk._push_counts_kernel, {"counts_ptr": "*i64", "peer_ptrs": "*i64", "rank": "i32", "tokens": "i32"},
+                    dict(NUM=256, BLOCK=512)),
     "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=ge._BLOCK_M, BLOCK_N=512)),
 }
 CASES = {
