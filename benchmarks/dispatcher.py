@@ -55,7 +55,6 @@ SHAPES = {
     "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),
 }
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
-LEGS = ("dispatch", "combine")
 LEG_ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl", "mxfp8_all/nccl"]
 # The link NCCL's exchanges cross (``--link``), as NCCL environment: NVLink (its default on one
 # node), NCCL's shared-memory transport through host memory (~24 GB/s on 2xH200), or its socket
@@ -204,9 +203,6 @@ def check_step(moe, x, grad, expert_w1, ref: dict | None, device):
     return xi, result, errs
 
 
-PASSES = ("fwd", "fwd+bwd")
-
-
 def _pass_fns(moe, xi, grad):
     def fwd():
         moe(xi)
@@ -223,44 +219,58 @@ def _pass_fns(moe, xi, grad):
     return {"fwd": fwd, "fwd+bwd": fwd_bwd}, drop_grads
 
 
-def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
-    """Every MoE arm, timed round-robin: each of ``args.rounds`` rounds builds the arms in turn
-    and takes its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
-    long GEMM load, temperature) fall on all arms alike instead of on the later ones. The first
-    arm is the reference of the one-step correctness check (round 0).
+def round_robin(arms, time_arm, args, device) -> dict[str, dict]:
+    """Time every arm round-robin: each of ``args.rounds`` rounds runs the arms in turn, each
+    taking its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
+    long GEMM load, temperature) fall on all arms alike instead of on the later ones.
+    ``time_arm(arm, first_round, iters)`` builds the arm and returns ``{pass: (steady samples,
+    synced samples)}``; whatever it built is gone when it returns, before the next arm's peak.
 
-    Returns per arm: ``errs`` (relative errors vs the first arm), ``peak_gib`` and
-    ``ms[pass] = (steady-state ms, synced ms)``, each a median over all rounds' samples, max
-    over ranks."""
+    Returns per arm: ``peak_gib`` and ``ms[pass] = (steady-state ms, synced ms)``, each a median
+    over all rounds' samples, max over ranks."""
     import math
 
     per_round = max(1, math.ceil(args.iters / args.rounds))
-    samples = {arm: {p: ([], []) for p in PASSES} for arm in arms}
-    errs, peaks, ref = {}, {}, None
+    samples: dict[str, dict] = {arm: {} for arm in arms}
+    peaks: dict[str, float] = {}
     for round_ in range(args.rounds):
         for arm in arms:
             _free_peer_buffers()
             _reset_peak(device)
-            moe = build(arm)
-            if round_ == 0:
-                xi, result, errs[arm] = check_step(moe, x, grad, expert_w1, ref, device)
-                ref = ref or result
-                del result
-            else:
-                xi = x.clone().requires_grad_()
-            fns, drop_grads = _pass_fns(moe, xi, grad)
-            for name, fn in fns.items():
-                steady, synced = samples[arm][name]
-                steady += _sample_ms(fn, per_round, args.warmup, device, before=drop_grads, group=args.group)
-                synced += _sample_ms(fn, per_round, args.warmup, device, before=drop_grads)
+            for name, (steady, synced) in time_arm(arm, round_ == 0, per_round).items():
+                kept = samples[arm].setdefault(name, ([], []))
+                kept[0].extend(steady)
+                kept[1].extend(synced)
             peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device))
-            # Nothing may keep this arm's model alive into the next arm's peak.
-            del moe, xi, fns, drop_grads, fn
     return {
-        arm: {"errs": errs[arm], "peak_gib": peaks[arm],
+        arm: {"peak_gib": peaks[arm],
               "ms": {p: (_worst_median(s[0], device), _worst_median(s[1], device)) for p, s in samples[arm].items()}}
         for arm in arms
     }
+
+
+def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
+    """Every MoE arm, timed ``round_robin``. The first arm is the reference of the one-step
+    correctness check (first round). Returns ``round_robin``'s result plus ``errs`` per arm
+    (relative errors vs the first arm)."""
+    errs, ref = {}, {}
+
+    def time_arm(arm, first_round, iters):
+        moe = build(arm)
+        if first_round:
+            xi, result, errs[arm] = check_step(moe, x, grad, expert_w1, ref.get("result"), device)
+            ref.setdefault("result", result)
+        else:
+            xi = x.clone().requires_grad_()
+        fns, drop_grads = _pass_fns(moe, xi, grad)
+        return {name: (_sample_ms(fn, iters, args.warmup, device, before=drop_grads, group=args.group),
+                       _sample_ms(fn, iters, args.warmup, device, before=drop_grads))
+                for name, fn in fns.items()}
+
+    results = round_robin(arms, time_arm, args, device)
+    for arm in arms:
+        results[arm]["errs"] = errs[arm]
+    return results
 
 
 def _a2a(arm: str):
@@ -354,51 +364,41 @@ class _TitanLeg:
 
 
 def bench_legs(args, device, mesh, rows: list[dict]) -> None:
-    """The legs alone, every arm round-robin as in ``time_arms``: each of ``args.rounds`` rounds
-    builds the arms in turn and takes its share of the ``args.iters`` samples of each leg."""
-    import math
-
+    """The legs alone, every arm timed ``round_robin``; each arm's dispatch + combine checked
+    against torchtitan's in the first round."""
     from mxfp8_ep.dispatcher import TokenDispatcher
 
     rank, top_k, experts = dist.get_rank(), 8, 64
     tokens = args.leg_rows // top_k
     shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
     arms = ["torchtitan", *(a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm"))]
-    per_round = max(1, math.ceil(args.iters / args.rounds))
     for routing in args.routings.split(","):
         scores, ids, counts = _leg_routing(tokens, experts, top_k, routing, device, rank)
         x = torch.randn((tokens, args.leg_dim), device=device, dtype=args.dtype)
-        samples = {arm: {leg: ([], []) for leg in LEGS} for arm in arms}
-        errs, peaks, ref = {}, {}, None
-        for round_ in range(args.rounds):
-            for arm in arms:
-                _free_peer_buffers()
-                _reset_peak(device)
-                if arm == "torchtitan":
-                    disp = _TitanLeg(experts, top_k, mesh)
-                else:
-                    cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
-                    disp = cfg.build(mesh.get_group(), device)
-                routed, per_expert, meta = disp.dispatch(x, scores, ids, counts)
+        errs, ref = {}, {}
+
+        def time_arm(arm, first_round, iters):
+            if arm == "torchtitan":
+                disp = _TitanLeg(experts, top_k, mesh)
+            else:
+                cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
+                disp = cfg.build(mesh.get_group(), device)
+            routed, _, meta = disp.dispatch(x, scores, ids, counts)
+            if first_round:
                 out = disp.combine(routed, meta)
-                if round_ == 0:
-                    ref = out if arm == "torchtitan" else ref
-                    errs[arm] = _max_over_ranks(_rel_err(out, ref), device)
-                for leg, fn in (("dispatch", lambda: disp.dispatch(x, scores, ids, counts)),
-                                ("combine", lambda: disp.combine(routed, meta))):
-                    steady, synced = samples[arm][leg]
-                    steady += _sample_ms(fn, per_round, args.warmup, device, group=args.group)
-                    synced += _sample_ms(fn, per_round, args.warmup, device)
-                peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device))
-                del disp, routed, per_expert, meta, out, fn
-            ref = None  # round 0 checked every arm; later rounds' peaks must not hold it
+                errs[arm] = _max_over_ranks(_rel_err(out, ref.setdefault("out", out)), device)
+            fns = {"dispatch": lambda: disp.dispatch(x, scores, ids, counts), "combine": lambda: disp.combine(routed, meta)}
+            return {leg: (_sample_ms(fn, iters, args.warmup, device, group=args.group),
+                          _sample_ms(fn, iters, args.warmup, device)) for leg, fn in fns.items()}
+
+        results = round_robin(arms, time_arm, args, device)
+        ref.clear()
         for arm in arms:
-            for leg in LEGS:
-                steady, synced = samples[arm][leg]
+            for leg, (ms, ms_synced) in results[arm]["ms"].items():
                 rows.append({
                     "bench": "leg", "link": args.link, "shape": f"{shape}, {routing}", "arm": arm, "pass": f"{leg} fwd",
-                    "ms": round(_worst_median(steady, device), 3), "ms_synced": round(_worst_median(synced, device), 3),
-                    "peak_gib": round(peaks[arm], 2), "rel_err": {"dispatch+combine": float(f"{errs[arm]:.3g}")},
+                    "ms": round(ms, 3), "ms_synced": round(ms_synced, 3), "peak_gib": round(results[arm]["peak_gib"], 2),
+                    "rel_err": {"dispatch+combine": float(f"{errs[arm]:.3g}")},
                 })
         _speedups(rows, "leg", f"{shape}, {routing}")
 
