@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
-from mxfp8_ep.symm_reference import push_only_index, staging_views, unpack_routing_tables
+from mxfp8_ep.routing import RoutingTables
+from mxfp8_ep.symm_reference import push_only_index, staging_views
 from mxfp8_ep.triton_kernels import (
     _dequantize_groups,
     _load_fp32,
@@ -389,7 +390,10 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
     _routing_tables_kernel[(1,)](
         table, packed, rank, align, max_tokens, W=W, L=L, WP=triton.next_power_of_2(W), LP=triton.next_power_of_2(L),
     )
-    return unpack_routing_tables(packed, W, L)
+    # One int64 output: the RoutingTables fields in order (views), then the token-count flag
+    # (nonzero: every rank within max_tokens).
+    *fields, within = torch.split(packed, (E, E, (W + 1) * L, (W + 1) * L, (W + 1) * L, L, 1))
+    return RoutingTables(*fields), within.view(())
 
 
 def push_rows(

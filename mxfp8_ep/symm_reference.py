@@ -98,15 +98,6 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
     return tables, (table[:, E] <= max_tokens).all()
 
 
-def unpack_routing_tables(packed: torch.Tensor, W: int, L: int):  # noqa: N803
-    """The Triton ``routing_tables``' one int64 output: ``RoutingTables`` fields in order
-    (views), then the token-count flag (nonzero: within)."""
-    E, S = W * L, (W + 1) * L
-    sizes = (E, E, S, S, S, L, 1)
-    *fields, ok = torch.split(packed, sizes)
-    return routing.RoutingTables(*fields), ok.view(())
-
-
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
     slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
