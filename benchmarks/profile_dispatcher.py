@@ -198,7 +198,7 @@ def leg_profile(args, arm: str, calls: int = 10):
         gaps = timeline_gaps(trace, kernels=40)
     gaps = {k: ({n: round(ms / calls, 4) for n, ms in v.items()} if k == "top_kernels_ms"
                 else round(v / calls, 4) if k.endswith("_ms") else v) for k, v in gaps.items()}
-    gaps.update(_host_ms(disp, lambda: disp.dispatch(x, scores, ids, counts)))
+    gaps.update(_host_ms(lambda: disp.dispatch(x, scores, ids, counts)))
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, gaps)
     del disp
@@ -206,14 +206,14 @@ def leg_profile(args, arm: str, calls: int = 10):
     return {"arm": arm, "leg": "dispatch fwd", "per_call_per_rank": per_rank}
 
 
-def _host_ms(disp, call, samples: int = 20) -> dict:
+def _host_ms(call, samples: int = 20) -> dict:
     """Host time of one call while the GPU is busy with other work (so the host never waits
-    for it), median ms: until the push kernel's launch, in all, and inside the routing table
-    ops. The GPU starts a leg's bulk work only after the host has queued everything before the
+    for it), median ms: until the push kernel's launch, in all, and inside each routing
+    kernel's wrapper (launch included). The GPU starts a leg's bulk work only after the host has queued everything before the
     push."""
     import time
 
-    from mxfp8_ep import routing, symm_kernels
+    from mxfp8_ep import symm_kernels
 
     marks: dict[str, float] = {}
 
@@ -225,8 +225,7 @@ def _host_ms(disp, call, samples: int = 20) -> dict:
             return out
         return wrapper
 
-    patched = [(symm_kernels, "push_rows"), (routing, "routing_tables"), (symm_kernels, "expert_row_routing"),
-               (symm_kernels, "sorted_row_routing")]
+    patched = [(symm_kernels, name) for name in ("push_rows", "routing_tables", "expert_row_routing", "sorted_row_routing")]
     originals = [getattr(m, n) for m, n in patched]
     times: dict[str, list[float]] = {}
     for (module, name), fn in zip(patched, originals):

@@ -217,8 +217,8 @@ def _inputs(ex: Example, rank: int, device):
     elif ex.routing == "bias":
         bias = torch.tensor(ex.bias)
     else:
-        return x.to(device), grad_out.to(device), None
-    return x.to(device), grad_out.to(device), bias.to(device)
+        bias = None
+    return x.to(device), grad_out.to(device), None if bias is None else bias.to(device)
 
 
 def _rows_between_ranks(ids: torch.Tensor, rank: int, world: int, local: int) -> torch.Tensor:
