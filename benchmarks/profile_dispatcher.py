@@ -8,7 +8,9 @@
 2. A torch.profiler table of one forward+backward of the DeepSeek-V3-like MoE layer (top
    kernels by device time), for each of ``--arms``, and its timeline: the time the GPU is idle
    between kernels, how much of it the host caused (the next kernel was launched after the
-   previous one had ended), and the largest gaps with the kernels and host op around them.
+   previous one had ended), the largest gaps with the kernels and host op around them, and
+   every GEMM call in order (kernel, stream, grid, time, work beside it on other streams), to
+   compare the same GEMM across arms.
 3. ``--leg-arms``: the same timeline over back-to-back dispatch legs alone (``--rows`` x
    ``--dim``, even routing), per call: every kernel of the leg, routing included.
 """
@@ -154,7 +156,21 @@ def timeline_gaps(trace_file: str, top: int = 12, kernels: int = 14) -> dict:
     per_kernel: dict[str, float] = {}
     for e in gpu:
         per_kernel[e["name"][:70]] = per_kernel.get(e["name"][:70], 0.0) + e["dur"]
+    # Every matrix-multiply kernel in launch order (name index, stream, grid, us): compares the
+    # same GEMM call across arms.
+    gemm_names: list[str] = []
+    gemm_calls = []
+    for e in gpu:
+        if any(k in e["name"] for k in ("cutlass", "nvjet", "xmma", "gemv", "gemm")):
+            if e["name"] not in gemm_names:
+                gemm_names.append(e["name"])
+            args = e.get("args", {})
+            # Work on other streams (or peer copies) that overlaps this GEMM.
+            beside = sorted({o["name"][:40] for o in gpu if o is not e and o["ts"] < e["ts"] + e["dur"]
+                             and o["ts"] + o["dur"] > e["ts"]})
+            gemm_calls.append([gemm_names.index(e["name"]), args.get("stream"), args.get("grid"), round(e["dur"], 1), beside])
     return {
+        "gemm_names": gemm_names, "gemm_calls": gemm_calls,
         "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:kernels]},
         "span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
         "idle_ms": round((span - busy) / 1e3, 3),
@@ -325,16 +341,17 @@ def main():
         for p in legs:
             print(f"== {p['arm']} {p['leg']}, per call")
             for rank, t in enumerate(p["per_call_per_rank"]):
-                print(f"rank {rank}:", {k: v for k, v in t.items() if k not in ("largest", "top_kernels_ms")})
+                print(f"rank {rank}:", {k: v for k, v in t.items() if k not in ("largest", "top_kernels_ms", "gemm_names", "gemm_calls")})
                 for name, ms in t.get("top_kernels_ms", {}).items():
                     print(f"  {ms:>9.4f} ms  {name}")
         for p in profiles:
             print(f"== {p['arm']}")
             print(p["table"])
             for rank, t in enumerate(p["timeline_2_iterations_per_rank"]):
-                print(f"rank {rank}:", {k: v for k, v in t.items() if k not in ("largest", "top_kernels_ms")})
+                print(f"rank {rank}:", {k: v for k, v in t.items() if k not in ("largest", "top_kernels_ms", "gemm_names", "gemm_calls")})
                 for name, ms in t.get("top_kernels_ms", {}).items():
                     print(f"  {ms:>9.3f} ms  {name}")
+                print("  gemm calls (name, stream, grid, us):", t.get("gemm_calls"))
                 for g in t.get("largest", [])[:6]:
                     print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
         print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'stripes':>7} {'stages':>6} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")

@@ -1,0 +1,178 @@
+"""SM clock, power and energy of each MoE-layer arm under a sustained load, on the GPU machine:
+
+    torchrun --nproc_per_node=2 benchmarks/layer_power.py --json layer_power.json
+
+Each arm (``benchmarks/dispatcher.py``'s arms and ``MoE`` layer, same weights and inputs) runs
+``--iters`` forward+backward passes back to back, as training does, after a ``--cooldown``
+pause; arms alternate over ``--rounds`` rounds. Rank 0 samples every GPU with ``nvidia-smi``
+(``--sample-ms``). Per arm and GPU: ms per pass (CUDA events, that rank's), mean SM clock and
+power over the samples inside the passes, the share of samples with the software power cap
+active, and the energy per pass (mean power x ms; nvidia-smi's power.draw is itself an average
+over up to a second).
+
+Why: an H200 running these layers sits at its power cap, so a layer's time also follows its
+energy: a schedule with fewer low-power phases (waits on the wire) runs its GEMMs at lower
+clocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# Run as a script (torchrun benchmarks/layer_power.py): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.dispatcher import ARMS, SHAPES, _build_moe, _free_peer_buffers, finish, init_process_group  # noqa: E402
+
+POWER_CAP_BIT = 0x4  # nvmlClocksThrottleReasonSwPowerCap in clocks_throttle_reasons.active
+QUERY = "index,clocks.sm,power.draw,clocks_throttle_reasons.active"
+
+
+@dataclass
+class Sampler:
+    """``nvidia-smi`` sampling every GPU in the background: (host time, gpu, MHz, W, cap bit)."""
+
+    period_ms: int
+    samples: list[tuple[float, int, float, float, bool]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                                       "-lms", str(self.period_ms)], stdout=subprocess.PIPE, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            sample = parse_sample(line)
+            if sample is not None:
+                self.samples.append((time.time(), *sample))
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._thread.join(timeout=5)
+
+
+def parse_sample(line: str) -> tuple[int, float, float, bool] | None:
+    """One ``nvidia-smi`` line of ``QUERY`` -> (gpu, SM MHz, W, power cap active); None when a
+    field is not a number (e.g. ``[N/A]``)."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 4:
+        return None
+    try:
+        return int(parts[0]), float(parts[1]), float(parts[2]), bool(int(parts[3], 16) & POWER_CAP_BIT)
+    except ValueError:
+        return None
+
+
+def phase_stats(samples, gpu: int, start: float, end: float, skip_s: float) -> dict:
+    """Mean clock and power, and the power-capped share, of ``gpu``'s samples in
+    ``[start + skip_s, end]`` (the first ``skip_s`` seconds ramp up from the cool-down)."""
+    inside = [s for s in samples if s[1] == gpu and start + skip_s <= s[0] <= end]
+    if not inside:
+        return {"samples": 0, "sm_mhz": None, "power_w": None, "power_capped": None}
+    return {
+        "samples": len(inside),
+        "sm_mhz": round(statistics.mean(s[2] for s in inside)),
+        "power_w": round(statistics.mean(s[3] for s in inside)),
+        "power_capped": round(sum(s[4] for s in inside) / len(inside), 2),
+    }
+
+
+def _step(moe, xi, grad) -> None:
+    """One forward+backward writing fresh gradients (as dispatcher.py's timed passes)."""
+    moe.zero_grad(set_to_none=True)
+    xi.grad = None
+    moe(xi).backward(grad)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="dsv3", choices=sorted(SHAPES))
+    parser.add_argument("--arms", default=",".join(["torchtitan", *ARMS]))
+    parser.add_argument("--iters", type=int, default=40, help="back-to-back forward+backward passes per arm and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cooldown", type=float, default=1.0, help="seconds idle before each arm's passes")
+    parser.add_argument("--sample-ms", type=int, default=20)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("layer_power.py measures GPU clocks and power: it needs CUDA GPUs and nvidia-smi")
+    device = init_process_group()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.expert_parallel import install_expert_parallel
+
+    install_expert_parallel(A2AConfig())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("ep",))
+    shape = SHAPES[args.shape]
+    g = torch.Generator(device=device).manual_seed(100 + rank)
+    x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+    grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+    sampler = Sampler(args.sample_ms)
+    if rank == 0:
+        sampler.start()
+    phases = []  # (arm, round, host start, host end, ms per pass of each rank)
+    for round_ in range(args.rounds):
+        for arm in args.arms.split(","):
+            moe = _build_moe(shape, device, torch.bfloat16, arm, mesh)
+            xi = x.clone().requires_grad_()
+            for _ in range(3):
+                _step(moe, xi, grad)
+            torch.cuda.synchronize()
+            time.sleep(args.cooldown)
+            dist.barrier()
+            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.time()
+            start_event.record()
+            for _ in range(args.iters):
+                _step(moe, xi, grad)
+            end_event.record()
+            torch.cuda.synchronize()
+            t1 = time.time()
+            ms = torch.tensor([start_event.elapsed_time(end_event) / args.iters], device=device)
+            per_rank = [torch.empty_like(ms) for _ in range(world)]
+            dist.all_gather(per_rank, ms)
+            phases.append((arm, round_, t0, t1, [float(t.item()) for t in per_rank]))
+            del moe, xi
+            _free_peer_buffers()
+            torch.cuda.empty_cache()
+    rows: list[dict] = []
+    if rank == 0:
+        time.sleep(2 * args.sample_ms / 1e3)
+        sampler.stop()
+        reference = {}
+        for arm, round_, t0, t1, ms in phases:
+            for gpu in range(world):
+                row = {"bench": "moe_layer_power", "shape": shape.label(), "arm": arm, "round": round_, "gpu": gpu,
+                       "pass": "fwd+bwd", "ms": round(ms[gpu], 3),
+                       **phase_stats(sampler.samples, gpu, t0, t1, skip_s=min(0.3, (t1 - t0) / 4))}
+                row["energy_j"] = round(row["power_w"] * row["ms"] / 1e3, 2) if row["power_w"] else None
+                if arm == "torchtitan":
+                    reference[(round_, gpu)] = row["ms"]
+                ref = reference.get((round_, gpu))
+                row["speedup_vs_torchtitan"] = round(ref / row["ms"], 3) if ref else None
+                rows.append(row)
+    header = (f"{'arm':<16} {'round':>5} {'gpu':>3} {'ms':>8} {'x titan':>7} {'SM MHz':>7} {'W':>5} "
+              f"{'capped':>6} {'J/pass':>7}")
+
+    def line(r):
+        return (f"{r['arm']:<16} {r['round']:>5} {r['gpu']:>3} {r['ms']:>8.2f} {r['speedup_vs_torchtitan'] or 0:>7.3f} "
+                f"{r['sm_mhz'] or 0:>7} {r['power_w'] or 0:>5} {r['power_capped'] or 0:>6} {r['energy_j'] or 0:>7}")
+
+    finish(rows, args.json, line, header)
+
+
+if __name__ == "__main__":
+    main()
