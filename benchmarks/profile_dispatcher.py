@@ -60,7 +60,7 @@ def kernel_sweep(args, rows_out):
     x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
     defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES
     receive_shapes = dict(sk.RECEIVE_SHAPES)
-    reduce_defaults = sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS
+    reduce_shapes = dict(sk.REDUCE_SHAPES)
     for fmt in ("bf16", "mxfp8"):
         preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
         cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
@@ -97,10 +97,11 @@ def kernel_sweep(args, rows_out):
                "push_back": remote * dim * 2, "reduce": n * dim * 2 + tokens * dim * 2}
         nvlink = {"push": remote * wire_row, "push_back": remote * wire_row, "p2p_copy": remote * wire_row}
         # (rows per program, warps[, push stripes, push pipelining stages]): stripes 1 = the
-        # blocks in row order.
+        # blocks in row order; reduce: (tokens per program, warps, widest column tile).
         shapes = {"push": [(4, 4, 1, 1), (4, 4, 8, 1), (4, 4, 8, 2), (4, 4, 8, 3), (8, 8, 8, 2)],
                   "receive": [(4, 4), (8, 8), (8, 4), (16, 8)],
-                  "push_back": [(4, 4, 8, 1), (4, 4, 8, 2)], "reduce": [(1, 4), (2, 4), (4, 8)]}
+                  "push_back": [(4, 4, 8, 1), (4, 4, 8, 2)], "reduce": [(1, 4, 1024), (2, 4, 1024), (4, 8, 1024), (1, 4, 512),
+                             (1, 8, 1024), (1, 2, 512), (2, 4, 512), (2, 8, 1024)]}
         for name, fn in stage.items():
             for block, warps, *stripes in shapes.get(name, [(0, 0)]):
                 if name in ("push", "push_back"):
@@ -108,17 +109,18 @@ def kernel_sweep(args, rows_out):
                 elif name == "receive":
                     sk.RECEIVE_SHAPES = {**receive_shapes, fmt: (block, warps)}
                 elif name == "reduce":
-                    sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = block, warps
+                    sk.REDUCE_SHAPES = {**reduce_shapes, fmt: (block, warps, *stripes)}
                 ms = _time(fn)
-                row = {"fmt": fmt, "stage": name, "block": block, "warps": warps, "stripes": stripes[0] if stripes else None,
-                       "stages": stripes[1] if stripes else None,
+                pushes = name in ("push", "push_back")
+                row = {"fmt": fmt, "stage": name, "block": block, "warps": warps, "stripes": stripes[0] if pushes else None,
+                       "stages": stripes[1] if pushes else None, "block_d": stripes[0] if name == "reduce" else None,
                        "ms": round(ms, 4),
                        "hbm_GBps": round(hbm.get(name, 0) / ms / 1e6, 1),
                        "nvlink_GBps": round(nvlink.get(name, 0) / ms / 1e6, 1)}
                 rows_out.append(row)
             sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = defaults
             sk.RECEIVE_SHAPES = receive_shapes
-            sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS = reduce_defaults
+            sk.REDUCE_SHAPES = reduce_shapes
         from mxfp8_ep import dispatcher
 
         dispatcher._BUFFERS.clear()
@@ -354,9 +356,9 @@ def main():
                 print("  gemm calls (name, stream, grid, us):", t.get("gemm_calls"))
                 for g in t.get("largest", [])[:6]:
                     print(f"  gap {g['us']:>8.1f} us host_late={g['host_late']!s:<5} {g['before']} -> {g['after']}  [{g['host_op']}]")
-        print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'stripes':>7} {'stages':>6} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
+        print(f"{'fmt':<6} {'stage':<10} {'block':>5} {'warps':>5} {'stripes':>7} {'stages':>6} {'cols':>5} {'ms':>8} {'HBM GB/s':>9} {'NVLink GB/s':>11}")
         for r in rows:
-            print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r.get('stripes') or '':>7} {r.get('stages') or '':>6} {r['ms']:>8.3f} "
+            print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r.get('stripes') or '':>7} {r.get('stages') or '':>6} {r.get('block_d') or '':>5} {r['ms']:>8.3f} "
                   f"{r['hbm_GBps']:>9.1f} {r['nvlink_GBps']:>11.1f}")
     dist.destroy_process_group()
 

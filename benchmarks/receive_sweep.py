@@ -77,7 +77,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     source = torch.full((2 * n,), -2, dtype=torch.int64, device=device)
     source[: n // 2] = 1
     source[n // 2 : n] = 0
-    defaults = sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D
+    reduce_defaults = dict(sk.REDUCE_SHAPES)
     receive_defaults = dict(sk.RECEIVE_SHAPES)
     try:
         for fmt in ("bf16", "mxfp8"):
@@ -87,7 +87,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
             receive_hbm = staged + n // 2 * dim * 2
             for t, w, d in args.reduce_shapes:
-                sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = t, w, d
+                sk.REDUCE_SHAPES = {**reduce_defaults, fmt: (t, w, d)}
                 ms = statistics.median(_sample_ms(
                     lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
                                             weight=weight),
@@ -95,7 +95,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                 rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "reduce_slots",
                                  "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
                                  "hbm_bytes": reduce_hbm})
-            sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = defaults
+            sk.REDUCE_SHAPES = reduce_defaults
             for m, w in args.receive_shapes:
                 sk.RECEIVE_SHAPES = {**receive_defaults, fmt: (m, w)}
                 ms = statistics.median(_sample_ms(
@@ -106,7 +106,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                                  "hbm_bytes": receive_hbm})
             sk.RECEIVE_SHAPES = receive_defaults
     finally:
-        sk.REDUCE_BLOCK_T, sk.REDUCE_WARPS, sk.REDUCE_BLOCK_D = defaults
+        sk.REDUCE_SHAPES = reduce_defaults
         sk.RECEIVE_SHAPES = receive_defaults
 
 

@@ -49,10 +49,11 @@ PUSH_STAGES = 1
 # (rows per program, warps) of receive_rows per leg format: dequantizing reads half the bytes
 # per row, so MXFP8 takes more rows per program (0.36 vs 0.44 ms on the profile's leg).
 RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
-# reduce_slots: (tokens per program, warps, widest column tile). One H200, the receiving side
-# alone (benchmarks/receive_sweep.py --rounds 5): 0.397 vs 0.485 ms with an MXFP8 leg and
-# 0.370 vs 0.384 ms in bf16 at (2, 4, 512), DeepSeek-V3-like combine of 8192 tokens.
-REDUCE_BLOCK_T, REDUCE_WARPS, REDUCE_BLOCK_D = 1, 4, 1024
+# (tokens per program, warps, widest column tile) of reduce_slots per leg format. 2xH200, the
+# kernel alone (benchmarks/profile_dispatcher.py --skip-layer): bf16 takes 512-column tiles
+# (0.398 vs 0.464 ms on the DeepSeek-V3-like leg of 65536 rows x 7168, 0.499 vs 0.537 ms on
+# 131072 x 5120), MXFP8 1024 (0.466 vs 0.575 ms; dequantizing wants more columns per load).
+REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
 ROUTING_BLOCK = 1024
 
 
@@ -441,7 +442,7 @@ def reduce_slots(
     num_tokens, dim = out.shape
     if num_tokens == 0:
         return
-    block_t = REDUCE_BLOCK_T
+    block_t, warps, block_d = REDUCE_SHAPES[fmt]
     no_fp32 = _no_fp32(out.device)
     _reduce_slots_kernel[(triton.cdiv(num_tokens, block_t),)](
         _bits(out), inv, row_rank, local_row, _bits(local_src), _stage(staging.local, staging_rows, dim, out.dtype, fmt),
@@ -451,7 +452,7 @@ def reduce_slots(
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, HAS_SAVE=save is not None,
-        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, REDUCE_BLOCK_D), num_warps=REDUCE_WARPS,
+        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )

@@ -50,9 +50,13 @@ SYMM = {
                                dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, BLOCK_M=4, BLOCK_D=512)),
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
-                                   HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=sk.REDUCE_BLOCK_T,
-                                   BLOCK_D=sk._block_d(7168, sk.REDUCE_BLOCK_D)))
+                                   HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=sk.REDUCE_SHAPES["mxfp8"][0],
+                                   BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["mxfp8"][2])))
        for tag, staged in (("", False), ("_stage_row", True))},
+    "reduce_bf16": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
+                    dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=True, HAS_SAVE=True,
+                         HAS_DOT=False, HAS_STAGE_ROW=False, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
+                         BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]))),
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                                              "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
