@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
 #   bash benchmarks/gpu_evidence.sh step_profile OUT_DIR  # dsv3_ep_bench: one step's GPU time by category
 #   bash benchmarks/gpu_evidence.sh profile OUT_DIR     # per-kernel sweep + layer timelines
+#   bash benchmarks/gpu_evidence.sh power OUT_DIR       # SM clock / power / energy per MoE-layer arm
 #   bash benchmarks/gpu_evidence.sh links OUT_DIR       # dispatch/combine legs over NVLink, SHM, sockets
 #   bash benchmarks/gpu_evidence.sh shm_train OUT_DIR   # dsv3_ep_bench, 50 steps, NCCL over SHM: */nccl
 # Logs and JSON go to OUT_DIR; a short table is printed last.
@@ -30,6 +31,8 @@ elif [ "$what" = dispatcher ]; then
   torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
 elif [ "$what" = profile ]; then
   torchrun --nproc_per_node=2 benchmarks/profile_dispatcher.py --json "$out/profile.json" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^W"
+elif [ "$what" = power ]; then
+  torchrun --nproc_per_node=2 benchmarks/layer_power.py --json "$out/layer_power.json" ${POWER_ARGS:-} 2>&1 | tee "$out/layer_power.log" | grep -v "^W"
 elif [ "$what" = links ]; then
   # Socket legs take ~0.1 s each: fewer samples, even routing only.
   for link in nvlink shm socket; do
