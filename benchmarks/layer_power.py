@@ -4,11 +4,11 @@
 
 Each arm (``benchmarks/dispatcher.py``'s arms and ``MoE`` layer, same weights and inputs) runs
 ``--iters`` forward+backward passes back to back, as training does, after a ``--cooldown``
-pause; arms alternate over ``--rounds`` rounds. Rank 0 samples every GPU with ``nvidia-smi``
-(``--sample-ms``). Per arm and GPU: ms per pass (CUDA events, that rank's), mean SM clock and
-power over the samples inside the passes, the share of samples with the software power cap
-active, and the energy per pass (mean power x ms; nvidia-smi's power.draw is itself an average
-over up to a second).
+pause; arms alternate over ``--rounds`` rounds. One node: rank 0 samples every GPU with
+``nvidia-smi`` (``--sample-ms``). Per arm and rank: ms per pass (CUDA events) and, for the
+rank's GPU, mean SM clock and power over the samples inside the passes, the share of samples
+with the software power cap active, and the energy per pass (mean power x ms; nvidia-smi's
+power.draw is itself an average over up to a second).
 
 Why: an H200 running these layers sits at its power cap, so a layer's time also follows its
 energy: a schedule with fewer low-power phases (waits on the wire) runs its GEMMs at lower
@@ -74,6 +74,26 @@ def parse_sample(line: str) -> tuple[int, float, float, bool] | None:
         return None
 
 
+def smi_index_by_uuid(text: str) -> dict[str, int]:
+    """``nvidia-smi --query-gpu=index,uuid --format=csv,noheader`` -> {uuid without ``GPU-``: index}."""
+    out = {}
+    for line in text.strip().splitlines():
+        index, uuid = (p.strip() for p in line.split(",", 1))
+        out[uuid.removeprefix("GPU-")] = int(index)
+    return out
+
+
+def smi_index_of_ranks(device: torch.device) -> list[int]:
+    """nvidia-smi's index of every rank's GPU (matched by UUID: CUDA_VISIBLE_DEVICES, as SLURM
+    sets it, renumbers CUDA devices but not nvidia-smi's); the rank itself where no UUID matches."""
+    uuids = [None] * dist.get_world_size()
+    dist.all_gather_object(uuids, str(getattr(torch.cuda.get_device_properties(device), "uuid", "")))
+    text = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout
+    by_uuid = smi_index_by_uuid(text) if text.strip() else {}
+    return [by_uuid.get(u, rank) for rank, u in enumerate(uuids)]
+
+
 def phase_stats(samples, gpu: int, start: float, end: float, skip_s: float) -> dict:
     """Mean clock and power, and the power-capped share, of ``gpu``'s samples in
     ``[start + skip_s, end]`` (the first ``skip_s`` seconds ramp up from the cool-down)."""
@@ -120,6 +140,7 @@ def main() -> None:
     g = torch.Generator(device=device).manual_seed(100 + rank)
     x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
     grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+    smi_index = smi_index_of_ranks(device)
     sampler = Sampler(args.sample_ms)
     if rank == 0:
         sampler.start()
@@ -154,21 +175,22 @@ def main() -> None:
         sampler.stop()
         reference = {}
         for arm, round_, t0, t1, ms in phases:
-            for gpu in range(world):
-                row = {"bench": "moe_layer_power", "shape": shape.label(), "arm": arm, "round": round_, "gpu": gpu,
-                       "pass": "fwd+bwd", "ms": round(ms[gpu], 3),
+            for r in range(world):
+                gpu = smi_index[r]
+                row = {"bench": "moe_layer_power", "shape": shape.label(), "arm": arm, "round": round_, "rank": r,
+                       "gpu": gpu, "pass": "fwd+bwd", "ms": round(ms[r], 3),
                        **phase_stats(sampler.samples, gpu, t0, t1, skip_s=min(0.3, (t1 - t0) / 4))}
                 row["energy_j"] = round(row["power_w"] * row["ms"] / 1e3, 2) if row["power_w"] else None
                 if arm == "torchtitan":
-                    reference[(round_, gpu)] = row["ms"]
-                ref = reference.get((round_, gpu))
+                    reference[(round_, r)] = row["ms"]
+                ref = reference.get((round_, r))
                 row["speedup_vs_torchtitan"] = round(ref / row["ms"], 3) if ref else None
                 rows.append(row)
-    header = (f"{'arm':<16} {'round':>5} {'gpu':>3} {'ms':>8} {'x titan':>7} {'SM MHz':>7} {'W':>5} "
+    header = (f"{'arm':<16} {'round':>5} {'rank':>4} {'gpu':>3} {'ms':>8} {'x titan':>7} {'SM MHz':>7} {'W':>5} "
               f"{'capped':>6} {'J/pass':>7}")
 
     def line(r):
-        return (f"{r['arm']:<16} {r['round']:>5} {r['gpu']:>3} {r['ms']:>8.2f} {r['speedup_vs_torchtitan'] or 0:>7.3f} "
+        return (f"{r['arm']:<16} {r['round']:>5} {r['rank']:>4} {r['gpu']:>3} {r['ms']:>8.2f} {r['speedup_vs_torchtitan'] or 0:>7.3f} "
                 f"{r['sm_mhz'] or 0:>7} {r['power_w'] or 0:>5} {r['power_capped'] or 0:>6} {r['energy_j'] or 0:>7}")
 
     finish(rows, args.json, line, header)

@@ -1,7 +1,7 @@
 """benchmarks/layer_power.py: its reading of nvidia-smi samples and their attribution to an
 arm's passes. The measurement itself needs GPUs (benchmarks/RESULTS.md)."""
 
-from benchmarks.layer_power import parse_sample, phase_stats
+from benchmarks.layer_power import parse_sample, phase_stats, smi_index_by_uuid
 
 
 def test_parse_sample_reads_the_power_cap_bit():
@@ -29,3 +29,11 @@ def test_phase_stats_keeps_one_gpu_inside_the_window_after_the_ramp():
     stats = phase_stats(samples, 0, 10.0, 12.0, skip_s=0.3)
     assert stats == {"samples": 3, "sm_mhz": 1700, "power_w": 620, "power_capped": 0.67}
     assert phase_stats(samples, 2, 10.0, 12.0, skip_s=0.3)["samples"] == 0
+
+
+def test_smi_index_by_uuid_maps_torch_uuids_to_nvidia_smi_indices():
+    text = ("0, GPU-50919755-736b-af4c-5e43-836a4aa19c42\n"
+            "1, GPU-30ce921e-2af1-e69d-d690-95273369cd60\n")
+    # torch's device UUID has no "GPU-" prefix.
+    assert smi_index_by_uuid(text) == {"50919755-736b-af4c-5e43-836a4aa19c42": 0,
+                                       "30ce921e-2af1-e69d-d690-95273369cd60": 1}
