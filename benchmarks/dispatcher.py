@@ -325,6 +325,28 @@ def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> No
     _speedups(rows, "moe_layer", shape.label())
 
 
+LEG_TOP_K, LEG_EXPERTS = 8, 64  # the legs alone: each routed row is one of top-8 of 64 experts
+
+
+@dataclass
+class LegInputs:
+    """One rank's input to a leg alone: ``rows`` routed rows of ``dim`` (``tokens`` x top-k)."""
+
+    tokens: int
+    x: torch.Tensor
+    scores: torch.Tensor
+    ids: torch.Tensor
+    counts: torch.Tensor
+
+
+def leg_inputs(rows: int, dim: int, routing: str, device, rank: int, dtype=torch.bfloat16) -> LegInputs:
+    """The tokens, their router scores, expert ids and per-expert counts for a leg alone, with
+    ``even`` (every expert alike) or ``zipf`` routing."""
+    tokens = rows // LEG_TOP_K
+    scores, ids, counts = _leg_routing(tokens, LEG_EXPERTS, LEG_TOP_K, routing, device, rank)
+    return LegInputs(tokens, torch.randn((tokens, dim), device=device, dtype=dtype), scores, ids, counts)
+
+
 def _leg_routing(tokens: int, experts: int, top_k: int, routing: str, device, rank: int):
     if routing == "even":
         ids = (torch.arange(tokens * top_k, device=device).view(tokens, top_k) + rank) % experts
@@ -368,13 +390,12 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
     against torchtitan's in the first round."""
     from mxfp8_ep.dispatcher import TokenDispatcher
 
-    rank, top_k, experts = dist.get_rank(), 8, 64
-    tokens = args.leg_rows // top_k
+    rank, top_k, experts = dist.get_rank(), LEG_TOP_K, LEG_EXPERTS
     shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
     arms = ["torchtitan", *(a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm"))]
     for routing in args.routings.split(","):
-        scores, ids, counts = _leg_routing(tokens, experts, top_k, routing, device, rank)
-        x = torch.randn((tokens, args.leg_dim), device=device, dtype=args.dtype)
+        leg = leg_inputs(args.leg_rows, args.leg_dim, routing, device, rank, args.dtype)
+        tokens, x, scores, ids, counts = leg.tokens, leg.x, leg.scores, leg.ids, leg.counts
         errs, ref = {}, {}
 
         def time_arm(arm, first_round, iters):

@@ -48,16 +48,15 @@ def _time(fn, iters=20, warmup=5) -> float:
 
 
 def kernel_sweep(args, rows_out):
-    from benchmarks.dispatcher import _leg_routing
+    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, leg_inputs
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import TokenDispatcher
 
     rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
-    top_k, experts, dim = 8, 64, args.dim
-    tokens = args.rows // top_k
-    scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
-    x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
+    top_k, experts, dim = LEG_TOP_K, LEG_EXPERTS, args.dim
+    leg = leg_inputs(args.rows, dim, "even", device, rank)
+    tokens, x, scores, ids, counts = leg.tokens, leg.x, leg.scores, leg.ids, leg.counts
     defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES
     receive_shapes = dict(sk.RECEIVE_SHAPES)
     reduce_shapes = dict(sk.REDUCE_SHAPES)
@@ -191,15 +190,13 @@ def leg_profile(args, arm: str, calls: int = 10):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.dispatcher import _a2a, _free_peer_buffers, _leg_routing
+    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, _a2a, _free_peer_buffers, leg_inputs
     from mxfp8_ep.dispatcher import TokenDispatcher
 
     rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
-    top_k, experts = 8, 64
-    tokens = args.rows // top_k
-    scores, ids, counts = _leg_routing(tokens, experts, top_k, "even", device, rank)
-    x = torch.randn((tokens, args.dim), device=device, dtype=torch.bfloat16)
-    cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
+    leg = leg_inputs(args.rows, args.dim, "even", device, rank)
+    x, scores, ids, counts = leg.x, leg.scores, leg.ids, leg.counts
+    cfg = TokenDispatcher.Config(num_experts=LEG_EXPERTS, top_k=LEG_TOP_K, a2a=_a2a(arm), max_tokens_per_rank=leg.tokens)
     disp = cfg.build(dist.group.WORLD, device)
     for _ in range(5):
         disp.dispatch(x, scores, ids, counts)
