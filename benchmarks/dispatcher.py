@@ -306,11 +306,16 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
     return moe
 
 
+def layer_inputs(shape: MoEShape, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's MoE-layer input and output gradient (the same in every arm and benchmark)."""
+    g = torch.Generator(device=device).manual_seed(100 + dist.get_rank())
+    x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=dtype)
+    grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=dtype)
+    return x, grad
+
+
 def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> None:
-    rank = dist.get_rank()
-    g = torch.Generator(device=device).manual_seed(100 + rank)
-    x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=args.dtype)
-    grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=args.dtype)
+    x, grad = layer_inputs(shape, device, args.dtype)
     arms = ["torchtitan", *args.arms]
     results = time_arms(arms, lambda arm: _build_moe(shape, device, args.dtype, arm, mesh), x, grad,
                         lambda m: m.experts.w1, args, device)

@@ -32,7 +32,16 @@ import torch.distributed as dist
 # Run as a script (torchrun benchmarks/layer_power.py): the repo root holds `benchmarks`.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.dispatcher import ARMS, SHAPES, _build_moe, _free_peer_buffers, finish, init_process_group  # noqa: E402
+from benchmarks.dispatcher import (  # noqa: E402
+    ARMS,
+    SHAPES,
+    _build_moe,
+    _free_peer_buffers,
+    _pass_fns,
+    finish,
+    init_process_group,
+    layer_inputs,
+)
 
 POWER_CAP_BIT = 0x4  # nvmlClocksThrottleReasonSwPowerCap in clocks_throttle_reasons.active
 QUERY = "index,clocks.sm,power.draw,clocks_throttle_reasons.active"
@@ -108,11 +117,12 @@ def phase_stats(samples, gpu: int, start: float, end: float, skip_s: float) -> d
     }
 
 
-def _step(moe, xi, grad) -> None:
-    """One forward+backward writing fresh gradients (as dispatcher.py's timed passes)."""
-    moe.zero_grad(set_to_none=True)
-    xi.grad = None
-    moe(xi).backward(grad)
+def _back_to_back(fwd_bwd, drop_grads, passes: int) -> None:
+    """``passes`` forward+backward passes, each writing fresh gradients (as dispatcher.py's
+    timed passes do), queued without a wait."""
+    for _ in range(passes):
+        drop_grads()
+        fwd_bwd()
 
 
 def main() -> None:
@@ -137,9 +147,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("ep",))
     shape = SHAPES[args.shape]
-    g = torch.Generator(device=device).manual_seed(100 + rank)
-    x = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
-    grad = torch.randn((1, shape.tokens, shape.dim), generator=g, device=device, dtype=torch.bfloat16)
+    x, grad = layer_inputs(shape, device, torch.bfloat16)
     smi_index = smi_index_of_ranks(device)
     sampler = Sampler(args.sample_ms)
     if rank == 0:
@@ -149,16 +157,15 @@ def main() -> None:
         for arm in args.arms.split(","):
             moe = _build_moe(shape, device, torch.bfloat16, arm, mesh)
             xi = x.clone().requires_grad_()
-            for _ in range(3):
-                _step(moe, xi, grad)
+            passes, drop_grads = _pass_fns(moe, xi, grad)
+            _back_to_back(passes["fwd+bwd"], drop_grads, 3)
             torch.cuda.synchronize()
             time.sleep(args.cooldown)
             dist.barrier()
             start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = time.time()
             start_event.record()
-            for _ in range(args.iters):
-                _step(moe, xi, grad)
+            _back_to_back(passes["fwd+bwd"], drop_grads, args.iters)
             end_event.record()
             torch.cuda.synchronize()
             t1 = time.time()
@@ -166,7 +173,7 @@ def main() -> None:
             per_rank = [torch.empty_like(ms) for _ in range(world)]
             dist.all_gather(per_rank, ms)
             phases.append((arm, round_, t0, t1, [float(t.item()) for t in per_rank]))
-            del moe, xi
+            del moe, xi, passes, drop_grads  # the passes hold the layer
             _free_peer_buffers()
             torch.cuda.empty_cache()
     rows: list[dict] = []
