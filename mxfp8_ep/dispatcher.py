@@ -43,7 +43,7 @@ from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
 from mxfp8_ep.quantize import resolve_kernel
-from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes
+from mxfp8_ep.symm_reference import staged_row_nbytes, token_map, token_map_offset
 
 # torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU
 # machine's torch 2.11 may have only the old one.
@@ -391,13 +391,15 @@ class PushTokenDispatcher(TokenDispatcher):
 @dataclass
 class _SymmBuffers:
     """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
-    that consecutive legs alternate between."""
+    that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
+    then (at ``map_offset``) a token map of ``capacity`` entries (``symm_reference.token_map``)."""
 
     counts: PeerBuffer
     staging: tuple[PeerBuffer, PeerBuffer]
     staging_rows: int
     max_tokens: int
     capacity: int  # rows of the expert-major tensor dispatch returns (drop-free worst case)
+    map_offset: int
     next_staging: int = 0
 
     def take_staging(self) -> PeerBuffer:
@@ -436,8 +438,11 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
                 max_tokens = int(t.item())
             capacity = routing.expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
-            rows = max(capacity, max_tokens * cfg.top_k)
-            nbytes = staging_nbytes(rows, x_TD.shape[1], x_TD.dtype)
+            # Rows: every sorted row of a peer (per-row pushes, token-bound legs address them by
+            # row), or every token of every rank (token-major pushes: rank * max_tokens + token).
+            rows = max(capacity, max_tokens * cfg.top_k, self.ep * max_tokens)
+            map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
+            nbytes = map_offset + capacity * 8
             bufs = _SymmBuffers(
                 # Per rank: its counts per expert, then its token count (checked by every rank).
                 counts=PeerBuffer(self.ep * (cfg.num_experts + 1) * 8, self.group, x_TD.device),
@@ -445,6 +450,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 staging_rows=rows,
                 max_tokens=max_tokens,
                 capacity=capacity,
+                map_offset=map_offset,
             )
             _BUFFERS[key] = bufs
         return bufs
@@ -469,6 +475,32 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         _assert_on_device(within, message)
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
+
+    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None):
+        """An unweighted expert-bound leg of a top-k > 1 router sends each token once per rank
+        that owns one of its experts (``push_tokens``), not once per expert: at top-8 on 2
+        ranks, a quarter of the rows. The owner copies it into each of its expert rows in the
+        receiving pass, through the token map the push wrote. A weighted leg (rows differ by
+        their score) pushes row by row (``PushTokenDispatcher.to_experts``)."""
+        if factor is not None or dot_rows is not None or self.config.top_k == 1:
+            return super().to_experts(src, meta, leg, factor=factor, dot_rows=dot_rows, dot_out=dot_out)
+        kernels, a2a = self.kernels(src.device), self.config.a2a
+        fmt = getattr(a2a, leg)
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        out = src.new_empty((meta.capacity, src.shape[1]))
+        sent = torch.zeros(1, dtype=torch.int64, device=src.device)
+        kernels.push_tokens(
+            src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset, bufs.capacity,
+            self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
+        )
+        wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        send.barrier()  # the peers' pushes (rows and token maps) into this rank's buffer are visible
+        kernels.receive_rows(
+            out, meta.row_source, self.rank, send, bufs.staging_rows, fmt,
+            stage_row=token_map(send.local, bufs.map_offset, bufs.capacity),
+        )
+        return out
 
     def _push_to_experts(self, push, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.routing import RoutingTables
-from mxfp8_ep.symm_reference import push_only_index, staging_views
+from mxfp8_ep.symm_reference import push_only_index, staging_views, token_map
 from mxfp8_ep.triton_kernels import (
     _dequantize_groups,
     _load_fp32,
@@ -54,6 +54,9 @@ RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
 # (0.398 vs 0.464 ms on the DeepSeek-V3-like leg of 65536 rows x 7168, 0.499 vs 0.537 ms on
 # 131072 x 5120), MXFP8 1024 (0.466 vs 0.575 ms; dequantizing wants more columns per load).
 REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
+# (tokens per program, warps, widest column tile) of push_tokens: 8 bf16 per thread, so that
+# rows are stored as 16-byte vectors.
+PUSH_TOKENS_SHAPE = (1, 4, 1024)
 ROUTING_BLOCK = 1024
 
 
@@ -222,6 +225,57 @@ def _push_rows_kernel(
                 _store_tile(stage_ptr + peer[:, None, None], dst_row, cols, x, remote_mask, D, IN_BF16)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
+
+
+@triton.jit
+def _push_tokens_kernel(
+    src_ptr, inv_ptr, dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, stage_delta_ptr,
+    map_ptr, map_delta_ptr, sent_ptr, T, rank, max_tokens,
+    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, IN_BF16: tl.constexpr,
+    QUANT: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok_ok = toks < T
+    kk = tl.arange(0, KP)
+    slot_ok = tok_ok[:, None] & (kk < TOP_K)[None, :]
+    n = tl.load(inv_ptr + toks[:, None] * TOP_K + kk[None, :], mask=slot_ok, other=0)
+    owner = tl.load(dst_rank_ptr + n, mask=slot_ok, other=-1)  # [tokens, K]
+    row = tl.load(dst_row_ptr + n, mask=slot_ok, other=0)
+    staged = rank * max_tokens + toks.to(tl.int64)  # the token's row in every peer's staging
+    # Each row bound for a peer names the token's staged row in that peer's token map.
+    bound = slot_ok & (owner != rank) & (owner >= 0)
+    map_delta = tl.load(map_delta_ptr + owner, mask=bound, other=0)
+    tl.store(map_ptr + map_delta + row, staged[:, None] + tl.zeros((BLOCK_T, KP), tl.int64), mask=bound)
+    sent = 0
+    for d in tl.static_range(W):
+        sent += tl.sum(((tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)).to(tl.int32), axis=0)
+    if sent > 0:
+        tl.atomic_add(sent_ptr, sent.to(tl.int64))
+    any_local = tl.max(tl.max((slot_ok & (owner == rank)).to(tl.int32), axis=1), axis=0) > 0
+    for start in range(0, D, BLOCK_D):
+        cols = _cols(start, BLOCK_D)
+        x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
+        if any_local:
+            for k in tl.static_range(TOP_K):
+                slot = toks * TOP_K + k
+                n_k = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
+                is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
+                row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
+                _store_tile(local_out_ptr, row_k, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+        if sent > 0:
+            if QUANT:
+                e4m3, byte = _quantize_groups(x, ROUNDING)
+                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, BLOCK_D)
+            for d in tl.static_range(W):
+                need = tok_ok & (tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)
+                if tl.max(need.to(tl.int32), axis=0) > 0:
+                    # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
+                    delta = tl.multiple_of(tl.load(stage_delta_ptr + d), 16)
+                    if QUANT:
+                        tl.store(stage_ptr + delta + doffs, e4m3.to(tl.uint8), mask=_mask(need, cols, D, BLOCK_D))
+                        tl.store(stage_ptr + delta + soffs, byte.to(tl.uint8), mask=need[:, None] & sok)
+                    else:
+                        _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, BLOCK_D), D, IN_BF16)
 
 
 @triton.jit
@@ -419,6 +473,25 @@ def push_rows(
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
         ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
         ONLY=only_index, STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
+    )
+
+
+def push_tokens(
+    src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
+    top_k, max_tokens, sent,
+) -> None:
+    num_tokens, dim = src.shape
+    if num_tokens == 0:
+        return
+    block_t, warps, block_d = PUSH_TOKENS_SHAPE
+    stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
+    _push_tokens_kernel[(triton.cdiv(num_tokens, block_t),)](
+        _bits(src), inv, dst_rank, dst_row, _bits(local_out), stage, staging.element_offsets(stage.element_size()),
+        token_map(staging.local, map_offset, map_rows), staging.element_offsets(8), sent,
+        num_tokens, rank, max_tokens,
+        D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
+        IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
+        BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
     )
 
 

@@ -40,6 +40,18 @@ def staging_nbytes(rows: int, dim: int, dtype: torch.dtype) -> int:
     return rows * max(staged_row_nbytes(dim, dtype, fmt) for fmt in LEG_FORMATS)
 
 
+def token_map_offset(rows: int, dim: int, dtype: torch.dtype) -> int:
+    """Byte offset of the token map in a symm staging buffer of ``rows`` rows: after the rows,
+    16-byte aligned. The map holds one int64 per expert-major row of the receiving rank: the
+    staged row a token-major push (``push_tokens``) put that row's token in."""
+    return -(-staging_nbytes(rows, dim, dtype) // 16) * 16
+
+
+def token_map(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
+    """The ``rows``-entry int64 token map at byte ``offset`` of a staging buffer."""
+    return buf[offset : offset + rows * 8].view(torch.int64)
+
+
 def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
     """Views of the first ``rows`` rows of a staging byte buffer: ``(values,)`` (``rows x
     dim`` in ``dtype``) for the activation's own dtype, ``(e4m3 bytes, scale bytes)`` (``rows
@@ -136,6 +148,43 @@ def push_rows(
             views[1][dst_row[sel]] = encoded.scale[sel]
         else:
             views[0][dst_row[sel]] = values[sel]
+
+
+def push_tokens(
+    src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
+    top_k, max_tokens, sent,
+) -> None:
+    """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
+    (``inv[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
+    other rank that owns one of its experts, the token itself (in ``fmt``) goes once into that
+    rank's staging buffer at row ``rank * max_tokens + t``, and each of its rows bound there
+    writes that staged row into the owner's token map (``token_map``) at its ``dst_row``: the
+    owner's ``receive_rows`` reads it through that map (``stage_row``). ``sent`` (int64, one
+    element) grows by the rows put on the wire. No routing weight: every row of a token is the
+    token itself."""
+    num_tokens, dim = src.shape
+    if num_tokens == 0:
+        return
+    n = inv[: num_tokens * top_k].view(num_tokens, top_k)
+    owner, row = dst_rank[n], dst_row[n]
+    rows_of = src.unsqueeze(1).expand(num_tokens, top_k, dim)
+    local = owner == rank
+    local_out[row[local]] = rows_of[local]
+    encoded = quantize_reference(src, rounding) if fmt == "mxfp8" else None
+    staged = rank * max_tokens + torch.arange(num_tokens, device=src.device)
+    for peer in range(staging.world_size):
+        if peer == rank:
+            continue
+        bound = owner == peer
+        need = bound.any(dim=1)
+        views = staging_views(staging.peer(peer), staging_rows, dim, src.dtype, fmt)
+        if fmt == "mxfp8":
+            views[0][staged[need]] = encoded.data.view(torch.uint8)[need]
+            views[1][staged[need]] = encoded.scale[need]
+        else:
+            views[0][staged[need]] = src[need]
+        token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
+        sent += need.sum()
 
 
 def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:

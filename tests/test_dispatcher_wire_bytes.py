@@ -1,7 +1,9 @@
 """Both transports report the bytes each leg put on the wire (``mxfp8_ep.wire_stats``, the
-recipe's ``a2a/bytes_per_step``): the same routing gives the same counts on nccl (host split
-lists) and symm (device row counts, read at the snapshot), and the count is the rows that
-left the rank times the leg format's row size."""
+recipe's ``a2a/bytes_per_step``): nccl from its host split lists, symm from device row counts
+read at the snapshot. A leg's count is the rows that left the rank times the leg format's row
+size; the same routing gives the same counts on both transports, except dispatch's forward on
+symm: an unweighted expert-bound leg sends each token once per rank that owns one of its
+experts, not once per expert."""
 
 from __future__ import annotations
 
@@ -29,18 +31,22 @@ def _leg_bytes(rank, world, preset, transport):
     wire_stats.reset()
     routed, _, meta = disp.dispatch(x, scores, ids, counts)
     disp.combine(routed * 2, meta).sum().backward()
-    return wire_stats.snapshot(reset=True), int((ids // (EXPERTS // world) != rank).sum())
+    owner = ids // (EXPERTS // world)
+    remote_tokens = sum(int((owner == peer).any(dim=1).sum()) for peer in range(world) if peer != rank)
+    return wire_stats.snapshot(reset=True), int((owner != rank).sum()), remote_tokens
 
 
 def _same_bytes_on_both_transports(rank, world):
     setup_rank()
     for preset in ("bf16", "mxfp8_all"):
-        nccl, remote_rows = _leg_bytes(rank, world, preset, "nccl")
-        symm, _ = _leg_bytes(rank, world, preset, "symm")
-        assert symm == nccl, (preset, symm, nccl)
+        nccl, remote_rows, remote_tokens = _leg_bytes(rank, world, preset, "nccl")
+        symm, _, _ = _leg_bytes(rank, world, preset, "symm")
         row = wire_stats.row_bytes(DIM, 2, A2AConfig.preset(preset).dispatch_fwd)
         assert nccl["dispatch_fwd"] == remote_rows * row > 0, (preset, nccl, remote_rows)
-        assert set(nccl) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
+        assert symm["dispatch_fwd"] == remote_tokens * row < nccl["dispatch_fwd"], (preset, symm, remote_tokens)
+        for leg in ("dispatch_bwd", "combine_fwd", "combine_bwd"):
+            assert symm[leg] == nccl[leg] > 0, (preset, leg, symm, nccl)
+        assert set(nccl) == set(symm) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
 
 
 def test_symm_and_nccl_count_the_same_wire_bytes():

@@ -76,13 +76,13 @@ def test_kernels_compile_for_hopper_without_ue8m0_cvt():
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"quantize_bf16_rceil", "dequantize_bf16", "push_mxfp8", "push_bf16", "receive_mxfp8",
+    assert {"quantize_bf16_rceil", "dequantize_bf16", "push_mxfp8", "push_bf16", "push_tokens_mxfp8_w2", "receive_mxfp8",
             "receive_mxfp8_stage_row", "receive_bf16_stage_row", "reduce_mxfp8", "reduce_mxfp8_stage_row",
             "sorted_rows", "expert_rows", "swiglu_backward"} <= set(report)
     for name, info in report.items():
         assert info["cubin_bytes"] > 0 and not info["ue8m0_in_ptx"], (name, info)
-    for name in ("quantize_bf16_rceil", "quantize_fp32_floor", "push_mxfp8"):
+    for name in ("quantize_bf16_rceil", "quantize_fp32_floor", "push_mxfp8", "push_tokens_mxfp8_w8"):
         assert report[name]["hw_e4m3_cvt"], (name, report[name])
-    for name in ("push_mxfp8", "push_bf16", "receive_mxfp8", "receive_mxfp8_stage_row", "receive_bf16_stage_row",
-                 "swiglu_backward"):
+    for name in ("push_mxfp8", "push_bf16", "push_tokens_mxfp8_w2", "push_tokens_bf16_w8", "receive_mxfp8",
+                 "receive_mxfp8_stage_row", "receive_bf16_stage_row", "swiglu_backward"):
         assert report[name]["vector_stores"] > 0 and report[name]["scalar_b16_stores"] == 0, (name, report[name])

@@ -25,6 +25,9 @@ DEQUANT = {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": None, "M": "i32", "
 PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_ptr": "*i16",
         "dot_out_ptr": "*fp32", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64", "local_out_ptr": "*i16",
         "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32"}
+PUSH_TOKENS = {"src_ptr": "*i16", "inv_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
+               "local_out_ptr": "*i16", "stage_ptr": "*u8", "stage_delta_ptr": "*i64", "map_ptr": "*i64",
+               "map_delta_ptr": "*i64", "sent_ptr": "*i64", "T": "i32", "rank": "i32", "max_tokens": "i32"}
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "R": "i32",
            "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
@@ -38,6 +41,11 @@ SYMM = {
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
                        ROUNDING=0, ONLY=0, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
+    # symm: unweighted expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8).
+    **{f"push_tokens_{fmt}_w{w}": (sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
+                                   dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
+                                        BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2])))
+       for fmt in ("mxfp8", "bf16") for w in (2, 8)},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
