@@ -20,11 +20,14 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
     payload and scales in one exchange, dequantizing fused into the expert-major permute
     (dispatch) and into the fp32 top-k reduction (combine). Same kernels, same rows, same
     reduction order as symm: the same bits.
-* ``SymmTokenDispatcher`` (``transport="symm"``): Triton kernels push each row straight into
-  its owner's expert-major slot through peer memory (``peer_memory.PeerBuffer``); MXFP8 legs
-  quantize inside that push and dequantize inside the receiving pass. Token counts travel
-  through peer memory too: no host sync in forward or backward. One node (CUDA symmetric
-  memory); on CPU processes the same code runs over shared-memory files (tests).
+* ``SymmTokenDispatcher`` (``transport="symm"``): Triton kernels push rows straight into
+  their owner's staging buffer through peer memory (``peer_memory.PeerBuffer``); MXFP8 legs
+  quantize inside that push and dequantize inside the receiving pass, which writes the
+  expert-major rows. An unweighted expert-bound leg with top-k > 1 (dispatch's forward when the
+  scores come after the experts) sends each token once per rank that owns one of its experts,
+  not once per expert. Token counts travel through peer memory too: no host sync in forward
+  or backward. One node (CUDA symmetric memory); on CPU processes the same code runs over
+  shared-memory files (tests).
 """
 
 from __future__ import annotations

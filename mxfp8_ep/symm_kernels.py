@@ -6,8 +6,13 @@ two give the same bits. Peers' buffers arrive as an int64 tensor of addresses.
   token for the expert-bound legs), optionally weighted, and stored either into this rank's
   own expert-major tensor (rows that stay: never quantized) or into the owning rank's staging
   buffer, quantized to MXFP8 in registers when the leg is MXFP8.
+* ``push_tokens``: the sending side of an unweighted expert-bound leg (symm): each token is
+  read once and goes, quantized once, to every other rank that owns one of its experts (once
+  per rank, not once per expert); its rows that stay are copied into the expert-major tensor,
+  and each row bound for a peer writes the token's staged row into that peer's token map.
 * ``receive_rows``: the receiving side of the expert-bound legs: dequantizes peers' rows into
-  the fresh expert-major tensor the grouped GEMM reads, and zeroes the padding rows.
+  the fresh expert-major tensor the grouped GEMM reads (each row from the staged row its index,
+  or the token map, names), and zeroes the padding rows.
 * ``reduce_slots``: the receiving side of the token-bound legs: for each token, dequantizes its
   K rows (or reads them from this rank's expert output) and reduces them in fp32.
 
@@ -54,9 +59,11 @@ RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
 # (0.398 vs 0.464 ms on the DeepSeek-V3-like leg of 65536 rows x 7168, 0.499 vs 0.537 ms on
 # 131072 x 5120), MXFP8 1024 (0.466 vs 0.575 ms; dequantizing wants more columns per load).
 REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
-# (tokens per program, warps, widest column tile) of push_tokens: 8 bf16 per thread, so that
-# rows are stored as 16-byte vectors.
-PUSH_TOKENS_SHAPE = (1, 4, 1024)
+# (tokens per program, warps, widest column tile) of push_tokens: rows stored as 16-byte
+# vectors. One H200, the 'peer' another buffer on the same GPU (benchmarks/results/
+# h200_one_gpu_seventh_session/push_tokens_one_gpu.json): 0.29 ms for bf16 and MXFP8 on the
+# DeepSeek-V3-like leg (8192 tokens x 7168, top-8 of 256; push_rows 0.54 / 0.49 ms).
+PUSH_TOKENS_SHAPE = (2, 4, 1024)
 ROUTING_BLOCK = 1024
 
 

@@ -11,7 +11,9 @@ scales of a row travel together, so one exchange carries both).
 
 Where a receiving pass reads a row: by default the staged row with the index of the row it
 fills (symm: peers push each row to the index its reader uses); with ``stage_row``, the
-staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buffer).
+staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buffer; symm after
+``push_tokens``: the token map, each expert row's token at row ``source * max_tokens + token``).
+A symm staging buffer holds its rows, then the token map (``token_map_offset``).
 
 Arithmetic (shared with the kernels, so both give the same bits):
 * a routing weight multiplies in fp32 and the product is rounded to the activation dtype

@@ -240,3 +240,107 @@ def test_routing_tables_kernel_equals_its_twin():
                 assert bool(got_ok) == bool(want_ok) == (kind != "over"), (W, L, kind)
                 checked += 1
     assert checked == 4 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
+
+
+class _PeersInOneProcess:
+    """``world`` byte buffers of one process, taken where the kernels take a ``PeerBuffer``
+    (peers reached by address offsets from this rank's buffer, as over peer memory)."""
+
+    def __init__(self, nbytes: int, world: int, rank: int, device):
+        self.bufs = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world)]
+        self.world_size, self.rank = world, rank
+
+    @property
+    def local(self) -> torch.Tensor:
+        return self.bufs[self.rank]
+
+    def peer(self, rank: int) -> torch.Tensor:
+        return self.bufs[rank]
+
+    def element_offsets(self, itemsize: int) -> torch.Tensor:
+        deltas = [b.data_ptr() - self.local.data_ptr() for b in self.bufs]
+        assert all(d % itemsize == 0 for d in deltas)
+        return torch.tensor([d // itemsize for d in deltas], dtype=torch.int64, device=self.local.device)
+
+
+def check_push_tokens(device) -> int:
+    """``push_tokens`` (Triton) against its twin, and against what it must do: each token
+    stored once in every other rank's staging buffer that owns one of its experts (at row
+    ``rank * max_tokens + token``, in the leg format), its rows that stay copied into the
+    expert-major output, every row bound for a peer naming that staged row in the peer's token
+    map, and ``sent`` counting the staged rows; a peer's ``receive_rows`` through its map then
+    rebuilds each of its rows. Returns the cases checked (also run on a GPU by hand:
+    ``check_push_tokens(torch.device("cuda"))``)."""
+    from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.format import quantize_reference
+    from mxfp8_ep.symm_reference import staging_views, token_map, token_map_offset
+
+    g = torch.Generator().manual_seed(17)
+    checked = 0
+    for world, local_experts, top_k, dim, tokens in ((2, 4, 3, 64, 7), (3, 2, 4, 96, 6), (2, 1, 2, 64, 5), (3, 3, 1, 64, 4)):
+        experts, max_tokens = world * local_experts, tokens + 1
+        for fmt, dtype in (("bf16", torch.bfloat16), ("mxfp8", torch.bfloat16), ("mxfp8", torch.float32), ("bf16", torch.float32)):
+            for rank in range(world):
+                ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+                if checked % 3 == 0:  # every token's experts on one peer
+                    ids = (ids % local_experts) + ((rank + 1) % world) * local_experts
+                x = torch.randn(tokens, dim, generator=g).to(dtype)
+                owner = (ids // local_experts).reshape(-1)
+                # Sorted row n = slot n; its row on its owner: the owner's rows in slot order.
+                dst_row = torch.zeros_like(owner)
+                for r in range(world):
+                    dst_row[owner == r] = torch.arange(int((owner == r).sum()))
+                inv = torch.arange(owner.numel())
+                capacity, rows = tokens * top_k, world * max_tokens
+                offset = token_map_offset(rows, dim, dtype)
+                result = {}
+                for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
+                    peers = _PeersInOneProcess(offset + capacity * 8, world, rank, device)
+                    out = torch.zeros(capacity, dim, dtype=dtype, device=device)
+                    sent = torch.zeros(1, dtype=torch.int64, device=device)
+                    kernels.push_tokens(x.to(device), inv.to(device), owner.to(device), dst_row.to(device), out, peers,
+                                        rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent)
+                    result[name] = ([b.cpu() for b in peers.bufs], out.cpu(), int(sent), peers)
+                (bufs, out, sent, peers), (ref_bufs, ref_out, ref_sent, _) = result["triton"], result["torch"]
+                where = (world, top_k, fmt, dtype, rank)
+                assert all(torch.equal(a, b) for a, b in zip(bufs, ref_bufs)) and sent == ref_sent, where
+                assert torch.equal(bits(out), bits(ref_out)), where
+                ids_owner = owner.view(tokens, top_k)
+                remote_pairs = [(t, d) for t in range(tokens) for d in range(world) if d != rank and (ids_owner[t] == d).any()]
+                assert sent == len(remote_pairs), where
+                local = owner == rank
+                assert torch.equal(bits(out[dst_row[local]]), bits(x.repeat_interleave(top_k, 0)[local])), where
+                encoded = quantize_reference(x, "rceil") if fmt == "mxfp8" else None
+                for t, d in remote_pairs:
+                    views = staging_views(bufs[d], rows, dim, dtype, fmt)
+                    u = rank * max_tokens + t
+                    if fmt == "mxfp8":
+                        assert torch.equal(views[0][u], encoded.data.view(torch.uint8)[t]), where
+                        assert torch.equal(views[1][u], encoded.scale[t]), where
+                    else:
+                        assert torch.equal(bits(views[0][u]), bits(x[t])), where
+                for d in range(world):
+                    if d == rank:
+                        continue
+                    mine = owner == d
+                    token_of = torch.arange(owner.numel()) // top_k
+                    assert torch.equal(token_map(bufs[d], offset, capacity)[dst_row[mine]], rank * max_tokens + token_of[mine]), where
+                    # The peer reads its rows through its token map.
+                    source = torch.full((capacity,), -2, dtype=torch.int64)
+                    source[dst_row[mine]] = rank
+                    got = torch.zeros(capacity, dim, dtype=dtype, device=device)
+                    received = _PeersInOneProcess(1, world, d, device)
+                    received.bufs[d] = peers.bufs[d]
+                    symm_kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
+                                              stage_row=token_map(peers.bufs[d], offset, capacity))
+                    want = x[token_of[mine]]
+                    if fmt == "mxfp8":
+                        want = symm_reference._decode(staging_views(bufs[d], rows, dim, dtype, fmt),
+                                                      rank * max_tokens + token_of[mine], dtype, fmt)
+                    assert torch.equal(bits(got.cpu()[dst_row[mine]]), bits(want)), where
+                checked += 1
+    return checked
+
+
+def test_push_tokens_sends_each_token_once_per_rank():
+    assert check_push_tokens(torch.device("cpu")) == 4 * (2 + 3 + 2 + 3)  # formats x ranks per world
