@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
+from mxfp8_ep.peer_memory import PeerBuffer
 from tests.moe_harness import bits, preload, run_forked
 
 pytestmark = pytest.mark.skipif(
@@ -242,25 +243,14 @@ def test_routing_tables_kernel_equals_its_twin():
     assert checked == 4 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
 
 
-class _PeersInOneProcess:
+class _PeersInOneProcess(PeerBuffer):
     """``world`` byte buffers of one process, taken where the kernels take a ``PeerBuffer``
     (peers reached by address offsets from this rank's buffer, as over peer memory)."""
 
-    def __init__(self, nbytes: int, world: int, rank: int, device):
-        self.bufs = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world)]
-        self.world_size, self.rank = world, rank
-
-    @property
-    def local(self) -> torch.Tensor:
-        return self.bufs[self.rank]
-
-    def peer(self, rank: int) -> torch.Tensor:
-        return self.bufs[rank]
-
-    def element_offsets(self, itemsize: int) -> torch.Tensor:
-        deltas = [b.data_ptr() - self.local.data_ptr() for b in self.bufs]
-        assert all(d % itemsize == 0 for d in deltas)
-        return torch.tensor([d // itemsize for d in deltas], dtype=torch.int64, device=self.local.device)
+    def __init__(self, nbytes: int, world: int, rank: int, device):  # noqa: D107 (no group, no mapping)
+        self.bufs = self._peers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world)]
+        self.world_size, self.rank, self.device = world, rank, torch.device(device)
+        self._element_offsets = {}
 
 
 def check_push_tokens(device) -> int:
