@@ -127,3 +127,19 @@ class LocalBuffer:
         if key not in self._zero_offsets:
             self._zero_offsets[key] = torch.zeros(self.world_size, dtype=torch.int64, device=self.local.device)
         return self._zero_offsets[key]
+
+
+class OneProcessPeers(PeerBuffer):
+    """``world`` byte buffers of one process on one device, taken where the kernels take a
+    ``PeerBuffer``: peers reached by address offsets from this rank's buffer, as over peer
+    memory, with no group and no barrier. For kernel tests and one-GPU benchmarks."""
+
+    def __init__(self, nbytes: int, world: int, rank: int, device: torch.device | str):
+        self._peers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world)]
+        self.nbytes, self.world_size, self.rank, self.device = int(nbytes), world, rank, torch.device(device)
+        self.group, self._handle = None, None
+        self._element_offsets: dict[int, torch.Tensor] = {}
+
+    def barrier(self) -> None:
+        raise RuntimeError("OneProcessPeers has no peers to wait for")
+

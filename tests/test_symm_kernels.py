@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
-from mxfp8_ep.peer_memory import PeerBuffer
+from mxfp8_ep.peer_memory import OneProcessPeers
 from tests.moe_harness import bits, preload, run_forked
 
 pytestmark = pytest.mark.skipif(
@@ -243,16 +243,6 @@ def test_routing_tables_kernel_equals_its_twin():
     assert checked == 4 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
 
 
-class _PeersInOneProcess(PeerBuffer):
-    """``world`` byte buffers of one process, taken where the kernels take a ``PeerBuffer``
-    (peers reached by address offsets from this rank's buffer, as over peer memory)."""
-
-    def __init__(self, nbytes: int, world: int, rank: int, device):  # noqa: D107 (no group, no mapping)
-        self.bufs = self._peers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(world)]
-        self.world_size, self.rank, self.device = world, rank, torch.device(device)
-        self._element_offsets = {}
-
-
 def check_push_tokens(device) -> int:
     """``push_tokens`` (Triton) against its twin, and against what it must do: each token
     stored once in every other rank's staging buffer that owns one of its experts (at row
@@ -285,12 +275,12 @@ def check_push_tokens(device) -> int:
                 offset = token_map_offset(rows, dim, dtype)
                 result = {}
                 for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-                    peers = _PeersInOneProcess(offset + capacity * 8, world, rank, device)
+                    peers = OneProcessPeers(offset + capacity * 8, world, rank, device)
                     out = torch.zeros(capacity, dim, dtype=dtype, device=device)
                     sent = torch.zeros(1, dtype=torch.int64, device=device)
                     kernels.push_tokens(x.to(device), inv.to(device), owner.to(device), dst_row.to(device), out, peers,
                                         rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent)
-                    result[name] = ([b.cpu() for b in peers.bufs], out.cpu(), int(sent), peers)
+                    result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers)
                 (bufs, out, sent, peers), (ref_bufs, ref_out, ref_sent, _) = result["triton"], result["torch"]
                 where = (world, top_k, fmt, dtype, rank)
                 assert all(torch.equal(a, b) for a, b in zip(bufs, ref_bufs)) and sent == ref_sent, where
@@ -319,10 +309,10 @@ def check_push_tokens(device) -> int:
                     source = torch.full((capacity,), -2, dtype=torch.int64)
                     source[dst_row[mine]] = rank
                     got = torch.zeros(capacity, dim, dtype=dtype, device=device)
-                    received = _PeersInOneProcess(1, world, d, device)
-                    received.bufs[d] = peers.bufs[d]
+                    received = OneProcessPeers(1, world, d, device)
+                    received._peers[d] = peers.peer(d)
                     symm_kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
-                                              stage_row=token_map(peers.bufs[d], offset, capacity))
+                                              stage_row=token_map(peers.peer(d), offset, capacity))
                     want = x[token_of[mine]]
                     if fmt == "mxfp8":
                         want = symm_reference._decode(staging_views(bufs[d], rows, dim, dtype, fmt),

@@ -1,0 +1,131 @@
+"""The expert-bound push on one GPU: row by row (``push_rows``) against each token once per
+rank (``push_tokens``, at several launch shapes), and the receive by row against the receive
+through the token map ``push_tokens`` writes.
+
+    torchrun --nproc_per_node=1 benchmarks/push_sweep.py --json push_sweep.json
+
+An EP=2 rank 0 with a MoE shape's routing (top-k of random experts, expert-sorted rows as the
+dispatcher sorts them); the peer is a second buffer on the same GPU, so the rows that would
+cross NVLink are HBM stores here: this measures a push's HBM pass, not the link (on 2xH200 the
+link is slower: ``benchmarks/dispatcher.py``). Each row's time is a median of CUDA-event
+samples, the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+# Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.dispatcher import (  # noqa: E402
+    SHAPES,
+    _sample_ms,
+    add_timing_arguments,
+    finish,
+    init_process_group,
+    parse_shapes,
+)
+from benchmarks.receive_sweep import merge_rounds  # noqa: E402
+from mxfp8_ep import symm_kernels as sk  # noqa: E402
+from mxfp8_ep.peer_memory import OneProcessPeers  # noqa: E402
+from mxfp8_ep.symm_reference import staging_nbytes, token_map, token_map_offset  # noqa: E402
+
+PUSH_TOKENS_SHAPES = [(1, 4, 1024), (2, 4, 512), (2, 4, 1024), (2, 8, 1024), (4, 8, 1024)]
+WORLD, RANK = 2, 0
+
+
+def sorted_routing(tokens: int, experts: int, top_k: int, device, seed: int = 0):
+    """Rank 0 of 2: top-k of random experts per token, sorted by expert (stable, as the
+    dispatcher's argsort): each sorted row's owner rank and row there (rows in sorted order per
+    owner), the slot of each sorted row, and ``inv`` (the sorted row of each slot)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.rand(tokens, experts, device=device, generator=g).topk(top_k, dim=1).indices
+    slot = torch.argsort(ids.reshape(-1), stable=True)
+    dst_rank = ids.reshape(-1)[slot] // (experts // WORLD)
+    dst_row = torch.zeros_like(dst_rank)
+    for r in range(WORLD):
+        mine = dst_rank == r
+        dst_row[mine] = torch.arange(int(mine.sum()), device=device)
+    inv = torch.empty_like(slot)
+    inv[slot] = torch.arange(slot.numel(), device=device)
+    return dst_rank, dst_row, slot, inv
+
+
+def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
+    shape = SHAPES[shape_name]
+    tokens, top_k, dim = shape.tokens, shape.top_k, shape.dim
+    dst_rank, dst_row, slot, inv = sorted_routing(tokens, shape.experts, top_k, device)
+    n = tokens * top_k
+    rows, capacity = max(n, WORLD * tokens), n
+    offset = token_map_offset(rows, dim, torch.bfloat16)
+    x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
+    out = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
+    sent = torch.zeros(1, dtype=torch.int64, device=device)
+    to_peer = int((dst_rank != RANK).sum())
+    # The peer's expert-major rows: the first to_peer rows come from rank 0.
+    source = torch.full((capacity,), -2, dtype=torch.int64, device=device)
+    source[:to_peer] = RANK
+    defaults = sk.PUSH_TOKENS_SHAPE
+
+    def timed(fn) -> float:
+        return statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
+
+    def row(kernel, fmt, launch, ms):
+        rows_out.append({"bench": "push_sweep", "shape": shape.label(), "kernel": kernel, "fmt": fmt,
+                         "launch": launch, "ms": round(ms, 4), "rows_to_peer": to_peer})
+
+    try:
+        for fmt in ("bf16", "mxfp8"):
+            peers = OneProcessPeers(offset + capacity * 8, WORLD, RANK, device)
+            row("push_rows", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+                lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
+            for t, w, d in args.push_tokens_shapes:
+                sk.PUSH_TOKENS_SHAPE = (t, w, d)
+                row("push_tokens", fmt, {"tokens": t, "warps": w, "block_d": d}, timed(
+                    lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                           "rceil", top_k, tokens, sent)))
+            sk.PUSH_TOKENS_SHAPE = defaults
+            # The peer's receive: each row from the staged row of its index, or through the map.
+            peer_side = OneProcessPeers(1, WORLD, 1, device)
+            peer_side._peers[1] = peers.peer(1)
+            received = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
+            launch = dict(zip(("rows", "warps"), sk.RECEIVE_SHAPES[fmt]))
+            row("receive_rows", fmt, launch, timed(lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt)))
+            tmap = token_map(peers.peer(1), offset, capacity)
+            row("receive_rows (token map)", fmt, launch, timed(
+                lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap)))
+    finally:
+        sk.PUSH_TOKENS_SHAPE = defaults
+    assert staging_nbytes(rows, dim, torch.bfloat16) <= offset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="dsv3")
+    parser.add_argument("--push-tokens-shapes", type=parse_shapes, default=PUSH_TOKENS_SHAPES,
+                        help='push_tokens launch shapes "tokens,warps,block_d;..."')
+    add_timing_arguments(parser)
+    args = parser.parse_args()
+    device = init_process_group()
+    runs: list[list[dict]] = []
+    for _ in range(args.rounds):
+        runs.append([])
+        for name in args.shapes.split(","):
+            sweep(name, args, device, runs[-1])
+    rows = []
+    for r in merge_rounds([[{**row, "hbm_bytes": 0} for row in run] for run in runs]):
+        r.pop("hbm_GBps")
+        rows.append(r)
+    finish(rows, args.json, lambda r: (f"{r['kernel']:<25} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
+                                       f"{r['ms']:>8.4f} ms  {r['shape']}"))
+
+
+if __name__ == "__main__":
+    main()
