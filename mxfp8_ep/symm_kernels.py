@@ -60,9 +60,10 @@ RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
 # 131072 x 5120), MXFP8 1024 (0.466 vs 0.575 ms; dequantizing wants more columns per load).
 REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
 # (tokens per program, warps, widest column tile) of push_tokens: rows stored as 16-byte
-# vectors. One H200, the 'peer' another buffer on the same GPU (benchmarks/results/
-# h200_one_gpu_seventh_session/push_tokens_one_gpu.json): 0.29 ms for bf16 and MXFP8 on the
-# DeepSeek-V3-like leg (8192 tokens x 7168, top-8 of 256; push_rows 0.54 / 0.49 ms).
+# vectors. One H200, the peer a second buffer on the same GPU (benchmarks/push_sweep.py,
+# results/h200_one_gpu_seventh_session/push_sweep_dsv3.json): 0.215 / 0.217 ms for bf16 / MXFP8
+# on the DeepSeek-V3-like leg (8192 tokens x 7168, top-8 of 256; push_rows 0.471 / 0.417 ms);
+# (1, 4, 1024) is as fast, 8 warps or 4 tokens slower.
 PUSH_TOKENS_SHAPE = (2, 4, 1024)
 ROUTING_BLOCK = 1024
 
