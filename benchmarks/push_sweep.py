@@ -32,7 +32,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     init_process_group,
     parse_shapes,
 )
-from benchmarks.receive_sweep import merge_rounds  # noqa: E402
+from benchmarks.receive_sweep import run_rounds  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep.peer_memory import OneProcessPeers  # noqa: E402
 from mxfp8_ep.symm_reference import staging_nbytes, token_map, token_map_offset  # noqa: E402
@@ -113,16 +113,7 @@ def main() -> None:
                         help='push_tokens launch shapes "tokens,warps,block_d;..."')
     add_timing_arguments(parser)
     args = parser.parse_args()
-    device = init_process_group()
-    runs: list[list[dict]] = []
-    for _ in range(args.rounds):
-        runs.append([])
-        for name in args.shapes.split(","):
-            sweep(name, args, device, runs[-1])
-    rows = []
-    for r in merge_rounds([[{**row, "hbm_bytes": 0} for row in run] for run in runs]):
-        r.pop("hbm_GBps")
-        rows.append(r)
+    rows = run_rounds(sweep, args, init_process_group())
     finish(rows, args.json, lambda r: (f"{r['kernel']:<25} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
                                        f"{r['ms']:>8.4f} ms  {r['shape']}"))
 

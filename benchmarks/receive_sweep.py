@@ -43,13 +43,26 @@ RECEIVE_SHAPES = [(m, w) for m in (4, 8, 16) for w in (4, 8)]
 
 def merge_rounds(runs: list[list[dict]]) -> list[dict]:
     """The first round's rows, each with every round's time (``rounds_ms``), their median
-    (``ms``) and the HBM rate at the median (``hbm_GBps``, from the row's ``hbm_bytes``)."""
+    (``ms``) and, for a row with ``hbm_bytes``, the HBM rate at the median (``hbm_GBps``)."""
     rows = [dict(r) for r in runs[0]]
     for i, row in enumerate(rows):
         row["rounds_ms"] = [run[i]["ms"] for run in runs]
         row["ms"] = round(statistics.median(row["rounds_ms"]), 4)
-        row["hbm_GBps"] = round(row.pop("hbm_bytes") / row["ms"] / 1e6, 1)
+        if "hbm_bytes" in row:
+            row["hbm_GBps"] = round(row.pop("hbm_bytes") / row["ms"] / 1e6, 1)
     return rows
+
+
+def run_rounds(sweep, args, device) -> list[dict]:
+    """``sweep(shape name, args, device, rows)`` for every shape of ``args.shapes``, once per
+    round, the rounds one after another (a drift of the GPU falls on all launch shapes alike);
+    each row's time is the median over the rounds (``merge_rounds``)."""
+    runs: list[list[dict]] = []
+    for _ in range(args.rounds):
+        runs.append([])
+        for name in args.shapes.split(","):
+            sweep(name, args, device, runs[-1])
+    return merge_rounds(runs)
 
 
 def made_up_routing(tokens: int, top_k: int, device, seed: int = 0):
@@ -119,15 +132,7 @@ def main() -> None:
                         help='receive_rows launch shapes "rows,warps;..."')
     add_timing_arguments(parser)
     args = parser.parse_args()
-    device = init_process_group()
-    # Every launch shape once per round, the rounds one after another: a drift of the GPU falls
-    # on all shapes alike. A row's time is the median over the rounds.
-    runs: list[list[dict]] = []
-    for _ in range(args.rounds):
-        runs.append([])
-        for name in args.shapes.split(","):
-            sweep(name, args, device, runs[-1])
-    rows = merge_rounds(runs)
+    rows = run_rounds(sweep, args, init_process_group())
     finish(rows, args.json, lambda r: (f"{r['kernel']:<13} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
                                        f"{r['ms']:>8.4f} ms {r['hbm_GBps']:>8.1f} GB/s  {r['shape']}"))
 
