@@ -52,6 +52,7 @@ def kernel_sweep(args, rows_out):
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import TokenDispatcher
+    from mxfp8_ep.symm_reference import token_map
 
     rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
     top_k, experts, dim = LEG_TOP_K, LEG_EXPERTS, args.dim
@@ -75,6 +76,13 @@ def kernel_sweep(args, rows_out):
         stage = {
             "push": lambda: sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, bufs.staging_rows, rank,
                                          fmt, "rceil", slot=meta.slot, top_k=top_k),
+            # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
+            # receive through the token map.
+            "push_tokens": lambda: sk.push_tokens(x, meta.inv, meta.dst_rank, meta.dst_row, out, staging,
+                                                  bufs.staging_rows, bufs.map_offset, bufs.capacity, rank, fmt,
+                                                  "rceil", top_k, bufs.max_tokens, sent),
+            "receive_token_map": lambda: sk.receive_rows(out, meta.row_source, rank, staging, bufs.staging_rows, fmt,
+                                                         stage_row=token_map(staging.local, bufs.map_offset, bufs.capacity)),
             "receive": lambda: sk.receive_rows(out, meta.row_source, rank, staging, bufs.staging_rows, fmt),
             "push_back": lambda: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
                                               bufs.staging_rows, rank, fmt, "rceil"),
@@ -90,11 +98,17 @@ def kernel_sweep(args, rows_out):
             "combine": lambda: disp.combine(routed, meta),
         }
         # HBM bytes each kernel must move at least, and NVLink bytes it sends.
+        sent = torch.zeros(1, dtype=torch.int64, device=device)
+        owners = meta.dst_rank[meta.inv].view(tokens, top_k)
+        remote_tokens = sum(int((owners == peer).any(dim=1).sum()) for peer in range(dist.get_world_size()) if peer != rank)
         p2p_src = torch.empty(remote * wire_row, dtype=torch.uint8, device=device)
         x_rep = torch.empty((n, dim), dtype=torch.bfloat16, device=device)
         hbm = {"hbm_copy": 2 * n * dim * 2, "push": n * dim * 2 + (n - remote) * dim * 2, "receive": remote * (wire_row + dim * 2),
+               "push_tokens": tokens * dim * 2 + (n - remote) * dim * 2,
+               "receive_token_map": remote_tokens * wire_row + remote * dim * 2,
                "push_back": remote * dim * 2, "reduce": n * dim * 2 + tokens * dim * 2}
-        nvlink = {"push": remote * wire_row, "push_back": remote * wire_row, "p2p_copy": remote * wire_row}
+        nvlink = {"push": remote * wire_row, "push_back": remote * wire_row, "p2p_copy": remote * wire_row,
+                  "push_tokens": remote_tokens * wire_row}
         # (rows per program, warps[, push stripes, push pipelining stages]): stripes 1 = the
         # blocks in row order; reduce: (tokens per program, warps, widest column tile).
         shapes = {"push": [(4, 4, 1, 1), (4, 4, 8, 1), (4, 4, 8, 2), (4, 4, 8, 3), (8, 8, 8, 2)],
