@@ -60,7 +60,7 @@ def sorted_routing(tokens: int, experts: int, top_k: int, device, seed: int = 0)
 
 def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     shape = SHAPES[shape_name]
-    tokens, top_k, dim = shape.tokens, shape.top_k, shape.dim
+    tokens, top_k, dim = args.tokens or shape.tokens, shape.top_k, shape.dim
     dst_rank, dst_row, slot, inv = sorted_routing(tokens, shape.experts, top_k, device)
     n = tokens * top_k
     rows, capacity = max(n, WORLD * tokens), n
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="dsv3")
     parser.add_argument("--push-tokens-shapes", type=parse_shapes, default=PUSH_TOKENS_SHAPES,
                         help='push_tokens launch shapes "tokens,warps,block_d;..."')
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (default: the shape's)")
     add_timing_arguments(parser)
     args = parser.parse_args()
     rows = run_rounds(sweep, args, init_process_group())
