@@ -310,11 +310,12 @@ class PushTokenDispatcher(TokenDispatcher):
         (or a function that returns it when first needed)."""
         raise NotImplementedError
 
-    def _push_to_experts(self, push, src, meta, leg, fmt):
+    def _push_to_experts(self, push, src, meta, leg, fmt, unweighted):
         """Run ``push(out, send, rows, only)`` (``push_rows`` of this leg's sorted rows) and the
         exchange: the fresh expert-major tensor ``out``, the buffer this rank reads the leg's
         rows from, its rows, and the staged row of each row read (``stage_row``, None: the
-        same row)."""
+        same row). ``unweighted``: every row of a token is the token itself (no factor, no dot
+        products), so a transport may send each token once per rank instead."""
         raise NotImplementedError
 
     def _send_buffer(self, src, meta, leg, fmt):
@@ -364,7 +365,8 @@ class PushTokenDispatcher(TokenDispatcher):
                 only=only,
             )
 
-        out, recv, rows, stage_row = self._push_to_experts(push, src, meta, leg, fmt)
+        unweighted = factor is None and dot_rows is None
+        out, recv, rows, stage_row = self._push_to_experts(push, src, meta, leg, fmt, unweighted)
         kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row)
         return out
 
@@ -479,40 +481,31 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 
-    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None):
-        """An unweighted expert-bound leg of a top-k > 1 router sends each token once per rank
-        that owns one of its experts (``push_tokens``), not once per expert: at top-8 on 2
-        ranks, a quarter of the rows. The owner copies it into each of its expert rows in the
-        receiving pass, through the token map the push wrote. A weighted leg (rows differ by
-        their score) pushes row by row (``PushTokenDispatcher.to_experts``)."""
-        if factor is not None or dot_rows is not None or self.config.top_k == 1:
-            return super().to_experts(src, meta, leg, factor=factor, dot_rows=dot_rows, dot_out=dot_out)
-        kernels, a2a = self.kernels(src.device), self.config.a2a
-        fmt = getattr(a2a, leg)
+    def _push_to_experts(self, push, src, meta, leg, fmt, unweighted):
+        """An unweighted leg of a top-k > 1 router sends each token once per rank that owns one
+        of its experts (``push_tokens``), not once per expert: at top-8 on 2 ranks, a quarter
+        of the rows. The owner copies it into each of its expert rows in the receiving pass,
+        through the token map the push wrote. A weighted leg (rows differ by their score)
+        pushes row by row."""
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
         out = src.new_empty((meta.capacity, src.shape[1]))
-        sent = torch.zeros(1, dtype=torch.int64, device=src.device)
-        kernels.push_tokens(
-            src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset, bufs.capacity,
-            self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
-        )
-        wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        send.barrier()  # the peers' pushes (rows and token maps) into this rank's buffer are visible
-        kernels.receive_rows(
-            out, meta.row_source, self.rank, send, bufs.staging_rows, fmt,
-            stage_row=token_map(send.local, bufs.map_offset, bufs.capacity),
-        )
-        return out
-
-    def _push_to_experts(self, push, src, meta, leg, fmt):
-        wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        bufs = self._buffers_for(src)
-        send = bufs.take_staging()
-        out = src.new_empty((meta.capacity, src.shape[1]))
-        push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
-        send.barrier()  # the peers' pushes into this rank's staging buffer are visible
-        return out, send, bufs.staging_rows, None
+        row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
+        if unweighted and self.config.top_k > 1:
+            kernels, a2a = self.kernels(src.device), self.config.a2a
+            sent = torch.zeros(1, dtype=torch.int64, device=src.device)
+            kernels.push_tokens(
+                src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
+                bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
+            )
+            wire_stats.record_rows(leg, sent[0], row_bytes)
+            stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
+        else:
+            wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
+            push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
+            stage_row = None
+        send.barrier()  # the peers' pushes (rows, token maps) into this rank's staging buffer are visible
+        return out, send, bufs.staging_rows, stage_row
 
     def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
@@ -578,7 +571,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
         return tables, expert_rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt):
+    def _push_to_experts(self, push, src, meta, leg, fmt, unweighted):  # noqa: ARG002 (rows on the wire)
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.

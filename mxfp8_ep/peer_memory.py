@@ -142,4 +142,3 @@ class OneProcessPeers(PeerBuffer):
 
     def barrier(self) -> None:
         raise RuntimeError("OneProcessPeers has no peers to wait for")
-
