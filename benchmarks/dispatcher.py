@@ -6,7 +6,11 @@ combine legs alone, all arms side by side in one run.
 ``moe_layer``: torchtitan 0.2.2's ``MoE`` (router, grouped-GEMM experts, one shared expert)
 under EP over all ranks, forward and forward+backward, same weights and inputs in every arm.
 Arms: ``torchtitan`` (its ``ExpertParallel``, bf16: the reference), then our dispatcher as
-``<preset>/<transport>``. ``leg``: ``--leg-rows`` routed rows of ``--leg-dim`` per rank (top-8
+``<preset>/<transport>``. An arm ending in ``@local`` (``bf16/symm@local``) is the floor that no
+transport can beat: every rank runs the same layer alone (a one-rank group) with its share of
+the experts (``experts / ranks``) and the same tokens, so the expert GEMMs see the rows an even
+routing gives them under EP but no byte crosses a link; its outputs differ from the others'
+(other experts), so it is not checked. ``leg``: ``--leg-rows`` routed rows of ``--leg-dim`` per rank (top-8
 of 64 experts), even or Zipf routing; torchtitan's whole leg (gather, count exchange,
 all-to-all, permute; and back: unpermute, all-to-all, unsort, reduce) against ours.
 
@@ -51,6 +55,10 @@ class MoEShape:
 SHAPES = {
     "dsv3": MoEShape("dsv3", 7168, 2048, 256, 8, 8192, False, True, 2.5),
     "llama4": MoEShape("llama4", 5120, 8192, 16, 1, 16384, True, False, 1.0),
+    # One rank's share of dsv3 at EP=2 (128 of its 256 experts, the same 8192 tokens and top-8:
+    # ~512 rows per expert, as an even routing gives each rank), for one GPU: the layer with no
+    # wire at all, the floor that no EP=2 transport can beat.
+    "dsv3_rank": MoEShape("dsv3_rank", 7168, 2048, 128, 8, 8192, False, True, 2.5),
     # Small enough for a CPU smoke run (gloo).
     "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),
 }
@@ -251,13 +259,13 @@ def round_robin(arms, time_arm, args, device) -> dict[str, dict]:
 
 def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
     """Every MoE arm, timed ``round_robin``. The first arm is the reference of the one-step
-    correctness check (first round). Returns ``round_robin``'s result plus ``errs`` per arm
-    (relative errors vs the first arm)."""
-    errs, ref = {}, {}
+    correctness check (first round); ``@local`` arms compute another layer and are not checked.
+    Returns ``round_robin``'s result plus ``errs`` per arm (relative errors vs the first arm)."""
+    errs, ref = {arm: {} for arm in arms}, {}
 
     def time_arm(arm, first_round, iters):
         moe = build(arm)
-        if first_round:
+        if first_round and not is_local(arm):
             xi, result, errs[arm] = check_step(moe, x, grad, expert_w1, ref.get("result"), device)
             ref.setdefault("result", result)
         else:
@@ -274,12 +282,31 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 
 def _a2a(arm: str):
-    """``<preset>/<transport>[:overlap]``; ``:overlap`` runs the shared experts on a side
+    """``<preset>/<transport>[:overlap][@local]``; ``:overlap`` runs the shared experts on a side
     stream (``DispatcherExpertParallel(overlap_shared_experts=True)``)."""
     from mxfp8_ep.config import A2AConfig
 
-    preset, transport = arm.split(":")[0].split("/")
+    preset, transport = arm.split("@")[0].split(":")[0].split("/")
     return A2AConfig.preset(preset, transport=transport)
+
+
+def is_local(arm: str) -> bool:
+    return arm.endswith("@local")
+
+
+def rank_alone(shape: MoEShape, device):
+    """The ``@local`` arms' layer: ``shape`` with this rank's share of the experts, and a
+    one-rank mesh of this rank (every rank takes part in creating every rank's group)."""
+    from dataclasses import replace
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    world = dist.get_world_size()
+    if shape.experts % world:
+        raise ValueError(f"{shape.name}: {shape.experts} experts do not split over {world} ranks")
+    groups = [dist.new_group([r]) for r in range(world)]
+    mesh = DeviceMesh.from_group(groups[dist.get_rank()], device.type, mesh_dim_names=("ep",))
+    return replace(shape, experts=shape.experts // world), mesh
 
 
 def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
@@ -317,8 +344,13 @@ def layer_inputs(shape: MoEShape, device, dtype) -> tuple[torch.Tensor, torch.Te
 def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> None:
     x, grad = layer_inputs(shape, device, args.dtype)
     arms = ["torchtitan", *args.arms]
-    results = time_arms(arms, lambda arm: _build_moe(shape, device, args.dtype, arm, mesh), x, grad,
-                        lambda m: m.experts.w1, args, device)
+    alone = rank_alone(shape, device) if any(map(is_local, arms)) else None
+
+    def build(arm):
+        arm_shape, arm_mesh = alone if is_local(arm) else (shape, mesh)
+        return _build_moe(arm_shape, device, args.dtype, arm, arm_mesh)
+
+    results = time_arms(arms, build, x, grad, lambda m: m.experts.w1, args, device)
     for arm in arms:
         res = results[arm]
         for name, (ms, ms_synced) in res["ms"].items():

@@ -5,7 +5,7 @@
 1. Each kernel of the dispatch and combine legs alone (CUDA events, median, max over ranks),
    for several launch shapes, with the bandwidth it reaches: bytes it must read and write in
    HBM, and bytes it sends over NVLink.
-2. A torch.profiler table of one forward+backward of the DeepSeek-V3-like MoE layer (top
+2. A torch.profiler table of one forward+backward of the DeepSeek-V3-like MoE layer (``--layer-shape``; top
    kernels by device time), for each of ``--arms``, and its timeline: the time the GPU is idle
    between kernels, how much of it the host caused (the next kernel was launched after the
    previous one had ended), the largest gaps with the kernels and host op around them, and
@@ -292,7 +292,7 @@ def layer_profile(args, arm: str):
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cuda", (dist.get_world_size(),), mesh_dim_names=("ep",))
-    shape = SHAPES["dsv3"]
+    shape = SHAPES[args.layer_shape]
     moe = _build_moe(shape, device, torch.bfloat16, arm, mesh)
     x = torch.randn((1, shape.tokens, shape.dim), device=device, dtype=torch.bfloat16, requires_grad=True)
     def step():
@@ -331,6 +331,7 @@ def main():
     parser.add_argument("--arms", default="torchtitan,mxfp8/symm")
     parser.add_argument("--json", default=None)
     parser.add_argument("--skip-layer", action="store_true")
+    parser.add_argument("--layer-shape", default="dsv3", help="benchmarks/dispatcher.py SHAPES entry of the layer profile")
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--cpu-ops", action="store_true", help="also record host ops (names the op behind each gap)")
     parser.add_argument("--leg-arms", default="", help="also profile the dispatch leg alone of these arms")

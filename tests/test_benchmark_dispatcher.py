@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.dispatcher import _leg_routing
 
-ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/nccl"]
+ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/nccl", "bf16/symm@local"]
 
 
 def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
@@ -41,7 +41,9 @@ def test_benchmark_script_writes_rows_with_checked_arms(tmp_path):
         assert r["ms"] > 0 and r["ms_synced"] > 0
     for r in layer:
         errs = r["rel_err"]
-        if r["arm"] == "torchtitan":
+        if r["arm"].endswith("@local"):  # another layer (each rank alone): not comparable
+            assert errs == {}
+        elif r["arm"] == "torchtitan":
             assert errs == {"out": 0.0, "x_grad": 0.0, "w1_grad": 0.0} and r["speedup_vs_torchtitan"] == 1.0
         else:  # bf16 legs: summation order only; MXFP8 legs: the format's error
             bound = 2.0**-6 if r["arm"].startswith("bf16") else 2.0**-3
