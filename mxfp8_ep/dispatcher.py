@@ -46,7 +46,13 @@ from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
 from mxfp8_ep.quantize import resolve_kernel
-from mxfp8_ep.symm_reference import staged_row_nbytes, token_map, token_map_offset
+from mxfp8_ep.symm_reference import (
+    partial_slots,
+    partial_stage_rows,
+    staged_row_nbytes,
+    token_map,
+    token_map_offset,
+)
 
 # torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU
 # machine's torch 2.11 may have only the old one.
@@ -88,6 +94,15 @@ class TokenDispatcher:
         # symm: receive buffers are sized for this many tokens per rank (None: the largest
         # token count of the first dispatch, over the EP group).
         max_tokens_per_rank: int | None = None
+
+        @property
+        def symm_partial_sums(self) -> bool:
+            """Whether the symm transport sends dispatch's backward as one partial sum per token
+            and rank (``SymmTokenDispatcher._push_to_tokens``): a plain sum (scores after the
+            experts) of top-k > 1 rows, whose forward sent tokens once, in the activation dtype.
+            Its x gradient then adds a token's rows in another grouping (and, in bf16, rounds
+            each partial sum once) than the fused nccl transport: equal to rounding, not bits."""
+            return self.top_k > 1 and not self.score_before_experts and self.a2a.dispatch_bwd == "bf16"
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
             transport = resolve_transport(self.a2a.transport, torch.device(device), group)
@@ -252,6 +267,10 @@ class PushDispatchMetadata:
     topk_scores_TK: torch.Tensor  # noqa: N815
     num_tokens: int
     pending_expert_rows: ExpertRowRouting | Callable[[], ExpertRowRouting]
+    # symm, after a token-once push (``push_tokens``): per expert-major row, the slot of its
+    # token (``source * slot_tokens + token``) when a peer sent it, else ``ep * slot_tokens``.
+    row_slot: torch.Tensor | None = None
+    slot_tokens: int = 0
 
     @property
     def expert_rows_known(self) -> bool:
@@ -373,13 +392,10 @@ class PushTokenDispatcher(TokenDispatcher):
     def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
         """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
         ``leg``: combine_fwd or dispatch_bwd."""
-        kernels, a2a = self.kernels(src.device), self.config.a2a
-        fmt = getattr(a2a, leg)
-        send, rows = self._send_buffer(src, meta, leg, fmt)
-        kernels.push_rows(
-            src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
-        )
-        recv, rows, stage_row = self._exchange(send, rows, src, meta, fmt)
+        kernels = self.kernels(src.device)
+        fmt = getattr(self.config.a2a, leg)
+        unweighted = weight is None and save is None and dot_out is None
+        recv, rows, stage_row = self._push_to_tokens(src, meta, leg, fmt, unweighted)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
             out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
@@ -387,6 +403,18 @@ class PushTokenDispatcher(TokenDispatcher):
             stage_row=stage_row,
         )
         return out
+
+    def _push_to_tokens(self, src, meta, leg, fmt, unweighted):
+        """Push a token-bound leg's rows (``push_rows``) and exchange them: the buffer this
+        rank reads them from, its rows, and the staged row of each sorted row (``stage_row``,
+        None: the same row). ``unweighted``: a token's value is the plain sum of its rows (no
+        weight, no saved rows), so a transport may send one partial sum per token and rank."""
+        a2a = self.config.a2a
+        send, rows = self._send_buffer(src, meta, leg, fmt)
+        self.kernels(src.device).push_rows(
+            src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
+        )
+        return self._exchange(send, rows, src, meta, fmt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,7 +533,39 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
             stage_row = None
         send.barrier()  # the peers' pushes (rows, token maps) into this rank's staging buffer are visible
+        if stage_row is not None and meta.row_slot is None:
+            # Which token each row came from, for a token-bound leg's partial sums: a copy,
+            # since the staging buffer (and its map) serves the next legs.
+            remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
+            meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
+            meta.slot_tokens = bufs.max_tokens
         return out, send, bufs.staging_rows, stage_row
+
+    def _push_to_tokens(self, src, meta, leg, fmt, unweighted):
+        """A plain sum whose rows' tokens this rank knows (``meta.row_slot``: an expert-bound
+        leg sent tokens once) goes back as one partial sum per token and rank
+        (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
+        token's rank adds it once, at the token's first slot on that rank. That leg is
+        dispatch's backward when the scores follow the experts (DeepSeek-V3;
+        ``Config.symm_partial_sums``). Only in the activation's dtype: on an MXFP8 leg the
+        partial sum would be quantized instead of each row, other bits than the fused nccl
+        transport's and the fuzz's wire reference; not done."""
+        if not (leg == "dispatch_bwd" and self.config.symm_partial_sums and meta.row_slot is not None):
+            return super()._push_to_tokens(src, meta, leg, fmt, unweighted)
+        assert unweighted and fmt == "bf16", (leg, fmt)
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        kernels = self.kernels(src.device)
+        order, start = partial_slots(meta.row_slot, self.ep * meta.slot_tokens)
+        sent = torch.zeros(1, dtype=torch.int64, device=src.device)
+        kernels.push_partials(
+            src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
+            min(self.config.top_k, self.num_local_experts), meta.slot_tokens, sent,
+        )
+        wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        stage_row = partial_stage_rows(meta.inv, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
+        send.barrier()  # the peers' partial sums into this rank's staging buffer are visible
+        return send, bufs.staging_rows, stage_row
 
     def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))

@@ -65,6 +65,9 @@ REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
 # on the DeepSeek-V3-like leg (8192 tokens x 7168, top-8 of 256; push_rows 0.471 / 0.417 ms);
 # (1, 4, 1024) is as fast, 8 warps or 4 tokens slower.
 PUSH_TOKENS_SHAPE = (2, 4, 1024)
+# (token slots per program, warps, widest column tile) of push_partials: not swept yet; the
+# reduce's bf16 shape (one token, 4 warps, 512 columns) with two slots per program.
+PUSH_PARTIALS_SHAPE = (2, 4, 512)
 ROUTING_BLOCK = 1024
 
 
@@ -287,6 +290,43 @@ def _push_tokens_kernel(
 
 
 @triton.jit
+def _push_partials_kernel(
+    src_ptr, order_ptr, start_ptr, stage_ptr, peer_delta_ptr, sent_ptr, S, rank, max_tokens,
+    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
+    ROUNDING: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    ok = slots < S
+    first = tl.load(start_ptr + slots, mask=ok, other=0)
+    count = tl.load(start_ptr + slots + 1, mask=ok, other=0) - first
+    dest = slots // max_tokens
+    active = ok & (count > 0) & (dest != rank)
+    sent = tl.sum(active.to(tl.int32), axis=0)
+    if sent == 0:
+        return
+    tl.atomic_add(sent_ptr, sent.to(tl.int64))
+    staged = rank * max_tokens + (slots % max_tokens).to(tl.int64)
+    # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
+    peer = tl.multiple_of(tl.load(peer_delta_ptr + dest, mask=active, other=0), 16)
+    for start in range(0, D, BLOCK_D):
+        cols = _cols(start, BLOCK_D)
+        acc = tl.zeros((BLOCK_S, BLOCK_D // 32, 32), tl.float32)
+        for j in tl.static_range(MAX_ROWS):
+            has = active & (j < count)
+            row = tl.load(order_ptr + first + j, mask=has, other=0)
+            acc = acc + _load_tile(src_ptr, row, cols, _mask(has, cols, D, BLOCK_D), D, IN_BF16)
+        value = _round_to_activation(acc, IN_BF16)
+        out_mask = _mask(active, cols, D, BLOCK_D)
+        if QUANT:
+            e4m3, byte = _quantize_groups(value, ROUNDING)
+            doffs, soffs, sok = _packed_offsets(staged, cols, start, D, BLOCK_D)
+            tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=out_mask)
+            tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=active[:, None] & sok)
+        else:
+            _store_tile(stage_ptr + peer[:, None, None], staged, cols, value, out_mask, D, IN_BF16)
+
+
+@triton.jit
 def _staged_rows(stage_row_ptr, rows, row_ok, HAS_STAGE_ROW: tl.constexpr):
     """The staged row each of ``rows`` reads: ``stage_row[rows]``, or the same row."""
     if HAS_STAGE_ROW:
@@ -358,6 +398,8 @@ def _reduce_slots_kernel(
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
             local_val = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
             staged = _staged_rows(stage_row_ptr, n, is_remote, HAS_STAGE_ROW)
+            if HAS_STAGE_ROW:  # -1: nothing to add (push_partials sent the token's sum once)
+                is_remote = is_remote & (staged >= 0)
             remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
             value = tl.where(is_local[:, None, None], local_val, remote_val)
             if HAS_SAVE:
@@ -500,6 +542,21 @@ def push_tokens(
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
         IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
         BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
+    )
+
+
+def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent) -> None:
+    num_slots, dim = start.numel() - 1, src.shape[1]
+    if num_slots == 0 or src.shape[0] == 0:
+        return
+    block_s, warps, block_d = PUSH_PARTIALS_SHAPE
+    stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
+    _push_partials_kernel[(triton.cdiv(num_slots, block_s),)](
+        _bits(src), order, start, stage, staging.element_offsets(stage.element_size()), sent,
+        num_slots, rank, max_tokens,
+        D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
+        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_S=block_s, BLOCK_D=_block_d(dim, block_d),
+        num_warps=warps,
     )
 
 

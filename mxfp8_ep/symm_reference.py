@@ -19,7 +19,9 @@ Arithmetic (shared with the kernels, so both give the same bits):
 * a routing weight multiplies in fp32 and the product is rounded to the activation dtype
   before it is sent or quantized (torchtitan's ``(x.float() * score).to(x.dtype)``);
 * the top-k reduction adds the K slots of a token in fp32, in slot order ``k = 0..K-1``, each
-  slot's (dequantized) value times its weight as separate multiply and add, then one rounding.
+  slot's (dequantized) value times its weight as separate multiply and add, then one rounding;
+* a partial sum (``push_partials``) adds a token's rows on one rank in fp32, in expert-major
+  row order, and is rounded to the activation dtype before it is sent or quantized.
 """
 
 from __future__ import annotations
@@ -189,6 +191,71 @@ def push_tokens(
         sent += need.sum()
 
 
+def partial_slots(row_slot: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group expert-major rows by the token they belong to: ``row_slot[i]`` is row ``i``'s
+    token slot (``source * max_tokens + token``), or ``num_slots`` for a row that takes no part.
+    Returns ``order`` (rows sorted by slot, stable: expert-major order within a slot) and
+    ``start`` (``num_slots + 1``): slot ``s``'s rows are ``order[start[s]:start[s + 1]]``.
+    Device ops only (no host sync)."""
+    order = torch.argsort(row_slot, stable=True)
+    counts = torch.zeros(num_slots + 1, dtype=torch.int64, device=row_slot.device)
+    counts.scatter_add_(0, row_slot, torch.ones_like(row_slot))
+    start = torch.zeros(num_slots + 1, dtype=torch.int64, device=row_slot.device)
+    torch.cumsum(counts[:num_slots], dim=0, out=start[1:])
+    return order, start
+
+
+def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent) -> None:
+    """The token-bound push with one row per token and rank: for every slot ``s`` of another
+    rank's token (``s // max_tokens``) with rows here (``partial_slots``; at most
+    ``max_rows``), the fp32 sum of its rows of ``src`` in ``order``, rounded to the activation
+    dtype (and quantized, ``fmt``), goes to that rank's staging buffer at row ``rank *
+    max_tokens + s % max_tokens``. ``sent`` (int64, one element) grows by the rows put on the
+    wire. The token's rank adds it once to the rows it kept (``reduce_slots`` with a
+    ``stage_row`` from ``partial_stage_rows``)."""
+    num_slots, dim = start.numel() - 1, src.shape[1]
+    slots = torch.arange(num_slots, device=src.device)
+    first, count = start[:-1], start[1:] - start[:-1]
+    dest = slots // max_tokens
+    active = (count > 0) & (dest != rank)
+    acc = torch.zeros((num_slots, dim), dtype=torch.float32, device=src.device)
+    order = order if order.numel() else torch.zeros(1, dtype=torch.int64, device=src.device)
+    for j in range(max_rows):
+        has = active & (j < count)
+        rows = order[(first + j).clamp(max=order.numel() - 1)]
+        acc = acc + torch.where(has.unsqueeze(1), src[rows].float(), 0.0)
+    values = acc.to(src.dtype)
+    encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
+    staged = rank * max_tokens + slots % max_tokens
+    for peer in range(staging.world_size):
+        if peer == rank:
+            continue
+        sel = active & (dest == peer)
+        views = staging_views(staging.peer(peer), staging_rows, dim, src.dtype, fmt)
+        if fmt == "mxfp8":
+            views[0][staged[sel]] = encoded.data.view(torch.uint8)[sel]
+            views[1][staged[sel]] = encoded.scale[sel]
+        else:
+            views[0][staged[sel]] = values[sel]
+    sent += active.sum()
+
+
+def partial_stage_rows(inv: torch.Tensor, dst_rank: torch.Tensor, rank: int, top_k: int, max_tokens: int) -> torch.Tensor:
+    """For ``reduce_slots`` after ``push_partials``: per sorted row ``n``, the staged row of its
+    token's partial sum from the row's owner (``owner * max_tokens + token``) when ``n`` is the
+    token's first slot (lowest ``k``) on that owner, else -1 (added already, or a row that
+    stays). Device ops only."""
+    n = inv.view(-1, top_k)
+    owner = dst_rank[n]
+    earlier = torch.ones(top_k, top_k, dtype=torch.bool, device=inv.device).tril(-1)
+    repeat = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).any(dim=2)
+    token = torch.arange(n.shape[0], device=inv.device).unsqueeze(1)
+    value = torch.where((owner != rank) & ~repeat, owner * max_tokens + token, -1)
+    stage_row = torch.empty_like(inv)
+    stage_row[n.reshape(-1)] = value.reshape(-1)
+    return stage_row
+
+
 def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
     """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
     buffer, row ``stage_row[i]`` (or ``i``). Padding rows (-1): zeros. This rank's own rows and
@@ -207,8 +274,9 @@ def reduce_slots(
 ) -> None:
     """``out[t] = sum_k weight[t*K+k] * v(inv[t*K+k])`` in fp32 (k ascending), where ``v(n)``
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else
-    row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded). ``save[n] = v(n)``;
-    ``dot_out[t*K+k] = <v(inv[t*K+k]), dot_with[t]>`` in fp32."""
+    row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
+    ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(inv[t*K+k]),
+    dot_with[t]>`` in fp32."""
     num_tokens, dim = out.shape
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     acc = torch.zeros((num_tokens, dim), dtype=torch.float32, device=out.device)
@@ -217,7 +285,9 @@ def reduce_slots(
         n = inv[slots + k]
         is_local = row_rank[n] == rank
         v = local_src[torch.where(is_local, local_row[n], 0)]
-        remote = torch.nonzero(~is_local).squeeze(1)
+        skipped = ~is_local & (stage_row[n] < 0) if stage_row is not None else torch.zeros_like(is_local)
+        v[skipped] = 0
+        remote = torch.nonzero(~is_local & ~skipped).squeeze(1)
         v[remote] = _decode(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
         if save is not None:
             save[n] = v

@@ -1,9 +1,10 @@
 """Both transports report the bytes each leg put on the wire (``mxfp8_ep.wire_stats``, the
 recipe's ``a2a/bytes_per_step``): nccl from its host split lists, symm from device row counts
 read at the snapshot. A leg's count is the rows that left the rank times the leg format's row
-size; the same routing gives the same counts on both transports, except dispatch's forward on
-symm: an unweighted expert-bound leg sends each token once per rank that owns one of its
-experts, not once per expert."""
+size; the same routing gives the same counts on both transports, except on symm with top-k > 1
+and the scores after the experts: dispatch's forward (an unweighted expert-bound leg) sends
+each token once per rank that owns one of its experts, not once per expert, and dispatch's
+backward in the activation dtype (a plain sum) one partial sum per token and rank back."""
 
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ from tests.moe_harness import preload, run_forked, setup_rank
 TOKENS, EXPERTS, TOP_K, DIM = 12, 4, 2, 64
 
 
-def _leg_bytes(rank, world, preset, transport):
+def _routing(rank):
     g = torch.Generator().manual_seed(5 + rank)
     x = torch.randn(TOKENS, DIM, generator=g).bfloat16().requires_grad_()
     scores, ids = torch.randn(TOKENS, EXPERTS, generator=g).sigmoid().topk(TOP_K, dim=-1)
-    scores = scores.clone().requires_grad_()
+    return x, scores.clone().requires_grad_(), ids
+
+
+def _leg_bytes(rank, world, preset, transport):
+    x, scores, ids = _routing(rank)
     counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS)
     disp = TokenDispatcher.Config(
         num_experts=EXPERTS, top_k=TOP_K, max_tokens_per_rank=TOKENS,
@@ -36,6 +41,12 @@ def _leg_bytes(rank, world, preset, transport):
     return wire_stats.snapshot(reset=True), int((owner != rank).sum()), remote_tokens
 
 
+def _tokens_received(rank, world):
+    """Tokens of the other ranks with at least one expert on this rank."""
+    owners = [_routing(peer)[2] // (EXPERTS // world) for peer in range(world) if peer != rank]
+    return sum(int((owner == rank).any(dim=1).sum()) for owner in owners)
+
+
 def _same_bytes_on_both_transports(rank, world):
     setup_rank()
     for preset in ("bf16", "mxfp8_all"):
@@ -44,7 +55,12 @@ def _same_bytes_on_both_transports(rank, world):
         row = wire_stats.row_bytes(DIM, 2, A2AConfig.preset(preset).dispatch_fwd)
         assert nccl["dispatch_fwd"] == remote_rows * row > 0, (preset, nccl, remote_rows)
         assert symm["dispatch_fwd"] == remote_tokens * row < nccl["dispatch_fwd"], (preset, symm, remote_tokens)
-        for leg in ("dispatch_bwd", "combine_fwd", "combine_bwd"):
+        if preset == "bf16":  # partial sums back
+            partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, "bf16")
+            assert symm["dispatch_bwd"] == partial < nccl["dispatch_bwd"], (preset, symm, nccl, partial)
+        else:  # an MXFP8 dispatch backward goes row by row
+            assert symm["dispatch_bwd"] == nccl["dispatch_bwd"] > 0, (preset, symm, nccl)
+        for leg in ("combine_fwd", "combine_bwd"):
             assert symm[leg] == nccl[leg] > 0, (preset, leg, symm, nccl)
         assert set(nccl) == set(symm) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
 

@@ -325,3 +325,76 @@ def check_push_tokens(device) -> int:
 
 def test_push_tokens_sends_each_token_once_per_rank():
     assert check_push_tokens(torch.device("cpu")) == (2 + 3 + 2 + 3) + 3 * 4  # ranks per world + 3 formats x 4
+
+
+def check_push_partials(device) -> int:
+    """``push_partials`` (Triton) against its twin, and against what it must do: for each token
+    of another rank with rows here, the fp32 sum of those rows in expert-major row order,
+    rounded to the activation dtype (then quantized on an MXFP8 leg), in that rank's staging
+    buffer at row ``rank * max_tokens + token``; ``sent`` counts them; rows that stay, padding
+    and tokens without rows here send nothing. Returns the cases checked (on a GPU by hand:
+    ``check_push_partials(torch.device("cuda"))``)."""
+    from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.format import quantize_reference
+    from mxfp8_ep.symm_reference import partial_slots, staging_views
+
+    g = torch.Generator().manual_seed(23)
+    checked = 0
+    for world, max_rows, dim, max_tokens in ((2, 3, 64, 6), (3, 2, 96, 5), (4, 4, 64, 3)):
+        num_slots = world * max_tokens
+        for fmt, dtype in (("bf16", torch.bfloat16), ("bf16", torch.float32), ("mxfp8", torch.bfloat16)):
+            rank = checked % world
+            # Each other rank's tokens: 0..max_rows rows here; then rows that stay and padding.
+            keys = [s for s in range(num_slots) if s // max_tokens != rank
+                    for _ in range(int(torch.randint(0, max_rows + 1, (1,), generator=g)))]
+            keys += [num_slots] * 5
+            row_slot = torch.tensor(keys)[torch.randperm(len(keys), generator=g)]
+            src = (torch.randn(len(keys), dim, generator=g) * 4).to(dtype)
+            order, start = partial_slots(row_slot.to(device), num_slots)
+            result = {}
+            for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
+                peers = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, rank, device)
+                sent = torch.zeros(1, dtype=torch.int64, device=device)
+                kernels.push_partials(src.to(device), order, start, peers, num_slots, rank, fmt, "rceil",
+                                      max_rows, max_tokens, sent)
+                result[name] = ([peers.peer(r).cpu() for r in range(world)], int(sent))
+            (bufs, sent), (ref_bufs, ref_sent) = result["triton"], result["torch"]
+            where = (world, fmt, dtype, rank)
+            assert all(torch.equal(a, b) for a, b in zip(bufs, ref_bufs)) and sent == ref_sent, where
+            sums = [s for s in range(num_slots) if (row_slot == s).any()]
+            assert sent == len(sums) > 0, where
+            for s in sums:
+                acc = torch.zeros(dim)
+                for i in torch.nonzero(row_slot == s).squeeze(1).tolist():  # expert-major row order
+                    acc = acc + src[i].float()
+                want = acc.to(dtype)
+                views = staging_views(bufs[s // max_tokens], num_slots, dim, dtype, fmt)
+                u = rank * max_tokens + s % max_tokens
+                if fmt == "mxfp8":
+                    encoded = quantize_reference(want.unsqueeze(0), "rceil")
+                    assert torch.equal(views[0][u], encoded.data.view(torch.uint8)[0]), where
+                    assert torch.equal(views[1][u], encoded.scale[0]), where
+                else:
+                    assert torch.equal(bits(views[0][u]), bits(want)), where
+            # Nothing else was written: every other staged row of every rank is still zero.
+            for r in range(world):
+                written = {rank * max_tokens + s % max_tokens for s in sums if s // max_tokens == r}
+                rows = staging_views(bufs[r], num_slots, dim, dtype, fmt)[0]
+                for u in range(num_slots):
+                    if u not in written:
+                        assert not rows[u].view(torch.uint8).any(), (where, r, u)
+            checked += 1
+    return checked
+
+
+def test_push_partials_sends_one_sum_per_token_and_rank():
+    assert check_push_partials(torch.device("cpu")) == 9
+
+
+def test_partial_stage_rows_name_each_owner_once_per_token():
+    from mxfp8_ep.symm_reference import partial_stage_rows
+
+    # 3 tokens x top-4 on rank 1 of 3; max_tokens 5. Sorted row n = slot n here (inv = identity).
+    owner = torch.tensor([[0, 2, 0, 1], [1, 1, 1, 1], [2, 2, 0, 2]])
+    got = partial_stage_rows(torch.arange(12), owner.reshape(-1), rank=1, top_k=4, max_tokens=5).view(3, 4)
+    assert got.tolist() == [[0 * 5 + 0, 2 * 5 + 0, -1, -1], [-1, -1, -1, -1], [2 * 5 + 2, -1, 0 * 5 + 2, -1]]

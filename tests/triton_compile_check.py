@@ -28,6 +28,8 @@ PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_
 PUSH_TOKENS = {"src_ptr": "*i16", "inv_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                "local_out_ptr": "*i16", "stage_ptr": "*u8", "stage_delta_ptr": "*i64", "map_ptr": "*i64",
                "map_delta_ptr": "*i64", "sent_ptr": "*i64", "T": "i32", "rank": "i32", "max_tokens": "i32"}
+PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "stage_ptr": "*i16",
+                 "peer_delta_ptr": "*i64", "sent_ptr": "*i64", "S": "i32", "rank": "i32", "max_tokens": "i32"}
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "R": "i32",
            "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
@@ -46,6 +48,10 @@ SYMM = {
                                    dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
                                         BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2])))
        for fmt in ("mxfp8", "bf16") for w in (2, 8)},
+    # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
+    "push_partials_bf16": (sk._push_partials_kernel, PUSH_PARTIALS,
+                           dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=False, ROUNDING=0,
+                                BLOCK_S=sk.PUSH_PARTIALS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_PARTIALS_SHAPE[2]))),
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
@@ -65,6 +71,11 @@ SYMM = {
                     dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=True, HAS_SAVE=True,
                          HAS_DOT=False, HAS_STAGE_ROW=False, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
                          BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]))),
+    # after push_partials: plain sum, partials read through stage_row (-1: nothing to add).
+    "reduce_bf16_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
+                             dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=False, HAS_SAVE=False,
+                                  HAS_DOT=False, HAS_STAGE_ROW=True, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
+                                  BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]))),
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                                              "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
