@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-python3 -m pytest -q tests
+python3 -m pytest -q --durations=15 tests  # the slowest tests, to keep the suite near 15 minutes
 bash scripts/setup_titan030.sh && .venv-titan030/bin/python -m pytest -q tests/titan030  # torchtitan 0.3.0 env
