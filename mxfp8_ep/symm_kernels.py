@@ -173,6 +173,22 @@ def _packed_offsets(rows, cols, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _store_staged_tile(stage_ptr, peer, rows, row_ok, cols, start, value, D: tl.constexpr, IN_BF16: tl.constexpr,
+                       QUANT: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tile of ``rows`` (where ``row_ok``) into the staging buffers of each row's peer
+    (``stage_ptr + peer``, element offsets): in the activation dtype, or quantized to MXFP8
+    (e4m3 bytes, then the row's scale bytes)."""
+    mask = _mask(row_ok, cols, D, BLOCK_D)
+    if QUANT:
+        e4m3, byte = _quantize_groups(value, ROUNDING)
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, BLOCK_D)
+        tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=mask)
+        tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=row_ok[:, None] & sok)
+    else:
+        _store_tile(stage_ptr + peer[:, None, None], rows, cols, value, mask, D, IN_BF16)
+
+
+@triton.jit
 def _push_rows_kernel(
     src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
@@ -226,14 +242,7 @@ def _push_rows_kernel(
         if any_local:
             _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
         if any_remote:
-            remote_mask = _mask(remote, cols, D, BLOCK_D)
-            if QUANT:
-                e4m3, byte = _quantize_groups(x, ROUNDING)
-                doffs, soffs, sok = _packed_offsets(dst_row, cols, start, D, BLOCK_D)
-                tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=remote_mask)
-                tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=remote[:, None] & sok)
-            else:
-                _store_tile(stage_ptr + peer[:, None, None], dst_row, cols, x, remote_mask, D, IN_BF16)
+            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
 
@@ -316,14 +325,7 @@ def _push_partials_kernel(
             row = tl.load(order_ptr + first + j, mask=has, other=0)
             acc = acc + _load_tile(src_ptr, row, cols, _mask(has, cols, D, BLOCK_D), D, IN_BF16)
         value = _round_to_activation(acc, IN_BF16)
-        out_mask = _mask(active, cols, D, BLOCK_D)
-        if QUANT:
-            e4m3, byte = _quantize_groups(value, ROUNDING)
-            doffs, soffs, sok = _packed_offsets(staged, cols, start, D, BLOCK_D)
-            tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=out_mask)
-            tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=active[:, None] & sok)
-        else:
-            _store_tile(stage_ptr + peer[:, None, None], staged, cols, value, out_mask, D, IN_BF16)
+        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
 
 
 @triton.jit

@@ -67,6 +67,17 @@ def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fm
     return (buf[: rows * nbytes].view(dtype).view(rows, dim),)
 
 
+def _store_staged(buf, staging_rows: int, at: torch.Tensor, values: torch.Tensor, encoded, sel: torch.Tensor, fmt: str):
+    """Rows ``values[sel]`` (MXFP8: their ``encoded`` form) into rows ``at[sel]`` of a staging
+    byte buffer."""
+    views = staging_views(buf, staging_rows, values.shape[1], values.dtype, fmt)
+    if fmt == "mxfp8":
+        views[0][at[sel]] = encoded.data.view(torch.uint8)[sel]
+        views[1][at[sel]] = encoded.scale[sel]
+    else:
+        views[0][at[sel]] = values[sel]
+
+
 def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Tensor:
     if fmt == "mxfp8":
         data, scale = views
@@ -128,7 +139,6 @@ def push_rows(
     num = dst_rank.numel()
     if num == 0:
         return
-    dim = src.shape[1]
     idx = slot if slot is not None else torch.arange(num, device=src.device)
     values = src[idx // top_k] if slot is not None else src[:num]
     dst_rank = _only(dst_rank, rank, only)
@@ -143,15 +153,8 @@ def push_rows(
         local_out[dst_row[local]] = values[local]
     encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
     for peer in range(staging.world_size):
-        if peer == rank:
-            continue
-        views = staging_views(staging.peer(peer), staging_rows, dim, src.dtype, fmt)
-        sel = dst_rank == peer
-        if fmt == "mxfp8":
-            views[0][dst_row[sel]] = encoded.data.view(torch.uint8)[sel]
-            views[1][dst_row[sel]] = encoded.scale[sel]
-        else:
-            views[0][dst_row[sel]] = values[sel]
+        if peer != rank:
+            _store_staged(staging.peer(peer), staging_rows, dst_row, values, encoded, dst_rank == peer, fmt)
 
 
 def push_tokens(
@@ -181,12 +184,7 @@ def push_tokens(
             continue
         bound = owner == peer
         need = bound.any(dim=1)
-        views = staging_views(staging.peer(peer), staging_rows, dim, src.dtype, fmt)
-        if fmt == "mxfp8":
-            views[0][staged[need]] = encoded.data.view(torch.uint8)[need]
-            views[1][staged[need]] = encoded.scale[need]
-        else:
-            views[0][staged[need]] = src[need]
+        _store_staged(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
         token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
         sent += need.sum()
 
@@ -228,15 +226,8 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
     encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
     staged = rank * max_tokens + slots % max_tokens
     for peer in range(staging.world_size):
-        if peer == rank:
-            continue
-        sel = active & (dest == peer)
-        views = staging_views(staging.peer(peer), staging_rows, dim, src.dtype, fmt)
-        if fmt == "mxfp8":
-            views[0][staged[sel]] = encoded.data.view(torch.uint8)[sel]
-            views[1][staged[sel]] = encoded.scale[sel]
-        else:
-            views[0][staged[sel]] = values[sel]
+        if peer != rank:
+            _store_staged(staging.peer(peer), staging_rows, staged, values, encoded, active & (dest == peer), fmt)
     sent += active.sum()
 
 
