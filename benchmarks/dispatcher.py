@@ -62,7 +62,8 @@ SHAPES = {
     # Small enough for a CPU smoke run (gloo).
     "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),
 }
-ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl"]
+# The last: the no-wire floor of the same layer (each rank alone, its share of the experts).
+ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "mxfp8/nccl", "bf16/symm@local"]
 LEG_ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl", "mxfp8_all/nccl"]
 # The link NCCL's exchanges cross (``--link``), as NCCL environment: NVLink (its default on one
 # node), NCCL's shared-memory transport through host memory (~24 GB/s on 2xH200), or its socket
@@ -333,6 +334,23 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
     return moe
 
 
+def layer_builder(shape: MoEShape, device, dtype, mesh):
+    """``build(arm)``: the arm's MoE layer of ``shape`` on ``mesh``; an ``@local`` arm's on
+    this rank alone (``rank_alone``; the one-rank groups are made at its first build, which
+    every rank reaches at the same point)."""
+    alone = []
+
+    def build(arm):
+        if not is_local(arm):
+            return _build_moe(shape, device, dtype, arm, mesh)
+        if not alone:
+            alone.append(rank_alone(shape, device))
+        arm_shape, arm_mesh = alone[0]
+        return _build_moe(arm_shape, device, dtype, arm, arm_mesh)
+
+    return build
+
+
 def layer_inputs(shape: MoEShape, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's MoE-layer input and output gradient (the same in every arm and benchmark)."""
     g = torch.Generator(device=device).manual_seed(100 + dist.get_rank())
@@ -344,13 +362,7 @@ def layer_inputs(shape: MoEShape, device, dtype) -> tuple[torch.Tensor, torch.Te
 def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> None:
     x, grad = layer_inputs(shape, device, args.dtype)
     arms = ["torchtitan", *args.arms]
-    alone = rank_alone(shape, device) if any(map(is_local, arms)) else None
-
-    def build(arm):
-        arm_shape, arm_mesh = alone if is_local(arm) else (shape, mesh)
-        return _build_moe(arm_shape, device, args.dtype, arm, arm_mesh)
-
-    results = time_arms(arms, build, x, grad, lambda m: m.experts.w1, args, device)
+    results = time_arms(arms, layer_builder(shape, device, args.dtype, mesh), x, grad, lambda m: m.experts.w1, args, device)
     for arm in arms:
         res = results[arm]
         for name, (ms, ms_synced) in res["ms"].items():

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.dispatcher import (  # noqa: E402
     ARMS,
     SHAPES,
-    _build_moe,
     _free_peer_buffers,
     _pass_fns,
     finish,
     init_process_group,
+    layer_builder,
     layer_inputs,
 )
 
@@ -148,6 +148,7 @@ def main() -> None:
     mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("ep",))
     shape = SHAPES[args.shape]
     x, grad = layer_inputs(shape, device, torch.bfloat16)
+    build = layer_builder(shape, device, torch.bfloat16, mesh)
     smi_index = smi_index_of_ranks(device)
     sampler = Sampler(args.sample_ms)
     if rank == 0:
@@ -155,7 +156,7 @@ def main() -> None:
     phases = []  # (arm, round, host start, host end, ms per pass of each rank)
     for round_ in range(args.rounds):
         for arm in args.arms.split(","):
-            moe = _build_moe(shape, device, torch.bfloat16, arm, mesh)
+            moe = build(arm)
             xi = x.clone().requires_grad_()
             passes, drop_grads = _pass_fns(moe, xi, grad)
             _back_to_back(passes["fwd+bwd"], drop_grads, 3)
