@@ -398,3 +398,71 @@ def test_partial_stage_rows_name_each_owner_once_per_token():
     owner = torch.tensor([[0, 2, 0, 1], [1, 1, 1, 1], [2, 2, 0, 2]])
     got = partial_stage_rows(torch.arange(12), owner.reshape(-1), rank=1, top_k=4, max_tokens=5).view(3, 4)
     assert got.tolist() == [[0 * 5 + 0, 2 * 5 + 0, -1, -1], [-1, -1, -1, -1], [2 * 5 + 2, -1, 0 * 5 + 2, -1]]
+
+
+def check_partial_round_trip(device) -> int:
+    """Dispatch's backward as partial sums, every rank of a world at once: each rank's
+    ``push_partials`` of the rows it holds for other ranks' tokens, then each rank's
+    ``reduce_slots`` through ``partial_stage_rows`` (Triton and twin, bit for bit), against
+    the plain sum of every token's K rows (fp64, to the rounding of the partial sums).
+    Returns the cases checked (on a GPU by hand: ``check_partial_round_trip(torch.device("cuda"))``)."""
+    from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
+
+    g = torch.Generator().manual_seed(29)
+    checked = 0
+    for world, top_k, dim, tokens, dtype in ((2, 3, 64, 5, torch.bfloat16), (3, 4, 96, 4, torch.float32),
+                                            (4, 2, 64, 3, torch.bfloat16)):
+        max_tokens = tokens + 1
+        num_slots = world * max_tokens
+        owner = [torch.randint(0, world, (tokens, top_k), generator=g) for _ in range(world)]
+        # Rank r's expert-major rows: every (source, token, k) it owns, in a shuffled order.
+        held = []
+        for r in range(world):
+            pairs = [(s, t, k) for s in range(world) for t in range(tokens) for k in range(top_k) if owner[s][t, k] == r]
+            held.append([pairs[i] for i in torch.randperm(len(pairs), generator=g).tolist()])
+        grads = [(torch.randn(len(held[r]), dim, generator=g) * 2).to(dtype) for r in range(world)]
+        result = {}
+        for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
+            shared = [torch.zeros(symm_reference.staging_nbytes(num_slots, dim, dtype), dtype=torch.uint8, device=device)
+                      for _ in range(world)]
+            views = []
+            for r in range(world):
+                peers = OneProcessPeers(1, world, r, device)
+                peers._peers = shared
+                views.append(peers)
+                row_slot = torch.tensor([s * max_tokens + t if s != r else num_slots for s, t, _ in held[r]],
+                                        dtype=torch.int64)
+                order, start = partial_slots(row_slot.to(device), num_slots)
+                kernels.push_partials(grads[r].to(device), order, start, peers, num_slots, r, "bf16", "rceil",
+                                      top_k, max_tokens, torch.zeros(1, dtype=torch.int64, device=device))
+            outs = []
+            for d in range(world):
+                # Token side d: sorted row n = slot n; local rows read from its own expert rows.
+                dst_rank = owner[d].reshape(-1)
+                dst_row = torch.tensor([held[d].index((d, n // top_k, n % top_k)) if dst_rank[n] == d else 0
+                                        for n in range(tokens * top_k)], dtype=torch.int64)
+                inv = torch.arange(tokens * top_k)
+                stage_row = partial_stage_rows(inv.to(device), dst_rank.to(device), d, top_k, max_tokens)
+                out = torch.empty(tokens, dim, dtype=dtype, device=device)
+                kernels.reduce_slots(out, inv.to(device), dst_rank.to(device), dst_row.to(device), grads[d].to(device),
+                                     views[d], num_slots, d, "bf16", top_k, stage_row=stage_row)
+                outs.append(out.cpu())
+            result[name] = outs
+        for d in range(world):
+            where = (world, top_k, dtype, d)
+            assert torch.equal(bits(result["triton"][d]), bits(result["torch"][d])), where
+            want = torch.zeros(tokens, dim, dtype=torch.float64)
+            for r in range(world):
+                for i, (s, t, _) in enumerate(held[r]):
+                    if s == d:
+                        want[t] += grads[r][i].double()
+            tol = 2.0**-7 if dtype == torch.bfloat16 else 1e-5
+            err = float((result["triton"][d].double() - want).norm() / want.norm())
+            assert err < tol, (where, err)
+            checked += 1
+    return checked
+
+
+def test_partial_sums_round_trip_to_each_tokens_sum():
+    assert check_partial_round_trip(torch.device("cpu")) == 2 + 3 + 4
