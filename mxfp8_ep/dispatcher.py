@@ -315,7 +315,8 @@ class PushTokenDispatcher(TokenDispatcher):
     A transport supplies the token counts, routing tables and expert-row routing
     (``_routing``), the expert-bound push and exchange (``_push_to_experts``), and the buffer
     a token-bound leg pushes into (``_send_buffer``) with the exchange that makes it readable
-    (``_exchange``)."""
+    (``_exchange``); symm also replaces the token-bound push of a plain sum
+    (``_push_to_tokens``: partial sums)."""
 
     def kernels(self, device: torch.device):
         if resolve_kernel(self.config.a2a.kernel, device) == "triton":
