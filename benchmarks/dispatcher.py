@@ -6,8 +6,8 @@ combine legs alone, all arms side by side in one run.
 ``moe_layer``: torchtitan 0.2.2's ``MoE`` (router, grouped-GEMM experts, one shared expert)
 under EP over all ranks, forward and forward+backward, same weights and inputs in every arm.
 Arms: ``torchtitan`` (its ``ExpertParallel``, bf16: the reference), then our dispatcher as
-``<preset>/<transport>``. An arm ending in ``@local`` (``bf16/symm@local``) is the floor that no
-transport can beat: every rank runs the same layer alone (a one-rank group) with its share of
+``<preset>/<transport>``. An arm ending in ``@local`` (``bf16/symm@local``) is the layer's floor
+with no exchange: every rank runs the same layer alone (a one-rank group) with its share of
 the experts (``experts / ranks``) and the same tokens, so the expert GEMMs see the rows an even
 routing gives them under EP but no byte crosses a link; its outputs differ from the others'
 (other experts), so it is not checked. ``leg``: ``--leg-rows`` routed rows of ``--leg-dim`` per rank (top-8
@@ -57,7 +57,7 @@ SHAPES = {
     "llama4": MoEShape("llama4", 5120, 8192, 16, 1, 16384, True, False, 1.0),
     # One rank's share of dsv3 at EP=2 (128 of its 256 experts, the same 8192 tokens and top-8:
     # ~512 rows per expert, as an even routing gives each rank), for one GPU: the layer with no
-    # wire at all, the floor that no EP=2 transport can beat.
+    # wire at all (an EP=2 layer runs this work plus its exchange).
     "dsv3_rank": MoEShape("dsv3_rank", 7168, 2048, 128, 8, 8192, False, True, 2.5),
     # Small enough for a CPU smoke run (gloo).
     "tiny": MoEShape("tiny", 256, 128, 8, 2, 256, False, True, 1.0),

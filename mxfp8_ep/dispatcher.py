@@ -395,8 +395,7 @@ class PushTokenDispatcher(TokenDispatcher):
         ``leg``: combine_fwd or dispatch_bwd."""
         kernels = self.kernels(src.device)
         fmt = getattr(self.config.a2a, leg)
-        unweighted = weight is None and save is None and dot_out is None
-        recv, rows, stage_row = self._push_to_tokens(src, meta, leg, fmt, unweighted)
+        recv, rows, stage_row = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
             out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
@@ -405,11 +404,10 @@ class PushTokenDispatcher(TokenDispatcher):
         )
         return out
 
-    def _push_to_tokens(self, src, meta, leg, fmt, unweighted):
+    def _push_to_tokens(self, src, meta, leg, fmt):
         """Push a token-bound leg's rows (``push_rows``) and exchange them: the buffer this
         rank reads them from, its rows, and the staged row of each sorted row (``stage_row``,
-        None: the same row). ``unweighted``: a token's value is the plain sum of its rows (no
-        weight, no saved rows), so a transport may send one partial sum per token and rank."""
+        None: the same row)."""
         a2a = self.config.a2a
         send, rows = self._send_buffer(src, meta, leg, fmt)
         self.kernels(src.device).push_rows(
@@ -534,26 +532,25 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
             stage_row = None
         send.barrier()  # the peers' pushes (rows, token maps) into this rank's staging buffer are visible
-        if stage_row is not None and meta.row_slot is None:
-            # Which token each row came from, for a token-bound leg's partial sums: a copy,
-            # since the staging buffer (and its map) serves the next legs.
+        if stage_row is not None and leg == "dispatch_fwd" and self.config.symm_partial_sums:
+            # Which token each row came from, for the partial sums of dispatch's backward: a
+            # copy, since the staging buffer (and its map) serves the next legs.
             remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
         return out, send, bufs.staging_rows, stage_row
 
-    def _push_to_tokens(self, src, meta, leg, fmt, unweighted):
-        """A plain sum whose rows' tokens this rank knows (``meta.row_slot``: an expert-bound
-        leg sent tokens once) goes back as one partial sum per token and rank
+    def _push_to_tokens(self, src, meta, leg, fmt):
+        """A plain sum whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
+        forward sent tokens once) goes back as one partial sum per token and rank
         (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
         token's rank adds it once, at the token's first slot on that rank. That leg is
         dispatch's backward when the scores follow the experts (DeepSeek-V3;
         ``Config.symm_partial_sums``). Only in the activation's dtype: on an MXFP8 leg the
         partial sum would be quantized instead of each row, other bits than the fused nccl
         transport's and the fuzz's wire reference; not done."""
-        if not (leg == "dispatch_bwd" and self.config.symm_partial_sums and meta.row_slot is not None):
-            return super()._push_to_tokens(src, meta, leg, fmt, unweighted)
-        assert unweighted and fmt == "bf16", (leg, fmt)
+        if not (leg == "dispatch_bwd" and meta.row_slot is not None):
+            return super()._push_to_tokens(src, meta, leg, fmt)
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
         kernels = self.kernels(src.device)
