@@ -1,6 +1,8 @@
 """The expert-bound push on one GPU: row by row (``push_rows``) against each token once per
 rank (``push_tokens``, at several launch shapes), and the receive by row against the receive
-through the token map ``push_tokens`` writes. The way back in bf16 (dispatch's backward): the
+through the token map ``push_tokens`` writes; the same for a weighted leg (combine's backward:
+each row times its score, and the score gradient's dot product with a saved row), whose
+receive multiplies by the row weights ``push_tokens`` leaves. The way back in bf16 (dispatch's backward): the
 token-bound push row by row against one partial sum per token and rank (``push_partials``),
 and the top-k reduce of rows against the reduce of partial sums.
 
@@ -40,6 +42,8 @@ from mxfp8_ep.peer_memory import OneProcessPeers  # noqa: E402
 from mxfp8_ep.symm_reference import (  # noqa: E402
     partial_slots,
     partial_stage_rows,
+    row_weights,
+    staging_buffer_nbytes,
     staging_nbytes,
     token_map,
     token_map_offset,
@@ -90,8 +94,12 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                          "launch": launch, "ms": round(ms, 4), "rows_to_peer": to_peer})
 
     try:
+        # Combine's backward: a score per slot, and the routed outputs saved for the score gradient.
+        factor = torch.rand(n, device=device)
+        saved = torch.randn((n, dim), device=device, dtype=torch.bfloat16)
+        dots = torch.empty(n, device=device)
         for fmt in ("bf16", "mxfp8"):
-            peers = OneProcessPeers(offset + capacity * 8, WORLD, RANK, device)
+            peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, RANK, device)
             row("push_rows", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
                 lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
             for t, w, d in args.push_tokens_shapes:
@@ -100,6 +108,12 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent)))
             sk.PUSH_TOKENS_SHAPE = defaults
+            weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
+            row("push_rows (weighted)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+                lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
+            row("push_tokens (weighted)", fmt, dict(zip(("tokens", "warps", "block_d"), defaults)), timed(
+                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                       "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots)))
             # The peer's receive: each row from the staged row of its index, or through the map.
             peer_side = OneProcessPeers(1, WORLD, 1, device)
             peer_side._peers[1] = peers.peer(1)
@@ -109,6 +123,9 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             tmap = token_map(peers.peer(1), offset, capacity)
             row("receive_rows (token map)", fmt, launch, timed(
                 lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap)))
+            weights = row_weights(peers.peer(1), offset, capacity)
+            row("receive_rows (token map, weighted)", fmt, launch, timed(
+                lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights)))
         # The way back (dispatch's backward, bf16): the peer pushes its rows of rank 0's tokens
         # row by row, or one partial sum per token (through the token map push_tokens left);
         # rank 0 reduces each token's K slots, reading rows, or partials once per token.
@@ -117,7 +134,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         return_row = torch.zeros(capacity, dtype=torch.int64, device=device)
         return_row[dst_row[to_peer_rows]] = torch.nonzero(to_peer_rows).squeeze(1)
         return_rank = torch.where(source == RANK, RANK, -1)
-        back = OneProcessPeers(offset + capacity * 8, WORLD, 1, device)
+        back = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, 1, device)
         row_slot = torch.where(source == RANK, token_map(peers.peer(1), offset, capacity), WORLD * tokens)
         order, start = partial_slots(row_slot, WORLD * tokens)
         max_rows = min(top_k, shape.experts // WORLD)
@@ -149,7 +166,7 @@ def main() -> None:
     add_timing_arguments(parser)
     args = parser.parse_args()
     rows = run_rounds(sweep, args, init_process_group())
-    finish(rows, args.json, lambda r: (f"{r['kernel']:<25} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
+    finish(rows, args.json, lambda r: (f"{r['kernel']:<36} {r['fmt']:<6} {json.dumps(r['launch']):<44} "
                                        f"{r['ms']:>8.4f} ms  {r['shape']}"))
 
 

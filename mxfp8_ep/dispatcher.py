@@ -23,10 +23,12 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
 * ``SymmTokenDispatcher`` (``transport="symm"``): Triton kernels push rows straight into
   their owner's staging buffer through peer memory (``peer_memory.PeerBuffer``); MXFP8 legs
   quantize inside that push and dequantize inside the receiving pass, which writes the
-  expert-major rows. An unweighted expert-bound leg with top-k > 1 (dispatch's forward when the
-  scores come after the experts) sends each token once per rank that owns one of its experts,
-  not once per expert. Token counts travel through peer memory too: no host sync in forward
-  or backward. One node (CUDA symmetric memory); on CPU processes the same code runs over
+  expert-major rows. With top-k > 1 an expert-bound leg (dispatch's forward, combine's
+  backward) sends each token once per rank that owns one of its experts, not once per expert;
+  the receiving pass applies each row's router score where the leg carries one. A plain-sum
+  token-bound leg (dispatch's backward when the scores come after the experts) goes back as
+  one partial sum per token and rank. Token counts travel through peer memory too: no host
+  sync in forward or backward. One node (CUDA symmetric memory); on CPU processes the same code runs over
   shared-memory files (tests).
 """
 
@@ -49,7 +51,9 @@ from mxfp8_ep.quantize import resolve_kernel
 from mxfp8_ep.symm_reference import (
     partial_slots,
     partial_stage_rows,
+    row_weights,
     staged_row_nbytes,
+    staging_buffer_nbytes,
     token_map,
     token_map_offset,
 )
@@ -103,6 +107,20 @@ class TokenDispatcher:
             Its x gradient then adds a token's rows in another grouping (and, in bf16, rounds
             each partial sum once) than the fused nccl transport: equal to rounding, not bits."""
             return self.top_k > 1 and not self.score_before_experts and self.a2a.dispatch_bwd == "bf16"
+
+        @property
+        def symm_scores_after_dequantize(self) -> bool:
+            """Whether the symm transport quantizes a token before its router score multiplies
+            it: with top-k > 1 the weighted expert-bound leg (combine's backward when the
+            scores come after the experts, dispatch's forward when they come first) sends each
+            token once per rank and the experts' rank multiplies each row by its score as it
+            receives it (``SymmTokenDispatcher._push_to_experts``). On a bf16 leg that is the
+            same product, the same bits; on an MXFP8 leg the row is ``score * dequant(quant(token))``
+            where the fused nccl transport sends ``quant(score * token)``: equal to the format's
+            rounding, not bits (every gradient downstream of combine's backward, or every value
+            downstream of dispatch's forward)."""
+            weighted = self.a2a.dispatch_fwd if self.score_before_experts else self.a2a.combine_bwd
+            return self.top_k > 1 and weighted == "mxfp8"
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
             transport = resolve_transport(self.a2a.transport, torch.device(device), group)
@@ -330,12 +348,13 @@ class PushTokenDispatcher(TokenDispatcher):
         (or a function that returns it when first needed)."""
         raise NotImplementedError
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, unweighted):
+    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):
         """Run ``push(out, send, rows, only)`` (``push_rows`` of this leg's sorted rows) and the
         exchange: the fresh expert-major tensor ``out``, the buffer this rank reads the leg's
-        rows from, its rows, and the staged row of each row read (``stage_row``, None: the
-        same row). ``unweighted``: every row of a token is the token itself (no factor, no dot
-        products), so a transport may send each token once per rank instead."""
+        rows from, its rows, the staged row of each row read (``stage_row``, None: the same
+        row) and the weight the receiving pass applies to each (None: none). ``factor``,
+        ``dot_rows``, ``dot_out``: what ``push`` does to the rows (``push_rows``), for a
+        transport that pushes another way (symm: each token once per rank)."""
         raise NotImplementedError
 
     def _send_buffer(self, src, meta, leg, fmt):
@@ -385,9 +404,8 @@ class PushTokenDispatcher(TokenDispatcher):
                 only=only,
             )
 
-        unweighted = factor is None and dot_rows is None
-        out, recv, rows, stage_row = self._push_to_experts(push, src, meta, leg, fmt, unweighted)
-        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row)
+        out, recv, rows, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, factor, dot_rows, dot_out)
+        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row, weight=row_weight)
         return out
 
     def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
@@ -424,7 +442,8 @@ class PushTokenDispatcher(TokenDispatcher):
 class _SymmBuffers:
     """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
     that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
-    then (at ``map_offset``) a token map of ``capacity`` entries (``symm_reference.token_map``)."""
+    then (at ``map_offset``) a token map and row weights of ``capacity`` entries each
+    (``symm_reference.token_map``, ``row_weights``)."""
 
     counts: PeerBuffer
     staging: tuple[PeerBuffer, PeerBuffer]
@@ -474,7 +493,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             # row), or every token of every rank (token-major pushes: rank * max_tokens + token).
             rows = max(capacity, max_tokens * cfg.top_k, self.ep * max_tokens)
             map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
-            nbytes = map_offset + capacity * 8
+            nbytes = staging_buffer_nbytes(rows, x_TD.shape[1], x_TD.dtype, capacity)
             bufs = _SymmBuffers(
                 # Per rank: its counts per expert, then its token count (checked by every rank).
                 counts=PeerBuffer(self.ep * (cfg.num_experts + 1) * 8, self.group, x_TD.device),
@@ -508,37 +527,42 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, unweighted):
-        """An unweighted leg of a top-k > 1 router sends each token once per rank that owns one
-        of its experts (``push_tokens``), not once per expert: at top-8 on 2 ranks, a quarter
-        of the rows. The owner copies it into each of its expert rows in the receiving pass,
-        through the token map the push wrote. A weighted leg (rows differ by their score)
-        pushes row by row."""
+    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):
+        """With top-k > 1 each token goes once per rank that owns one of its experts
+        (``push_tokens``), not once per expert: at top-8 on 2 ranks, a quarter of the rows.
+        The owner copies it into each of its expert rows in the receiving pass, through the
+        token map the push wrote; on a weighted leg it multiplies each row by the router score
+        the push left beside the map (on an MXFP8 leg: after dequantizing,
+        ``Config.symm_scores_after_dequantize``). The score gradients' dot products are taken
+        in the same pass, on the token's rank. Top-1 pushes row by row."""
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
         out = src.new_empty((meta.capacity, src.shape[1]))
         row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
-        if unweighted and self.config.top_k > 1:
+        stage_row = row_weight = None
+        if self.config.top_k > 1:
             kernels, a2a = self.kernels(src.device), self.config.a2a
             sent = torch.zeros(1, dtype=torch.int64, device=src.device)
             kernels.push_tokens(
                 src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
                 bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
+                factor=factor, dot_rows=dot_rows, dot_out=dot_out,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
             stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
+            if factor is not None:
+                row_weight = row_weights(send.local, bufs.map_offset, bufs.capacity)
         else:
             wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
             push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
-            stage_row = None
-        send.barrier()  # the peers' pushes (rows, token maps) into this rank's staging buffer are visible
+        send.barrier()  # the peers' pushes (rows, token maps, row weights) into this rank's staging buffer are visible
         if stage_row is not None and leg == "dispatch_fwd" and self.config.symm_partial_sums:
             # Which token each row came from, for the partial sums of dispatch's backward: a
             # copy, since the staging buffer (and its map) serves the next legs.
             remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
-        return out, send, bufs.staging_rows, stage_row
+        return out, send, bufs.staging_rows, stage_row, row_weight
 
     def _push_to_tokens(self, src, meta, leg, fmt):
         """A plain sum whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
@@ -629,7 +653,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
         return tables, expert_rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, unweighted):  # noqa: ARG002 (rows on the wire)
+    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):  # noqa: ARG002 (rows on the wire)
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.
@@ -646,7 +670,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
         out = src.new_empty((meta.capacity, src.shape[1]))
         push(out, send, rows, "local")
         received = funcol.wait_tensor(received)
-        return out, LocalBuffer(received.view(-1), self.ep), num_recv, meta.return_row
+        return out, LocalBuffer(received.view(-1), self.ep), num_recv, meta.return_row, None
 
     def _send_buffer(self, src, meta, leg, fmt):
         rows = sum(meta.splits.recv)  # the token-bound direction sends what dispatch received

@@ -6,13 +6,15 @@ two give the same bits. Peers' buffers arrive as an int64 tensor of addresses.
   token for the expert-bound legs), optionally weighted, and stored either into this rank's
   own expert-major tensor (rows that stay: never quantized) or into the owning rank's staging
   buffer, quantized to MXFP8 in registers when the leg is MXFP8.
-* ``push_tokens``: the sending side of an unweighted expert-bound leg (symm): each token is
-  read once and goes, quantized once, to every other rank that owns one of its experts (once
-  per rank, not once per expert); its rows that stay are copied into the expert-major tensor,
-  and each row bound for a peer writes the token's staged row into that peer's token map.
+* ``push_tokens``: the sending side of an expert-bound leg with top-k > 1 (symm): each token
+  is read once and goes, quantized once, to every other rank that owns one of its experts
+  (once per rank, not once per expert); its rows that stay are copied (weighted) into the
+  expert-major tensor, and each row bound for a peer writes the token's staged row into that
+  peer's token map and its routing weight into the peer's row weights.
 * ``receive_rows``: the receiving side of the expert-bound legs: dequantizes peers' rows into
   the fresh expert-major tensor the grouped GEMM reads (each row from the staged row its index,
-  or the token map, names), and zeroes the padding rows.
+  or the token map, names; times its row weight after a weighted token-once push), and zeroes
+  the padding rows.
 * ``reduce_slots``: the receiving side of the token-bound legs: for each token, dequantizes its
   K rows (or reads them from this rank's expert output) and reduces them in fp32.
 
@@ -32,7 +34,7 @@ import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.routing import RoutingTables
-from mxfp8_ep.symm_reference import push_only_index, staging_views, token_map
+from mxfp8_ep.symm_reference import push_only_index, row_weights, staging_views, token_map
 from mxfp8_ep.triton_kernels import (
     _dequantize_groups,
     _load_fp32,
@@ -250,9 +252,11 @@ def _push_rows_kernel(
 @triton.jit
 def _push_tokens_kernel(
     src_ptr, inv_ptr, dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, stage_delta_ptr,
-    map_ptr, map_delta_ptr, sent_ptr, T, rank, max_tokens,
+    map_ptr, map_delta_ptr, weight_map_ptr, weight_delta_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
+    sent_ptr, T, rank, max_tokens,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, IN_BF16: tl.constexpr,
-    QUANT: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, ROUNDING: tl.constexpr, HAS_FACTOR: tl.constexpr, HAS_DOT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < T
@@ -262,26 +266,43 @@ def _push_tokens_kernel(
     owner = tl.load(dst_rank_ptr + n, mask=slot_ok, other=-1)  # [tokens, K]
     row = tl.load(dst_row_ptr + n, mask=slot_ok, other=0)
     staged = rank * max_tokens + toks.to(tl.int64)  # the token's row in every peer's staging
-    # Each row bound for a peer names the token's staged row in that peer's token map.
+    # Each row bound for a peer names the token's staged row in that peer's token map (and
+    # leaves its routing weight in the peer's row weights).
     bound = slot_ok & (owner != rank) & (owner >= 0)
     map_delta = tl.load(map_delta_ptr + owner, mask=bound, other=0)
     tl.store(map_ptr + map_delta + row, staged[:, None] + tl.zeros((BLOCK_T, KP), tl.int64), mask=bound)
+    if HAS_FACTOR:
+        weight = tl.load(factor_ptr + toks[:, None] * TOP_K + kk[None, :], mask=bound, other=0.0)
+        weight_delta = tl.load(weight_delta_ptr + owner, mask=bound, other=0)
+        tl.store(weight_map_ptr + weight_delta + row, weight, mask=bound)
     sent = 0
     for d in tl.static_range(W):
         sent += tl.sum(((tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)).to(tl.int32), axis=0)
     if sent > 0:
         tl.atomic_add(sent_ptr, sent.to(tl.int64))
     any_local = tl.max(tl.max((slot_ok & (owner == rank)).to(tl.int32), axis=1), axis=0) > 0
+    # Dot products: per slot, one partial sum per 32-column group (a reduction within each
+    # thread's group), summed over the groups once at the end.
+    dots = tl.zeros((BLOCK_T, KP, BLOCK_D // 32), tl.float32)
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, BLOCK_D)
         x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
-        if any_local:
+        if any_local or HAS_DOT:
             for k in tl.static_range(TOP_K):
                 slot = toks * TOP_K + k
                 n_k = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
-                is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
-                row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
-                _store_tile(local_out_ptr, row_k, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+                if HAS_DOT:
+                    other = _load_tile(dot_rows_ptr, n_k, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
+                    part = tl.sum(other * x, axis=2)
+                    dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
+                if any_local:
+                    is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
+                    row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
+                    x_k = x
+                    if HAS_FACTOR:
+                        f_k = tl.load(factor_ptr + slot, mask=is_local, other=0.0)
+                        x_k = _round_to_activation(x * f_k[:, None, None], IN_BF16)
+                    _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
         if sent > 0:
             if QUANT:
                 e4m3, byte = _quantize_groups(x, ROUNDING)
@@ -296,6 +317,8 @@ def _push_tokens_kernel(
                         tl.store(stage_ptr + delta + soffs, byte.to(tl.uint8), mask=need[:, None] & sok)
                     else:
                         _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, BLOCK_D), D, IN_BF16)
+    if HAS_DOT:
+        tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], tl.sum(dots, axis=2), mask=slot_ok)
 
 
 @triton.jit
@@ -355,9 +378,9 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
 
 @triton.jit
 def _receive_rows_kernel(
-    out_ptr, source_ptr, stage_ptr, stage_row_ptr, R, rank,
+    out_ptr, source_ptr, stage_ptr, stage_row_ptr, weight_ptr, R, rank,
     D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     source = tl.load(source_ptr + rows, mask=rows < R, other=-2)
@@ -366,9 +389,13 @@ def _receive_rows_kernel(
     if tl.max((remote | pad).to(tl.int32), axis=0) == 0:
         return
     staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
+    if HAS_WEIGHT:
+        weight = tl.load(weight_ptr + rows, mask=remote, other=0.0)
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, BLOCK_D)
         value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+        if HAS_WEIGHT:
+            value = _round_to_activation(value * weight[:, None, None], IN_BF16)
         value = tl.where(pad[:, None, None], 0.0, value)
         _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
 
@@ -530,19 +557,24 @@ def push_rows(
 
 def push_tokens(
     src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent,
+    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None,
 ) -> None:
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
     block_t, warps, block_d = PUSH_TOKENS_SHAPE
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
+    no_fp32 = _no_fp32(src.device)
     _push_tokens_kernel[(triton.cdiv(num_tokens, block_t),)](
         _bits(src), inv, dst_rank, dst_row, _bits(local_out), stage, staging.element_offsets(stage.element_size()),
-        token_map(staging.local, map_offset, map_rows), staging.element_offsets(8), sent,
+        token_map(staging.local, map_offset, map_rows), staging.element_offsets(8),
+        row_weights(staging.local, map_offset, map_rows), staging.element_offsets(4),
+        factor if factor is not None else no_fp32, _bits(dot_rows if dot_rows is not None else src),
+        dot_out if dot_out is not None else no_fp32, sent,
         num_tokens, rank, max_tokens,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
         IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
+        HAS_FACTOR=factor is not None, HAS_DOT=dot_rows is not None,
         BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
     )
 
@@ -562,16 +594,17 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
     )
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None) -> None:
     rows, dim = out.shape
     if rows == 0:
         return
     block_m, warps = RECEIVE_SHAPES[fmt]
     _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
         _bits(out), source, _stage(staging.local, staging_rows, dim, out.dtype, fmt),
-        stage_row if stage_row is not None else source, rows, rank,
+        stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
+        rows, rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
-        BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=warps,
+        HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=warps,
     )
 
 

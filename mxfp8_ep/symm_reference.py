@@ -13,11 +13,14 @@ Where a receiving pass reads a row: by default the staged row with the index of 
 fills (symm: peers push each row to the index its reader uses); with ``stage_row``, the
 staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buffer; symm after
 ``push_tokens``: the token map, each expert row's token at row ``source * max_tokens + token``).
-A symm staging buffer holds its rows, then the token map (``token_map_offset``).
+A symm staging buffer holds its rows, then the token map (``token_map_offset``), then the row
+weights (``row_weights``: a weighted token-once push leaves each row's routing weight there).
 
 Arithmetic (shared with the kernels, so both give the same bits):
 * a routing weight multiplies in fp32 and the product is rounded to the activation dtype
-  before it is sent or quantized (torchtitan's ``(x.float() * score).to(x.dtype)``);
+  (torchtitan's ``(x.float() * score).to(x.dtype)``): before the row is sent or quantized
+  (``push_rows``), or, after a token-once push (``push_tokens``), by the receiving pass, on the
+  token as it arrived (MXFP8: dequantized);
 * the top-k reduction adds the K slots of a token in fp32, in slot order ``k = 0..K-1``, each
   slot's (dequantized) value times its weight as separate multiply and add, then one rounding;
 * a partial sum (``push_partials``) adds a token's rows on one rank in fp32, in expert-major
@@ -54,6 +57,19 @@ def token_map_offset(rows: int, dim: int, dtype: torch.dtype) -> int:
 def token_map(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
     """The ``rows``-entry int64 token map at byte ``offset`` of a staging buffer."""
     return buf[offset : offset + rows * 8].view(torch.int64)
+
+
+def row_weights(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
+    """The ``rows``-entry fp32 row weights right after the token map at byte ``offset``: a
+    weighted ``push_tokens`` leaves each expert row's routing weight there."""
+    start = offset + rows * 8
+    return buf[start : start + rows * 4].view(torch.float32)
+
+
+def staging_buffer_nbytes(rows: int, dim: int, dtype: torch.dtype, map_rows: int) -> int:
+    """Bytes of a symm staging buffer: ``rows`` staged rows, then the token map and the row
+    weights of ``map_rows`` expert rows."""
+    return token_map_offset(rows, dim, dtype) + map_rows * 12
 
 
 def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
@@ -159,7 +175,7 @@ def push_rows(
 
 def push_tokens(
     src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent,
+    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None,
 ) -> None:
     """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
     (``inv[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
@@ -167,14 +183,24 @@ def push_tokens(
     rank's staging buffer at row ``rank * max_tokens + t``, and each of its rows bound there
     writes that staged row into the owner's token map (``token_map``) at its ``dst_row``: the
     owner's ``receive_rows`` reads it through that map (``stage_row``). ``sent`` (int64, one
-    element) grows by the rows put on the wire. No routing weight: every row of a token is the
-    token itself."""
+    element) grows by the rows put on the wire.
+    With ``factor`` (per slot ``t*K+k``): a row that stays is the token times its factor
+    (``push_rows``' arithmetic); a row bound for a peer leaves its factor in the owner's row
+    weights (``row_weights``), which its ``receive_rows`` applies (``weight``) to the token as
+    it arrived. With ``dot_rows`` (per sorted row): ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]],
+    src[t]>`` in fp32, as ``push_rows`` computes it."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
     n = inv[: num_tokens * top_k].view(num_tokens, top_k)
     owner, row = dst_rank[n], dst_row[n]
     rows_of = src.unsqueeze(1).expand(num_tokens, top_k, dim)
+    if dot_rows is not None:
+        dots = (dot_rows[n.reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
+        dot_out[: num_tokens * top_k] = dots
+    if factor is not None:
+        weights = factor[: num_tokens * top_k].view(num_tokens, top_k)
+        rows_of = (rows_of.float() * weights.unsqueeze(2)).to(src.dtype)
     local = owner == rank
     local_out[row[local]] = rows_of[local]
     encoded = quantize_reference(src, rounding) if fmt == "mxfp8" else None
@@ -186,6 +212,8 @@ def push_tokens(
         need = bound.any(dim=1)
         _store_staged(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
         token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
+        if factor is not None:
+            row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound]
         sent += need.sum()
 
 
@@ -247,15 +275,18 @@ def partial_stage_rows(inv: torch.Tensor, dst_rank: torch.Tensor, rank: int, top
     return stage_row
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None) -> None:
     """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
-    buffer, row ``stage_row[i]`` (or ``i``). Padding rows (-1): zeros. This rank's own rows and
-    unused rows: as is."""
+    buffer, row ``stage_row[i]`` (or ``i``), times ``weight[i]`` when given (fp32 multiply, one
+    rounding). Padding rows (-1): zeros. This rank's own rows and unused rows: as is."""
     dim = out.shape[1]
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     remote = (source >= 0) & (source != rank)
     rows = torch.nonzero(remote).squeeze(1)
-    out[rows] = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    values = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    if weight is not None:
+        values = (values.float() * weight[rows].unsqueeze(1)).to(out.dtype)
+    out[rows] = values
     out[source == -1] = 0
 
 

@@ -169,7 +169,9 @@ def choice_bias(choice, num_experts: int, dtype=torch.float32) -> torch.Tensor:
 
 class _Leg(torch.autograd.Function):
     """Identity whose forward / backward pass the rows marked ``crossing`` through the leg
-    formats: what an EP rank boundary does to them (rows that stay are never quantized)."""
+    formats: what an EP rank boundary does to them (rows that stay are never quantized).
+    Where ``fwd`` / ``bwd`` is a tensor instead of a format, the crossing rows take its rows
+    (a weighted leg that crosses as tokens: ``WireLegs.scores_after_dequantize``)."""
 
     @staticmethod
     def forward(ctx, rows, crossing, fwd, bwd, rounding):
@@ -181,11 +183,23 @@ class _Leg(torch.autograd.Function):
         return _through(grad, ctx.crossing, ctx.bwd, ctx.rounding), None, None, None, None
 
 
+def _scored_tokens(tokens, ids, top_scores, rounding) -> torch.Tensor:
+    """Per expert-sorted row: ``score * dequant(quant(token))`` in fp32, rounded once (what
+    a weighted leg gives when its tokens cross in MXFP8 and the receiver multiplies)."""
+    from mxfp8_ep.format import dequantize_reference, quantize_reference
+
+    slot = torch.argsort(ids.reshape(-1), stable=True)
+    decoded = dequantize_reference(quantize_reference(tokens, rounding), tokens.dtype)
+    return (decoded[slot // ids.shape[1]].float() * top_scores.reshape(-1)[slot].unsqueeze(1)).to(tokens.dtype)
+
+
 def _through(rows, crossing, fmt, rounding):
     from mxfp8_ep.format import dequantize_reference, quantize_reference
 
     out = rows.clone()
-    if fmt == "mxfp8" and bool(crossing.any()):
+    if isinstance(fmt, torch.Tensor):
+        out[crossing] = fmt[crossing]
+    elif fmt == "mxfp8" and bool(crossing.any()):
         out[crossing] = dequantize_reference(quantize_reference(rows[crossing], rounding), rows.dtype)
     return out
 
@@ -195,11 +209,19 @@ class WireLegs:
     """The four legs of an A2AConfig applied in a non-EP layer run by ``run_layer``: the
     experts' (expert-sorted) input rows whose expert lives on another rank of an EP group
     (``rank``, ``num_local`` experts per rank) pass the dispatch legs, their output rows the
-    combine legs."""
+    combine legs.
+
+    ``scores_after_dequantize`` (the symm transport with top-k > 1,
+    ``TokenDispatcher.Config.symm_scores_after_dequantize``): on the weighted expert-bound leg
+    (dispatch's forward when the scores come first, combine's backward when they come after),
+    a crossing row is ``score * dequant(quant(token))``, rounded once, instead of
+    ``dequant(quant(score * token))``: the token crosses once and its score multiplies on
+    the experts' rank."""
 
     a2a: object  # mxfp8_ep.config.A2AConfig
     rank: int
     num_local: int
+    scores_after_dequantize: bool = False
 
 
 def crossing_rows(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
@@ -251,7 +273,15 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
 
     def on_router(module, args, outputs):
         seen["ids"] = outputs[1]
+        seen["tokens"], seen["top_scores"] = args[0].detach(), outputs[0].detach()
         outputs[0].register_hook(lambda g: seen.__setitem__("scores", g))
+
+    def scored(fmt, tokens):
+        """The weighted expert-bound leg's format, or its crossing rows as tokens that crossed
+        (``WireLegs.scores_after_dequantize``)."""
+        if not (legs.scores_after_dequantize and fmt == "mxfp8"):
+            return fmt
+        return _scored_tokens(tokens, seen["ids"], seen["top_scores"], legs.a2a.scale_rounding)
 
     def on_experts(module, args, output):
         seen["rows_out"] = output.detach()
@@ -259,11 +289,15 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
 
     def dispatch_legs(module, args):
         a2a, seen["crossing"] = legs.a2a, crossing_rows(seen["ids"], legs.rank, legs.num_local)
-        return (_Leg.apply(args[0], seen["crossing"], a2a.dispatch_fwd, a2a.dispatch_bwd, a2a.scale_rounding), *args[1:])
+        fwd = scored(a2a.dispatch_fwd, seen["tokens"]) if moe.score_before_experts else a2a.dispatch_fwd
+        return (_Leg.apply(args[0], seen["crossing"], fwd, a2a.dispatch_bwd, a2a.scale_rounding), *args[1:])
 
     def combine_legs(module, args, output):
         a2a = legs.a2a
-        return _Leg.apply(output, seen["crossing"], a2a.combine_fwd, a2a.combine_bwd, a2a.scale_rounding)
+        # The experts' output gradient is the layer's (torchtitan adds the shared experts'
+        # output to the combined one) times each row's score.
+        bwd = a2a.combine_bwd if moe.score_before_experts else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1]))
+        return _Leg.apply(output, seen["crossing"], a2a.combine_fwd, bwd, a2a.scale_rounding)
 
     moe.expert_bias = expert_bias
     moe.zero_grad(set_to_none=True)

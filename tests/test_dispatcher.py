@@ -33,11 +33,17 @@ References (the reference's expert gradients are summed over ranks and sliced):
     it (moe_harness says why that matters).
 * *symm*, for transport nccl with an MXFP8 leg: every output and gradient bit for bit, every
   expert kind; the x gradient within ``ORDER_TOL`` where symm sends dispatch's backward as
-  partial sums (``Config.symm_partial_sums``: each rank adds its rows of a token first). Both run the same kernels on the same expert-major layout: the same rows are
-  quantized (those that cross ranks) with the same arithmetic, each token's rows reduced in
-  the same fp32 order, and the experts see the same per-expert batches (the layouts differ
-  only in unused rows past the last expert, which no expert reads). This is the precise
-  check of the fused nccl path; the two above bound it like symm.
+  partial sums (``Config.symm_partial_sums``: each rank adds its rows of a token first). Both
+  run the same kernels on the same expert-major layout: the same rows are quantized (those
+  that cross ranks) with the same arithmetic, each token's rows reduced in the same fp32
+  order, and the experts see the same per-expert batches (the layouts differ only in unused
+  rows past the last expert, which no expert reads). This is the precise check of the fused
+  nccl path; the two above bound it like symm. Where symm sends a weighted MXFP8 leg as
+  tokens and multiplies the scores after dequantizing (``Config.symm_scores_after_dequantize``:
+  top-k > 1 with combine's backward, or with dispatch's forward when the scores come first,
+  in MXFP8), only what does not depend on that leg is compared; symm then meets its own wire
+  reference (``WireLegs(scores_after_dequantize=True)``: that leg's crossing rows are
+  ``score * dequant(quant(token))``), to the same bounds.
   Score gradients are compared relative to their Cauchy-Schwarz size (|a| |b| of the dot
   product), since a dot product can cancel to ~0 while its rounding error does not; the
   router's gradient must then equal torchtitan's router backward of EP's score gradients.
@@ -302,6 +308,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
     quantized = a2a_legs.any_quantized
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
+    wire_scored = None  # the same where the weighted leg's tokens cross once (symm, top-k > 1)
 
     results = {}
     for transport in TRANSPORTS:
@@ -323,11 +330,18 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
         results[transport] = {**got, ROUTER: grads[ROUTER]}
         if type(dispatcher) is FusedNcclTokenDispatcher:
             for name, ref in results["symm"].items():
+                if config.symm_scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
+                    continue  # symm quantized other rows on the weighted leg: each met its own wire reference
                 # symm's partial sums regroup the x gradient's additions (Config.symm_partial_sums).
                 expect = ORDER_TOL[spec.dtype] if name == "x" and config.symm_partial_sums else "exact"
                 _compare(name, results[transport][name], ref, expect, f"{where} vs symm")
-        assert set(got) == set(wire), where
-        for name, ref in wire.items():
+        expected = wire
+        if transport == "symm" and config.symm_scores_after_dequantize:
+            if wire_scored is None:
+                wire_scored = reference_run(WireLegs(a2a_legs, rank, local, scores_after_dequantize=True))[0]
+            expected = wire_scored
+        assert set(got) == set(expected), where
+        for name, ref in expected.items():
             expect = _expectation(ex, dispatcher, name, device)
             err = _compare(name, got[name], ref, expect, where, scale)
             key = (transport, spec.experts, spec.dtype, "q" if quantized else "-", name.split(".")[0])
@@ -350,6 +364,17 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
                 assert max(rel_err(got[n], plain[n]) for n in EXPERTS) > 0, (
                     f"expert grads unchanged though rows arrived: {where}"
                 )
+
+
+def _same_when_scores_after_dequantize(spec: LayerSpec) -> set[str]:
+    """What symm and the fused nccl transport still compute alike where symm multiplies a
+    weighted leg's scores after dequantizing (``Config.symm_scores_after_dequantize``): what
+    does not depend on that leg. Scores after the experts (combine's backward): the output,
+    the score and router gradients and the shared experts' gradients; scores first
+    (dispatch's forward): only the shared experts' gradients."""
+    if spec.score_before_experts:
+        return set(SHARED)
+    return set(SHARED) | {"out", "scores", ROUTER}
 
 
 def _fuzz(rank, world, examples):

@@ -2,9 +2,10 @@
 recipe's ``a2a/bytes_per_step``): nccl from its host split lists, symm from device row counts
 read at the snapshot. A leg's count is the rows that left the rank times the leg format's row
 size; the same routing gives the same counts on both transports, except on symm with top-k > 1
-and the scores after the experts: dispatch's forward (an unweighted expert-bound leg) sends
-each token once per rank that owns one of its experts, not once per expert, and dispatch's
-backward in the activation dtype (a plain sum) one partial sum per token and rank back."""
+and the scores after the experts: the expert-bound legs (dispatch's forward, combine's
+backward) send each token once per rank that owns one of its experts, not once per expert,
+and dispatch's backward in the activation dtype (a plain sum) one partial sum per token and
+rank back."""
 
 from __future__ import annotations
 
@@ -52,16 +53,16 @@ def _same_bytes_on_both_transports(rank, world):
     for preset in ("bf16", "mxfp8_all"):
         nccl, remote_rows, remote_tokens = _leg_bytes(rank, world, preset, "nccl")
         symm, _, _ = _leg_bytes(rank, world, preset, "symm")
-        row = wire_stats.row_bytes(DIM, 2, A2AConfig.preset(preset).dispatch_fwd)
-        assert nccl["dispatch_fwd"] == remote_rows * row > 0, (preset, nccl, remote_rows)
-        assert symm["dispatch_fwd"] == remote_tokens * row < nccl["dispatch_fwd"], (preset, symm, remote_tokens)
+        for leg in ("dispatch_fwd", "combine_bwd"):  # expert-bound: tokens once per rank
+            row = wire_stats.row_bytes(DIM, 2, getattr(A2AConfig.preset(preset), leg))
+            assert nccl[leg] == remote_rows * row > 0, (preset, leg, nccl, remote_rows)
+            assert symm[leg] == remote_tokens * row < nccl[leg], (preset, leg, symm, remote_tokens)
         if preset == "bf16":  # partial sums back
             partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, "bf16")
             assert symm["dispatch_bwd"] == partial < nccl["dispatch_bwd"], (preset, symm, nccl, partial)
         else:  # an MXFP8 dispatch backward goes row by row
             assert symm["dispatch_bwd"] == nccl["dispatch_bwd"] > 0, (preset, symm, nccl)
-        for leg in ("combine_fwd", "combine_bwd"):
-            assert symm[leg] == nccl[leg] > 0, (preset, leg, symm, nccl)
+        assert symm["combine_fwd"] == nccl["combine_fwd"] > 0, (preset, symm, nccl)
         assert set(nccl) == set(symm) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
 
 

@@ -249,11 +249,14 @@ def check_push_tokens(device) -> int:
     ``rank * max_tokens + token``, in the leg format), its rows that stay copied into the
     expert-major output, every row bound for a peer naming that staged row in the peer's token
     map, and ``sent`` counting the staged rows; a peer's ``receive_rows`` through its map then
-    rebuilds each of its rows. Returns the cases checked (also run on a GPU by hand:
+    rebuilds each of its rows. Every other case is weighted (combine's backward): rows that stay
+    are the token times its score, each score waits in the owner's row weights and multiplies
+    the token as the owner receives it, and the score gradients' dot products (against a saved
+    row) agree with fp64 to their rounding. Returns the cases checked (also run on a GPU by hand:
     ``check_push_tokens(torch.device("cuda"))``)."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.format import quantize_reference
-    from mxfp8_ep.symm_reference import staging_views, token_map, token_map_offset
+    from mxfp8_ep.symm_reference import row_weights, staging_buffer_nbytes, staging_views, token_map, token_map_offset
 
     g = torch.Generator().manual_seed(17)
     checked = 0
@@ -274,23 +277,38 @@ def check_push_tokens(device) -> int:
                 inv = torch.arange(owner.numel())
                 capacity, rows = tokens * top_k, world * max_tokens
                 offset = token_map_offset(rows, dim, dtype)
+                # Every other case weighted (combine's backward): a score per slot, the score
+                # gradient's dot product with a saved row per sorted row.
+                weighted = checked % 2 == 1
+                factor = torch.rand(tokens * top_k, generator=g) if weighted else None
+                saved = torch.randn(tokens * top_k, dim, generator=g).to(dtype) if weighted else None
                 result = {}
                 for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-                    peers = OneProcessPeers(offset + capacity * 8, world, rank, device)
+                    peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, dtype, capacity), world, rank, device)
                     out = torch.zeros(capacity, dim, dtype=dtype, device=device)
                     sent = torch.zeros(1, dtype=torch.int64, device=device)
+                    dots = torch.full((tokens * top_k,), float("nan"), device=device)
+                    extra = dict(factor=factor.to(device), dot_rows=saved.to(device), dot_out=dots) if weighted else {}
                     kernels.push_tokens(x.to(device), inv.to(device), owner.to(device), dst_row.to(device), out, peers,
-                                        rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent)
-                    result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers)
-                (bufs, out, sent, peers), (ref_bufs, ref_out, ref_sent, _) = result["triton"], result["torch"]
-                where = (world, top_k, fmt, dtype, rank)
+                                        rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent, **extra)
+                    result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers, dots.cpu())
+                (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = result["triton"], result["torch"]
+                where = (world, top_k, fmt, dtype, rank, weighted)
                 assert all(torch.equal(a, b) for a, b in zip(bufs, ref_bufs)) and sent == ref_sent, where
                 assert torch.equal(bits(out), bits(ref_out)), where
+                if weighted:  # fp32 dot products: tl.sum and torch.sum add in other orders
+                    exact = (saved.double() * x.double().repeat_interleave(top_k, 0)).sum(dim=1)
+                    size = saved.double().norm(dim=1) * x.double().repeat_interleave(top_k, 0).norm(dim=1)
+                    for got_dots in (dots, ref_dots):
+                        assert ((got_dots.double() - exact).abs() <= SCORE_RTOL * size).all(), where
                 ids_owner = owner.view(tokens, top_k)
                 remote_pairs = [(t, d) for t in range(tokens) for d in range(world) if d != rank and (ids_owner[t] == d).any()]
                 assert sent == len(remote_pairs), where
                 local = owner == rank
-                assert torch.equal(bits(out[dst_row[local]]), bits(x.repeat_interleave(top_k, 0)[local])), where
+                rows_of = x.repeat_interleave(top_k, 0)
+                if weighted:  # a row times its score, rounded once
+                    rows_of = (rows_of.float() * factor.unsqueeze(1)).to(dtype)
+                assert torch.equal(bits(out[dst_row[local]]), bits(rows_of[local])), where
                 encoded = quantize_reference(x, "rceil") if fmt == "mxfp8" else None
                 for t, d in remote_pairs:
                     views = staging_views(bufs[d], rows, dim, dtype, fmt)
@@ -306,18 +324,23 @@ def check_push_tokens(device) -> int:
                     mine = owner == d
                     token_of = torch.arange(owner.numel()) // top_k
                     assert torch.equal(token_map(bufs[d], offset, capacity)[dst_row[mine]], rank * max_tokens + token_of[mine]), where
-                    # The peer reads its rows through its token map.
+                    if weighted:
+                        assert torch.equal(row_weights(bufs[d], offset, capacity)[dst_row[mine]], factor[mine]), where
+                    # The peer reads its rows through its token map (times their row weights).
                     source = torch.full((capacity,), -2, dtype=torch.int64)
                     source[dst_row[mine]] = rank
                     got = torch.zeros(capacity, dim, dtype=dtype, device=device)
                     received = OneProcessPeers(1, world, d, device)
                     received._peers[d] = peers.peer(d)
                     symm_kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
-                                              stage_row=token_map(peers.peer(d), offset, capacity))
+                                              stage_row=token_map(peers.peer(d), offset, capacity),
+                                              weight=row_weights(peers.peer(d), offset, capacity) if weighted else None)
                     want = x[token_of[mine]]
                     if fmt == "mxfp8":
                         want = symm_reference._decode(staging_views(bufs[d], rows, dim, dtype, fmt),
                                                       rank * max_tokens + token_of[mine], dtype, fmt)
+                    if weighted:  # the score multiplies the token as it arrived (dequantized)
+                        want = (want.float() * factor[mine].unsqueeze(1)).to(dtype)
                     assert torch.equal(bits(got.cpu()[dst_row[mine]]), bits(want)), where
                 checked += 1
     return checked

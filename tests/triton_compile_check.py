@@ -27,11 +27,13 @@ PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_
         "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32"}
 PUSH_TOKENS = {"src_ptr": "*i16", "inv_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                "local_out_ptr": "*i16", "stage_ptr": "*u8", "stage_delta_ptr": "*i64", "map_ptr": "*i64",
-               "map_delta_ptr": "*i64", "sent_ptr": "*i64", "T": "i32", "rank": "i32", "max_tokens": "i32"}
+               "map_delta_ptr": "*i64", "weight_map_ptr": "*fp32", "weight_delta_ptr": "*i64", "factor_ptr": "*fp32",
+               "dot_rows_ptr": "*i16", "dot_out_ptr": "*fp32", "sent_ptr": "*i64", "T": "i32", "rank": "i32",
+               "max_tokens": "i32"}
 PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "stage_ptr": "*i16",
                  "peer_delta_ptr": "*i64", "sent_ptr": "*i64", "S": "i32", "rank": "i32", "max_tokens": "i32"}
-RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "R": "i32",
-           "rank": "i32"}
+RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64",
+           "weight_ptr": "*fp32", "R": "i32", "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
           "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32", "save_ptr": "*i16",
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
@@ -43,11 +45,13 @@ SYMM = {
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
                        ROUNDING=0, ONLY=0, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
-    # symm: unweighted expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8).
-    **{f"push_tokens_{fmt}_w{w}": (sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
-                                   dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
-                                        BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2])))
-       for fmt in ("mxfp8", "bf16") for w in (2, 8)},
+    # symm: expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8): dispatch's
+    # forward (unweighted) and combine's backward (scores left for the receiver, dot products).
+    **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
+        sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
+        dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0, HAS_FACTOR=weighted,
+             HAS_DOT=weighted, BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2])))
+       for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
     "push_partials_bf16": (sk._push_partials_kernel, PUSH_PARTIALS,
                            dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=False, ROUNDING=0,
@@ -57,11 +61,15 @@ SYMM = {
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
         ONLY=sk.push_only_index(only), BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)) for only in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
+    # symm after a weighted token-once push: through the token map, times the row weights.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
-                                                                      HAS_STAGE_ROW=staged, BLOCK_M=4, BLOCK_D=512))
-       for tag, staged in (("", False), ("_stage_row", True))},
-    "receive_bf16_stage_row": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
-                               dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, BLOCK_M=4, BLOCK_D=512)),
+                                                                      HAS_STAGE_ROW=staged, HAS_WEIGHT=weighted,
+                                                                      BLOCK_M=4, BLOCK_D=512))
+       for tag, staged, weighted in (("", False, False), ("_stage_row", True, False), ("_weighted", True, True))},
+    **{f"receive_bf16_stage_row{tag}": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
+                                        dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, HAS_WEIGHT=weighted,
+                                             BLOCK_M=4, BLOCK_D=512))
+       for tag, weighted in (("", False), ("_weighted", True))},
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
                                    HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=sk.REDUCE_SHAPES["mxfp8"][0],
