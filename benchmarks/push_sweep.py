@@ -2,9 +2,9 @@
 rank (``push_tokens``, at several launch shapes), and the receive by row against the receive
 through the token map ``push_tokens`` writes; the same for a weighted leg (combine's backward:
 each row times its score, and the score gradient's dot product with a saved row), whose
-receive multiplies by the row weights ``push_tokens`` leaves. The way back in bf16 (dispatch's backward): the
-token-bound push row by row against one partial sum per token and rank (``push_partials``),
-and the top-k reduce of rows against the reduce of partial sums.
+receive multiplies by the row weights ``push_tokens`` leaves. The way back (dispatch's
+backward, bf16 and MXFP8): the token-bound push row by row against one partial sum per token
+and rank (``push_partials``), and the top-k reduce of rows against the reduce of partial sums.
 
     torchrun --nproc_per_node=1 benchmarks/push_sweep.py --json push_sweep.json
 
@@ -126,9 +126,9 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             weights = row_weights(peers.peer(1), offset, capacity)
             row("receive_rows (token map, weighted)", fmt, launch, timed(
                 lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights)))
-        # The way back (dispatch's backward, bf16): the peer pushes its rows of rank 0's tokens
-        # row by row, or one partial sum per token (through the token map push_tokens left);
-        # rank 0 reduces each token's K slots, reading rows, or partials once per token.
+        # The way back (dispatch's backward, bf16 and MXFP8): the peer pushes its rows of rank
+        # 0's tokens row by row, or one partial sum per token (through the token map push_tokens
+        # left); rank 0 reduces each token's K slots, reading rows, or partials once per token.
         grads = torch.randn((capacity, dim), device=device, dtype=torch.bfloat16)
         to_peer_rows = dst_rank != RANK
         return_row = torch.zeros(capacity, dtype=torch.int64, device=device)
@@ -138,20 +138,21 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         row_slot = torch.where(source == RANK, token_map(peers.peer(1), offset, capacity), WORLD * tokens)
         order, start = partial_slots(row_slot, WORLD * tokens)
         max_rows = min(top_k, shape.experts // WORLD)
-        row("push_rows (token-bound)", "bf16", {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
-            lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, "bf16", "rceil")))
-        row("push_partials", "bf16", dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPE)), timed(
-            lambda: sk.push_partials(grads, order, start, back, rows, 1, "bf16", "rceil", max_rows, tokens, sent)))
         token_side = OneProcessPeers(1, WORLD, RANK, device)
         token_side._peers[RANK] = back.peer(RANK)
         reduced = torch.empty((tokens, dim), device=device, dtype=torch.bfloat16)
-        launch = dict(zip(("tokens", "warps", "block_d"), sk.REDUCE_SHAPES["bf16"]))
-        row("reduce_slots", "bf16", launch, timed(
-            lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, "bf16", top_k)))
         stage_row = partial_stage_rows(inv, dst_rank, RANK, top_k, tokens)
-        row("reduce_slots (partials)", "bf16", launch, timed(
-            lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, "bf16", top_k,
-                                    stage_row=stage_row)))
+        for fmt in ("bf16", "mxfp8"):
+            row("push_rows (token-bound)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+                lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
+            row("push_partials", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
+                lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
+            launch = dict(zip(("tokens", "warps", "block_d"), sk.REDUCE_SHAPES[fmt]))
+            row("reduce_slots", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k)))
+            row("reduce_slots (partials)", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        stage_row=stage_row)))
     finally:
         sk.PUSH_TOKENS_SHAPE = defaults
     assert staging_nbytes(rows, dim, torch.bfloat16) <= offset

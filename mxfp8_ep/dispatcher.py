@@ -103,10 +103,11 @@ class TokenDispatcher:
         def symm_partial_sums(self) -> bool:
             """Whether the symm transport sends dispatch's backward as one partial sum per token
             and rank (``SymmTokenDispatcher._push_to_tokens``): a plain sum (scores after the
-            experts) of top-k > 1 rows, whose forward sent tokens once, in the activation dtype.
-            Its x gradient then adds a token's rows in another grouping (and, in bf16, rounds
-            each partial sum once) than the fused nccl transport: equal to rounding, not bits."""
-            return self.top_k > 1 and not self.score_before_experts and self.a2a.dispatch_bwd == "bf16"
+            experts) of top-k > 1 rows, whose forward sent tokens once. Its x gradient then adds
+            a token's rows in another grouping than the fused nccl transport, and rounds (bf16)
+            or quantizes (MXFP8) each partial sum once instead of each row: equal to that
+            rounding, not bits."""
+            return self.top_k > 1 and not self.score_before_experts
 
         @property
         def symm_scores_after_dequantize(self) -> bool:
@@ -570,9 +571,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
         token's rank adds it once, at the token's first slot on that rank. That leg is
         dispatch's backward when the scores follow the experts (DeepSeek-V3;
-        ``Config.symm_partial_sums``). Only in the activation's dtype: on an MXFP8 leg the
-        partial sum would be quantized instead of each row, other bits than the fused nccl
-        transport's and the fuzz's wire reference; not done."""
+        ``Config.symm_partial_sums``). On an MXFP8 leg the partial sum is quantized, not each
+        row."""
         if not (leg == "dispatch_bwd" and meta.row_slot is not None):
             return super()._push_to_tokens(src, meta, leg, fmt)
         bufs = self._buffers_for(src)

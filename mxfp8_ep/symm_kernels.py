@@ -68,8 +68,9 @@ REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
 # (1, 4, 1024) is as fast, 8 warps or 4 tokens slower.
 PUSH_TOKENS_SHAPE = (2, 4, 1024)
 # (token slots per program, warps, widest column tile) of push_partials: not swept yet; the
-# reduce's bf16 shape (one token, 4 warps, 512 columns) with two slots per program.
-PUSH_PARTIALS_SHAPE = (2, 4, 512)
+# reduce's bf16 shape (one token, 4 warps, 512 columns) with two slots per program. MXFP8 takes
+# 1024 columns, so that each thread stores its e4m3 bytes to the peer as one 16-byte vector.
+PUSH_PARTIALS_SHAPES = {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}
 ROUTING_BLOCK = 1024
 
 
@@ -583,7 +584,7 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
     num_slots, dim = start.numel() - 1, src.shape[1]
     if num_slots == 0 or src.shape[0] == 0:
         return
-    block_s, warps, block_d = PUSH_PARTIALS_SHAPE
+    block_s, warps, block_d = PUSH_PARTIALS_SHAPES[fmt]
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     _push_partials_kernel[(triton.cdiv(num_slots, block_s),)](
         _bits(src), order, start, stage, staging.element_offsets(stage.element_size()), sent,

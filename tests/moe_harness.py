@@ -171,7 +171,8 @@ class _Leg(torch.autograd.Function):
     """Identity whose forward / backward pass the rows marked ``crossing`` through the leg
     formats: what an EP rank boundary does to them (rows that stay are never quantized).
     Where ``fwd`` / ``bwd`` is a tensor instead of a format, the crossing rows take its rows
-    (a weighted leg that crosses as tokens: ``WireLegs.scores_after_dequantize``)."""
+    (a weighted leg that crosses as tokens: ``WireLegs.scores_after_dequantize``); where it is
+    a function, it maps the rows (partial sums: ``WireLegs.partial_sums``)."""
 
     @staticmethod
     def forward(ctx, rows, crossing, fwd, bwd, rounding):
@@ -193,9 +194,34 @@ def _scored_tokens(tokens, ids, top_scores, rounding) -> torch.Tensor:
     return (decoded[slot // ids.shape[1]].float() * top_scores.reshape(-1)[slot].unsqueeze(1)).to(tokens.dtype)
 
 
+def _partial_sums(grad, crossing, ids, num_local, rounding) -> torch.Tensor:
+    """Per expert-sorted row, dispatch's backward as it crosses in partial sums: each token's
+    crossing rows with one owner added in fp32 (in sorted order, the owner's expert-major
+    order), rounded once, quantized and dequantized, in place of the first; zeros in the
+    others. Rows that stay: as they are."""
+    from mxfp8_ep.format import dequantize_reference, quantize_reference
+
+    flat = ids.reshape(-1)
+    slot = torch.argsort(flat, stable=True)
+    token, owner = slot // ids.shape[1], flat[slot] // num_local
+    groups: dict[tuple[int, int], list[int]] = {}
+    for j in torch.nonzero(crossing).squeeze(1).tolist():
+        groups.setdefault((int(token[j]), int(owner[j])), []).append(j)
+    out = grad.clone()
+    for rows in groups.values():
+        total = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
+        for j in rows:
+            total = total + grad[j].float()
+        out[rows[0]] = dequantize_reference(quantize_reference(total.to(grad.dtype).unsqueeze(0), rounding), grad.dtype)[0]
+        out[rows[1:]] = 0
+    return out
+
+
 def _through(rows, crossing, fmt, rounding):
     from mxfp8_ep.format import dequantize_reference, quantize_reference
 
+    if callable(fmt):
+        return fmt(rows)
     out = rows.clone()
     if isinstance(fmt, torch.Tensor):
         out[crossing] = fmt[crossing]
@@ -216,12 +242,18 @@ class WireLegs:
     (dispatch's forward when the scores come first, combine's backward when they come after),
     a crossing row is ``score * dequant(quant(token))``, rounded once, instead of
     ``dequant(quant(score * token))``: the token crosses once and its score multiplies on
-    the experts' rank."""
+    the experts' rank.
+
+    ``partial_sums`` (the symm transport, ``Config.symm_partial_sums``): dispatch's backward
+    crosses as one partial sum per token and rank, each sum (fp32, rounded once) quantized
+    instead of each row on an MXFP8 leg: the sum takes the place of the group's first row,
+    zeros the others' (the x gradient adds them all)."""
 
     a2a: object  # mxfp8_ep.config.A2AConfig
     rank: int
     num_local: int
     scores_after_dequantize: bool = False
+    partial_sums: bool = False
 
 
 def crossing_rows(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
@@ -290,7 +322,11 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     def dispatch_legs(module, args):
         a2a, seen["crossing"] = legs.a2a, crossing_rows(seen["ids"], legs.rank, legs.num_local)
         fwd = scored(a2a.dispatch_fwd, seen["tokens"]) if moe.score_before_experts else a2a.dispatch_fwd
-        return (_Leg.apply(args[0], seen["crossing"], fwd, a2a.dispatch_bwd, a2a.scale_rounding), *args[1:])
+        bwd = a2a.dispatch_bwd
+        if legs.partial_sums and bwd == "mxfp8":
+            crossing, ids = seen["crossing"], seen["ids"]
+            bwd = lambda grad: _partial_sums(grad, crossing, ids, legs.num_local, a2a.scale_rounding)  # noqa: E731
+        return (_Leg.apply(args[0], seen["crossing"], fwd, bwd, a2a.scale_rounding), *args[1:])
 
     def combine_legs(module, args, output):
         a2a = legs.a2a

@@ -41,9 +41,11 @@ References (the reference's expert gradients are summed over ranks and sliced):
   nccl path; the two above bound it like symm. Where symm sends a weighted MXFP8 leg as
   tokens and multiplies the scores after dequantizing (``Config.symm_scores_after_dequantize``:
   top-k > 1 with combine's backward, or with dispatch's forward when the scores come first,
-  in MXFP8), only what does not depend on that leg is compared; symm then meets its own wire
-  reference (``WireLegs(scores_after_dequantize=True)``: that leg's crossing rows are
-  ``score * dequant(quant(token))``), to the same bounds.
+  in MXFP8), only what does not depend on that leg is compared, and likewise the x gradient
+  where symm quantizes partial sums of dispatch's backward instead of rows (MXFP8); symm then
+  meets its own wire reference (``WireLegs(scores_after_dequantize=..., partial_sums=...)``:
+  that leg's crossing rows are ``score * dequant(quant(token))``; each token's crossing rows
+  of dispatch's backward on one rank are one quantized sum), to the same bounds.
   Score gradients are compared relative to their Cauchy-Schwarz size (|a| |b| of the dot
   product), since a dot product can cancel to ~0 while its rounding error does not; the
   router's gradient must then equal torchtitan's router backward of EP's score gradients.
@@ -308,7 +310,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
     quantized = a2a_legs.any_quantized
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
-    wire_scored = None  # the same where the weighted leg's tokens cross once (symm, top-k > 1)
+    wire_symm = None  # where symm quantizes other values than a row per leg (module docstring)
 
     results = {}
     for transport in TRANSPORTS:
@@ -332,14 +334,20 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
             for name, ref in results["symm"].items():
                 if config.symm_scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
                     continue  # symm quantized other rows on the weighted leg: each met its own wire reference
+                if name == "x" and config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8":
+                    continue  # symm quantized partial sums, not rows: each met its own wire reference
                 # symm's partial sums regroup the x gradient's additions (Config.symm_partial_sums).
                 expect = ORDER_TOL[spec.dtype] if name == "x" and config.symm_partial_sums else "exact"
                 _compare(name, results[transport][name], ref, expect, f"{where} vs symm")
         expected = wire
-        if transport == "symm" and config.symm_scores_after_dequantize:
-            if wire_scored is None:
-                wire_scored = reference_run(WireLegs(a2a_legs, rank, local, scores_after_dequantize=True))[0]
-            expected = wire_scored
+        if transport == "symm" and (config.symm_scores_after_dequantize
+                                    or (config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8")):
+            if wire_symm is None:
+                wire_symm = reference_run(WireLegs(
+                    a2a_legs, rank, local, scores_after_dequantize=config.symm_scores_after_dequantize,
+                    partial_sums=config.symm_partial_sums,
+                ))[0]
+            expected = wire_symm
         assert set(got) == set(expected), where
         for name, ref in expected.items():
             expect = _expectation(ex, dispatcher, name, device)

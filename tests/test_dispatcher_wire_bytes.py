@@ -4,8 +4,7 @@ read at the snapshot. A leg's count is the rows that left the rank times the leg
 size; the same routing gives the same counts on both transports, except on symm with top-k > 1
 and the scores after the experts: the expert-bound legs (dispatch's forward, combine's
 backward) send each token once per rank that owns one of its experts, not once per expert,
-and dispatch's backward in the activation dtype (a plain sum) one partial sum per token and
-rank back."""
+and dispatch's backward (a plain sum) one partial sum per token and rank back."""
 
 from __future__ import annotations
 
@@ -57,11 +56,9 @@ def _same_bytes_on_both_transports(rank, world):
             row = wire_stats.row_bytes(DIM, 2, getattr(A2AConfig.preset(preset), leg))
             assert nccl[leg] == remote_rows * row > 0, (preset, leg, nccl, remote_rows)
             assert symm[leg] == remote_tokens * row < nccl[leg], (preset, leg, symm, remote_tokens)
-        if preset == "bf16":  # partial sums back
-            partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, "bf16")
-            assert symm["dispatch_bwd"] == partial < nccl["dispatch_bwd"], (preset, symm, nccl, partial)
-        else:  # an MXFP8 dispatch backward goes row by row
-            assert symm["dispatch_bwd"] == nccl["dispatch_bwd"] > 0, (preset, symm, nccl)
+        # Partial sums back (bf16, or quantized for mxfp8_all).
+        partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, A2AConfig.preset(preset).dispatch_bwd)
+        assert symm["dispatch_bwd"] == partial < nccl["dispatch_bwd"], (preset, symm, nccl, partial)
         assert symm["combine_fwd"] == nccl["combine_fwd"] > 0, (preset, symm, nccl)
         assert set(nccl) == set(symm) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
 

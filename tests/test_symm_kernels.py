@@ -427,15 +427,17 @@ def check_partial_round_trip(device) -> int:
     """Dispatch's backward as partial sums, every rank of a world at once: each rank's
     ``push_partials`` of the rows it holds for other ranks' tokens, then each rank's
     ``reduce_slots`` through ``partial_stage_rows`` (Triton and twin, bit for bit), against
-    the plain sum of every token's K rows (fp64, to the rounding of the partial sums).
+    the plain sum of every token's K rows (fp64, to the rounding of the partial sums; MXFP8
+    legs: to the format's).
     Returns the cases checked (on a GPU by hand: ``check_partial_round_trip(torch.device("cuda"))``)."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
     g = torch.Generator().manual_seed(29)
     checked = 0
-    for world, top_k, dim, tokens, dtype in ((2, 3, 64, 5, torch.bfloat16), (3, 4, 96, 4, torch.float32),
-                                            (4, 2, 64, 3, torch.bfloat16)):
+    for world, top_k, dim, tokens, dtype, fmt in ((2, 3, 64, 5, torch.bfloat16, "bf16"), (3, 4, 96, 4, torch.float32, "bf16"),
+                                                 (4, 2, 64, 3, torch.bfloat16, "bf16"), (2, 4, 64, 5, torch.bfloat16, "mxfp8"),
+                                                 (3, 3, 96, 4, torch.float32, "mxfp8")):
         max_tokens = tokens + 1
         num_slots = world * max_tokens
         owner = [torch.randint(0, world, (tokens, top_k), generator=g) for _ in range(world)]
@@ -457,7 +459,7 @@ def check_partial_round_trip(device) -> int:
                 row_slot = torch.tensor([s * max_tokens + t if s != r else num_slots for s, t, _ in held[r]],
                                         dtype=torch.int64)
                 order, start = partial_slots(row_slot.to(device), num_slots)
-                kernels.push_partials(grads[r].to(device), order, start, peers, num_slots, r, "bf16", "rceil",
+                kernels.push_partials(grads[r].to(device), order, start, peers, num_slots, r, fmt, "rceil",
                                       top_k, max_tokens, torch.zeros(1, dtype=torch.int64, device=device))
             outs = []
             for d in range(world):
@@ -469,18 +471,19 @@ def check_partial_round_trip(device) -> int:
                 stage_row = partial_stage_rows(inv.to(device), dst_rank.to(device), d, top_k, max_tokens)
                 out = torch.empty(tokens, dim, dtype=dtype, device=device)
                 kernels.reduce_slots(out, inv.to(device), dst_rank.to(device), dst_row.to(device), grads[d].to(device),
-                                     views[d], num_slots, d, "bf16", top_k, stage_row=stage_row)
+                                     views[d], num_slots, d, fmt, top_k, stage_row=stage_row)
                 outs.append(out.cpu())
             result[name] = outs
         for d in range(world):
-            where = (world, top_k, dtype, d)
+            where = (world, top_k, dtype, fmt, d)
             assert torch.equal(bits(result["triton"][d]), bits(result["torch"][d])), where
             want = torch.zeros(tokens, dim, dtype=torch.float64)
             for r in range(world):
                 for i, (s, t, _) in enumerate(held[r]):
                     if s == d:
                         want[t] += grads[r][i].double()
-            tol = 2.0**-7 if dtype == torch.bfloat16 else 1e-5
+            # A quantized partial sum: e4m3 keeps 3 mantissa bits (RCEIL scales: within 2^-4 of each element).
+            tol = 2.0**-3 if fmt == "mxfp8" else 2.0**-7 if dtype == torch.bfloat16 else 1e-5
             err = float((result["triton"][d].double() - want).norm() / want.norm())
             assert err < tol, (where, err)
             checked += 1
@@ -488,4 +491,4 @@ def check_partial_round_trip(device) -> int:
 
 
 def test_partial_sums_round_trip_to_each_tokens_sum():
-    assert check_partial_round_trip(torch.device("cpu")) == 2 + 3 + 4
+    assert check_partial_round_trip(torch.device("cpu")) == 2 + 3 + 4 + 2 + 3

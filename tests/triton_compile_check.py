@@ -53,9 +53,11 @@ SYMM = {
              HAS_DOT=weighted, BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2])))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
-    "push_partials_bf16": (sk._push_partials_kernel, PUSH_PARTIALS,
-                           dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=False, ROUNDING=0,
-                                BLOCK_S=sk.PUSH_PARTIALS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_PARTIALS_SHAPE[2]))),
+    **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
+                                dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
+                                     BLOCK_S=sk.PUSH_PARTIALS_SHAPES[fmt][0],
+                                     BLOCK_D=sk._block_d(7168, sk.PUSH_PARTIALS_SHAPES[fmt][2])))
+       for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
@@ -80,10 +82,11 @@ SYMM = {
                          HAS_DOT=False, HAS_STAGE_ROW=False, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
                          BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]))),
     # after push_partials: plain sum, partials read through stage_row (-1: nothing to add).
-    "reduce_bf16_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
-                             dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=False, HAS_SAVE=False,
-                                  HAS_DOT=False, HAS_STAGE_ROW=True, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
-                                  BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]))),
+    **{f"reduce_{fmt}_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
+                                  dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=fmt == "mxfp8", HAS_WEIGHT=False,
+                                       HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True, BLOCK_T=sk.REDUCE_SHAPES[fmt][0],
+                                       BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES[fmt][2])))
+       for fmt in ("bf16", "mxfp8")},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                                              "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
