@@ -184,10 +184,10 @@ def push_tokens(
     writes that staged row into the owner's token map (``token_map``) at its ``dst_row``: the
     owner's ``receive_rows`` reads it through that map (``stage_row``). ``sent`` (int64, one
     element) grows by the rows put on the wire.
-    With ``factor`` (per slot ``t*K+k``): a row that stays is the token times its factor
-    (``push_rows``' arithmetic); a row bound for a peer leaves its factor in the owner's row
-    weights (``row_weights``), which its ``receive_rows`` applies (``weight``) to the token as
-    it arrived. With ``dot_rows`` (per sorted row): ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]],
+    With ``factor`` (per slot ``t*K+k``, fp32 or the activation dtype): a row that stays is the
+    token times its factor (``push_rows``' arithmetic); a row bound for a peer leaves its factor
+    (as fp32, exact) in the owner's row weights (``row_weights``), which its ``receive_rows``
+    applies (``weight``) to the token as it arrived. With ``dot_rows`` (per sorted row): ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]],
     src[t]>`` in fp32, as ``push_rows`` computes it."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
@@ -213,7 +213,7 @@ def push_tokens(
         _store_staged(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
         token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
         if factor is not None:
-            row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound]
+            row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound].float()
         sent += need.sum()
 
 

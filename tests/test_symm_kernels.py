@@ -280,7 +280,8 @@ def check_push_tokens(device) -> int:
                 # Every other case weighted (combine's backward): a score per slot, the score
                 # gradient's dot product with a saved row per sorted row.
                 weighted = checked % 2 == 1
-                factor = torch.rand(tokens * top_k, generator=g) if weighted else None
+                # Scores in fp32 (torchtitan 0.2.2) or in the activation dtype (0.3.0's bf16 combine).
+                factor = torch.rand(tokens * top_k, generator=g).to(dtype if checked % 4 == 3 else torch.float32) if weighted else None
                 saved = torch.randn(tokens * top_k, dim, generator=g).to(dtype) if weighted else None
                 result = {}
                 for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
@@ -325,7 +326,7 @@ def check_push_tokens(device) -> int:
                     token_of = torch.arange(owner.numel()) // top_k
                     assert torch.equal(token_map(bufs[d], offset, capacity)[dst_row[mine]], rank * max_tokens + token_of[mine]), where
                     if weighted:
-                        assert torch.equal(row_weights(bufs[d], offset, capacity)[dst_row[mine]], factor[mine]), where
+                        assert torch.equal(row_weights(bufs[d], offset, capacity)[dst_row[mine]], factor[mine].float()), where
                     # The peer reads its rows through its token map (times their row weights).
                     source = torch.full((capacity,), -2, dtype=torch.int64)
                     source[dst_row[mine]] = rank

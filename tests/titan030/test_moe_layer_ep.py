@@ -152,14 +152,24 @@ def test_an_empty_expert_gets_zero_padding_rows(ranks):
 def test_mxfp8_legs_carry_rows_in_the_mxfp8_format(ranks, transport):
     """Preset mxfp8 quantizes the dispatch forward and the combine backward: each row the
     experts get (input, output gradient) is the bf16 row (it stayed on its rank) or exactly that
-    row through one MXFP8 round trip, so within the format's bound; some rows did cross."""
+    row through one MXFP8 round trip, so within the format's bound; some rows did cross.
+    Except symm's combine backward at top-k > 1 (``Config.symm_scores_after_dequantize``): the
+    output gradient crosses once per token and the experts' rank multiplies it by each row's
+    score, ``score * dequant(quant(g))``, not a round trip of ``score * g``
+    (tests/test_dispatcher.py checks those bits against a wire reference of exactly that). Its
+    error is then the format's on ``g``, times the score: within 2**-4 of the row in e4m3's
+    normal range as before, but below it a block scale of ``g``'s block, which can be twice
+    ``score *`` the scale of the scaled row's block (both are powers of two rounded up), plus
+    the final bf16 rounding: within twice the bound."""
     arm = f"mxfp8/{transport}"
     crossed = 0
     for where, s in each_rank_step(ranks, arm, steps=1):
         for leg in LEG_ROWS:
             r = s[leg]
-            assert r["same_or_wire"] == r["rows"], f"{arm} {where} {leg}: rows off the MXFP8 format: {r}"
-            assert r["max_err_over_bound"] <= 1, f"{arm} {where} {leg}: {r}"
+            scored = transport == "symm" and LEG_ROWS[leg] == "combine_bwd" and SPEC.top_k > 1
+            if not scored:
+                assert r["same_or_wire"] == r["rows"], f"{arm} {where} {leg}: rows off the MXFP8 format: {r}"
+            assert r["max_err_over_bound"] <= (2 if scored else 1), f"{arm} {where} {leg}: {r}"
             crossed += r["rows"] - r["same"]
     assert crossed > 0, f"{arm}: no row was quantized"
 
