@@ -28,8 +28,8 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
   the receiving pass applies each row's router score where the leg carries one. A plain-sum
   token-bound leg (dispatch's backward when the scores come after the experts) goes back as
   one partial sum per token and rank. Token counts travel through peer memory too: no host
-  sync in forward or backward. One node (CUDA symmetric memory); on CPU processes the same code runs over
-  shared-memory files (tests).
+  sync in forward or backward. One node (CUDA symmetric memory); on CPU processes the same
+  code runs over shared-memory files (tests).
 """
 
 from __future__ import annotations
