@@ -187,8 +187,8 @@ def push_tokens(
     With ``factor`` (per slot ``t*K+k``, fp32 or the activation dtype): a row that stays is the
     token times its factor (``push_rows``' arithmetic); a row bound for a peer leaves its factor
     (as fp32, exact) in the owner's row weights (``row_weights``), which its ``receive_rows``
-    applies (``weight``) to the token as it arrived. With ``dot_rows`` (per sorted row): ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]],
-    src[t]>`` in fp32, as ``push_rows`` computes it."""
+    applies (``weight``) to the token as it arrived. With ``dot_rows`` (per sorted row):
+    ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]], src[t]>`` in fp32, as ``push_rows`` computes it."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return

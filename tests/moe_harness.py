@@ -184,13 +184,25 @@ class _Leg(torch.autograd.Function):
         return _through(grad, ctx.crossing, ctx.bwd, ctx.rounding), None, None, None, None
 
 
+def symm_quantizes_partial_sums(config) -> bool:
+    """Whether the symm transport of a ``TokenDispatcher.Config`` sends dispatch's backward as
+    quantized partial sums (``Config.symm_partial_sums`` on an MXFP8 leg): other values on the
+    wire than the fused nccl transport's rows, not only another rounding."""
+    return config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8"
+
+
+def _round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
+    """``rows`` through one MXFP8 quantize + dequantize (the format reference)."""
+    from mxfp8_ep.format import dequantize_reference, quantize_reference
+
+    return dequantize_reference(quantize_reference(rows, rounding), rows.dtype)
+
+
 def _scored_tokens(tokens, ids, top_scores, rounding) -> torch.Tensor:
     """Per expert-sorted row: ``score * dequant(quant(token))`` in fp32, rounded once (what
     a weighted leg gives when its tokens cross in MXFP8 and the receiver multiplies)."""
-    from mxfp8_ep.format import dequantize_reference, quantize_reference
-
     slot = torch.argsort(ids.reshape(-1), stable=True)
-    decoded = dequantize_reference(quantize_reference(tokens, rounding), tokens.dtype)
+    decoded = _round_trip(tokens, rounding)
     return (decoded[slot // ids.shape[1]].float() * top_scores.reshape(-1)[slot].unsqueeze(1)).to(tokens.dtype)
 
 
@@ -199,8 +211,6 @@ def _partial_sums(grad, crossing, ids, num_local, rounding) -> torch.Tensor:
     crossing rows with one owner added in fp32 (in sorted order, the owner's expert-major
     order), rounded once, quantized and dequantized, in place of the first; zeros in the
     others. Rows that stay: as they are."""
-    from mxfp8_ep.format import dequantize_reference, quantize_reference
-
     flat = ids.reshape(-1)
     slot = torch.argsort(flat, stable=True)
     token, owner = slot // ids.shape[1], flat[slot] // num_local
@@ -212,21 +222,19 @@ def _partial_sums(grad, crossing, ids, num_local, rounding) -> torch.Tensor:
         total = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
         for j in rows:
             total = total + grad[j].float()
-        out[rows[0]] = dequantize_reference(quantize_reference(total.to(grad.dtype).unsqueeze(0), rounding), grad.dtype)[0]
+        out[rows[0]] = _round_trip(total.to(grad.dtype).unsqueeze(0), rounding)[0]
         out[rows[1:]] = 0
     return out
 
 
 def _through(rows, crossing, fmt, rounding):
-    from mxfp8_ep.format import dequantize_reference, quantize_reference
-
     if callable(fmt):
         return fmt(rows)
     out = rows.clone()
     if isinstance(fmt, torch.Tensor):
         out[crossing] = fmt[crossing]
     elif fmt == "mxfp8" and bool(crossing.any()):
-        out[crossing] = dequantize_reference(quantize_reference(rows[crossing], rounding), rows.dtype)
+        out[crossing] = _round_trip(rows[crossing], rounding)
     return out
 
 

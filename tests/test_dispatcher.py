@@ -93,6 +93,7 @@ from tests.moe_harness import (
     run_layer,
     run_stack,
     setup_rank,
+    symm_quantizes_partial_sums,
 )
 
 TRANSPORTS = tuple(t for t in CONFIG_TRANSPORTS if t != "auto")
@@ -310,7 +311,6 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
     quantized = a2a_legs.any_quantized
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
-    wire_symm = None  # where symm quantizes other values than a row per leg (module docstring)
 
     results = {}
     for transport in TRANSPORTS:
@@ -334,20 +334,18 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
             for name, ref in results["symm"].items():
                 if config.symm_scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
                     continue  # symm quantized other rows on the weighted leg: each met its own wire reference
-                if name == "x" and config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8":
+                if name == "x" and symm_quantizes_partial_sums(config):
                     continue  # symm quantized partial sums, not rows: each met its own wire reference
                 # symm's partial sums regroup the x gradient's additions (Config.symm_partial_sums).
                 expect = ORDER_TOL[spec.dtype] if name == "x" and config.symm_partial_sums else "exact"
                 _compare(name, results[transport][name], ref, expect, f"{where} vs symm")
         expected = wire
-        if transport == "symm" and (config.symm_scores_after_dequantize
-                                    or (config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8")):
-            if wire_symm is None:
-                wire_symm = reference_run(WireLegs(
-                    a2a_legs, rank, local, scores_after_dequantize=config.symm_scores_after_dequantize,
-                    partial_sums=config.symm_partial_sums,
-                ))[0]
-            expected = wire_symm
+        if transport == "symm" and (config.symm_scores_after_dequantize or symm_quantizes_partial_sums(config)):
+            # symm quantizes other values than a row per leg (module docstring): its own wire reference.
+            expected = reference_run(WireLegs(
+                a2a_legs, rank, local, scores_after_dequantize=config.symm_scores_after_dequantize,
+                partial_sums=config.symm_partial_sums,
+            ))[0]
         assert set(got) == set(expected), where
         for name, ref in expected.items():
             expect = _expectation(ex, dispatcher, name, device)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed import run_on_ranks
+from tests.moe_harness import symm_quantizes_partial_sums
 
 WORLD = 2
 GPU_EXAMPLES = 200  # hypothesis routings of the fuzz on WORLD GPUs (CPU: 80 at 2 ranks, 200 over 2-4)
@@ -181,7 +182,7 @@ def _check_fused_nccl(rank, world):
                 assert torch.equal(got[0][:valid].view(torch.int16), other[0][:valid].view(torch.int16)), case
                 assert torch.equal(got[2].view(torch.int16), other[2].view(torch.int16)), case
                 if other is results["symm", "triton"] and (
-                        cfg.symm_scores_after_dequantize or (cfg.symm_partial_sums and cfg.a2a.dispatch_bwd == "mxfp8")):
+                        cfg.symm_scores_after_dequantize or symm_quantizes_partial_sums(cfg)):
                     # symm multiplies combine's backward by the scores after dequantizing the
                     # token (Config.symm_scores_after_dequantize) and quantizes partial sums of
                     # dispatch's backward (mxfp8_all): equal to MXFP8 rounding.
