@@ -256,9 +256,12 @@ def _push_tokens_kernel(
     map_ptr, map_delta_ptr, weight_map_ptr, weight_delta_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
     sent_ptr, T, rank, max_tokens,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, IN_BF16: tl.constexpr,
-    QUANT: tl.constexpr, ROUNDING: tl.constexpr, HAS_FACTOR: tl.constexpr, HAS_DOT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr, ROUNDING: tl.constexpr, HAS_FACTOR: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
+    HAS_DOT: tl.constexpr, DOT_LOCAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    # HAS_FACTOR: per-slot weights go to the owners' row weights; WEIGH_LOCAL: they also
+    # multiply the rows that stay (else they are only carried). HAS_DOT: dot products per slot,
+    # against a sorted row (DOT_LOCAL False) or, for the rows that stay, their expert row.
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < T
     kk = tl.arange(0, KP)
@@ -288,19 +291,23 @@ def _push_tokens_kernel(
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, BLOCK_D)
         x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
-        if any_local or HAS_DOT:
+        if any_local or (HAS_DOT and not DOT_LOCAL):
             for k in tl.static_range(TOP_K):
                 slot = toks * TOP_K + k
                 n_k = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
-                if HAS_DOT:
+                if HAS_DOT and not DOT_LOCAL:
                     other = _load_tile(dot_rows_ptr, n_k, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
                     part = tl.sum(other * x, axis=2)
                     dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                 if any_local:
                     is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
                     row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
+                    if HAS_DOT and DOT_LOCAL:
+                        other = _load_tile(dot_rows_ptr, row_k, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+                        part = tl.sum(other * x, axis=2)
+                        dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                     x_k = x
-                    if HAS_FACTOR:
+                    if HAS_FACTOR and WEIGH_LOCAL:
                         f_k = tl.load(factor_ptr + slot, mask=is_local, other=0.0)
                         x_k = _round_to_activation(x * f_k[:, None, None], IN_BF16)
                     _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
@@ -319,14 +326,15 @@ def _push_tokens_kernel(
                     else:
                         _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
-        tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], tl.sum(dots, axis=2), mask=slot_ok)
+        dot_ok = slot_ok & (owner == rank) if DOT_LOCAL else slot_ok
+        tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], tl.sum(dots, axis=2), mask=dot_ok)
 
 
 @triton.jit
 def _push_partials_kernel(
-    src_ptr, order_ptr, start_ptr, stage_ptr, peer_delta_ptr, sent_ptr, S, rank, max_tokens,
+    src_ptr, order_ptr, start_ptr, weight_ptr, stage_ptr, peer_delta_ptr, sent_ptr, S, rank, max_tokens,
     D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
-    ROUNDING: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROUNDING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = slots < S
@@ -347,7 +355,10 @@ def _push_partials_kernel(
         for j in tl.static_range(MAX_ROWS):
             has = active & (j < count)
             row = tl.load(order_ptr + first + j, mask=has, other=0)
-            acc = acc + _load_tile(src_ptr, row, cols, _mask(has, cols, D, BLOCK_D), D, IN_BF16)
+            value = _load_tile(src_ptr, row, cols, _mask(has, cols, D, BLOCK_D), D, IN_BF16)
+            if HAS_WEIGHT:
+                value = value * tl.load(weight_ptr + row, mask=has, other=0.0)[:, None, None]
+            acc = acc + value
         value = _round_to_activation(acc, IN_BF16)
         _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
 
@@ -379,9 +390,9 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
 
 @triton.jit
 def _receive_rows_kernel(
-    out_ptr, source_ptr, stage_ptr, stage_row_ptr, weight_ptr, R, rank,
+    out_ptr, source_ptr, stage_ptr, stage_row_ptr, weight_ptr, dot_with_ptr, dot_out_ptr, R, rank,
     D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     source = tl.load(source_ptr + rows, mask=rows < R, other=-2)
@@ -392,13 +403,20 @@ def _receive_rows_kernel(
     staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
     if HAS_WEIGHT:
         weight = tl.load(weight_ptr + rows, mask=remote, other=0.0)
+    # Dot products: one partial sum per row and 32-column group, summed once at the end.
+    dots = tl.zeros((BLOCK_M, BLOCK_D // 32), tl.float32)
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, BLOCK_D)
         value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+        if HAS_DOT:
+            other = _load_tile(dot_with_ptr, rows, cols, _mask(remote, cols, D, BLOCK_D), D, IN_BF16)
+            dots += tl.sum(other * value, axis=2)
         if HAS_WEIGHT:
             value = _round_to_activation(value * weight[:, None, None], IN_BF16)
         value = tl.where(pad[:, None, None], 0.0, value)
         _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
+    if HAS_DOT:
+        tl.store(dot_out_ptr + rows, tl.sum(dots, axis=1), mask=remote)
 
 
 @triton.jit
@@ -406,8 +424,8 @@ def _reduce_slots_kernel(
     out_ptr, inv_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_ptr, stage_row_ptr,
     weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, WEIGH_STAGED: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
+    HAS_STAGE_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < T
@@ -438,7 +456,10 @@ def _reduce_slots_kernel(
                 part = tl.sum(tl.sum(value * xrow, axis=2), axis=1)
                 dots += tl.where(kk[None, :] == k, part[:, None], 0.0)
             if HAS_WEIGHT:
-                value = value * tl.load(weight_ptr + slot, mask=tok_ok, other=0.0)[:, None, None]
+                w = tl.load(weight_ptr + slot, mask=tok_ok, other=0.0)
+                if not WEIGH_STAGED:  # a staged partial sum comes weighted
+                    w = tl.where(is_local, w, 1.0)
+                value = value * w[:, None, None]
             acc = acc + value
         _store_tile(out_ptr, toks, cols, acc, mask, D, IN_BF16)
     if HAS_DOT:
@@ -558,7 +579,7 @@ def push_rows(
 
 def push_tokens(
     src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None,
+    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None, carry=None, dot_local=None,
 ) -> None:
     num_tokens, dim = src.shape
     if num_tokens == 0:
@@ -566,36 +587,42 @@ def push_tokens(
     block_t, warps, block_d = PUSH_TOKENS_SHAPE
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     no_fp32 = _no_fp32(src.device)
+    weights = factor if factor is not None else carry
+    dots = dot_rows if dot_rows is not None else dot_local
     _push_tokens_kernel[(triton.cdiv(num_tokens, block_t),)](
         _bits(src), inv, dst_rank, dst_row, _bits(local_out), stage, staging.element_offsets(stage.element_size()),
         token_map(staging.local, map_offset, map_rows), staging.element_offsets(8),
         row_weights(staging.local, map_offset, map_rows), staging.element_offsets(4),
-        factor if factor is not None else no_fp32, _bits(dot_rows if dot_rows is not None else src),
+        weights if weights is not None else no_fp32, _bits(dots if dots is not None else src),
         dot_out if dot_out is not None else no_fp32, sent,
         num_tokens, rank, max_tokens,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
         IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
-        HAS_FACTOR=factor is not None, HAS_DOT=dot_rows is not None,
-        BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
+        HAS_FACTOR=weights is not None, WEIGH_LOCAL=factor is not None, HAS_DOT=dots is not None,
+        DOT_LOCAL=dot_local is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
     )
 
 
-def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent) -> None:
+def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
+                  weight=None) -> None:
     num_slots, dim = start.numel() - 1, src.shape[1]
     if num_slots == 0 or src.shape[0] == 0:
         return
     block_s, warps, block_d = PUSH_PARTIALS_SHAPES[fmt]
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     _push_partials_kernel[(triton.cdiv(num_slots, block_s),)](
-        _bits(src), order, start, stage, staging.element_offsets(stage.element_size()), sent,
-        num_slots, rank, max_tokens,
+        _bits(src), order, start, weight if weight is not None else _no_fp32(src.device), stage,
+        staging.element_offsets(stage.element_size()), sent, num_slots, rank, max_tokens,
         D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_S=block_s, BLOCK_D=_block_d(dim, block_d),
-        num_warps=warps,
+        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, HAS_WEIGHT=weight is not None, BLOCK_S=block_s,
+        BLOCK_D=_block_d(dim, block_d), num_warps=warps,
+        # fp32 multiply then add, as the torch twin does: no fused multiply-add.
+        enable_fp_fusion=False,
     )
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None, dot_with=None,
+                 dot_out=None) -> None:
     rows, dim = out.shape
     if rows == 0:
         return
@@ -603,15 +630,16 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
     _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
         _bits(out), source, _stage(staging.local, staging_rows, dim, out.dtype, fmt),
         stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
+        _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
         rows, rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
-        HAS_WEIGHT=weight is not None, BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=warps,
+        HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=warps,
     )
 
 
 def reduce_slots(
     out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
-    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None,
+    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
 ) -> None:
     num_tokens, dim = out.shape
     if num_tokens == 0:
@@ -625,7 +653,7 @@ def reduce_slots(
         _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
-        QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, HAS_SAVE=save is not None,
+        QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
         HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,

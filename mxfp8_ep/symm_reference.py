@@ -175,7 +175,7 @@ def push_rows(
 
 def push_tokens(
     src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None,
+    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None, carry=None, dot_local=None,
 ) -> None:
     """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
     (``inv[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
@@ -188,20 +188,32 @@ def push_tokens(
     token times its factor (``push_rows``' arithmetic); a row bound for a peer leaves its factor
     (as fp32, exact) in the owner's row weights (``row_weights``), which its ``receive_rows``
     applies (``weight``) to the token as it arrived. With ``dot_rows`` (per sorted row):
-    ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]], src[t]>`` in fp32, as ``push_rows`` computes it."""
+    ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]], src[t]>`` in fp32, as ``push_rows`` computes it.
+    ``carry`` (instead of ``factor``): the same row weights go to the owners, and nothing is
+    multiplied (dispatch's forward carries the router scores that combine's partial sums apply
+    on the experts' rank). ``dot_local`` (instead of ``dot_rows``; this rank's expert-major
+    rows): ``dot_out[t*K+k] = <dot_local[dst_row], src[t]>`` for the slots whose row stays;
+    the other slots' entries are left as they are (their owners take theirs as they receive,
+    ``receive_rows(dot_with=...)``)."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
     n = inv[: num_tokens * top_k].view(num_tokens, top_k)
     owner, row = dst_rank[n], dst_row[n]
     rows_of = src.unsqueeze(1).expand(num_tokens, top_k, dim)
+    local = owner == rank
     if dot_rows is not None:
         dots = (dot_rows[n.reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
         dot_out[: num_tokens * top_k] = dots
+    if dot_local is not None:
+        dots = (dot_local[torch.where(local, row, 0).reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
+        flat = dot_out[: num_tokens * top_k]
+        flat.copy_(torch.where(local.reshape(-1), dots, flat))
+    weights = factor if factor is not None else carry
+    if weights is not None:
+        weights = weights[: num_tokens * top_k].view(num_tokens, top_k)
     if factor is not None:
-        weights = factor[: num_tokens * top_k].view(num_tokens, top_k)
         rows_of = (rows_of.float() * weights.unsqueeze(2)).to(src.dtype)
-    local = owner == rank
     local_out[row[local]] = rows_of[local]
     encoded = quantize_reference(src, rounding) if fmt == "mxfp8" else None
     staged = rank * max_tokens + torch.arange(num_tokens, device=src.device)
@@ -212,7 +224,7 @@ def push_tokens(
         need = bound.any(dim=1)
         _store_staged(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
         token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
-        if factor is not None:
+        if weights is not None:
             row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound].float()
         sent += need.sum()
 
@@ -231,14 +243,17 @@ def partial_slots(row_slot: torch.Tensor, num_slots: int) -> tuple[torch.Tensor,
     return order, start
 
 
-def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent) -> None:
+def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
+                  weight=None) -> None:
     """The token-bound push with one row per token and rank: for every slot ``s`` of another
     rank's token (``s // max_tokens``) with rows here (``partial_slots``; at most
     ``max_rows``), the fp32 sum of its rows of ``src`` in ``order``, rounded to the activation
     dtype (and quantized, ``fmt``), goes to that rank's staging buffer at row ``rank *
     max_tokens + s % max_tokens``. ``sent`` (int64, one element) grows by the rows put on the
     wire. The token's rank adds it once to the rows it kept (``reduce_slots`` with a
-    ``stage_row`` from ``partial_stage_rows``)."""
+    ``stage_row`` from ``partial_stage_rows``). With ``weight`` (fp32, per row of ``src``):
+    each row times its weight is added (separate multiply and add), the weighted sum of
+    combine's forward."""
     num_slots, dim = start.numel() - 1, src.shape[1]
     slots = torch.arange(num_slots, device=src.device)
     first, count = start[:-1], start[1:] - start[:-1]
@@ -249,7 +264,8 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
     for j in range(max_rows):
         has = active & (j < count)
         rows = order[(first + j).clamp(max=order.numel() - 1)]
-        acc = acc + torch.where(has.unsqueeze(1), src[rows].float(), 0.0)
+        value = src[rows].float() if weight is None else src[rows].float() * weight[rows].unsqueeze(1)
+        acc = acc + torch.where(has.unsqueeze(1), value, 0.0)
     values = acc.to(src.dtype)
     encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
     staged = rank * max_tokens + slots % max_tokens
@@ -275,15 +291,20 @@ def partial_stage_rows(inv: torch.Tensor, dst_rank: torch.Tensor, rank: int, top
     return stage_row
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None) -> None:
+def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None, dot_with=None,
+                 dot_out=None) -> None:
     """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
     buffer, row ``stage_row[i]`` (or ``i``), times ``weight[i]`` when given (fp32 multiply, one
-    rounding). Padding rows (-1): zeros. This rank's own rows and unused rows: as is."""
+    rounding). Padding rows (-1): zeros. This rank's own rows and unused rows: as is. With
+    ``dot_with`` (rows like ``out``): ``dot_out[i] = <decoded row i, dot_with[i]>`` in fp32
+    (before the weight) for those rows ``i``; other entries as they are."""
     dim = out.shape[1]
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     remote = (source >= 0) & (source != rank)
     rows = torch.nonzero(remote).squeeze(1)
     values = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    if dot_with is not None:
+        dot_out[rows] = (values.float() * dot_with[rows].float()).sum(dim=1)
     if weight is not None:
         values = (values.float() * weight[rows].unsqueeze(1)).to(out.dtype)
     out[rows] = values
@@ -292,13 +313,14 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
 
 def reduce_slots(
     out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
-    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None,
+    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
 ) -> None:
     """``out[t] = sum_k weight[t*K+k] * v(inv[t*K+k])`` in fp32 (k ascending), where ``v(n)``
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else
     row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
     ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(inv[t*K+k]),
-    dot_with[t]>`` in fp32."""
+    dot_with[t]>`` in fp32. ``weigh_staged=False``: a staged row is added as it is (a weighted
+    partial sum, ``push_partials(weight=...)``); the weights multiply the rows that stay."""
     num_tokens, dim = out.shape
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     acc = torch.zeros((num_tokens, dim), dtype=torch.float32, device=out.device)
@@ -317,7 +339,8 @@ def reduce_slots(
             dot_out[slots + k] = (v.float() * dot_with.float()).sum(dim=1)
         v = v.float()
         if weight is not None:
-            v = v * weight[slots + k].unsqueeze(1)
+            w = weight[slots + k] if weigh_staged else torch.where(is_local, weight[slots + k], 1.0)
+            v = v * w.unsqueeze(1)
         acc = acc + v
     out.copy_(acc.to(out.dtype))
 

@@ -249,11 +249,21 @@ def check_push_tokens(device) -> int:
     ``rank * max_tokens + token``, in the leg format), its rows that stay copied into the
     expert-major output, every row bound for a peer naming that staged row in the peer's token
     map, and ``sent`` counting the staged rows; a peer's ``receive_rows`` through its map then
-    rebuilds each of its rows. Every other case is weighted (combine's backward): rows that stay
-    are the token times its score, each score waits in the owner's row weights and multiplies
-    the token as the owner receives it, and the score gradients' dot products (against a saved
-    row) agree with fp64 to their rounding. Returns the cases checked (also run on a GPU by hand:
-    ``check_push_tokens(torch.device("cuda"))``)."""
+    rebuilds each of its rows. The cases cycle through four modes:
+
+    * ``plain`` (dispatch's forward);
+    * ``rows`` (combine's backward): rows that stay are the token times its score, each score
+      waits in the owner's row weights and multiplies the token as the owner receives it, and
+      the score gradients' dot products (against a saved row per slot) agree with fp64 to
+      their rounding;
+    * ``carry`` (dispatch's forward ahead of combine's partial sums): the scores reach the
+      owners' row weights, nothing is multiplied;
+    * ``local`` (combine's backward after partial sums): weighted as ``rows``; the dot products
+      of the slots whose row stays are taken against this rank's expert rows, the others are
+      left as they were; the owner's ``receive_rows`` takes each received row's dot product
+      against its own expert row, before the score multiplies it.
+
+    Returns the cases checked (also run on a GPU by hand: ``check_push_tokens(torch.device("cuda"))``)."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.format import quantize_reference
     from mxfp8_ep.symm_reference import row_weights, staging_buffer_nbytes, staging_views, token_map, token_map_offset
@@ -277,11 +287,12 @@ def check_push_tokens(device) -> int:
                 inv = torch.arange(owner.numel())
                 capacity, rows = tokens * top_k, world * max_tokens
                 offset = token_map_offset(rows, dim, dtype)
-                # Every other case weighted (combine's backward): a score per slot, the score
-                # gradient's dot product with a saved row per sorted row.
-                weighted = checked % 2 == 1
+                mode = ("plain", "rows", "carry", "local")[checked % 4]
+                weighted, scored = mode in ("rows", "local"), mode != "plain"
                 # Scores in fp32 (torchtitan 0.2.2) or in the activation dtype (0.3.0's bf16 combine).
-                factor = torch.rand(tokens * top_k, generator=g).to(dtype if checked % 4 == 3 else torch.float32) if weighted else None
+                score_dtype = dtype if checked // 4 % 2 else torch.float32
+                factor = torch.rand(tokens * top_k, generator=g).to(score_dtype) if scored else None
+                # The score gradients' other rows: one per sorted row (rows), or this rank's expert rows (local).
                 saved = torch.randn(tokens * top_k, dim, generator=g).to(dtype) if weighted else None
                 result = {}
                 for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
@@ -289,25 +300,36 @@ def check_push_tokens(device) -> int:
                     out = torch.zeros(capacity, dim, dtype=dtype, device=device)
                     sent = torch.zeros(1, dtype=torch.int64, device=device)
                     dots = torch.full((tokens * top_k,), float("nan"), device=device)
-                    extra = dict(factor=factor.to(device), dot_rows=saved.to(device), dot_out=dots) if weighted else {}
+                    extra = {}
+                    if mode == "rows":
+                        extra = dict(factor=factor.to(device), dot_rows=saved.to(device), dot_out=dots)
+                    elif mode == "carry":
+                        extra = dict(carry=factor.to(device))
+                    elif mode == "local":
+                        extra = dict(factor=factor.to(device), dot_local=saved.to(device), dot_out=dots)
                     kernels.push_tokens(x.to(device), inv.to(device), owner.to(device), dst_row.to(device), out, peers,
                                         rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent, **extra)
                     result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers, dots.cpu())
                 (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = result["triton"], result["torch"]
-                where = (world, top_k, fmt, dtype, rank, weighted)
+                where = (world, top_k, fmt, dtype, rank, mode)
                 assert all(torch.equal(a, b) for a, b in zip(bufs, ref_bufs)) and sent == ref_sent, where
                 assert torch.equal(bits(out), bits(ref_out)), where
                 if weighted:  # fp32 dot products: tl.sum and torch.sum add in other orders
-                    exact = (saved.double() * x.double().repeat_interleave(top_k, 0)).sum(dim=1)
-                    size = saved.double().norm(dim=1) * x.double().repeat_interleave(top_k, 0).norm(dim=1)
+                    # Sorted row n = slot n: the saved row per slot (rows), or the slot's expert row here (local).
+                    other = saved if mode == "rows" else saved[torch.where(owner == rank, dst_row, 0)]
+                    xs = x.double().repeat_interleave(top_k, 0)
+                    exact = (other.double() * xs).sum(dim=1)
+                    size = other.double().norm(dim=1) * xs.norm(dim=1)
+                    taken = torch.ones_like(owner, dtype=torch.bool) if mode == "rows" else owner == rank
                     for got_dots in (dots, ref_dots):
-                        assert ((got_dots.double() - exact).abs() <= SCORE_RTOL * size).all(), where
+                        assert ((got_dots.double() - exact).abs() <= SCORE_RTOL * size)[taken].all(), where
+                        assert got_dots[~taken].isnan().all(), where  # left as they were
                 ids_owner = owner.view(tokens, top_k)
                 remote_pairs = [(t, d) for t in range(tokens) for d in range(world) if d != rank and (ids_owner[t] == d).any()]
                 assert sent == len(remote_pairs), where
                 local = owner == rank
                 rows_of = x.repeat_interleave(top_k, 0)
-                if weighted:  # a row times its score, rounded once
+                if weighted:  # a row times its score, rounded once (carry: as it is)
                     rows_of = (rows_of.float() * factor.unsqueeze(1)).to(dtype)
                 assert torch.equal(bits(out[dst_row[local]]), bits(rows_of[local])), where
                 encoded = quantize_reference(x, "rceil") if fmt == "mxfp8" else None
@@ -325,24 +347,43 @@ def check_push_tokens(device) -> int:
                     mine = owner == d
                     token_of = torch.arange(owner.numel()) // top_k
                     assert torch.equal(token_map(bufs[d], offset, capacity)[dst_row[mine]], rank * max_tokens + token_of[mine]), where
-                    if weighted:
+                    if scored:
                         assert torch.equal(row_weights(bufs[d], offset, capacity)[dst_row[mine]], factor[mine].float()), where
-                    # The peer reads its rows through its token map (times their row weights).
+                    # The peer reads its rows through its token map (times their row weights; local:
+                    # with dot products against its expert rows).
                     source = torch.full((capacity,), -2, dtype=torch.int64)
                     source[dst_row[mine]] = rank
-                    got = torch.zeros(capacity, dim, dtype=dtype, device=device)
-                    received = OneProcessPeers(1, world, d, device)
-                    received._peers[d] = peers.peer(d)
-                    symm_kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
-                                              stage_row=token_map(peers.peer(d), offset, capacity),
-                                              weight=row_weights(peers.peer(d), offset, capacity) if weighted else None)
+                    expert_rows = torch.randn(capacity, dim, generator=g).to(dtype)
+                    received_rows = {}
+                    for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
+                        got = torch.zeros(capacity, dim, dtype=dtype, device=device)
+                        row_dots = torch.full((capacity,), float("nan"), device=device)
+                        received = OneProcessPeers(1, world, d, device)
+                        received._peers[d] = peers.peer(d)
+                        kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
+                                             stage_row=token_map(peers.peer(d), offset, capacity),
+                                             weight=row_weights(peers.peer(d), offset, capacity) if weighted else None,
+                                             **(dict(dot_with=expert_rows.to(device), dot_out=row_dots) if mode == "local" else {}))
+                        received_rows[name] = got.cpu(), row_dots.cpu()
+                    (got, row_dots), (ref_got, ref_row_dots) = received_rows["triton"], received_rows["torch"]
+                    assert torch.equal(bits(got), bits(ref_got)), where
                     want = x[token_of[mine]]
                     if fmt == "mxfp8":
                         want = symm_reference._decode(staging_views(bufs[d], rows, dim, dtype, fmt),
                                                       rank * max_tokens + token_of[mine], dtype, fmt)
+                    arrived = want
                     if weighted:  # the score multiplies the token as it arrived (dequantized)
                         want = (want.float() * factor[mine].unsqueeze(1)).to(dtype)
-                    assert torch.equal(bits(got.cpu()[dst_row[mine]]), bits(want)), where
+                    assert torch.equal(bits(got[dst_row[mine]]), bits(want)), where
+                    if mode == "local":  # against the token as it arrived, before its score
+                        other = expert_rows[dst_row[mine]].double()
+                        exact = (other * arrived.double()).sum(dim=1)
+                        size = other.norm(dim=1) * arrived.double().norm(dim=1)
+                        for got_dots in (row_dots, ref_row_dots):
+                            assert ((got_dots[dst_row[mine]].double() - exact).abs() <= SCORE_RTOL * size).all(), where
+                            others = torch.ones(capacity, dtype=torch.bool)
+                            others[dst_row[mine]] = False
+                            assert got_dots[others].isnan().all(), where
                 checked += 1
     return checked
 
@@ -356,7 +397,8 @@ def check_push_partials(device) -> int:
     of another rank with rows here, the fp32 sum of those rows in expert-major row order,
     rounded to the activation dtype (then quantized on an MXFP8 leg), in that rank's staging
     buffer at row ``rank * max_tokens + token``; ``sent`` counts them; rows that stay, padding
-    and tokens without rows here send nothing. Returns the cases checked (on a GPU by hand:
+    and tokens without rows here send nothing. Every other case is weighted (combine's forward):
+    each row times its fp32 weight. Returns the cases checked (on a GPU by hand:
     ``check_push_partials(torch.device("cuda"))``)."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.format import quantize_reference
@@ -374,23 +416,24 @@ def check_push_partials(device) -> int:
             keys += [num_slots] * 5
             row_slot = torch.tensor(keys)[torch.randperm(len(keys), generator=g)]
             src = (torch.randn(len(keys), dim, generator=g) * 4).to(dtype)
+            weight = torch.rand(len(keys), generator=g) if checked % 2 else None
             order, start = partial_slots(row_slot.to(device), num_slots)
             result = {}
             for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
                 peers = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, rank, device)
                 sent = torch.zeros(1, dtype=torch.int64, device=device)
                 kernels.push_partials(src.to(device), order, start, peers, num_slots, rank, fmt, "rceil",
-                                      max_rows, max_tokens, sent)
+                                      max_rows, max_tokens, sent, weight=None if weight is None else weight.to(device))
                 result[name] = ([peers.peer(r).cpu() for r in range(world)], int(sent))
             (bufs, sent), (ref_bufs, ref_sent) = result["triton"], result["torch"]
-            where = (world, fmt, dtype, rank)
+            where = (world, fmt, dtype, rank, weight is not None)
             assert all(torch.equal(a, b) for a, b in zip(bufs, ref_bufs)) and sent == ref_sent, where
             sums = [s for s in range(num_slots) if (row_slot == s).any()]
             assert sent == len(sums) > 0, where
             for s in sums:
                 acc = torch.zeros(dim)
                 for i in torch.nonzero(row_slot == s).squeeze(1).tolist():  # expert-major row order
-                    acc = acc + src[i].float()
+                    acc = acc + (src[i].float() if weight is None else src[i].float() * weight[i])
                 want = acc.to(dtype)
                 views = staging_views(bufs[s // max_tokens], num_slots, dim, dtype, fmt)
                 u = rank * max_tokens + s % max_tokens
@@ -429,16 +472,18 @@ def check_partial_round_trip(device) -> int:
     ``push_partials`` of the rows it holds for other ranks' tokens, then each rank's
     ``reduce_slots`` through ``partial_stage_rows`` (Triton and twin, bit for bit), against
     the plain sum of every token's K rows (fp64, to the rounding of the partial sums; MXFP8
-    legs: to the format's).
+    legs: to the format's). Each case also runs weighted, as combine's forward: the experts'
+    rank weights its rows (``push_partials(weight=...)``), the token's rank only the rows it
+    kept (``reduce_slots(weigh_staged=False)``), against the fp64 sum of score times row.
     Returns the cases checked (on a GPU by hand: ``check_partial_round_trip(torch.device("cuda"))``)."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
     g = torch.Generator().manual_seed(29)
     checked = 0
-    for world, top_k, dim, tokens, dtype, fmt in ((2, 3, 64, 5, torch.bfloat16, "bf16"), (3, 4, 96, 4, torch.float32, "bf16"),
-                                                 (4, 2, 64, 3, torch.bfloat16, "bf16"), (2, 4, 64, 5, torch.bfloat16, "mxfp8"),
-                                                 (3, 3, 96, 4, torch.float32, "mxfp8")):
+    for (world, top_k, dim, tokens, dtype, fmt), weighted in itertools.product(
+            ((2, 3, 64, 5, torch.bfloat16, "bf16"), (3, 4, 96, 4, torch.float32, "bf16"), (4, 2, 64, 3, torch.bfloat16, "bf16"),
+             (2, 4, 64, 5, torch.bfloat16, "mxfp8"), (3, 3, 96, 4, torch.float32, "mxfp8")), (False, True)):
         max_tokens = tokens + 1
         num_slots = world * max_tokens
         owner = [torch.randint(0, world, (tokens, top_k), generator=g) for _ in range(world)]
@@ -448,6 +493,8 @@ def check_partial_round_trip(device) -> int:
             pairs = [(s, t, k) for s in range(world) for t in range(tokens) for k in range(top_k) if owner[s][t, k] == r]
             held.append([pairs[i] for i in torch.randperm(len(pairs), generator=g).tolist()])
         grads = [(torch.randn(len(held[r]), dim, generator=g) * 2).to(dtype) for r in range(world)]
+        scores = [torch.rand(tokens, top_k, generator=g) if weighted else torch.ones(tokens, top_k) for _ in range(world)]
+        row_weight = [torch.tensor([float(scores[s][t, k]) for s, t, k in held[r]]) for r in range(world)]
         result = {}
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
             shared = [torch.zeros(symm_reference.staging_nbytes(num_slots, dim, dtype), dtype=torch.uint8, device=device)
@@ -461,7 +508,8 @@ def check_partial_round_trip(device) -> int:
                                         dtype=torch.int64)
                 order, start = partial_slots(row_slot.to(device), num_slots)
                 kernels.push_partials(grads[r].to(device), order, start, peers, num_slots, r, fmt, "rceil",
-                                      top_k, max_tokens, torch.zeros(1, dtype=torch.int64, device=device))
+                                      top_k, max_tokens, torch.zeros(1, dtype=torch.int64, device=device),
+                                      weight=row_weight[r].to(device) if weighted else None)
             outs = []
             for d in range(world):
                 # Token side d: sorted row n = slot n; local rows read from its own expert rows.
@@ -472,17 +520,18 @@ def check_partial_round_trip(device) -> int:
                 stage_row = partial_stage_rows(inv.to(device), dst_rank.to(device), d, top_k, max_tokens)
                 out = torch.empty(tokens, dim, dtype=dtype, device=device)
                 kernels.reduce_slots(out, inv.to(device), dst_rank.to(device), dst_row.to(device), grads[d].to(device),
-                                     views[d], num_slots, d, fmt, top_k, stage_row=stage_row)
+                                     views[d], num_slots, d, fmt, top_k, stage_row=stage_row,
+                                     **(dict(weight=scores[d].reshape(-1).to(device), weigh_staged=False) if weighted else {}))
                 outs.append(out.cpu())
             result[name] = outs
         for d in range(world):
-            where = (world, top_k, dtype, fmt, d)
+            where = (world, top_k, dtype, fmt, d, weighted)
             assert torch.equal(bits(result["triton"][d]), bits(result["torch"][d])), where
             want = torch.zeros(tokens, dim, dtype=torch.float64)
             for r in range(world):
-                for i, (s, t, _) in enumerate(held[r]):
+                for i, (s, t, k) in enumerate(held[r]):
                     if s == d:
-                        want[t] += grads[r][i].double()
+                        want[t] += grads[r][i].double() * float(scores[s][t, k])
             # A quantized partial sum: e4m3 keeps 3 mantissa bits (RCEIL scales: within 2^-4 of each element).
             tol = 2.0**-3 if fmt == "mxfp8" else 2.0**-7 if dtype == torch.bfloat16 else 1e-5
             err = float((result["triton"][d].double() - want).norm() / want.norm())
@@ -492,4 +541,4 @@ def check_partial_round_trip(device) -> int:
 
 
 def test_partial_sums_round_trip_to_each_tokens_sum():
-    assert check_partial_round_trip(torch.device("cpu")) == 2 + 3 + 4 + 2 + 3
+    assert check_partial_round_trip(torch.device("cpu")) == 2 * (2 + 3 + 4 + 2 + 3)
