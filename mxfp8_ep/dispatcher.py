@@ -25,9 +25,10 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
   quantize inside that push and dequantize inside the receiving pass, which writes the
   expert-major rows. With top-k > 1 an expert-bound leg (dispatch's forward, combine's
   backward) sends each token once per rank that owns one of its experts, not once per expert;
-  the receiving pass applies each row's router score where the leg carries one. A plain-sum
-  token-bound leg (dispatch's backward when the scores come after the experts) goes back as
-  one partial sum per token and rank. Token counts travel through peer memory too: no host
+  the receiving pass applies each row's router score where the leg carries one. When the
+  scores come after the experts (top-k > 1) both token-bound legs go back as one partial sum
+  per token and rank: combine's forward weighted by the scores dispatch's forward carried
+  along, dispatch's backward a plain sum. Token counts travel through peer memory too: no host
   sync in forward or backward. One node (CUDA symmetric memory); on CPU processes the same
   code runs over shared-memory files (tests).
 """
@@ -101,12 +102,16 @@ class TokenDispatcher:
 
         @property
         def symm_partial_sums(self) -> bool:
-            """Whether the symm transport sends dispatch's backward as one partial sum per token
-            and rank (``SymmTokenDispatcher._push_to_tokens``): a plain sum (scores after the
-            experts) of top-k > 1 rows, whose forward sent tokens once. Its x gradient then adds
-            a token's rows in another grouping than the fused nccl transport, and rounds (bf16)
-            or quantizes (MXFP8) each partial sum once instead of each row: equal to that
-            rounding, not bits."""
+            """Whether the symm transport sends both token-bound legs as one partial sum per
+            token and rank (``SymmTokenDispatcher._push_to_tokens``): with top-k > 1 and the
+            scores after the experts, combine's forward as the weighted sum of a token's rows
+            on each rank (the scores ride along with dispatch's forward), dispatch's backward
+            as their plain sum. The output and the x gradient then add a token's rows in
+            another grouping than the fused nccl transport, and round (bf16) or quantize
+            (MXFP8) each partial sum once instead of each row: equal to that rounding, not
+            bits. The score gradients are then taken where the expert outputs stayed, against
+            the output gradient as it arrived there (MXFP8: dequantized), and go back to the
+            tokens' ranks (``SymmTokenDispatcher.to_experts``)."""
             return self.top_k > 1 and not self.score_before_experts
 
         @property
@@ -290,6 +295,10 @@ class PushDispatchMetadata:
     # token (``source * slot_tokens + token``) when a peer sent it, else ``ep * slot_tokens``.
     row_slot: torch.Tensor | None = None
     slot_tokens: int = 0
+    # symm with combine's partial sums (``Config.symm_partial_sums``): per expert-major row, the
+    # router score of its slot (fp32; 0 for rows that hold no slot), carried by dispatch.
+    row_score: torch.Tensor | None = None
+    partial_order: tuple[torch.Tensor, torch.Tensor] | None = None  # ``partial_slots`` of ``row_slot``
 
     @property
     def expert_rows_known(self) -> bool:
@@ -392,9 +401,13 @@ class PushTokenDispatcher(TokenDispatcher):
     # The two directions. Expert-bound: dispatch forward, combine backward. Token-bound:
     # combine forward, dispatch backward.
 
-    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None):
+    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None, dot_local=None):
         """Sorted rows (read from ``src`` by token) -> a fresh ``(capacity, D)`` expert-major
-        tensor on their owners. ``leg``: dispatch_fwd or combine_bwd."""
+        tensor on their owners. ``leg``: dispatch_fwd or combine_bwd. ``dot_rows`` (per sorted
+        row) or ``dot_local`` (this rank's expert-major rows; symm after combine's partial
+        sums): the rows the score gradients ``dot_out`` take their dot products with."""
+        if dot_local is not None:
+            raise NotImplementedError(f"{type(self).__name__} takes its score gradients on the token's rank")
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
 
@@ -414,25 +427,25 @@ class PushTokenDispatcher(TokenDispatcher):
         ``leg``: combine_fwd or dispatch_bwd."""
         kernels = self.kernels(src.device)
         fmt = getattr(self.config.a2a, leg)
-        recv, rows, stage_row = self._push_to_tokens(src, meta, leg, fmt)
+        recv, rows, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
             out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
             self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
-            stage_row=stage_row,
+            stage_row=stage_row, weigh_staged=not staged_weighted,
         )
         return out
 
     def _push_to_tokens(self, src, meta, leg, fmt):
         """Push a token-bound leg's rows (``push_rows``) and exchange them: the buffer this
-        rank reads them from, its rows, and the staged row of each sorted row (``stage_row``,
-        None: the same row)."""
+        rank reads them from, its rows, the staged row of each sorted row (``stage_row``,
+        None: the same row), and whether the staged rows come weighted already."""
         a2a = self.config.a2a
         send, rows = self._send_buffer(src, meta, leg, fmt)
         self.kernels(src.device).push_rows(
             src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
         )
-        return self._exchange(send, rows, src, meta, fmt)
+        return (*self._exchange(send, rows, src, meta, fmt), False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,6 +507,9 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             # row), or every token of every rank (token-major pushes: rank * max_tokens + token).
             rows = max(capacity, max_tokens * cfg.top_k, self.ep * max_tokens)
             map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
+            # The rows' bytes also hold the score gradients combine's backward returns
+            # (``_return_row_dots``): fp32, one per expert-major row of every rank.
+            assert map_offset >= self.ep * capacity * 4
             nbytes = staging_buffer_nbytes(rows, x_TD.shape[1], x_TD.dtype, capacity)
             bufs = _SymmBuffers(
                 # Per rank: its counts per expert, then its token count (checked by every rank).
@@ -528,26 +544,32 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):
+    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out, dot_local=None):
         """With top-k > 1 each token goes once per rank that owns one of its experts
         (``push_tokens``), not once per expert: at top-8 on 2 ranks, a quarter of the rows.
         The owner copies it into each of its expert rows in the receiving pass, through the
         token map the push wrote; on a weighted leg it multiplies each row by the router score
         the push left beside the map (on an MXFP8 leg: after dequantizing,
         ``Config.symm_scores_after_dequantize``). The score gradients' dot products are taken
-        in the same pass, on the token's rank. Top-1 pushes row by row."""
+        in the same pass, on the token's rank (``dot_rows``), or, after combine's partial sums,
+        for the rows that stay only (``dot_local``). Dispatch's forward carries the router
+        scores along for combine's partial sums (``Config.symm_partial_sums``): the owner
+        keeps each row's score in ``meta.row_score``. Top-1 pushes row by row."""
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
         out = src.new_empty((meta.capacity, src.shape[1]))
         row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
         stage_row = row_weight = None
+        carry = None
+        if leg == "dispatch_fwd" and self.config.symm_partial_sums:
+            carry = meta.topk_scores_TK.detach().reshape(-1)
         if self.config.top_k > 1:
             kernels, a2a = self.kernels(src.device), self.config.a2a
             sent = torch.zeros(1, dtype=torch.int64, device=src.device)
             kernels.push_tokens(
                 src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
                 bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
-                factor=factor, dot_rows=dot_rows, dot_out=dot_out,
+                factor=factor, dot_rows=dot_rows, dot_out=dot_out, carry=carry, dot_local=dot_local,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
             stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
@@ -563,31 +585,84 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
+            meta.row_score = self._row_scores(carry, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
         return out, send, bufs.staging_rows, stage_row, row_weight
 
+    def _row_scores(self, scores, meta, remote, carried):
+        """Per expert-major row, the router score of its slot (fp32): carried by the push for a
+        row a peer sent, this rank's own score for a row that stayed, 0 elsewhere. Device ops."""
+        capacity = meta.capacity
+        stays = torch.where(meta.dst_rank == self.rank, meta.dst_row, capacity)  # capacity: no row here
+        own = torch.zeros(capacity + 1, dtype=torch.float32, device=scores.device)
+        own.scatter_(0, stays, scores[meta.slot].float())
+        return torch.where(remote, carried, own[:capacity])
+
+    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None, dot_local=None):
+        """Combine's backward after its partial sums (``dot_local``: the expert outputs, which
+        stayed on their rank): the score gradient of a row that stays is taken in the push;
+        of a row that a peer's token sent, by the receiving pass, against the output gradient
+        as it arrived (MXFP8: dequantized, before its score multiplies it), and then returned
+        to the token's rank (``_return_row_dots``)."""
+        if dot_local is None:
+            return super().to_experts(src, meta, leg, factor, dot_rows, dot_out)
+        kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
+        out, recv, rows, stage_row, row_weight = self._push_to_experts(
+            None, src, meta, leg, fmt, factor, None, dot_out, dot_local=dot_local,
+        )
+        row_dots = torch.zeros(meta.capacity, dtype=torch.float32, device=src.device)
+        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row,
+                             weight=row_weight, dot_with=dot_local, dot_out=row_dots)
+        self._return_row_dots(row_dots, meta, dot_out, src)
+        return out
+
+    def _return_row_dots(self, row_dots, meta, dot_out, src):
+        """Each rank's score gradients of its expert-major rows into every peer's next staging
+        buffer (rank ``r``'s at ``[r * capacity, (r + 1) * capacity)``, fp32); after the barrier
+        each slot whose row a peer holds takes its entry there (the slot's ``dst_rank`` /
+        ``dst_row``). A leg of its own (a staging buffer and a barrier): the token's rank needs
+        its score gradients before combine's backward returns."""
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        W, capacity = self.ep, bufs.capacity
+        for peer in range(W):
+            if peer != self.rank:
+                send.peer(peer)[: W * capacity * 4].view(torch.float32)[self.rank * capacity : (self.rank + 1) * capacity].copy_(row_dots)
+        wire_stats.record("combine_bwd", (W - 1) * capacity * 4)
+        send.barrier()  # the peers' score gradients are in this rank's staging buffer
+        returned = send.local[: W * capacity * 4].view(torch.float32)
+        n = meta.inv[: dot_out.numel()]
+        owner = meta.dst_rank[n]
+        theirs = returned[owner.clamp(min=0) * capacity + meta.dst_row[n]]
+        dot_out.copy_(torch.where(owner != self.rank, theirs, dot_out))
+
     def _push_to_tokens(self, src, meta, leg, fmt):
-        """A plain sum whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
+        """A token-bound leg whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
         forward sent tokens once) goes back as one partial sum per token and rank
         (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
-        token's rank adds it once, at the token's first slot on that rank. That leg is
-        dispatch's backward when the scores follow the experts (DeepSeek-V3;
-        ``Config.symm_partial_sums``). On an MXFP8 leg the partial sum is quantized, not each
-        row."""
-        if not (leg == "dispatch_bwd" and meta.row_slot is not None):
+        token's rank adds it once, at the token's first slot on that rank. Those legs, when
+        the scores follow the experts (DeepSeek-V3; ``Config.symm_partial_sums``): combine's
+        forward, each row times its score (``meta.row_score``; the token's rank weights only
+        the rows that stayed), and dispatch's backward, a plain sum. On an MXFP8 leg the
+        partial sum is quantized, not each row."""
+        weighted = leg == "combine_fwd"
+        if meta.row_slot is None or (weighted and meta.row_score is None):
             return super()._push_to_tokens(src, meta, leg, fmt)
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
         kernels = self.kernels(src.device)
-        order, start = partial_slots(meta.row_slot, self.ep * meta.slot_tokens)
+        if meta.partial_order is None:  # grouped once, for both token-bound legs
+            meta.partial_order = partial_slots(meta.row_slot, self.ep * meta.slot_tokens)
+        order, start = meta.partial_order
         sent = torch.zeros(1, dtype=torch.int64, device=src.device)
         kernels.push_partials(
             src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
             min(self.config.top_k, self.num_local_experts), meta.slot_tokens, sent,
+            weight=meta.row_score if weighted else None,
         )
         wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         stage_row = partial_stage_rows(meta.inv, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
         send.barrier()  # the peers' partial sums into this rank's staging buffer are visible
-        return send, bufs.staging_rows, stage_row
+        return send, bufs.staging_rows, stage_row, weighted
 
     def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
@@ -744,12 +819,16 @@ class _ToTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, routed_output, weight, meta, disp):
         ctx.meta, ctx.disp = meta, disp
-        # The score gradient needs each row's output on the token's rank: keep them (in the
-        # tokens' sorted order) while reducing, instead of reading them back from peers.
+        routed_output = routed_output.contiguous()
+        # The score gradient needs each row's output where the output gradient meets it. After
+        # partial sums (symm, ``meta.row_score``) the rows stay on their experts' rank: keep
+        # them there. Otherwise keep them on the token's rank (in the tokens' sorted order)
+        # while reducing, instead of reading them back from peers.
+        ctx.expert_rows = meta.row_score is not None
         save = None
         if weight is not None and weight.requires_grad:
-            save = routed_output.new_empty((meta.slot.numel(), routed_output.shape[1]))
-        out = disp.to_tokens(routed_output.contiguous(), meta, "combine_fwd", weight=weight, save=save)
+            save = routed_output if ctx.expert_rows else routed_output.new_empty((meta.slot.numel(), routed_output.shape[1]))
+        out = disp.to_tokens(routed_output, meta, "combine_fwd", weight=weight, save=None if ctx.expert_rows else save)
         ctx.save_for_backward(weight, save)
         return out
 
@@ -760,9 +839,10 @@ class _ToTokens(torch.autograd.Function):
         grad_weight = None
         if save is not None and ctx.needs_input_grad[1]:
             grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=grad.device)
+        dots = dict(dot_local=save) if ctx.expert_rows else dict(dot_rows=save)
         grad_routed = disp.to_experts(
             grad.contiguous(), meta, "combine_bwd", factor=weight,
-            dot_rows=save if grad_weight is not None else None, dot_out=grad_weight,
+            **(dots if grad_weight is not None else {}), dot_out=grad_weight,
         )
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)

@@ -185,10 +185,70 @@ class _Leg(torch.autograd.Function):
 
 
 def symm_quantizes_partial_sums(config) -> bool:
-    """Whether the symm transport of a ``TokenDispatcher.Config`` sends dispatch's backward as
+    """Whether the symm transport of a ``TokenDispatcher.Config`` sends a token-bound leg as
     quantized partial sums (``Config.symm_partial_sums`` on an MXFP8 leg): other values on the
     wire than the fused nccl transport's rows, not only another rounding."""
-    return config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8"
+    return config.symm_partial_sums and "mxfp8" in (config.a2a.dispatch_bwd, config.a2a.combine_fwd)
+
+
+def _token_groups(crossing, ids, num_local) -> list[list[int]]:
+    """The crossing expert-sorted rows grouped by (token, owner rank), each group in sorted
+    order (the owner's expert-major order)."""
+    flat = ids.reshape(-1)
+    slot = torch.argsort(flat, stable=True)
+    token, owner = slot // ids.shape[1], flat[slot] // num_local
+    groups: dict[tuple[int, int], list[int]] = {}
+    for j in torch.nonzero(crossing).squeeze(1).tolist():
+        groups.setdefault((int(token[j]), int(owner[j])), []).append(j)
+    return list(groups.values())
+
+
+class _PartialCombine(torch.autograd.Function):
+    """Combine's legs as symm sends them with partial sums (``WireLegs.partial_sums``, scores
+    after the experts), on the expert-sorted output rows ahead of torchtitan's bmm.
+
+    Forward: each (token, owner) group of crossing rows becomes one row, ``P / s_max`` in the
+    row of the group's largest score ``s_max`` (zeros in the others), where ``P`` is the fp32
+    sum of ``score * row``, rounded to the activation dtype and, on an MXFP8 leg, quantized:
+    the bmm gives back ``P`` (to one more rounding of the quotient). A bf16 leg keeps the rows
+    (its regrouping is within the bf16 order tolerance). Backward: the rows' gradient as
+    ``bwd`` says (``_Leg``); the score gradient of every crossing slot becomes
+    ``<output gradient through combine's backward format, expert output>``, by adding that
+    minus what the bmm took against the rows it saw."""
+
+    @staticmethod
+    def forward(ctx, rows, top_scores, crossing, ids, num_local, grad_out, fwd, bwd, bwd_fmt, rounding):
+        K = ids.shape[1]
+        slot = torch.argsort(ids.reshape(-1), stable=True)
+        score = top_scores.detach().reshape(-1)[slot].float()
+        out = rows.clone()
+        if fwd == "mxfp8":
+            for group in _token_groups(crossing, ids, num_local):
+                total = torch.zeros(rows.shape[1], dtype=torch.float32, device=rows.device)
+                for j in group:
+                    total = total + rows[j].float() * score[j]
+                summed = _round_trip(total.to(rows.dtype).unsqueeze(0), rounding)[0]
+                carrier = group[int(torch.argmax(score[group]))]
+                out[group] = 0
+                if score[carrier] != 0:
+                    out[carrier] = (summed.float() / score[carrier]).to(rows.dtype)
+        ctx.save_for_backward(rows, out)
+        ctx.slot, ctx.K, ctx.crossing, ctx.grad_out = slot, K, crossing, grad_out
+        ctx.bwd, ctx.bwd_fmt, ctx.rounding, ctx.scores_like = bwd, bwd_fmt, rounding, top_scores.detach()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, out = ctx.saved_tensors
+        slot, crossing = ctx.slot, ctx.crossing
+        g = ctx.grad_out[slot // ctx.K].float()
+        crossed = _round_trip(ctx.grad_out, ctx.rounding)[slot // ctx.K].float() if ctx.bwd_fmt == "mxfp8" else g
+        fix = torch.zeros(slot.numel(), dtype=torch.float32, device=rows.device)
+        want = (crossed * rows.float()).sum(dim=1)
+        took = (g * out.float()).sum(dim=1)
+        fix[slot[crossing]] = (want - took)[crossing]
+        grad_scores = fix.view(ctx.scores_like.shape).to(ctx.scores_like.dtype)
+        return _through(grad, crossing, ctx.bwd, ctx.rounding), grad_scores, *([None] * 8)
 
 
 def _round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
@@ -211,14 +271,8 @@ def _partial_sums(grad, crossing, ids, num_local, rounding) -> torch.Tensor:
     crossing rows with one owner added in fp32 (in sorted order, the owner's expert-major
     order), rounded once, quantized and dequantized, in place of the first; zeros in the
     others. Rows that stay: as they are."""
-    flat = ids.reshape(-1)
-    slot = torch.argsort(flat, stable=True)
-    token, owner = slot // ids.shape[1], flat[slot] // num_local
-    groups: dict[tuple[int, int], list[int]] = {}
-    for j in torch.nonzero(crossing).squeeze(1).tolist():
-        groups.setdefault((int(token[j]), int(owner[j])), []).append(j)
     out = grad.clone()
-    for rows in groups.values():
+    for rows in _token_groups(crossing, ids, num_local):
         total = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
         for j in rows:
             total = total + grad[j].float()
@@ -252,10 +306,14 @@ class WireLegs:
     ``dequant(quant(score * token))``: the token crosses once and its score multiplies on
     the experts' rank.
 
-    ``partial_sums`` (the symm transport, ``Config.symm_partial_sums``): dispatch's backward
-    crosses as one partial sum per token and rank, each sum (fp32, rounded once) quantized
-    instead of each row on an MXFP8 leg: the sum takes the place of the group's first row,
-    zeros the others' (the x gradient adds them all)."""
+    ``partial_sums`` (the symm transport, ``Config.symm_partial_sums``): both token-bound legs
+    cross as one partial sum per token and rank, each sum (fp32, rounded once) quantized
+    instead of each row on an MXFP8 leg. Dispatch's backward: the sum takes the place of the
+    group's first row, zeros the others' (the x gradient adds them all). Combine's forward:
+    the weighted sum of the group's rows, divided by the largest score of the group, takes the
+    place of that score's row (torchtitan's bmm multiplies it back). The score gradients of
+    crossing rows are then taken on the experts' rank: ``<output gradient as it crossed
+    (combine's backward format), expert output>``."""
 
     a2a: object  # mxfp8_ep.config.A2AConfig
     rank: int
@@ -314,6 +372,7 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     def on_router(module, args, outputs):
         seen["ids"] = outputs[1]
         seen["tokens"], seen["top_scores"] = args[0].detach(), outputs[0].detach()
+        seen["top_scores_live"] = outputs[0]
         outputs[0].register_hook(lambda g: seen.__setitem__("scores", g))
 
     def scored(fmt, tokens):
@@ -341,6 +400,11 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
         # The experts' output gradient is the layer's (torchtitan adds the shared experts'
         # output to the combined one) times each row's score.
         bwd = a2a.combine_bwd if moe.score_before_experts else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1]))
+        if legs.partial_sums and not moe.score_before_experts:
+            return _PartialCombine.apply(
+                output, seen["top_scores_live"], seen["crossing"], seen["ids"], legs.num_local,
+                grad_out.view(-1, grad_out.shape[-1]), a2a.combine_fwd, bwd, a2a.combine_bwd, a2a.scale_rounding,
+            )
         return _Leg.apply(output, seen["crossing"], a2a.combine_fwd, bwd, a2a.scale_rounding)
 
     moe.expert_bias = expert_bias

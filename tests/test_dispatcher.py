@@ -332,13 +332,9 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
         results[transport] = {**got, ROUTER: grads[ROUTER]}
         if type(dispatcher) is FusedNcclTokenDispatcher:
             for name, ref in results["symm"].items():
-                if config.symm_scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
-                    continue  # symm quantized other rows on the weighted leg: each met its own wire reference
-                if name == "x" and symm_quantizes_partial_sums(config):
-                    continue  # symm quantized partial sums, not rows: each met its own wire reference
-                # symm's partial sums regroup the x gradient's additions (Config.symm_partial_sums).
-                expect = ORDER_TOL[spec.dtype] if name == "x" and config.symm_partial_sums else "exact"
-                _compare(name, results[transport][name], ref, expect, f"{where} vs symm")
+                expect = _symm_vs_fused_nccl(config, spec, name)
+                if expect is not None:  # else symm quantized other values: each met its own wire reference
+                    _compare(name, results[transport][name], ref, expect, f"{where} vs symm", scale)
         expected = wire
         if transport == "symm" and (config.symm_scores_after_dequantize or symm_quantizes_partial_sums(config)):
             # symm quantizes other values than a row per leg (module docstring): its own wire reference.
@@ -370,6 +366,26 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
                 assert max(rel_err(got[n], plain[n]) for n in EXPERTS) > 0, (
                     f"expert grads unchanged though rows arrived: {where}"
                 )
+
+
+def _symm_vs_fused_nccl(config, spec: LayerSpec, name: str):
+    """How symm's result ``name`` must match the fused nccl transport's (module docstring):
+    'exact', ``ORDER_TOL`` where symm only regroups additions, None where it quantizes other
+    values (then each transport met its own wire reference)."""
+    if config.symm_scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
+        return None  # symm quantized other rows on the weighted leg
+    if not config.symm_partial_sums:
+        return "exact"
+    # Partial sums (scores after the experts): the output and the x gradient add a token's rows
+    # in another grouping; the score gradients (and the router's) meet the output gradient on
+    # the experts' rank, in combine's backward format.
+    a2a = config.a2a
+    quantized = {"x": a2a.dispatch_bwd == "mxfp8", "out": a2a.combine_fwd == "mxfp8",
+                 "scores": "mxfp8" in (a2a.combine_fwd, a2a.combine_bwd)}
+    quantized[ROUTER] = quantized["scores"]
+    if name not in quantized:
+        return "exact"
+    return None if quantized[name] else ORDER_TOL[spec.dtype]
 
 
 def _same_when_scores_after_dequantize(spec: LayerSpec) -> set[str]:

@@ -4,7 +4,9 @@ read at the snapshot. A leg's count is the rows that left the rank times the leg
 size; the same routing gives the same counts on both transports, except on symm with top-k > 1
 and the scores after the experts: the expert-bound legs (dispatch's forward, combine's
 backward) send each token once per rank that owns one of its experts, not once per expert,
-and dispatch's backward (a plain sum) one partial sum per token and rank back."""
+and the token-bound legs (combine's forward, dispatch's backward) one partial sum per token and
+rank back; combine's backward then also returns the score gradients its experts' rank took (one
+fp32 per expert-major row of the drop-free capacity, to every peer)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def _leg_bytes(rank, world, preset, transport):
     disp.combine(routed * 2, meta).sum().backward()
     owner = ids // (EXPERTS // world)
     remote_tokens = sum(int((owner == peer).any(dim=1).sum()) for peer in range(world) if peer != rank)
-    return wire_stats.snapshot(reset=True), int((owner != rank).sum()), remote_tokens
+    return wire_stats.snapshot(reset=True), int((owner != rank).sum()), remote_tokens, getattr(meta, "capacity", 0)
 
 
 def _tokens_received(rank, world):
@@ -50,16 +52,18 @@ def _tokens_received(rank, world):
 def _same_bytes_on_both_transports(rank, world):
     setup_rank()
     for preset in ("bf16", "mxfp8_all"):
-        nccl, remote_rows, remote_tokens = _leg_bytes(rank, world, preset, "nccl")
-        symm, _, _ = _leg_bytes(rank, world, preset, "symm")
-        for leg in ("dispatch_fwd", "combine_bwd"):  # expert-bound: tokens once per rank
-            row = wire_stats.row_bytes(DIM, 2, getattr(A2AConfig.preset(preset), leg))
+        nccl, remote_rows, remote_tokens, _ = _leg_bytes(rank, world, preset, "nccl")
+        symm, _, _, capacity = _leg_bytes(rank, world, preset, "symm")
+        a2a = A2AConfig.preset(preset)
+        score_grads = (world - 1) * capacity * 4
+        for leg, extra in (("dispatch_fwd", 0), ("combine_bwd", score_grads)):  # expert-bound: tokens once per rank
+            row = wire_stats.row_bytes(DIM, 2, getattr(a2a, leg))
             assert nccl[leg] == remote_rows * row > 0, (preset, leg, nccl, remote_rows)
-            assert symm[leg] == remote_tokens * row < nccl[leg], (preset, leg, symm, remote_tokens)
-        # Partial sums back (bf16, or quantized for mxfp8_all).
-        partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, A2AConfig.preset(preset).dispatch_bwd)
-        assert symm["dispatch_bwd"] == partial < nccl["dispatch_bwd"], (preset, symm, nccl, partial)
-        assert symm["combine_fwd"] == nccl["combine_fwd"] > 0, (preset, symm, nccl)
+            assert symm[leg] == remote_tokens * row + extra, (preset, leg, symm, remote_tokens)
+            assert remote_tokens * row < nccl[leg], (preset, leg, remote_tokens)
+        for leg in ("combine_fwd", "dispatch_bwd"):  # partial sums back (bf16, or quantized for mxfp8_all)
+            partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, getattr(a2a, leg))
+            assert symm[leg] == partial < nccl[leg], (preset, leg, symm, nccl, partial)
         assert set(nccl) == set(symm) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
 
 
