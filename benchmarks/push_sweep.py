@@ -2,9 +2,12 @@
 rank (``push_tokens``, at several launch shapes), and the receive by row against the receive
 through the token map ``push_tokens`` writes; the same for a weighted leg (combine's backward:
 each row times its score, and the score gradient's dot product with a saved row), whose
-receive multiplies by the row weights ``push_tokens`` leaves. The way back (dispatch's
-backward, bf16 and MXFP8): the token-bound push row by row against one partial sum per token
-and rank (``push_partials``), and the top-k reduce of rows against the reduce of partial sums.
+receive multiplies by the row weights ``push_tokens`` leaves; after combine's partial sums the
+score gradients' dot products are taken against the expert rows instead (rows that stay in the
+push, received rows in the receive). The way back (dispatch's backward, and combine's forward
+weighted by the scores; bf16 and MXFP8): the token-bound push row by row against one partial
+sum per token and rank (``push_partials``), and the top-k reduce of rows (combine's forward:
+weighted, keeping each row for the score gradients) against the reduce of partial sums.
 
     torchrun --nproc_per_node=1 benchmarks/push_sweep.py --json push_sweep.json
 
@@ -114,6 +117,9 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             row("push_tokens (weighted)", fmt, dict(zip(("tokens", "warps", "block_d"), defaults)), timed(
                 lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                        "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots)))
+            row("push_tokens (weighted, local dots)", fmt, dict(zip(("tokens", "warps", "block_d"), defaults)), timed(
+                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                       "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots)))
             # The peer's receive: each row from the staged row of its index, or through the map.
             peer_side = OneProcessPeers(1, WORLD, 1, device)
             peer_side._peers[1] = peers.peer(1)
@@ -126,6 +132,10 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             weights = row_weights(peers.peer(1), offset, capacity)
             row("receive_rows (token map, weighted)", fmt, launch, timed(
                 lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights)))
+            row_dots = torch.empty(capacity, device=device)
+            row("receive_rows (token map, weighted, dots)", fmt, launch, timed(
+                lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights,
+                                        dot_with=saved, dot_out=row_dots)))
         # The way back (dispatch's backward, bf16 and MXFP8): the peer pushes its rows of rank
         # 0's tokens row by row, or one partial sum per token (through the token map push_tokens
         # left); rank 0 reduces each token's K slots, reading rows, or partials once per token.
@@ -142,6 +152,8 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         token_side._peers[RANK] = back.peer(RANK)
         reduced = torch.empty((tokens, dim), device=device, dtype=torch.bfloat16)
         stage_row = partial_stage_rows(inv, dst_rank, RANK, top_k, tokens)
+        row_score = torch.rand(capacity, device=device)
+        kept = torch.empty((n, dim), device=device, dtype=torch.bfloat16)
         for fmt in ("bf16", "mxfp8"):
             row("push_rows (token-bound)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
                 lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
@@ -153,6 +165,17 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             row("reduce_slots (partials)", fmt, launch, timed(
                 lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
                                         stage_row=stage_row)))
+            # Combine's forward: rows weighted on the token's rank (each kept for the score
+            # gradients), or weighted partial sums from the experts' rank.
+            row("push_partials (weighted)", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
+                lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
+                                         weight=row_score)))
+            row("reduce_slots (weighted, keeps rows)", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        weight=factor, save=kept)))
+            row("reduce_slots (weighted partials)", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        weight=factor, stage_row=stage_row, weigh_staged=False)))
     finally:
         sk.PUSH_TOKENS_SHAPE = defaults
     assert staging_nbytes(rows, dim, torch.bfloat16) <= offset

@@ -31,8 +31,10 @@ def test_script_writes_a_row_per_kernel_and_format(tmp_path):
     rows = json.loads(out.read_text())
     assert {(r["kernel"], r["fmt"]) for r in rows} == {
         (k, f) for k in ("push_rows", "push_tokens", "receive_rows", "receive_rows (token map)", "push_rows (weighted)",
-                         "push_tokens (weighted)", "receive_rows (token map, weighted)") for f in ("bf16", "mxfp8")
-    } | {(k, f) for k in ("push_rows (token-bound)", "push_partials", "reduce_slots", "reduce_slots (partials)")
+                         "push_tokens (weighted)", "receive_rows (token map, weighted)", "push_tokens (weighted, local dots)",
+                         "receive_rows (token map, weighted, dots)") for f in ("bf16", "mxfp8")
+    } | {(k, f) for k in ("push_rows (token-bound)", "push_partials", "reduce_slots", "reduce_slots (partials)",
+                          "push_partials (weighted)", "reduce_slots (weighted, keeps rows)", "reduce_slots (weighted partials)")
          for f in ("bf16", "mxfp8")}
     for r in rows:
         assert r["ms"] > 0 and r["rounds_ms"] == [r["ms"]] and 0 < r["rows_to_peer"] < 16 * 2
