@@ -32,8 +32,10 @@ References (the reference's expert gradients are summed over ranks and sliced):
     torchtitan's matmul experts (``grouped``) multiply other batches under EP than without
     it (moe_harness says why that matters).
 * *symm*, for transport nccl with an MXFP8 leg: every output and gradient bit for bit, every
-  expert kind; the x gradient within ``ORDER_TOL`` where symm sends dispatch's backward as
-  partial sums (``Config.symm_partial_sums``: each rank adds its rows of a token first). Both
+  expert kind; within ``ORDER_TOL`` where symm sends a token-bound leg as partial sums
+  (``Config.symm_partial_sums``: each rank adds its rows of a token first; the output and the
+  x gradient, and the score and router gradients, which symm then takes on the experts' rank),
+  not compared where those partial sums or the score gradients' output gradient are MXFP8. Both
   run the same kernels on the same expert-major layout: the same rows are quantized (those
   that cross ranks) with the same arithmetic, each token's rows reduced in the same fp32
   order, and the experts see the same per-expert batches (the layouts differ only in unused
@@ -45,7 +47,9 @@ References (the reference's expert gradients are summed over ranks and sliced):
   where symm quantizes partial sums of dispatch's backward instead of rows (MXFP8); symm then
   meets its own wire reference (``WireLegs(scores_after_dequantize=..., partial_sums=...)``:
   that leg's crossing rows are ``score * dequant(quant(token))``; each token's crossing rows
-  of dispatch's backward on one rank are one quantized sum), to the same bounds.
+  of a token-bound leg on one rank are one quantized (weighted, in combine's forward) sum; a
+  crossing row's score gradient is its expert output against the output gradient as combine's
+  backward sent it), to the same bounds.
   Score gradients are compared relative to their Cauchy-Schwarz size (|a| |b| of the dot
   product), since a dot product can cancel to ~0 while its rounding error does not; the
   router's gradient must then equal torchtitan's router backward of EP's score gradients.
