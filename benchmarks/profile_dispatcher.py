@@ -52,7 +52,8 @@ def kernel_sweep(args, rows_out):
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import TokenDispatcher
-    from mxfp8_ep.symm_reference import token_map
+    from mxfp8_ep.peer_memory import PeerBuffer
+    from mxfp8_ep.symm_reference import staging_buffer_nbytes, token_map, token_map_offset
 
     rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
     top_k, experts, dim = LEG_TOP_K, LEG_EXPERTS, args.dim
@@ -68,26 +69,30 @@ def kernel_sweep(args, rows_out):
         disp = cfg.build(dist.group.WORLD, device)
         routed, per_expert, meta = disp.dispatch(x, scores, ids, counts)
         bufs = disp._buffers_for(x)
-        staging = bufs.staging[0]
+        # The row-by-row kernels store at expert-major rows, up to the capacity: more than the
+        # dispatcher's staging buffers hold at top-k > 1. A buffer of their own, for every kernel.
+        staging_rows = max(bufs.capacity, tokens * top_k)
+        map_offset = token_map_offset(staging_rows, dim, x.dtype)
+        staging = PeerBuffer(staging_buffer_nbytes(staging_rows, dim, x.dtype, bufs.capacity), dist.group.WORLD, device)
         out = torch.empty_like(routed)
         n = meta.slot.numel()
         remote = int((meta.dst_rank != rank).sum())
         wire_row = dim + dim // 32 if fmt == "mxfp8" else 2 * dim
         stage = {
-            "push": lambda: sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, bufs.staging_rows, rank,
+            "push": lambda: sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, staging_rows, rank,
                                          fmt, "rceil", slot=meta.slot, top_k=top_k),
             # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
             # receive through the token map.
             "push_tokens": lambda: sk.push_tokens(x, meta.inv, meta.dst_rank, meta.dst_row, out, staging,
-                                                  bufs.staging_rows, bufs.map_offset, bufs.capacity, rank, fmt,
+                                                  staging_rows, map_offset, bufs.capacity, rank, fmt,
                                                   "rceil", top_k, bufs.max_tokens, sent),
-            "receive_token_map": lambda: sk.receive_rows(out, meta.row_source, rank, staging, bufs.staging_rows, fmt,
-                                                         stage_row=token_map(staging.local, bufs.map_offset, bufs.capacity)),
-            "receive": lambda: sk.receive_rows(out, meta.row_source, rank, staging, bufs.staging_rows, fmt),
+            "receive_token_map": lambda: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
+                                                         stage_row=token_map(staging.local, map_offset, bufs.capacity)),
+            "receive": lambda: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt),
             "push_back": lambda: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
-                                              bufs.staging_rows, rank, fmt, "rceil"),
+                                              staging_rows, rank, fmt, "rceil"),
             "reduce": lambda: sk.reduce_slots(x, meta.inv, meta.dst_rank, meta.dst_row, routed, staging,
-                                              bufs.staging_rows, rank, fmt, top_k,
+                                              staging_rows, rank, fmt, top_k,
                                               weight=scores.reshape(-1)),
             "barrier": lambda: staging.barrier(),
             # Ceilings: the same bytes as push's remote rows, one contiguous SM copy into the peer's

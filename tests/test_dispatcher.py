@@ -447,7 +447,14 @@ class _StagingViewDispatcher(SymmTokenDispatcher):
     """The bug of torchtitan 0.3.0's MinimalAsyncEP, planted: dispatch hands the experts its
     receive (staging) buffer itself instead of a fresh tensor. The next leg that uses that
     staging buffer (the next layer's dispatch) overwrites the rows the grouped GEMM saved for
-    its weight gradient."""
+    its weight gradient. Its staging buffers hold the whole expert-major tensor (buffers of
+    their own: the transport's size only what the legs store there)."""
+
+    def _buffer_key(self, x_TD):  # noqa: N803
+        return (*super()._buffer_key(x_TD), "planted")
+
+    def _staging_rows(self, max_tokens, capacity, dim, dtype):
+        return max(super()._staging_rows(max_tokens, capacity, dim, dtype), capacity)
 
     def to_experts(self, src, meta, leg, **kwargs):
         out = super().to_experts(src, meta, leg, **kwargs)
@@ -598,6 +605,55 @@ def _round_trip(dispatcher, x, scores, ids, counts):
     out = dispatcher.combine(routed.clone(), meta)
     out.backward(torch.ones_like(out))
     return routed.detach()[: int(per_expert.sum())], out.detach(), x.grad, scores.grad
+
+
+def _staging_sizes(rank, world):
+    """Every token to both experts of the next rank (top-2, all rows cross), dim 32 and 256-row
+    expert padding: the score gradients combine's backward returns then need more bytes than
+    the token rows. Identity experts: out = x (s0 + s1), x grad = s0 + s1, score grads = sum(x).
+    And the DeepSeek-V3-like layer's staging rows: its tokens on every rank, nothing more."""
+    from mxfp8_ep.dispatcher import _BUFFERS
+    from mxfp8_ep.routing import expert_major_capacity
+
+    setup_rank()
+    tokens, dim = MAX_TOKENS - rank, 32
+    g = torch.Generator().manual_seed(40 + rank)
+    x = torch.randn(tokens, dim, generator=g)
+    scores = torch.rand(tokens, 2, generator=g) + 0.5
+    first = (rank + 1) % world * 2
+    ids = torch.tensor([[first, first + 1]] * tokens)
+    counts = torch.bincount(ids.reshape(-1), minlength=2 * world)
+    for score_before in (False, True):
+        _BUFFERS.clear()
+        config = TokenDispatcher.Config(
+            num_experts=2 * world, top_k=2, score_before_experts=score_before, pad_multiple=256,
+            max_tokens_per_rank=MAX_TOKENS, a2a=A2AConfig.preset("bf16", transport="symm"),
+        )
+        _, out, x_grad, score_grad = _round_trip(config.build(dist.group.WORLD, "cpu"), x, scores, ids, counts)
+        (bufs,) = _BUFFERS.values()
+        assert bufs.staging_rows < bufs.capacity, (bufs.staging_rows, bufs.capacity)
+        total = scores.sum(dim=1, keepdim=True)
+        torch.testing.assert_close(out, x * total, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(x_grad, total.expand_as(x), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(score_grad, x.sum(dim=1, keepdim=True).expand_as(scores), rtol=1e-5, atol=1e-5)
+    _BUFFERS.clear()
+    # 8192 tokens of dim 7168 per rank, top-8, 128 experts per rank (DeepSeek-V3-like at EP=2):
+    # staging for W x 8192 token rows (rank * max_tokens + token), where the expert-major
+    # capacity is W x 8192 x 8 rows + padding.
+    experts, tokens = 128 * world, 8192
+    dsv3 = TokenDispatcher.Config(num_experts=experts, top_k=8, a2a=A2AConfig.preset("mxfp8", transport="symm"))
+    capacity = expert_major_capacity(tokens, 8, world, experts // world, dsv3.pad_multiple)
+    rows = dsv3.build(dist.group.WORLD, "cpu")._staging_rows(tokens, capacity, 7168, torch.bfloat16)
+    assert rows == world * tokens and 8 * rows < capacity, (rows, capacity)
+
+
+def test_symm_staging_buffers_hold_what_the_legs_store():
+    """With top-k > 1 the symm transport's staging buffers hold token rows, not the drop-free
+    expert-major capacity (``SymmTokenDispatcher._staging_rows``); at a small dim with large
+    expert padding the score gradients combine's backward returns through them still fit."""
+    preload()
+    for world in (2, 3):
+        run_forked(world, _staging_sizes)
 
 
 def _bad_input(rank, world):
