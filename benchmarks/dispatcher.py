@@ -361,7 +361,7 @@ def layer_inputs(shape: MoEShape, device, dtype) -> tuple[torch.Tensor, torch.Te
 
 def bench_moe_layer(shape: MoEShape, args, device, mesh, rows: list[dict]) -> None:
     x, grad = layer_inputs(shape, device, args.dtype)
-    arms = ["torchtitan", *args.arms]
+    arms = ["torchtitan", *(a for a in args.arms if a != "torchtitan")]  # the reference, always first, once
     results = time_arms(arms, layer_builder(shape, device, args.dtype, mesh), x, grad, lambda m: m.experts.w1, args, device)
     for arm in arms:
         res = results[arm]
@@ -441,7 +441,8 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
 
     rank, top_k, experts = dist.get_rank(), LEG_TOP_K, LEG_EXPERTS
     shape = f"{args.leg_rows} routed rows x {args.leg_dim} per rank (top-{top_k} of {experts})"
-    arms = ["torchtitan", *(a for a in args.leg_arms if args.link == "nvlink" or not a.endswith("/symm"))]
+    arms = ["torchtitan", *(a for a in args.leg_arms
+                            if a != "torchtitan" and (args.link == "nvlink" or not a.endswith("/symm")))]
     for routing in args.routings.split(","):
         leg = leg_inputs(args.leg_rows, args.leg_dim, routing, device, rank, args.dtype)
         tokens, x, scores, ids, counts = leg.tokens, leg.x, leg.scores, leg.ids, leg.counts
