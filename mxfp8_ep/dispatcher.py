@@ -28,7 +28,8 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
   the receiving pass applies each row's router score where the leg carries one. When the
   scores come after the experts (top-k > 1) both token-bound legs go back as one partial sum
   per token and rank: combine's forward weighted by the scores dispatch's forward carried
-  along, dispatch's backward a plain sum. Token counts travel through peer memory too: no host
+  along (unless ``A2AConfig.symm_combine_partial_sums`` is off: it keeps the expert outputs
+  for the score gradients), dispatch's backward a plain sum. Token counts travel through peer memory too: no host
   sync in forward or backward. One node (CUDA symmetric memory); on CPU processes the same
   code runs over shared-memory files (tests).
 """
@@ -103,17 +104,24 @@ class TokenDispatcher:
 
         @property
         def symm_partial_sums(self) -> bool:
-            """Whether the symm transport sends both token-bound legs as one partial sum per
+            """Whether the symm transport sends dispatch's backward as one partial sum per
             token and rank (``SymmTokenDispatcher._push_to_tokens``): with top-k > 1 and the
-            scores after the experts, combine's forward as the weighted sum of a token's rows
-            on each rank (the scores ride along with dispatch's forward), dispatch's backward
-            as their plain sum. The output and the x gradient then add a token's rows in
-            another grouping than the fused nccl transport, and round (bf16) or quantize
-            (MXFP8) each partial sum once instead of each row: equal to that rounding, not
-            bits. The score gradients are then taken where the expert outputs stayed, against
-            the output gradient as it arrived there (MXFP8: dequantized), and go back to the
-            tokens' ranks (``SymmTokenDispatcher.to_experts``)."""
+            scores after the experts, the plain sum of a token's rows on each rank. The x
+            gradient then adds a token's rows in another grouping than the fused nccl
+            transport, and rounds (bf16) or quantizes (MXFP8) each partial sum once instead of
+            each row: equal to that rounding, not bits."""
             return self.top_k > 1 and not self.score_before_experts
+
+        @property
+        def symm_combine_partial_sums(self) -> bool:
+            """Whether combine's forward goes the same way (``symm_partial_sums`` and
+            ``A2AConfig.symm_combine_partial_sums``): the weighted sum of a token's rows on each
+            rank (the scores ride along with dispatch's forward). The output then differs from
+            the fused nccl transport's as the x gradient does, and the score gradients are taken
+            where the expert outputs stayed, against the output gradient as it arrived there
+            (MXFP8: dequantized), and go back to the tokens' ranks
+            (``SymmTokenDispatcher.to_experts``)."""
+            return self.symm_partial_sums and self.a2a.symm_combine_partial_sums
 
         @property
         def symm_scores_after_dequantize(self) -> bool:
@@ -296,7 +304,7 @@ class PushDispatchMetadata:
     # token (``source * slot_tokens + token``) when a peer sent it, else ``ep * slot_tokens``.
     row_slot: torch.Tensor | None = None
     slot_tokens: int = 0
-    # symm with combine's partial sums (``Config.symm_partial_sums``): per expert-major row, the
+    # symm with combine's partial sums (``Config.symm_combine_partial_sums``): per expert-major row, the
     # router score of its slot (fp32; 0 for rows that hold no slot), carried by dispatch.
     row_score: torch.Tensor | None = None
     partial_order: tuple[torch.Tensor, torch.Tensor] | None = None  # ``partial_slots`` of ``row_slot``
@@ -489,7 +497,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
         cfg = self.config
         return (id(self.group), x_TD.device, x_TD.shape[1], x_TD.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
-                cfg.symm_partial_sums)
+                cfg.symm_combine_partial_sums)
 
     def _buffers(self, x_TD: torch.Tensor) -> _SymmBuffers:  # noqa: N803
         """The peer buffers for ``x_TD``'s (group, device, dim, dtype), allocated at the first
@@ -509,7 +517,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
             # The rows' bytes also hold the score gradients combine's backward returns
             # (``_return_row_dots``): fp32, one per expert-major row of every rank.
-            assert not cfg.symm_partial_sums or map_offset >= self.ep * capacity * 4
+            assert not cfg.symm_combine_partial_sums or map_offset >= self.ep * capacity * 4
             nbytes = staging_buffer_nbytes(rows, x_TD.shape[1], x_TD.dtype, capacity)
             bufs = _SymmBuffers(
                 # Per rank: its counts per expert, then its token count (checked by every rank).
@@ -529,19 +537,19 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         * A row pushed to its experts row by row (top-1) lands at its expert-major row:
           ``capacity`` (the drop-free worst case, every peer's tokens on this rank).
         * A token pushed once per rank (top-k > 1, both expert-bound legs), or a partial sum per
-          token and rank (``Config.symm_partial_sums``, both token-bound legs), lands at row
-          ``rank * max_tokens + token``: ``ep * max_tokens``, not ``capacity`` (at top-8 on 2
-          ranks a quarter of it, an eighth at any EP; the two staging buffers of the
-          DeepSeek-V3-like layer shrink from 1.9 to 0.23 GB each).
-        * A row pushed back to its token's rank row by row lands at its sorted row there:
-          ``max_tokens * top_k``.
-        * After partial sums, combine's backward returns the score gradients through the rows'
-          bytes (``_return_row_dots``): ``ep * capacity`` fp32."""
+          token and rank (``Config.symm_partial_sums``, ``symm_combine_partial_sums``: the
+          token-bound legs), lands at row ``rank * max_tokens + token``: ``ep * max_tokens``,
+          not ``capacity`` (at top-8 on 2 ranks a quarter of it, an eighth at any EP; the two
+          staging buffers of the DeepSeek-V3-like layer shrink from 1.9 to 0.23 GB each).
+        * A row pushed back to its token's rank row by row (a token-bound leg without partial
+          sums) lands at its sorted row there: ``max_tokens * top_k``.
+        * After combine's partial sums, combine's backward returns the score gradients through
+          the rows' bytes (``_return_row_dots``): ``ep * capacity`` fp32."""
         cfg = self.config
         if cfg.top_k == 1:
             return max(capacity, max_tokens)
         rows = self.ep * max_tokens
-        if not cfg.symm_partial_sums:
+        if not cfg.symm_combine_partial_sums:
             return max(rows, max_tokens * cfg.top_k)
         return max(rows, -(-self.ep * capacity * 4 // staging_nbytes(1, dim, dtype)))
 
@@ -575,7 +583,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         ``Config.symm_scores_after_dequantize``). The score gradients' dot products are taken
         in the same pass, on the token's rank (``dot_rows``), or, after combine's partial sums,
         for the rows that stay only (``dot_local``). Dispatch's forward carries the router
-        scores along for combine's partial sums (``Config.symm_partial_sums``): the owner
+        scores along for combine's partial sums (``Config.symm_combine_partial_sums``): the owner
         keeps each row's score in ``meta.row_score``. Top-1 pushes row by row."""
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
@@ -583,7 +591,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
         stage_row = row_weight = None
         carry = None
-        if leg == "dispatch_fwd" and self.config.symm_partial_sums:
+        if leg == "dispatch_fwd" and self.config.symm_combine_partial_sums:
             carry = meta.topk_scores_TK.detach().reshape(-1)
         if self.config.top_k > 1:
             kernels, a2a = self.kernels(src.device), self.config.a2a
@@ -607,7 +615,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
-            meta.row_score = self._row_scores(carry, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
+            if carry is not None:
+                meta.row_score = self._row_scores(carry, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
         return out, send, bufs.staging_rows, stage_row, row_weight
 
     def _row_scores(self, scores, meta, remote, carried):
@@ -662,10 +671,11 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         forward sent tokens once) goes back as one partial sum per token and rank
         (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
         token's rank adds it once, at the token's first slot on that rank. Those legs, when
-        the scores follow the experts (DeepSeek-V3; ``Config.symm_partial_sums``): combine's
-        forward, each row times its score (``meta.row_score``; the token's rank weights only
-        the rows that stayed), and dispatch's backward, a plain sum. On an MXFP8 leg the
-        partial sum is quantized, not each row."""
+        the scores follow the experts (DeepSeek-V3): dispatch's backward, a plain sum
+        (``Config.symm_partial_sums``), and combine's forward, each row times its score
+        (``meta.row_score``; the token's rank weights only the rows that stayed;
+        ``Config.symm_combine_partial_sums``). On an MXFP8 leg the partial sum is quantized,
+        not each row."""
         weighted = leg == "combine_fwd"
         if meta.row_slot is None or (weighted and meta.row_score is None):
             return super()._push_to_tokens(src, meta, leg, fmt)

@@ -186,9 +186,11 @@ class _Leg(torch.autograd.Function):
 
 def symm_quantizes_partial_sums(config) -> bool:
     """Whether the symm transport of a ``TokenDispatcher.Config`` sends a token-bound leg as
-    quantized partial sums (``Config.symm_partial_sums`` on an MXFP8 leg): other values on the
-    wire than the fused nccl transport's rows, not only another rounding."""
-    return config.symm_partial_sums and "mxfp8" in (config.a2a.dispatch_bwd, config.a2a.combine_fwd)
+    quantized partial sums (``Config.symm_partial_sums`` / ``symm_combine_partial_sums`` on an
+    MXFP8 leg): other values on the wire than the fused nccl transport's rows, not only
+    another rounding."""
+    return ((config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8")
+            or (config.symm_combine_partial_sums and config.a2a.combine_fwd == "mxfp8"))
 
 
 def _token_groups(crossing, ids, num_local) -> list[list[int]]:
@@ -204,8 +206,8 @@ def _token_groups(crossing, ids, num_local) -> list[list[int]]:
 
 
 class _PartialCombine(torch.autograd.Function):
-    """Combine's legs as symm sends them with partial sums (``WireLegs.partial_sums``, scores
-    after the experts), on the expert-sorted output rows ahead of torchtitan's bmm.
+    """Combine's legs as symm sends them with partial sums (``WireLegs.combine_partial_sums``,
+    scores after the experts), on the expert-sorted output rows ahead of torchtitan's bmm.
 
     Forward: each (token, owner) group of crossing rows becomes one row, ``P / s_max`` in the
     row of the group's largest score ``s_max`` (zeros in the others), where ``P`` is the fp32
@@ -306,20 +308,22 @@ class WireLegs:
     ``dequant(quant(score * token))``: the token crosses once and its score multiplies on
     the experts' rank.
 
-    ``partial_sums`` (the symm transport, ``Config.symm_partial_sums``): both token-bound legs
-    cross as one partial sum per token and rank, each sum (fp32, rounded once) quantized
-    instead of each row on an MXFP8 leg. Dispatch's backward: the sum takes the place of the
-    group's first row, zeros the others' (the x gradient adds them all). Combine's forward:
-    the weighted sum of the group's rows, divided by the largest score of the group, takes the
-    place of that score's row (torchtitan's bmm multiplies it back). The score gradients of
-    crossing rows are then taken on the experts' rank: ``<output gradient as it crossed
-    (combine's backward format), expert output>``."""
+    ``partial_sums`` (the symm transport, ``Config.symm_partial_sums``) and
+    ``combine_partial_sums`` (``Config.symm_combine_partial_sums``): dispatch's backward, and
+    combine's forward, cross as one partial sum per token and rank, each sum (fp32, rounded
+    once) quantized instead of each row on an MXFP8 leg. Dispatch's backward: the sum takes the
+    place of the group's first row, zeros the others' (the x gradient adds them all). Combine's
+    forward: the weighted sum of the group's rows, divided by the largest score of the group,
+    takes the place of that score's row (torchtitan's bmm multiplies it back). The score
+    gradients of crossing rows are then taken on the experts' rank: ``<output gradient as it
+    crossed (combine's backward format), expert output>``."""
 
     a2a: object  # mxfp8_ep.config.A2AConfig
     rank: int
     num_local: int
     scores_after_dequantize: bool = False
     partial_sums: bool = False
+    combine_partial_sums: bool = False
 
 
 def crossing_rows(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
@@ -400,7 +404,7 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
         # The experts' output gradient is the layer's (torchtitan adds the shared experts'
         # output to the combined one) times each row's score.
         bwd = a2a.combine_bwd if moe.score_before_experts else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1]))
-        if legs.partial_sums and not moe.score_before_experts:
+        if legs.combine_partial_sums and not moe.score_before_experts:
             return _PartialCombine.apply(
                 output, seen["top_scores_live"], seen["crossing"], seen["ids"], legs.num_local,
                 grad_out.view(-1, grad_out.shape[-1]), a2a.combine_fwd, bwd, a2a.combine_bwd, a2a.scale_rounding,

@@ -33,9 +33,11 @@ References (the reference's expert gradients are summed over ranks and sliced):
     it (moe_harness says why that matters).
 * *symm*, for transport nccl with an MXFP8 leg: every output and gradient bit for bit, every
   expert kind; within ``ORDER_TOL`` where symm sends a token-bound leg as partial sums
-  (``Config.symm_partial_sums``: each rank adds its rows of a token first; the output and the
-  x gradient, and the score and router gradients, which symm then takes on the experts' rank),
-  not compared where those partial sums or the score gradients' output gradient are MXFP8. Both
+  (``Config.symm_partial_sums``, ``symm_combine_partial_sums``: each rank adds its rows of a
+  token first; the x gradient, and with combine's partial sums the output and the score and
+  router gradients, which symm then takes on the experts' rank), not compared where those
+  partial sums or the score gradients' output gradient are MXFP8 (half the drawn routings
+  turn combine's partial sums off: ``A2AConfig.symm_combine_partial_sums``). Both
   run the same kernels on the same expert-major layout: the same rows are quantized (those
   that cross ranks) with the same arithmetic, each token's rows reduced in the same fp32
   order, and the experts see the same per-expert batches (the layouts differ only in unused
@@ -45,7 +47,8 @@ References (the reference's expert gradients are summed over ranks and sliced):
   top-k > 1 with combine's backward, or with dispatch's forward when the scores come first,
   in MXFP8), only what does not depend on that leg is compared, and likewise the x gradient
   where symm quantizes partial sums of dispatch's backward instead of rows (MXFP8); symm then
-  meets its own wire reference (``WireLegs(scores_after_dequantize=..., partial_sums=...)``:
+  meets its own wire reference (``WireLegs(scores_after_dequantize=..., partial_sums=...,
+  combine_partial_sums=...)``:
   that leg's crossing rows are ``score * dequant(quant(token))``; each token's crossing rows
   of a token-bound leg on one rank are one quantized (weighted, in combine's forward) sum; a
   crossing row's score gradient is its expert output against the output gradient as combine's
@@ -133,6 +136,7 @@ class Example:
     preset: str = "bf16"
     rounding: str = "rceil"
     pad_multiple: int = 8
+    combine_partial_sums: bool = True  # A2AConfig.symm_combine_partial_sums
     name: str = ""
 
 
@@ -168,7 +172,7 @@ def _example(draw, world: int) -> Example:
     return Example(
         spec=spec, tokens=tokens, routing=routing, choice=choice, bias=bias,
         preset=draw(st.sampled_from(sorted(PRESETS))), rounding=draw(st.sampled_from(SCALE_ROUNDINGS)),
-        pad_multiple=draw(st.sampled_from(PAD_MULTIPLES)),
+        pad_multiple=draw(st.sampled_from(PAD_MULTIPLES)), combine_partial_sums=draw(st.booleans()),
     )
 
 
@@ -202,6 +206,8 @@ def extreme_examples(world: int) -> list[Example]:
             Example(llama4, first_empty, "router", preset=preset, name="rank 0 empty"),
         ]
     out += [
+        Example(dsv3, full, "one_rank", choice=to_zero, preset="mxfp8_all", combine_partial_sums=False,
+                name="all-to-one, combine's forward row by row"),
         Example(dsv3, (0,) * world, "router", name="every rank empty"),
         Example(replace(dsv3, num_experts=world, top_k=min(4, world), dtype="bfloat16"), full, "router",
                 preset="mxfp8_all", name="top_k = E, full buffers"),
@@ -311,7 +317,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
 
     plain, plain_seen = reference_run()
     scale = _score_grad_scale(ex, ids, x, grad_out, plain_seen)
-    a2a_legs = A2AConfig.preset(ex.preset, scale_rounding=ex.rounding)
+    a2a_legs = A2AConfig.preset(ex.preset, scale_rounding=ex.rounding, symm_combine_partial_sums=ex.combine_partial_sums)
     quantized = a2a_legs.any_quantized
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
@@ -344,7 +350,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
             # symm quantizes other values than a row per leg (module docstring): its own wire reference.
             expected = reference_run(WireLegs(
                 a2a_legs, rank, local, scores_after_dequantize=config.symm_scores_after_dequantize,
-                partial_sums=config.symm_partial_sums,
+                partial_sums=config.symm_partial_sums, combine_partial_sums=config.symm_combine_partial_sums,
             ))[0]
         assert set(got) == set(expected), where
         for name, ref in expected.items():
@@ -380,13 +386,14 @@ def _symm_vs_fused_nccl(config, spec: LayerSpec, name: str):
         return None  # symm quantized other rows on the weighted leg
     if not config.symm_partial_sums:
         return "exact"
-    # Partial sums (scores after the experts): the output and the x gradient add a token's rows
-    # in another grouping; the score gradients (and the router's) meet the output gradient on
-    # the experts' rank, in combine's backward format.
+    # Partial sums (scores after the experts): the x gradient adds a token's rows in another
+    # grouping; with combine's partial sums the output does too, and the score gradients (and
+    # the router's) meet the output gradient on the experts' rank, in combine's backward format.
     a2a = config.a2a
-    quantized = {"x": a2a.dispatch_bwd == "mxfp8", "out": a2a.combine_fwd == "mxfp8",
-                 "scores": "mxfp8" in (a2a.combine_fwd, a2a.combine_bwd)}
-    quantized[ROUTER] = quantized["scores"]
+    quantized = {"x": a2a.dispatch_bwd == "mxfp8"}
+    if config.symm_combine_partial_sums:
+        quantized.update(out=a2a.combine_fwd == "mxfp8", scores="mxfp8" in (a2a.combine_fwd, a2a.combine_bwd))
+        quantized[ROUTER] = quantized["scores"]
     if name not in quantized:
         return "exact"
     return None if quantized[name] else ORDER_TOL[spec.dtype]
@@ -432,6 +439,9 @@ def test_fuzz_covers_200_routings_and_the_edges():
         assert any(0 in ex.tokens for ex in drawn), world
         assert max(ex.spec.top_k for ex in drawn) == min(4, max(ex.spec.num_experts for ex in drawn)), world
         assert {ex.preset for ex in drawn} == set(PRESETS), world
+        # Both ways of combine's forward where symm can send partial sums.
+        partial = [ex for ex in drawn if ex.spec.top_k > 1 and not ex.spec.score_before_experts]
+        assert {ex.combine_partial_sums for ex in partial} == {True, False}, world
         # The nccl transport's fused path (any MXFP8 leg) meets the edges too: everything to one
         # rank, empty experts (forced routings), ranks without tokens.
         fused = [ex for ex in drawn + extreme_examples(world) if A2AConfig.preset(ex.preset).any_quantized]

@@ -185,11 +185,11 @@ def _check_fused_nccl(rank, world):
             for other in (results["nccl", "torch"], symm):
                 assert torch.equal(got[1], other[1]), case
                 assert torch.equal(got[0][:valid].view(torch.int16), other[0][:valid].view(torch.int16)), case
-                if other is symm and cfg.symm_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
+                if other is symm and cfg.symm_combine_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
                     # symm quantizes each rank's weighted partial sum of a token, not each row.
                     assert rel(got[2], other[2]) < 2**-4, case
-                elif other is symm and cfg.symm_partial_sums:
-                    # symm adds each rank's weighted rows of a token first (Config.symm_partial_sums).
+                elif other is symm and cfg.symm_combine_partial_sums:
+                    # symm adds each rank's weighted rows of a token first (Config.symm_combine_partial_sums).
                     torch.testing.assert_close(got[2], other[2], rtol=2**-7, atol=2**-7, msg=case)
                 else:
                     assert torch.equal(got[2].view(torch.int16), other[2].view(torch.int16)), case
@@ -208,7 +208,7 @@ def _check_fused_nccl(rank, world):
             # (other kernels: another sum order; with partial sums against the expert outputs
             # before combine's forward quantized them), else in the same kernel as symm; against
             # the twin, up to sum order.
-            if top_k > 1 and cfg.symm_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
+            if top_k > 1 and cfg.symm_combine_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
                 assert rel(got[4], symm[4]) < 2**-4, case
             elif top_k > 1:
                 torch.testing.assert_close(got[4], symm[4], rtol=1e-5, atol=1e-5, msg=case)

@@ -6,7 +6,9 @@ and the scores after the experts: the expert-bound legs (dispatch's forward, com
 backward) send each token once per rank that owns one of its experts, not once per expert,
 and the token-bound legs (combine's forward, dispatch's backward) one partial sum per token and
 rank back; combine's backward then also returns the score gradients its experts' rank took (one
-fp32 per expert-major row of the drop-free capacity, to every peer)."""
+fp32 per expert-major row of the drop-free capacity, to every peer). With
+``A2AConfig.symm_combine_partial_sums`` off, combine's forward goes row by row (as on nccl) and
+combine's backward returns no score gradients."""
 
 from __future__ import annotations
 
@@ -28,12 +30,12 @@ def _routing(rank):
     return x, scores.clone().requires_grad_(), ids
 
 
-def _leg_bytes(rank, world, preset, transport):
+def _leg_bytes(rank, world, preset, transport, combine_partial_sums=True):
     x, scores, ids = _routing(rank)
     counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS)
     disp = TokenDispatcher.Config(
         num_experts=EXPERTS, top_k=TOP_K, max_tokens_per_rank=TOKENS,
-        a2a=A2AConfig.preset(preset, transport=transport),
+        a2a=A2AConfig.preset(preset, transport=transport, symm_combine_partial_sums=combine_partial_sums),
     ).build(dist.group.WORLD, "cpu")
     wire_stats.reset()
     routed, _, meta = disp.dispatch(x, scores, ids, counts)
@@ -65,6 +67,10 @@ def _same_bytes_on_both_transports(rank, world):
             partial = _tokens_received(rank, world) * wire_stats.row_bytes(DIM, 2, getattr(a2a, leg))
             assert symm[leg] == partial < nccl[leg], (preset, leg, symm, nccl, partial)
         assert set(nccl) == set(symm) == {"dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd", "total"}
+        rows, *_ = _leg_bytes(rank, world, preset, "symm", combine_partial_sums=False)
+        assert rows["combine_fwd"] == nccl["combine_fwd"], (preset, rows, nccl)
+        assert rows["combine_bwd"] == symm["combine_bwd"] - score_grads, (preset, rows, symm)
+        assert rows["dispatch_fwd"] == symm["dispatch_fwd"] and rows["dispatch_bwd"] == symm["dispatch_bwd"], (preset, rows)
 
 
 def test_symm_and_nccl_count_the_same_wire_bytes():
