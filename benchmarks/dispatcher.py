@@ -6,7 +6,7 @@ combine legs alone, all arms side by side in one run.
 ``moe_layer``: torchtitan 0.2.2's ``MoE`` (router, grouped-GEMM experts, one shared expert)
 under EP over all ranks, forward and forward+backward, same weights and inputs in every arm.
 Arms: ``torchtitan`` (its ``ExpertParallel``, bf16: the reference), then our dispatcher as
-``<preset>/<transport>``. An arm ending in ``@local`` (``bf16/symm@local``) is the layer's floor
+``<preset>/<transport>`` (modifiers: ``_modifiers``). An arm ending in ``@local`` (``bf16/symm@local``) is the layer's floor
 with no exchange: every rank runs the same layer alone (a one-rank group) with its share of
 the experts (``experts / ranks``) and the same tokens, so the expert GEMMs see the rows an even
 routing gives them under EP but no byte crosses a link; its outputs differ from the others'
@@ -282,13 +282,21 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
     return results
 
 
+def _modifiers(arm: str) -> set[str]:
+    """``<preset>/<transport>[:overlap][:rows][@local]``: ``overlap`` runs the shared experts on a
+    side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``); ``rows`` sends
+    combine's forward row by row (``A2AConfig.symm_combine_partial_sums=False``)."""
+    mods = set(arm.split("@")[0].split(":")[1:])
+    if not mods <= {"overlap", "rows"}:
+        raise ValueError(f"arm {arm!r}: unknown modifiers {sorted(mods - {'overlap', 'rows'})}")
+    return mods
+
+
 def _a2a(arm: str):
-    """``<preset>/<transport>[:overlap][@local]``; ``:overlap`` runs the shared experts on a side
-    stream (``DispatcherExpertParallel(overlap_shared_experts=True)``)."""
     from mxfp8_ep.config import A2AConfig
 
     preset, transport = arm.split("@")[0].split(":")[0].split("/")
-    return A2AConfig.preset(preset, transport=transport)
+    return A2AConfig.preset(preset, transport=transport, symm_combine_partial_sums="rows" not in _modifiers(arm))
 
 
 def is_local(arm: str) -> bool:
@@ -329,7 +337,7 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
         moe.init_weights(0.02, device)
     moe.to(dtype)
     style = (ExpertParallel() if arm == "torchtitan" else
-             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts=arm.endswith(":overlap")))
+             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts="overlap" in _modifiers(arm)))
     parallelize_module(moe.experts, mesh, style)
     return moe
 

@@ -68,7 +68,9 @@ class A2AConfig:
         if self.transport not in TRANSPORTS:
             raise ValueError(f"A2AConfig.transport={self.transport!r}: expected one of {TRANSPORTS}")
         if not isinstance(self.symm_combine_partial_sums, bool):
-            raise ValueError(f"A2AConfig.symm_combine_partial_sums={self.symm_combine_partial_sums!r}: expected true or false")
+            raise ValueError(
+                f"A2AConfig.symm_combine_partial_sums={self.symm_combine_partial_sums!r}: expected true or false"
+            )
 
     @staticmethod
     def legs() -> tuple[str, str, str, str]:

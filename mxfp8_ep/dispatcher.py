@@ -29,9 +29,9 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
   scores come after the experts (top-k > 1) both token-bound legs go back as one partial sum
   per token and rank: combine's forward weighted by the scores dispatch's forward carried
   along (unless ``A2AConfig.symm_combine_partial_sums`` is off: it keeps the expert outputs
-  for the score gradients), dispatch's backward a plain sum. Token counts travel through peer memory too: no host
-  sync in forward or backward. One node (CUDA symmetric memory); on CPU processes the same
-  code runs over shared-memory files (tests).
+  for the score gradients), dispatch's backward a plain sum. Token counts travel through peer
+  memory too: no host sync in forward or backward. One node (CUDA symmetric memory); on CPU
+  processes the same code runs over shared-memory files (tests).
 """
 
 from __future__ import annotations
@@ -304,8 +304,8 @@ class PushDispatchMetadata:
     # token (``source * slot_tokens + token``) when a peer sent it, else ``ep * slot_tokens``.
     row_slot: torch.Tensor | None = None
     slot_tokens: int = 0
-    # symm with combine's partial sums (``Config.symm_combine_partial_sums``): per expert-major row, the
-    # router score of its slot (fp32; 0 for rows that hold no slot), carried by dispatch.
+    # symm with combine's partial sums (``Config.symm_combine_partial_sums``): per expert-major
+    # row, the router score of its slot (fp32; 0 for rows that hold no slot), carried by dispatch.
     row_score: torch.Tensor | None = None
     partial_order: tuple[torch.Tensor, torch.Tensor] | None = None  # ``partial_slots`` of ``row_slot``
 

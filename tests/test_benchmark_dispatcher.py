@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.dispatcher import _leg_routing
 
-ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/nccl", "bf16/symm@local"]
+ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/symm:rows", "mxfp8/nccl", "bf16/symm@local"]
 
 
 def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():

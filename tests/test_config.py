@@ -81,6 +81,15 @@ def test_block_size_is_the_formats():
     assert BLOCK_SIZE == FORMAT_BLOCK_SIZE == 32
 
 
+@pytest.mark.parametrize("field, value", [
+    ("dispatch_fwd", "fp8"), ("scale_rounding", "nearest"), ("kernel", "cuda"), ("transport", "nvshmem"),
+    ("symm_combine_partial_sums", "yes"),
+])
+def test_a2a_config_rejects_values_it_does_not_know(field, value):
+    with pytest.raises(ValueError, match=f"A2AConfig.{field}='{value}'"):
+        A2AConfig(**{field: value})
+
+
 def test_a2a_schema_is_the_library_config_plus_a_name():
     schema = {f.name: f.default for f in dataclasses.fields(A2ASchema)}
     library = {f.name: f.default for f in dataclasses.fields(A2AConfig)}
@@ -123,7 +132,8 @@ def test_misspelled_key_fails_at_composition(override):
 
 
 @pytest.mark.parametrize(
-    "override", ["training.steps=abc", "parallelism.ep=two", "launcher.exclusive=maybe"]
+    "override", ["training.steps=abc", "parallelism.ep=two", "launcher.exclusive=maybe",
+                 "a2a.symm_combine_partial_sums=maybe"]
 )
 def test_wrong_type_fails_at_composition(override):
     with pytest.raises(ConfigCompositionException):
