@@ -16,8 +16,10 @@ all-to-all, permute; and back: unpermute, all-to-all, unsort, reduce) against ou
 
 Arms run round-robin (``--rounds`` rounds, each with its share of the samples), so slow drifts
 of the GPU fall on all arms alike. Times: median over ``--iters`` iterations (after warm-up) of
-each rank, then the max over ranks (CUDA events). ``peak_gib``: the allocator's peak during the arm plus the arm's peer buffers,
-max over ranks. Each arm's outputs (and, for the MoE layer, the input and expert gradients) are
+each rank, then the max over ranks (CUDA events). ``peak_gib``: the allocator's peak during the
+arm's timed passes (its layer or dispatcher, their activations and gradients, the inputs), less
+what the correctness check keeps of the reference arm, plus the arm's peer buffers; max over
+ranks. Each arm's outputs (and, for the MoE layer, the input and expert gradients) are
 compared with the torchtitan arm's (``rel_err``).
 """
 
@@ -141,12 +143,18 @@ def _reset_peak(device):
         torch.cuda.reset_peak_memory_stats()
 
 
-def _peak_gib(device) -> float:
+def _peak_gib(device, held_bytes: int = 0) -> float:
+    """The allocator's peak since ``_reset_peak`` less ``held_bytes`` (tensors kept across arms),
+    plus the peer buffers (symmetric memory is not the caching allocator's), max over ranks."""
     from mxfp8_ep import dispatcher
 
     peer = sum(b.counts.nbytes + sum(s.nbytes for s in b.staging) for b in dispatcher._BUFFERS.values())
-    alloc = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+    alloc = torch.cuda.max_memory_allocated() - held_bytes if device.type == "cuda" else 0
     return _max_over_ranks((alloc + peer) / 2**30, device)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
 def _free_peer_buffers():
@@ -228,12 +236,14 @@ def _pass_fns(moe, xi, grad):
     return {"fwd": fwd, "fwd+bwd": fwd_bwd}, drop_grads
 
 
-def round_robin(arms, time_arm, args, device) -> dict[str, dict]:
+def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str, dict]:
     """Time every arm round-robin: each of ``args.rounds`` rounds runs the arms in turn, each
     taking its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
     long GEMM load, temperature) fall on all arms alike instead of on the later ones.
     ``time_arm(arm, first_round, iters)`` builds the arm and returns ``{pass: (steady samples,
     synced samples)}``; whatever it built is gone when it returns, before the next arm's peak.
+    It calls ``_reset_peak`` before its timed samples (after any check); ``held_bytes()``: what
+    is kept across arms then (the reference's check results), left out of the peak.
 
     Returns per arm: ``peak_gib`` and ``ms[pass] = (steady-state ms, synced ms)``, each a median
     over all rounds' samples, max over ranks."""
@@ -250,7 +260,7 @@ def round_robin(arms, time_arm, args, device) -> dict[str, dict]:
                 kept = samples[arm].setdefault(name, ([], []))
                 kept[0].extend(steady)
                 kept[1].extend(synced)
-            peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device))
+            peaks[arm] = max(peaks.get(arm, 0.0), _peak_gib(device, held_bytes()))
     return {
         arm: {"peak_gib": peaks[arm],
               "ms": {p: (_worst_median(s[0], device), _worst_median(s[1], device)) for p, s in samples[arm].items()}}
@@ -269,14 +279,17 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
         if first_round and not is_local(arm):
             xi, result, errs[arm] = check_step(moe, x, grad, expert_w1, ref.get("result"), device)
             ref.setdefault("result", result)
+            del result  # the reference's is kept (held_bytes); this arm's is not
         else:
             xi = x.clone().requires_grad_()
         fns, drop_grads = _pass_fns(moe, xi, grad)
+        drop_grads()
+        _reset_peak(device)
         return {name: (_sample_ms(fn, iters, args.warmup, device, before=drop_grads, group=args.group),
                        _sample_ms(fn, iters, args.warmup, device, before=drop_grads))
                 for name, fn in fns.items()}
 
-    results = round_robin(arms, time_arm, args, device)
+    results = round_robin(arms, time_arm, args, device, lambda: _nbytes(ref.get("result", {}).values()))
     for arm in arms:
         results[arm]["errs"] = errs[arm]
     return results
@@ -466,11 +479,13 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
             if first_round:
                 out = disp.combine(routed, meta)
                 errs[arm] = _max_over_ranks(_rel_err(out, ref.setdefault("out", out)), device)
+                del out  # the reference's is kept (held_bytes); this arm's is not
             fns = {"dispatch": lambda: disp.dispatch(x, scores, ids, counts), "combine": lambda: disp.combine(routed, meta)}
+            _reset_peak(device)
             return {leg: (_sample_ms(fn, iters, args.warmup, device, group=args.group),
                           _sample_ms(fn, iters, args.warmup, device)) for leg, fn in fns.items()}
 
-        results = round_robin(arms, time_arm, args, device)
+        results = round_robin(arms, time_arm, args, device, lambda: _nbytes(ref.values()))
         ref.clear()
         for arm in arms:
             for leg, (ms, ms_synced) in results[arm]["ms"].items():
