@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=1 benchmarks/expert_rows.py --json expert_rows.json
 
 The symm dispatcher returns an expert-major buffer sized for the drop-free worst case
-(``routing.expert_major_capacity``: twice the even-routing rows at EP=2), because it cannot
+(``expert_major_capacity``: twice the even-routing rows at EP=2), because it cannot
 size it to the rows received without a host sync. The grouped GEMMs read only the rows inside
 their offsets; everything else that touches all rows pays for the tail. This times one MoE
 layer's routed experts (forward, forward+backward), the rows of one EP rank under even routing
@@ -39,6 +39,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     parse_shapes,
 )
 from mxfp8_ep import routing  # noqa: E402
+from mxfp8_ep.capacity import expert_major_capacity  # noqa: E402
 
 ARMS = ("torchtitan", "torchtitan+capacity", "ours", "ours+capacity")
 # (persistent programs per SM, rows per block) of the SwiGLU kernel sweep
@@ -62,7 +63,7 @@ def bench_shape(name: str, args, device, rows_out: list[dict]) -> None:
     received = shape.tokens * shape.top_k  # rows an EP rank receives under even routing
     counts = even_counts(received, L, args.align).to(device)
     exact = int(counts.sum())
-    capacity = routing.expert_major_capacity(shape.tokens, shape.top_k, args.ep, L, args.align)
+    capacity = expert_major_capacity(shape.tokens, shape.top_k, args.ep, L, args.align)
     g = torch.Generator(device=device).manual_seed(0)
     w1, w3 = (torch.randn((L, shape.hidden, shape.dim), generator=g, device=device, dtype=torch.bfloat16) * 0.02
               for _ in range(2))
@@ -142,7 +143,7 @@ def sweep_rows_kernel(name: str, args, device, rows_out: list[dict]) -> None:
     L = shape.experts // args.ep
     counts = even_counts(shape.tokens * shape.top_k, L, args.align).to(device)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    capacity = routing.expert_major_capacity(shape.tokens, shape.top_k, args.ep, L, args.align)
+    capacity = expert_major_capacity(shape.tokens, shape.top_k, args.ep, L, args.align)
     g = torch.Generator(device=device).manual_seed(0)
     h1, h3, dh = (torch.randn((capacity, shape.hidden), generator=g, device=device, dtype=torch.bfloat16)
                   for _ in range(3))

@@ -14,7 +14,10 @@ Per process (rank):
   product for every routed and shared expert a token visits, and the dispatch / combine
   buffers); the logits in bf16 and fp32 with their gradient. Full activation checkpointing
   keeps only each layer's input (plus one layer being recomputed); selective keeps about half;
-  TP splits what is left;
+  TP splits what is left. The symm transport (``symm``) hands the experts tensors of its
+  drop-free capacity (``mxfp8_ep.capacity``: ``EP x min(top_k, local experts)`` rows per token
+  instead of ``top_k``), and with combine's partial sums keeps that many expert-output rows;
+* the symm transport's peer buffers (two staging buffers, once per process);
 * the runtime: CUDA context and communication buffers on a GPU, the imported libraries of a
   CPU process.
 
@@ -27,12 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launch.model_facts import ModelFacts
+from mxfp8_ep.capacity import expert_major_capacity, staging_rows
 
 BF16, FP32 = 2, 4
 ADAM_STATE = 2 * FP32
 # Measured: a CPU worker of this recipe holds ~0.55 GiB before its model; CUDA context + NCCL.
 RUNTIME_BYTES = {"cpu": int(0.6 * 1024**3), "cuda": int(1.5 * 1024**3)}
 _KEPT = {"none": 1.0, "selective": 0.5}
+# Each local expert's rows are padded to this (torchtitan's TOKEN_GROUP_ALIGN_SIZE_M for bf16).
+EXPERT_ALIGN = 8
 
 
 @dataclass(frozen=True)
@@ -43,28 +49,56 @@ class MemoryEstimate:
     working_copies: int
     activations: int
     runtime: int
+    peer_buffers: int = 0
 
     @property
     def total(self) -> int:
         return (self.parameters + self.gradients + self.optimizer + self.working_copies
-                + self.activations + self.runtime)
+                + self.activations + self.runtime + self.peer_buffers)
 
 
-def activation_bytes_per_token(m: ModelFacts) -> tuple[float, float]:
-    """Bytes kept for the backward per token: (all layers, one layer at most)."""
-    def ffn(hidden: int, copies: int) -> int:
+def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
+                               kept_rows: float | None = None) -> tuple[float, float]:
+    """Bytes kept for the backward per token: (all layers, one layer at most). Per token of an
+    MoE layer: ``routed_rows`` expert rows (default top-k) and ``kept_rows`` rows the
+    dispatcher keeps beside them (default: top-k for dispatch and top-k for combine)."""
+    def ffn(hidden: int, copies: float) -> float:
         return copies * (m.dim + 4 * hidden) * BF16  # input, w1 and w3 outputs, act, product
 
+    routed = m.top_k if routed_rows is None else routed_rows
+    kept = 2 * m.top_k if kept_rows is None else kept_rows
     attention = 15 * m.dim
-    moe_layer = attention + ffn(m.moe_hidden_dim, m.top_k + m.num_shared_experts) + 2 * m.top_k * m.dim * BF16
+    moe_layer = attention + ffn(m.moe_hidden_dim, routed + m.num_shared_experts) + kept * m.dim * BF16
     dense_layer = attention + ffn(m.dense_hidden_dim, 1)
     layers = m.n_moe_layers * moe_layer + (m.n_layers - m.n_moe_layers) * dense_layer
     return layers, max(moe_layer, dense_layer if m.n_layers > m.n_moe_layers else 0)
 
 
+def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool) -> tuple[float, float]:
+    """The symm transport's (routed rows, kept rows) per token of an MoE layer: its expert-side
+    tensors hold the drop-free capacity; combine keeps that many expert-output rows with partial
+    sums (top-k > 1: the models here put their scores after the experts exactly when top-k > 1),
+    else each token's top-k rows; dispatch keeps no gathered copy."""
+    local = m.num_experts // ep
+    routed = expert_major_capacity(tokens, m.top_k, ep, local, EXPERT_ALIGN) / max(tokens, 1)
+    partial = m.top_k > 1 and combine_partial_sums
+    return routed, routed if partial else m.top_k
+
+
+def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool) -> int:
+    """The symm transport's two staging buffers (rows of the widest format, bf16; then a token
+    map and row weights of ``capacity`` entries each)."""
+    capacity = expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN)
+    row = m.dim * BF16
+    rows = staging_rows(ep, tokens, m.top_k, capacity, m.top_k > 1 and combine_partial_sums, row)
+    return 2 * (rows * row + capacity * 12)
+
+
 def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,
-             activation_checkpoint: str, device: str) -> MemoryEstimate:
-    """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda")."""
+             activation_checkpoint: str, device: str, symm: bool = False,
+             combine_partial_sums: bool = True) -> MemoryEstimate:
+    """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda";
+    ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` its flag)."""
     shard = max(1, world)
     dense_params = m.params - m.expert_params
     block = (dense_params - 2 * m.vocab_size * m.dim) / m.n_layers / tp
@@ -72,7 +106,9 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         block += m.expert_params / m.n_moe_layers / ep
 
     tokens = local_batch_size * seq_len
-    all_layers, one_layer = activation_bytes_per_token(m)
+    symm = symm and ep > 1 and m.n_moe_layers > 0
+    rows = symm_rows_per_token(m, tokens, ep, combine_partial_sums) if symm else (None, None)
+    all_layers, one_layer = activation_bytes_per_token(m, *rows)
     if activation_checkpoint == "full":
         kept = m.n_layers * m.dim * BF16 + one_layer
     else:
@@ -85,4 +121,5 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         working_copies=int(2 * block * (BF16 + FP32)),
         activations=int(tokens * (kept + logits) / tp),
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
+        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums) if symm else 0,
     )

@@ -349,13 +349,30 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
 
 
 # ----------------------------------------------------------------------------- memory
+# The symm transport sizes its expert-side tensors for the drop-free worst case (EP x top-k rows
+# per token at most): what to try when that is what does not fit.
+SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at the drop-free capacity: "
+                    "a2a.symm_combine_partial_sums=false keeps fewer of them, a2a.transport=nccl none)")
+
+
+def _runs_symm(cfg: Any, target: Target) -> bool:
+    """Whether the EP layers will run the symm transport (``mxfp8_ep.dispatcher.resolve_transport``):
+    asked for, or ``auto`` with CUDA and an EP group of >= 2 ranks inside one node (EP groups
+    are consecutive ranks, so one node holds them when they fit its processes)."""
+    a, p = cfg.a2a, cfg.parallelism
+    if a.transport != "auto":
+        return a.transport == "symm"
+    return target.device == "cuda" and p.ep > 1 and (p.nodes == 1 or p.procs_per_node % p.ep == 0)
+
+
 def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts, world: int) -> None:
     if target.memory_bytes is None:
         return
     p, t = cfg.parallelism, cfg.training
     est = estimate(facts, world=world, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
                    seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
-                   device=target.device)
+                   device=target.device, symm=_runs_symm(cfg, target),
+                   combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums))
     procs = 1 if target.device == "cuda" else p.procs_per_node
     need = est.total * procs
     if need <= target.memory_bytes:
@@ -367,11 +384,12 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts, world:
     per = (f"parameters {gib(est.parameters)}, gradients {gib(est.gradients)}, optimizer state "
            f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
            f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
-           f"runtime {gib(est.runtime)}")
+           f"runtime {gib(est.runtime)}"
+           + (f", symm peer buffers {gib(est.peer_buffers)}" if est.peer_buffers else "") + ")")
     times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
     msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
-           f"process ({per}){times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
+           f"process ({per}{times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
            f"Use a smaller model, more GPUs or nodes to shard it over, a smaller "
            f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
-           f"full; validate.memory=warn launches anyway")
+           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway")
     (r.warn if cfg.validate.memory == "warn" else r.error)(msg)

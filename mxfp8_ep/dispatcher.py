@@ -46,6 +46,7 @@ import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing, wire_stats
 from mxfp8_ep.all_to_all import all_to_all_v
+from mxfp8_ep.capacity import expert_major_capacity, staging_rows
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
@@ -512,7 +513,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 t = torch.tensor([x_TD.shape[0]], dtype=torch.int64, device=x_TD.device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
                 max_tokens = int(t.item())
-            capacity = routing.expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+            capacity = expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
             rows = self._staging_rows(max_tokens, capacity, x_TD.shape[1], x_TD.dtype)
             map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
             # The rows' bytes also hold the score gradients combine's backward returns
@@ -532,26 +533,12 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         return bufs
 
     def _staging_rows(self, max_tokens: int, capacity: int, dim: int, dtype: torch.dtype) -> int:
-        """Rows a staging buffer holds: the highest row any leg of this config stores into.
-
-        * A row pushed to its experts row by row (top-1) lands at its expert-major row:
-          ``capacity`` (the drop-free worst case, every peer's tokens on this rank).
-        * A token pushed once per rank (top-k > 1, both expert-bound legs), or a partial sum per
-          token and rank (``Config.symm_partial_sums``, ``symm_combine_partial_sums``: the
-          token-bound legs), lands at row ``rank * max_tokens + token``: ``ep * max_tokens``,
-          not ``capacity`` (at top-8 on 2 ranks a quarter of it, an eighth at any EP; the two
-          staging buffers of the DeepSeek-V3-like layer shrink from 1.9 to 0.23 GB each).
-        * A row pushed back to its token's rank row by row (a token-bound leg without partial
-          sums) lands at its sorted row there: ``max_tokens * top_k``.
-        * After combine's partial sums, combine's backward returns the score gradients through
-          the rows' bytes (``_return_row_dots``): ``ep * capacity`` fp32."""
+        """Rows a staging buffer holds (``capacity.staging_rows``): ``EP x max_tokens`` with
+        top-k > 1 (plus each token's K rows when combine's forward goes row by row), the
+        drop-free ``capacity`` with top-1."""
         cfg = self.config
-        if cfg.top_k == 1:
-            return max(capacity, max_tokens)
-        rows = self.ep * max_tokens
-        if not cfg.symm_combine_partial_sums:
-            return max(rows, max_tokens * cfg.top_k)
-        return max(rows, -(-self.ep * capacity * 4 // staging_nbytes(1, dim, dtype)))
+        return staging_rows(self.ep, max_tokens, cfg.top_k, capacity, cfg.symm_combine_partial_sums,
+                            staging_nbytes(1, dim, dtype))
 
     def _routing(self, x_TD, counts_E):  # noqa: N803
         W, E = self.ep, self.config.num_experts

@@ -33,12 +33,6 @@ def padded_expert_sizes(counts_SL: torch.Tensor, align: int) -> torch.Tensor:  #
     return (torch.clamp_min(total, align) + align - 1) // align * align
 
 
-def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int) -> int:
-    """Rows the expert-major input of one rank can ever need: every peer sends it each of its
-    tokens once per local expert it picks (at most ``min(top_k, L)``), plus per-expert padding."""
-    return ep * max_tokens * min(top_k, num_local_experts) + num_local_experts * align
-
-
 @dataclass(frozen=True)
 class ExpertMajorRows:
     """Per row of a rank's expert-major buffer (``R`` rows): which rank it comes from

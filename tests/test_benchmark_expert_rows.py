@@ -7,14 +7,14 @@ import subprocess
 import sys
 
 from benchmarks.expert_rows import ARMS, even_counts
-from mxfp8_ep import routing
+from mxfp8_ep.capacity import expert_major_capacity
 
 
 def test_even_counts_split_the_rows_and_pad_each_expert():
     counts = even_counts(100, 8, 8)
     assert counts.tolist() == [16] * 8  # 13 or 12 rows each, padded to 8
     assert int(even_counts(4096, 32, 8).sum()) == 4096
-    assert routing.expert_major_capacity(256, 2, 2, 4, 8) > int(even_counts(512, 4, 8).sum())
+    assert expert_major_capacity(256, 2, 2, 4, 8) > int(even_counts(512, 4, 8).sum())
 
 
 def test_script_writes_checked_rows(tmp_path):

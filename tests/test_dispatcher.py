@@ -623,7 +623,7 @@ def _staging_sizes(rank, world):
     the token rows. Identity experts: out = x (s0 + s1), x grad = s0 + s1, score grads = sum(x).
     And the DeepSeek-V3-like layer's staging rows: its tokens on every rank, nothing more."""
     from mxfp8_ep.dispatcher import _BUFFERS
-    from mxfp8_ep.routing import expert_major_capacity
+    from mxfp8_ep.capacity import expert_major_capacity
 
     setup_rank()
     tokens, dim = MAX_TOKENS - rank, 32
@@ -646,6 +646,20 @@ def _staging_sizes(rank, world):
         torch.testing.assert_close(out, x * total, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(x_grad, total.expand_as(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(score_grad, x.sum(dim=1, keepdim=True).expand_as(scores), rtol=1e-5, atol=1e-5)
+    # The recipe's memory estimate before launch (launch/memory.py) reads what is allocated.
+    from launch.memory import EXPERT_ALIGN, symm_peer_buffer_bytes
+    from launch.model_facts import MODELS
+
+    facts = replace(MODELS["deepseek_v3", "tiny"], dim=dim, num_experts=2 * world, top_k=2)
+    for flag in (True, False):
+        _BUFFERS.clear()
+        config = TokenDispatcher.Config(
+            num_experts=2 * world, top_k=2, pad_multiple=EXPERT_ALIGN, max_tokens_per_rank=MAX_TOKENS,
+            a2a=A2AConfig.preset("bf16", transport="symm", symm_combine_partial_sums=flag),
+        )
+        _round_trip(config.build(dist.group.WORLD, "cpu"), x.bfloat16(), scores, ids, counts)
+        (bufs,) = _BUFFERS.values()
+        assert sum(b.nbytes for b in bufs.staging) == symm_peer_buffer_bytes(facts, MAX_TOKENS, world, flag), flag
     _BUFFERS.clear()
     # 8192 tokens of dim 7168 per rank, top-8, 128 experts per rank (DeepSeek-V3-like at EP=2):
     # staging for W x 8192 token rows (rank * max_tokens + token), where the expert-major
@@ -659,8 +673,9 @@ def _staging_sizes(rank, world):
 
 def test_symm_staging_buffers_hold_what_the_legs_store():
     """With top-k > 1 the symm transport's staging buffers hold token rows, not the drop-free
-    expert-major capacity (``SymmTokenDispatcher._staging_rows``); at a small dim with large
-    expert padding the score gradients combine's backward returns through them still fit."""
+    expert-major capacity (``mxfp8_ep.capacity.staging_rows``); at a small dim with large
+    expert padding the score gradients combine's backward returns through them still fit; the
+    recipe's memory estimate (``launch/memory.py``) counts the bytes they take."""
     preload()
     for world in (2, 3):
         run_forked(world, _staging_sizes)

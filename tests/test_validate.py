@@ -252,6 +252,30 @@ def test_cpu_processes_share_the_ram():
     assert any("flex attention" in p for p in found)
 
 
+def test_symm_memory_holds_the_drop_free_capacity():
+    """Where the EP layers run the symm transport, the estimate holds their expert rows at its
+    drop-free capacity and adds its peer buffers; the error says so and what to change."""
+    from launch.memory import estimate
+
+    run = ("parallelism=ep8", "model=dsv3_16b", "training.seq_len=4096", "training.local_batch_size=4",
+           "training.activation_checkpoint=selective")
+    msg = one_problem(*run, machine=GPU_BOX)  # a2a.transport=auto: symm on one 8-GPU node
+    assert "symm peer buffers" in msg and "a2a.symm_combine_partial_sums=false" in msg
+    assert "a2a.transport=nccl" in msg
+    assert check(*run, "a2a.transport=nccl", machine=GPU_BOX) == []  # all-to-all: exact rows
+    assert check(*run[:-1], "training.activation_checkpoint=full", machine=GPU_BOX) == []
+    m = MODELS["deepseek_v3", "16B"]
+    kw = dict(world=8, ep=8, tp=1, local_batch_size=4, seq_len=4096, activation_checkpoint="none", device="cuda")
+    nccl, symm = estimate(m, **kw), estimate(m, **kw, symm=True)
+    rows = estimate(m, **kw, symm=True, combine_partial_sums=False)
+    assert nccl.peer_buffers == 0 < symm.peer_buffers == rows.peer_buffers
+    # 8 x 6 expert rows per token instead of 6 in every expert tensor (64 experts, top-6, EP 8):
+    # they dominate what a layer keeps.
+    assert 4 * nccl.activations < symm.activations and rows.activations < symm.activations
+    # EP 1, or an EP group across nodes under auto: nccl, nothing extra.
+    assert estimate(m, **{**kw, "ep": 1}, symm=True) == estimate(m, **{**kw, "ep": 1})
+
+
 def test_memory_warn_launches_anyway():
     machine = Machine(24 * GIB, 2, gpu_memory_bytes=(80 * GIB,) * 8)
     warnings = check("parallelism=ep8", "model=dsv3_16b", "training.seq_len=4096",

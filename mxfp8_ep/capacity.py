@@ -1,0 +1,37 @@
+"""How many rows the symm transport's buffers hold, as plain arithmetic (no torch): the
+dispatcher allocates these and the recipe's memory estimate before launch
+(``launch/memory.py``) reads the same numbers.
+
+Symbols: ``W`` EP ranks, ``T`` the most tokens a rank dispatches (``max_tokens``), ``K`` top-k,
+``L`` local experts per rank.
+"""
+
+from __future__ import annotations
+
+
+def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int) -> int:
+    """Rows the expert-major input of one rank can ever need: every peer sends it each of its
+    tokens once per local expert it picks (at most ``min(top_k, L)``), plus per-expert padding.
+    The symm dispatcher returns tensors of this many rows (the drop-free worst case)."""
+    return ep * max_tokens * min(top_k, num_local_experts) + num_local_experts * align
+
+
+def staging_rows(ep: int, max_tokens: int, top_k: int, capacity: int, combine_partial_sums: bool,
+                 row_nbytes: int) -> int:
+    """Rows one symm staging buffer holds: the highest row any leg stores into.
+
+    * A row pushed to its experts row by row (top-1) lands at its expert-major row:
+      ``capacity``.
+    * A token pushed once per rank (top-k > 1, both expert-bound legs), or a partial sum per
+      token and rank (the token-bound legs, when the scores follow the experts), lands at row
+      ``rank * max_tokens + token``: ``W x T``, not ``capacity`` (an eighth of it at top-8).
+    * A row pushed back to its token's rank row by row (a token-bound leg without partial sums:
+      ``combine_partial_sums`` false) lands at its sorted row there: ``T x K``.
+    * After combine's partial sums, combine's backward returns the score gradients through the
+      rows' bytes: ``W x capacity`` fp32 (``row_nbytes``: the bytes of one staged row)."""
+    if top_k == 1:
+        return max(capacity, max_tokens)
+    rows = ep * max_tokens
+    if not combine_partial_sums:
+        return max(rows, max_tokens * top_k)
+    return max(rows, -(-ep * capacity * 4 // row_nbytes))
