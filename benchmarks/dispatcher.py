@@ -255,7 +255,6 @@ def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str,
     for round_ in range(args.rounds):
         for arm in arms:
             _free_peer_buffers()
-            _reset_peak(device)
             for name, (steady, synced) in time_arm(arm, round_ == 0, per_round).items():
                 kept = samples[arm].setdefault(name, ([], []))
                 kept[0].extend(steady)

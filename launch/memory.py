@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launch.model_facts import ModelFacts
-from mxfp8_ep.capacity import expert_major_capacity, staging_rows
+from mxfp8_ep.capacity import expert_major_capacity, staging_buffer_bytes, staging_rows
 
 BF16, FP32 = 2, 4
 ADAM_STATE = 2 * FP32
@@ -91,7 +91,7 @@ def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_
     capacity = expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN)
     row = m.dim * BF16
     rows = staging_rows(ep, tokens, m.top_k, capacity, m.top_k > 1 and combine_partial_sums, row)
-    return 2 * (rows * row + capacity * 12)
+    return 2 * staging_buffer_bytes(rows, row, capacity)
 
 
 def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,

@@ -16,6 +16,18 @@ def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_expert
     return ep * max_tokens * min(top_k, num_local_experts) + num_local_experts * align
 
 
+def token_map_byte_offset(rows: int, row_nbytes: int) -> int:
+    """Byte offset of the token map in a staging buffer of ``rows`` rows of ``row_nbytes``
+    bytes: after the rows, 16-byte aligned."""
+    return -(-rows * row_nbytes // 16) * 16
+
+
+def staging_buffer_bytes(rows: int, row_nbytes: int, map_rows: int) -> int:
+    """Bytes of one staging buffer: its rows, then per expert-major row (``map_rows``) an int64
+    token map entry and an fp32 row weight."""
+    return token_map_byte_offset(rows, row_nbytes) + map_rows * 12
+
+
 def staging_rows(ep: int, max_tokens: int, top_k: int, capacity: int, combine_partial_sums: bool,
                  row_nbytes: int) -> int:
     """Rows one symm staging buffer holds: the highest row any leg stores into.

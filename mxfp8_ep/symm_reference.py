@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from mxfp8_ep import routing
+from mxfp8_ep.capacity import staging_buffer_bytes, token_map_byte_offset
 from mxfp8_ep.config import LEG_FORMATS
 from mxfp8_ep.format import MXFP8Tensor, dequantize_reference, quantize_reference
 from mxfp8_ep.wire_stats import row_bytes
@@ -51,7 +52,7 @@ def token_map_offset(rows: int, dim: int, dtype: torch.dtype) -> int:
     """Byte offset of the token map in a symm staging buffer of ``rows`` rows: after the rows,
     16-byte aligned. The map holds one int64 per expert-major row of the receiving rank: the
     staged row a token-major push (``push_tokens``) put that row's token in."""
-    return -(-staging_nbytes(rows, dim, dtype) // 16) * 16
+    return token_map_byte_offset(rows, staging_nbytes(1, dim, dtype))
 
 
 def token_map(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
@@ -69,7 +70,7 @@ def row_weights(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
 def staging_buffer_nbytes(rows: int, dim: int, dtype: torch.dtype, map_rows: int) -> int:
     """Bytes of a symm staging buffer: ``rows`` staged rows, then the token map and the row
     weights of ``map_rows`` expert rows."""
-    return token_map_offset(rows, dim, dtype) + map_rows * 12
+    return staging_buffer_bytes(rows, staging_nbytes(1, dim, dtype), map_rows)
 
 
 def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
