@@ -81,6 +81,7 @@ from hypothesis import strategies as st
 from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
 from mxfp8_ep.config import TRANSPORTS as CONFIG_TRANSPORTS
 from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, NcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
+from tests import shared_gpu
 from tests.distributed import rank_device
 from tests.moe_harness import (
     DTYPES,
@@ -105,6 +106,14 @@ from tests.moe_harness import (
 
 TRANSPORTS = tuple(t for t in CONFIG_TRANSPORTS if t != "auto")
 assert TRANSPORTS == ("symm", "nccl")  # symm first: the fused nccl path is checked against it
+
+
+def _rank_transports() -> tuple[str, ...]:
+    """The transports this rank's group can run: both, but only symm where ranks share one GPU
+    (``tests.shared_gpu``: a gloo group, whose CUDA all-to-all stages through the host)."""
+    return ("symm",) if shared_gpu.active() else TRANSPORTS
+
+
 # (transport, any leg MXFP8) -> the class Config.build must pick.
 DISPATCHER_CLASS = {
     ("nccl", False): NcclTokenDispatcher, ("nccl", True): FusedNcclTokenDispatcher,
@@ -323,7 +332,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
 
     results = {}
-    for transport in TRANSPORTS:
+    for transport in _rank_transports():
         config = TokenDispatcher.Config(
             num_experts=spec.num_experts, top_k=spec.top_k, a2a=replace(a2a_legs, transport=transport),
             score_before_experts=spec.score_before_experts, pad_multiple=ex.pad_multiple,
@@ -559,7 +568,7 @@ def _two_layer_problems(rank, world, transport, preset, planted=False) -> list[s
 
 def _stale_buffers(rank, world):
     setup_rank()
-    for transport in TRANSPORTS:
+    for transport in _rank_transports():
         for preset in sorted(PRESETS):
             problems = _two_layer_problems(rank, world, transport, preset)
             assert not problems, f"{transport} {preset} rank {rank}: {problems}"

@@ -15,7 +15,12 @@ the test's expert stand-ins (torchtitan's for-loop experts and the row-wise twin
 counts on the host, in their forward, outside the check.
 The CPU suite (tests/test_dispatcher.py, tests/test_symm_kernels.py) runs the same kernels
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
-them and the GPU machine runs them (benchmarks/gpu_evidence.sh)."""
+them and the GPU machine runs them (benchmarks/gpu_evidence.sh).
+
+On a machine with one GPU the symm checks run with ranks sharing it (``*_sharing_one_gpu``,
+``tests.shared_gpu``: a gloo group, peer buffers over CUDA IPC, a host barrier in place of
+symmetric memory's): the same compiled kernels and staging logic across real processes, at 2,
+3 and 4 ranks, without NVLink. The nccl transport needs a GPU per rank and stays out of them."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_on_ranks
+from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import symm_quantizes_partial_sums
 
 WORLD = 2
@@ -31,6 +36,7 @@ GPU_EXAMPLES = 200  # hypothesis routings of the fuzz on WORLD GPUs (CPU: 80 at 
 needs_gpus = pytest.mark.skipif(
     torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher.py"
 )
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU runs use tests/test_dispatcher.py")
 
 
 def _routing(rank, tokens, experts, top_k, dim, device, skew: bool):
@@ -67,7 +73,7 @@ def _check(rank, world):
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher
 
-    device = torch.device("cuda", rank)
+    device = rank_device()
     tokens, experts, dim = 512, 16, 512
     for preset in ("bf16", "mxfp8", "mxfp8_all"):
         for top_k, sbe, skew in ((4, False, False), (1, True, False), (2, False, True)):
@@ -95,6 +101,11 @@ def _check(rank, world):
 @needs_gpus
 def test_symm_triton_equals_torch_twin_and_never_syncs():
     run_on_ranks(WORLD, _check, backend="nccl")
+
+
+@needs_a_gpu
+def test_symm_triton_equals_torch_twin_and_never_syncs_sharing_one_gpu():
+    run_on_ranks(WORLD, _check, backend=SHARED_GPU)
 
 
 def _moe_with_side_stream(rank, world):
@@ -232,6 +243,22 @@ def test_fuzz_against_torchtitan_without_host_sync():
     from tests.test_dispatcher import _fuzz, extreme_examples, hypothesis_examples
 
     run_on_ranks(WORLD, _fuzz, hypothesis_examples(WORLD, GPU_EXAMPLES) + extreme_examples(WORLD), backend="nccl")
+
+
+@needs_a_gpu
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fuzz_against_torchtitan_without_host_sync_sharing_one_gpu(world):
+    """The CPU suite's routings (as many per world size), symm only, compiled kernels."""
+    from tests.test_dispatcher import EXAMPLES, _fuzz, extreme_examples, hypothesis_examples
+
+    run_on_ranks(world, _fuzz, hypothesis_examples(world, EXAMPLES[world]) + extreme_examples(world), backend=SHARED_GPU)
+
+
+@needs_a_gpu
+def test_two_layers_sharing_peer_buffers_sharing_one_gpu():
+    from tests.test_dispatcher import _stale_buffers
+
+    run_on_ranks(WORLD, _stale_buffers, backend=SHARED_GPU)
 
 
 @needs_gpus
