@@ -38,8 +38,11 @@ def rank_device() -> torch.device:
 
 
 def _entry(rank: int, world_size: int, port: int, backend: str, fn, args) -> None:
+    import faulthandler
+
     from tests import shared_gpu
 
+    faulthandler.enable()  # a rank that crashes in native code still says where
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     kwargs = {}
     if backend == SHARED_GPU:

@@ -1,8 +1,10 @@
 """The symm transport's Triton kernels (``mxfp8_ep/symm_kernels.py``) against their torch twins
 (``mxfp8_ep/symm_reference.py``), through the dispatcher on 2 and 3 gloo ranks whose peer
 memory is the CPU emulation (shared-memory files). On CPU the kernels run under the Triton
-interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU); on the GPU
-machine tests/test_dispatcher_gpu.py runs the same comparison with compiled kernels.
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU). On a GPU machine
+the same tests run the compiled kernels on CUDA tensors, the dispatcher's ranks sharing GPU 0
+(``tests.shared_gpu``: CUDA IPC peers, a host barrier), and tests/test_dispatcher_gpu.py runs
+the comparison again at real shapes on NCCL and symmetric memory when 2 GPUs are lent.
 
 One routing per case, run twice on every rank (``kernel="torch"``, then ``kernel="triton"``):
 dispatch -> a stand-in expert (each expert-major row times its own constant) -> combine ->
@@ -35,12 +37,16 @@ import torch.distributed as dist
 
 from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
 from mxfp8_ep.peer_memory import OneProcessPeers
+from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, run_forked
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Where the kernels run: CPU tensors under the interpreter, else compiled on the GPU.
+DEVICE = torch.device("cpu" if INTERPRETED else "cuda")
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1",
+    not INTERPRETED and not torch.cuda.is_available(),
     reason="the Triton kernels run on CPU tensors only under the interpreter (TRITON_INTERPRET=1, which "
-    "tests/conftest.py sets when there is no GPU); on a GPU machine tests/test_dispatcher_gpu.py compares them",
+    "tests/conftest.py sets when there is no GPU), else on a GPU",
 )
 
 MAX_TOKENS = 6  # per rank: small buffers, few interpreter programs
@@ -105,14 +111,15 @@ def _routing(case: dict, rank: int, world: int):
 def _run(case: dict, kernel: str, rank: int, world: int):
     from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
 
-    x, scores, ids, counts, grad_out, row_scale = _routing(case, rank, world)
+    device = rank_device()
+    x, scores, ids, counts, grad_out, row_scale = (t.to(device) for t in _routing(case, rank, world))
     config = TokenDispatcher.Config(
         num_experts=case["num_experts"], top_k=case["top_k"], score_before_experts=case["score_before_experts"],
         pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
         a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel,
                              transport=case["transport"]),
     )
-    dispatcher = config.build(dist.group.WORLD, "cpu")
+    dispatcher = config.build(dist.group.WORLD, device)
     assert type(dispatcher) is {"symm": SymmTokenDispatcher, "nccl": FusedNcclTokenDispatcher}[case["transport"]]
     x = x.clone().requires_grad_(True)
     scores = scores.clone().requires_grad_(True)
@@ -177,7 +184,10 @@ def test_triton_kernels_equal_torch_twins(world):
         assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
     if world == 2:
         assert {c["transport"] for c in cases if "push_launch" in c} == {"symm", "nccl"}
-    run_forked(world, _check, cases)
+    if INTERPRETED:
+        run_forked(world, _check, cases)
+    else:  # ranks sharing the GPU: a gloo group, no NCCL for the nccl transport's all-to-all
+        run_on_ranks(world, _check, [c for c in cases if c["transport"] == "symm"], backend=SHARED_GPU)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
@@ -189,14 +199,14 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
     from mxfp8_ep.symm_reference import staging_nbytes
 
     g = torch.Generator().manual_seed(3)
-    src = torch.randn(6, 64, generator=g).bfloat16()
-    dst_rank = torch.tensor([0, 1, 0, -1, 1, 0])  # this is rank 0; -1: pushed nowhere
-    dst_row = torch.tensor([0, 0, 1, 0, 1, 2])
+    src = torch.randn(6, 64, generator=g).bfloat16().to(DEVICE)
+    dst_rank = torch.tensor([0, 1, 0, -1, 1, 0], device=DEVICE)  # this is rank 0; -1: pushed nowhere
+    dst_row = torch.tensor([0, 0, 1, 0, 1, 2], device=DEVICE)
     pushed = {}
     for only in ("all", "local", "remote"):
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-            out = torch.zeros(3, 64, dtype=torch.bfloat16)
-            stage = LocalBuffer(torch.zeros(staging_nbytes(2, 64, torch.bfloat16), dtype=torch.uint8), 2)
+            out = torch.zeros(3, 64, dtype=torch.bfloat16, device=DEVICE)
+            stage = LocalBuffer(torch.zeros(staging_nbytes(2, 64, torch.bfloat16), dtype=torch.uint8, device=DEVICE), 2)
             kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", only=only)
             pushed[only, name] = (out, stage.local.clone())
         (out, staged), (ref_out, ref_staged) = pushed[only, "triton"], pushed[only, "torch"]
@@ -232,7 +242,7 @@ def test_routing_tables_kernel_equals_its_twin():
                 counts[:, L:] = 0
             tokens = counts.sum(dim=1, keepdim=True) + 1
             max_tokens = int(tokens.max()) - (kind == "over")
-            table = torch.cat([counts, tokens], dim=1).contiguous()
+            table = torch.cat([counts, tokens], dim=1).contiguous().to(DEVICE)
             for rank in range(W):
                 want, want_ok = symm_reference.routing_tables(table, rank, align, max_tokens)
                 got, got_ok = symm_kernels.routing_tables(table, rank, align, max_tokens)
@@ -263,7 +273,7 @@ def check_push_tokens(device) -> int:
       left as they were; the owner's ``receive_rows`` takes each received row's dot product
       against its own expert row, before the score multiplies it.
 
-    Returns the cases checked (also run on a GPU by hand: ``check_push_tokens(torch.device("cuda"))``)."""
+    Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.format import quantize_reference
     from mxfp8_ep.symm_reference import row_weights, staging_buffer_nbytes, staging_views, token_map, token_map_offset
@@ -389,7 +399,7 @@ def check_push_tokens(device) -> int:
 
 
 def test_push_tokens_sends_each_token_once_per_rank():
-    assert check_push_tokens(torch.device("cpu")) == (2 + 3 + 2 + 3) + 3 * 4  # ranks per world + 3 formats x 4
+    assert check_push_tokens(DEVICE) == (2 + 3 + 2 + 3) + 3 * 4  # ranks per world + 3 formats x 4
 
 
 def check_push_partials(device) -> int:
@@ -398,8 +408,7 @@ def check_push_partials(device) -> int:
     rounded to the activation dtype (then quantized on an MXFP8 leg), in that rank's staging
     buffer at row ``rank * max_tokens + token``; ``sent`` counts them; rows that stay, padding
     and tokens without rows here send nothing. Every other case is weighted (combine's forward):
-    each row times its fp32 weight. Returns the cases checked (on a GPU by hand:
-    ``check_push_partials(torch.device("cuda"))``)."""
+    each row times its fp32 weight. Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.format import quantize_reference
     from mxfp8_ep.symm_reference import partial_slots, staging_views
@@ -455,7 +464,7 @@ def check_push_partials(device) -> int:
 
 
 def test_push_partials_sends_one_sum_per_token_and_rank():
-    assert check_push_partials(torch.device("cpu")) == 9
+    assert check_push_partials(DEVICE) == 9
 
 
 def test_partial_stage_rows_name_each_owner_once_per_token():
@@ -475,7 +484,7 @@ def check_partial_round_trip(device) -> int:
     legs: to the format's). Each case also runs weighted, as combine's forward: the experts'
     rank weights its rows (``push_partials(weight=...)``), the token's rank only the rows it
     kept (``reduce_slots(weigh_staged=False)``), against the fp64 sum of score times row.
-    Returns the cases checked (on a GPU by hand: ``check_partial_round_trip(torch.device("cuda"))``)."""
+    Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
@@ -541,4 +550,4 @@ def check_partial_round_trip(device) -> int:
 
 
 def test_partial_sums_round_trip_to_each_tokens_sum():
-    assert check_partial_round_trip(torch.device("cpu")) == 2 * (2 + 3 + 4 + 2 + 3)
+    assert check_partial_round_trip(DEVICE) == 2 * (2 + 3 + 4 + 2 + 3)
