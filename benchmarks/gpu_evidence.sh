@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
 #     (dispatcher_tests / dispatcher_bench: each half alone, for the 600 s limit of one device call)
 #   bash benchmarks/gpu_evidence.sh one_gpu_tests OUT_DIR  # ONE GPU: kernels + symm with ranks sharing it
+#   bash benchmarks/gpu_evidence.sh one_gpu_fuzz OUT_DIR   # ONE GPU: the 200-routing fuzz, 2-4 ranks sharing it
 #   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
 #   bash benchmarks/gpu_evidence.sh step_profile OUT_DIR  # dsv3_ep_bench: one step's GPU time by category
 #   bash benchmarks/gpu_evidence.sh profile OUT_DIR     # per-kernel sweep + layer timelines
@@ -36,11 +37,15 @@ elif [ "$what" = dispatcher ] || [ "$what" = dispatcher_tests ] || [ "$what" = d
   if [ "$what" != dispatcher_tests ]; then
     torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
   fi
-elif [ "$what" = one_gpu_tests ]; then
-  # A one-GPU machine: the kernel tests, and the symm dispatcher with 2-4 ranks sharing the GPU
-  # (tests/shared_gpu.py: CUDA IPC peers, a host barrier; no NVLink, no nccl transport).
-  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py 2>&1 | tee "$out/test_kernels.log" | tail -3
-  python3 -m pytest -q -p no:cacheprovider --durations=10 -k sharing_one_gpu tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_symm_one_gpu.log" | tail -15
+elif [ "$what" = one_gpu_tests ] || [ "$what" = one_gpu_fuzz ]; then
+  # A one-GPU machine: the symm dispatcher with 2-4 ranks sharing the GPU (tests/shared_gpu.py:
+  # CUDA IPC peers, a host barrier; no NVLink, no nccl transport). Each half takes ~5 min.
+  if [ "$what" = one_gpu_tests ]; then
+    python3 -m pytest -q -p no:cacheprovider --durations=10 tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_kernels.log" | tail -15
+    python3 -m pytest -q -s -p no:cacheprovider --durations=10 -k "sharing_one_gpu and not fuzz_against" tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_symm_one_gpu.log" | tail -15
+  else
+    python3 -m pytest -q -p no:cacheprovider --durations=10 -k "sharing_one_gpu and fuzz_against" tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_fuzz_one_gpu.log" | tail -15
+  fi
 elif [ "$what" = profile ]; then
   torchrun --nproc_per_node=2 benchmarks/profile_dispatcher.py --json "$out/profile.json" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile.log" | grep -v "^W"
 elif [ "$what" = power ]; then

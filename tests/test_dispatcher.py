@@ -147,6 +147,7 @@ class Example:
     pad_multiple: int = 8
     combine_partial_sums: bool = True  # A2AConfig.symm_combine_partial_sums
     name: str = ""
+    max_tokens: int = MAX_TOKENS  # TokenDispatcher.Config.max_tokens_per_rank
 
 
 @st.composite
@@ -336,7 +337,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
         config = TokenDispatcher.Config(
             num_experts=spec.num_experts, top_k=spec.top_k, a2a=replace(a2a_legs, transport=transport),
             score_before_experts=spec.score_before_experts, pad_multiple=ex.pad_multiple,
-            max_tokens_per_rank=MAX_TOKENS,
+            max_tokens_per_rank=ex.max_tokens,
         )
         dispatcher = config.build(dist.group.WORLD, device)
         where = f"{transport} rank {rank}/{world}: {ex}"

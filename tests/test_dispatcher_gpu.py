@@ -254,6 +254,40 @@ def test_fuzz_against_torchtitan_without_host_sync_sharing_one_gpu(world):
     run_on_ranks(world, _fuzz, hypothesis_examples(world, EXAMPLES[world]) + extreme_examples(world), backend=SHARED_GPU)
 
 
+def real_width_examples(world: int) -> list:
+    """The fuzz's check at the widths of the issue's layers, where every kernel runs many column
+    tiles and thousands of rows: DeepSeek-V3-like (dim 7168, top-8 of 8 experts per rank,
+    scores after the experts; combine's forward as partial sums and row by row) and
+    Llama4-like (dim 5120, top-1, scores first), every preset, uneven token counts, and
+    everything to rank 0's experts. The expert hidden dim stays small (the dispatcher never
+    sees it)."""
+    from tests.test_dispatcher import Example
+    from tests.moe_harness import LayerSpec
+
+    tokens = tuple(2048 - 512 * (r % 2) for r in range(world))
+    dsv3 = LayerSpec(dim=7168, hidden=256, num_experts=8 * world, top_k=8, score_func="sigmoid", route_norm=True,
+                     experts="grouped", dtype="bfloat16", seed=7)
+    llama4 = LayerSpec(dim=5120, hidden=256, num_experts=8 * world, top_k=1, score_func="sigmoid",
+                       score_before_experts=True, experts="grouped", dtype="bfloat16", seed=8)
+    out = []
+    for preset in ("bf16", "mxfp8", "mxfp8_all"):
+        for partial in (True, False):
+            out.append(Example(dsv3, tokens, "router", preset=preset, combine_partial_sums=partial,
+                               max_tokens=max(tokens), name=f"dsv3-like {preset} partial sums {partial}"))
+        out.append(Example(llama4, tokens, "router", preset=preset, max_tokens=max(tokens), name=f"llama4-like {preset}"))
+    to_rank0 = (10.0,) * 8 + (0.0,) * (8 * (world - 1))
+    out.append(Example(dsv3, tokens, "bias", bias=to_rank0, preset="mxfp8_all", max_tokens=max(tokens),
+                       name="dsv3-like, all to rank 0"))
+    return out
+
+
+@needs_a_gpu
+def test_fuzz_at_real_widths_sharing_one_gpu():
+    from tests.test_dispatcher import _fuzz
+
+    run_on_ranks(WORLD, _fuzz, real_width_examples(WORLD), backend=SHARED_GPU)
+
+
 @needs_a_gpu
 def test_two_layers_sharing_peer_buffers_sharing_one_gpu():
     from tests.test_dispatcher import _stale_buffers
