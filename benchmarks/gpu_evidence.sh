@@ -32,7 +32,7 @@ if [ "$what" = core ]; then
 elif [ "$what" = dispatcher ] || [ "$what" = dispatcher_tests ] || [ "$what" = dispatcher_bench ]; then
   # Together these take longer than one 600 s device call: dispatcher_tests, then dispatcher_bench.
   if [ "$what" != dispatcher_bench ]; then
-    python3 -m pytest -q -p no:cacheprovider -k "not sharing_one_gpu" tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py tests/test_grouped_experts.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
+    python3 -m pytest -q -p no:cacheprovider -k "not sharing_one_gpu" tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
   fi
   if [ "$what" != dispatcher_tests ]; then
     torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
