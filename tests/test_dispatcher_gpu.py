@@ -288,6 +288,51 @@ def test_fuzz_at_real_widths_sharing_one_gpu():
     run_on_ranks(WORLD, _fuzz, real_width_examples(WORLD), backend=SHARED_GPU)
 
 
+def _too_many_tokens(rank, world):
+    """tests/test_dispatcher.py's overflow check on CUDA: the rank over ``max_tokens_per_rank``
+    raises ValueError after the count exchange; its peer traps on the device (no host sync) and
+    fails at its next synchronization instead of waiting in a barrier."""
+    import os
+    import time
+
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.dispatcher import TokenDispatcher
+    from tests.test_dispatcher import MAX_TOKENS, _to_next_rank
+
+    device = rank_device()
+    config = TokenDispatcher.Config(num_experts=2 * world, top_k=1, max_tokens_per_rank=MAX_TOKENS,
+                                    a2a=A2AConfig(transport="symm"))
+    dispatcher = config.build(dist.group.WORLD, device)
+    tokens = MAX_TOKENS + 1 if rank == 0 else 1  # rank 0 alone is over capacity
+    x, scores, ids, counts = (t.to(device) for t in _to_next_rank(rank, world, tokens, 64))
+    start = time.monotonic()
+    try:
+        dispatcher.dispatch(x, scores, ids, counts)
+        torch.cuda.synchronize()
+        raised = None
+    except Exception as e:  # noqa: BLE001  (which error, and how fast, is the point)
+        raised = e
+    took = time.monotonic() - start
+    if rank == 0:
+        expected = isinstance(raised, ValueError) and "max_tokens_per_rank" in str(raised)
+        time.sleep(5)  # the peer finds out on its own
+    else:
+        expected = isinstance(raised, RuntimeError) and "device-side assert" in str(raised)
+    assert expected, f"rank {rank}: {type(raised).__name__} after {took:.1f}s: {raised}"
+    assert took < 30, f"rank {rank} took {took:.1f}s"
+    os._exit(0)  # a rank that trapped has lost its CUDA context: nothing left to tear down
+
+
+@needs_gpus
+def test_too_many_tokens_on_one_rank_fails_on_every_rank():
+    run_on_ranks(WORLD, _too_many_tokens, backend="nccl")
+
+
+@needs_a_gpu
+def test_too_many_tokens_on_one_rank_fails_on_every_rank_sharing_one_gpu():
+    run_on_ranks(WORLD, _too_many_tokens, backend=SHARED_GPU)
+
+
 @needs_a_gpu
 def test_two_layers_sharing_peer_buffers_sharing_one_gpu():
     from tests.test_dispatcher import _stale_buffers
