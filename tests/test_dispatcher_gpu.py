@@ -17,7 +17,8 @@ The CPU suite (tests/test_dispatcher.py, tests/test_symm_kernels.py) runs the sa
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
 them and the GPU machine runs them (benchmarks/gpu_evidence.sh).
 
-On a machine with one GPU the symm checks run with ranks sharing it (``*_sharing_one_gpu``,
+On a machine with one GPU the symm checks run with ranks sharing it (``[sharing_one_gpu]`` and
+``*_sharing_one_gpu``,
 ``tests.shared_gpu``: a gloo group, peer buffers over CUDA IPC, a host barrier in place of
 symmetric memory's): the same compiled kernels and staging logic across real processes, at 2,
 3 and 4 ranks, without NVLink. The nccl transport needs a GPU per rank and stays out of them."""
@@ -37,6 +38,10 @@ needs_gpus = pytest.mark.skipif(
     torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher.py"
 )
 needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU runs use tests/test_dispatcher.py")
+# The symm checks that run both ways: NCCL and symmetric memory with a GPU per rank, or ranks
+# sharing one GPU (module docstring).
+GPU_BACKENDS = [pytest.param("nccl", marks=needs_gpus, id="nccl"),
+                pytest.param(SHARED_GPU, marks=needs_a_gpu, id="sharing_one_gpu")]
 
 
 def _routing(rank, tokens, experts, top_k, dim, device, skew: bool):
@@ -98,14 +103,9 @@ def _check(rank, world):
             torch.testing.assert_close(got[4], ref[4], rtol=1e-5, atol=1e-5, msg=case)
 
 
-@needs_gpus
-def test_symm_triton_equals_torch_twin_and_never_syncs():
-    run_on_ranks(WORLD, _check, backend="nccl")
-
-
-@needs_a_gpu
-def test_symm_triton_equals_torch_twin_and_never_syncs_sharing_one_gpu():
-    run_on_ranks(WORLD, _check, backend=SHARED_GPU)
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_symm_triton_equals_torch_twin_and_never_syncs(backend):
+    run_on_ranks(WORLD, _check, backend=backend)
 
 
 def _moe_with_side_stream(rank, world):
@@ -288,62 +288,19 @@ def test_fuzz_at_real_widths_sharing_one_gpu():
     run_on_ranks(WORLD, _fuzz, real_width_examples(WORLD), backend=SHARED_GPU)
 
 
-def _too_many_tokens(rank, world):
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_too_many_tokens_on_one_rank_fails_on_every_rank(backend):
     """tests/test_dispatcher.py's overflow check on CUDA: the rank over ``max_tokens_per_rank``
-    raises ValueError after the count exchange; its peer traps on the device (no host sync) and
-    fails at its next synchronization instead of waiting in a barrier."""
-    import os
-    import time
+    raises ValueError, its peer traps on the device instead of waiting in a barrier."""
+    from tests.test_dispatcher import _too_many_tokens
 
-    from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.dispatcher import TokenDispatcher
-    from tests.test_dispatcher import MAX_TOKENS, _to_next_rank
-
-    device = rank_device()
-    config = TokenDispatcher.Config(num_experts=2 * world, top_k=1, max_tokens_per_rank=MAX_TOKENS,
-                                    a2a=A2AConfig(transport="symm"))
-    dispatcher = config.build(dist.group.WORLD, device)
-    tokens = MAX_TOKENS + 1 if rank == 0 else 1  # rank 0 alone is over capacity
-    x, scores, ids, counts = (t.to(device) for t in _to_next_rank(rank, world, tokens, 64))
-    start = time.monotonic()
-    try:
-        dispatcher.dispatch(x, scores, ids, counts)
-        torch.cuda.synchronize()
-        raised = None
-    except Exception as e:  # noqa: BLE001  (which error, and how fast, is the point)
-        raised = e
-    took = time.monotonic() - start
-    if rank == 0:
-        expected = isinstance(raised, ValueError) and "max_tokens_per_rank" in str(raised)
-        time.sleep(5)  # the peer finds out on its own
-    else:
-        expected = isinstance(raised, RuntimeError) and "device-side assert" in str(raised)
-    assert expected, f"rank {rank}: {type(raised).__name__} after {took:.1f}s: {raised}"
-    assert took < 30, f"rank {rank} took {took:.1f}s"
-    os._exit(0)  # a rank that trapped has lost its CUDA context: nothing left to tear down
+    run_on_ranks(WORLD, _too_many_tokens, backend=backend)
 
 
-@needs_gpus
-def test_too_many_tokens_on_one_rank_fails_on_every_rank():
-    run_on_ranks(WORLD, _too_many_tokens, backend="nccl")
-
-
-@needs_a_gpu
-def test_too_many_tokens_on_one_rank_fails_on_every_rank_sharing_one_gpu():
-    run_on_ranks(WORLD, _too_many_tokens, backend=SHARED_GPU)
-
-
-@needs_a_gpu
-def test_two_layers_sharing_peer_buffers_sharing_one_gpu():
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_two_layers_sharing_peer_buffers_on_gpus(backend):
+    """The stale-buffer check (tests/test_dispatcher.py) on GPU peer buffers, with the planted
+    MinimalAsyncEP bug caught."""
     from tests.test_dispatcher import _stale_buffers
 
-    run_on_ranks(WORLD, _stale_buffers, backend=SHARED_GPU)
-
-
-@needs_gpus
-def test_two_layers_sharing_peer_buffers_on_gpus():
-    """The stale-buffer check (tests/test_dispatcher.py) on CUDA symmetric memory, with the
-    planted MinimalAsyncEP bug caught."""
-    from tests.test_dispatcher import _stale_buffers
-
-    run_on_ranks(WORLD, _stale_buffers, backend="nccl")
+    run_on_ranks(WORLD, _stale_buffers, backend=backend)
