@@ -146,9 +146,9 @@ def _reset_peak(device):
 def _peak_gib(device, held_bytes: int = 0) -> float:
     """The allocator's peak since ``_reset_peak`` less ``held_bytes`` (tensors kept across arms),
     plus the peer buffers (symmetric memory is not the caching allocator's), max over ranks."""
-    from mxfp8_ep import dispatcher
+    from mxfp8_ep.dispatcher import peer_buffer_nbytes
 
-    peer = sum(b.counts.nbytes + sum(s.nbytes for s in b.staging) for b in dispatcher._BUFFERS.values())
+    peer = peer_buffer_nbytes()
     alloc = torch.cuda.max_memory_allocated() - held_bytes if device.type == "cuda" else 0
     return _max_over_ranks((alloc + peer) / 2**30, device)
 
@@ -158,9 +158,9 @@ def _nbytes(tensors) -> int:
 
 
 def _free_peer_buffers():
-    from mxfp8_ep import dispatcher
+    from mxfp8_ep.dispatcher import release_peer_buffers
 
-    dispatcher._BUFFERS.clear()
+    release_peer_buffers()
 
 
 def finish(rows: list[dict], json_path: str | None, line, header: str | None = None) -> None:

@@ -139,9 +139,9 @@ def kernel_sweep(args, rows_out):
             sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = defaults
             sk.RECEIVE_SHAPES = receive_shapes
             sk.REDUCE_SHAPES = reduce_shapes
-        from mxfp8_ep import dispatcher
+        from mxfp8_ep.dispatcher import release_peer_buffers
 
-        dispatcher._BUFFERS.clear()
+        release_peer_buffers()
 
 
 def timeline_gaps(trace_file: str, top: int = 12, kernels: int = 14) -> dict:

@@ -84,9 +84,9 @@ def leave_rank() -> None:
     so that no rank frees a buffer another still has open."""
     import gc
 
-    from mxfp8_ep.dispatcher import _BUFFERS
+    from mxfp8_ep.dispatcher import release_peer_buffers
 
-    _BUFFERS.clear()
+    release_peer_buffers()
     gc.collect()
     torch.cuda.synchronize()
     dist.barrier()

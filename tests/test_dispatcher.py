@@ -346,7 +346,7 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
         ep = build_ep_layer(reference, spec, dispatcher, rank)
         out, grads, seen = run_layer(ep, ep_forward, x, grad_out, bias, sync_check=device.type == "cuda")
         if device.type == "cuda":
-            waits = [w for w in seen["host_waits"] if "mxfp8_ep/dispatcher.py" in w]
+            waits = [w for w in seen["host_waits"] if "mxfp8_ep/dispatcher/" in w]
             assert len(waits) == HOST_WAITS[transport] == len(seen["host_waits"]), f"{seen['host_waits']}: {where}"
         got = {"out": out, "scores": seen.get("scores", torch.zeros(ids.shape, dtype=torch.float32))}
         got.update({n: g for n, g in grads.items() if n != ROUTER})
@@ -493,7 +493,7 @@ class _StagingViewDispatcher(SymmTokenDispatcher):
 def _peer_memory() -> list[tuple[int, int]]:
     """Address ranges of every peer buffer the symm transport holds (each rank's mapping of
     every rank's count and staging buffers)."""
-    from mxfp8_ep.dispatcher import _BUFFERS
+    from mxfp8_ep.dispatcher.symm import _BUFFERS
 
     ranges = []
     for bufs in _BUFFERS.values():
@@ -633,7 +633,7 @@ def _staging_sizes(rank, world):
     expert padding: the score gradients combine's backward returns then need more bytes than
     the token rows. Identity experts: out = x (s0 + s1), x grad = s0 + s1, score grads = sum(x).
     And the DeepSeek-V3-like layer's staging rows: its tokens on every rank, nothing more."""
-    from mxfp8_ep.dispatcher import _BUFFERS
+    from mxfp8_ep.dispatcher.symm import _BUFFERS
     from mxfp8_ep.capacity import expert_major_capacity
 
     setup_rank()

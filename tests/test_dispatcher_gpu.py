@@ -10,7 +10,7 @@ real symmetric memory. Each EP layer's forward and backward runs under
 ``torch.cuda.set_sync_debug_mode("error")`` (every synchronizing CUDA operation raises), and its
 explicit host waits, which that mode cannot see (``Event`` / ``Stream`` / device
 ``synchronize``), are counted: symm makes none; nccl makes exactly one per layer, the event
-wait for the splits that NCCL's all-to-all takes on the host (``dispatcher._HostCopy``). Only
+wait for the splits that NCCL's all-to-all takes on the host (``mxfp8_ep.dispatcher.nccl.HostCopy``). Only
 the test's expert stand-ins (torchtitan's for-loop experts and the row-wise twin) read their
 counts on the host, in their forward, outside the check.
 The CPU suite (tests/test_dispatcher.py, tests/test_symm_kernels.py) runs the same kernels

@@ -1,0 +1,283 @@
+"""Transport ``symm`` (one node): Triton kernels push each leg's rows straight into their
+owner's staging buffer through peer memory (``peer_memory.PeerBuffer``), quantizing in that
+push and dequantizing in the receiving pass; token counts travel the same way, so forward and
+backward never wait for the host. The peer buffers are allocated once per (group, device, dim,
+dtype, layout) and shared by every layer of that shape (``release_peer_buffers`` drops them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mxfp8_ep import wire_stats
+from mxfp8_ep.capacity import expert_major_capacity, staging_rows
+from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
+from mxfp8_ep.peer_memory import PeerBuffer
+from mxfp8_ep.symm_reference import (
+    partial_slots,
+    partial_stage_rows,
+    row_weights,
+    staging_buffer_nbytes,
+    staging_nbytes,
+    token_map,
+    token_map_offset,
+)
+
+
+@dataclass
+class _SymmBuffers:
+    """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
+    that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
+    then (at ``map_offset``) a token map and row weights of ``capacity`` entries each
+    (``symm_reference.token_map``, ``row_weights``)."""
+
+    counts: PeerBuffer
+    staging: tuple[PeerBuffer, PeerBuffer]
+    staging_rows: int
+    max_tokens: int
+    capacity: int  # rows of the expert-major tensor dispatch returns (drop-free worst case)
+    map_offset: int
+    next_staging: int = 0
+
+    def take_staging(self) -> PeerBuffer:
+        # Leg j writes into staging j % 2. A peer writes into a buffer again only after the
+        # barrier of leg j + 1, which this rank enters after it has read leg j's rows: every
+        # rank runs the same sequence of legs on one stream, so no live data is overwritten.
+        buf = self.staging[self.next_staging]
+        self.next_staging ^= 1
+        return buf
+
+
+_BUFFERS: dict[tuple, _SymmBuffers] = {}
+
+
+def peer_buffer_nbytes() -> int:
+    """Bytes of peer memory this process's symm dispatchers hold (its own count and staging
+    buffers; symmetric memory is not the caching allocator's, so its statistics miss them)."""
+    return sum(b.counts.nbytes + sum(s.nbytes for s in b.staging) for b in _BUFFERS.values())
+
+
+def release_peer_buffers() -> None:
+    """Drop the cached peer buffers; the next symm dispatch allocates them again (a collective).
+    Every rank of the group calls it at the same point, when no rank is in a leg."""
+    _BUFFERS.clear()
+
+
+class SymmTokenDispatcher(PushTokenDispatcher):
+    """Peer-memory push transport (one node): sync-free, quantizes inside the push. Each
+    leg's rows go straight into the owner's staging buffer at the row the owner reads them
+    from; a barrier makes them visible."""
+
+    def _buffer_key(self, x_TD: torch.Tensor) -> tuple:  # noqa: N803
+        # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
+        cfg = self.config
+        return (id(self.group), x_TD.device, x_TD.shape[1], x_TD.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
+                cfg.symm_combine_partial_sums)
+
+    def _buffers(self, x_TD: torch.Tensor) -> _SymmBuffers:  # noqa: N803
+        """The peer buffers for ``x_TD``'s (group, device, dim, dtype), allocated at the first
+        dispatch (a collective: every rank builds the same dispatchers in the same order) and
+        again, larger, when this dispatcher is configured for more tokens than they hold."""
+        cfg = self.config
+        key = self._buffer_key(x_TD)
+        bufs = _BUFFERS.get(key)
+        if bufs is None or (cfg.max_tokens_per_rank or 0) > bufs.max_tokens:
+            max_tokens = cfg.max_tokens_per_rank
+            if max_tokens is None:  # once, at the first dispatch: agree on the largest T
+                t = torch.tensor([x_TD.shape[0]], dtype=torch.int64, device=x_TD.device)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+                max_tokens = int(t.item())
+            capacity = expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+            rows = self._staging_rows(max_tokens, capacity, x_TD.shape[1], x_TD.dtype)
+            map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
+            # The rows' bytes also hold the score gradients combine's backward returns
+            # (``_return_row_dots``): fp32, one per expert-major row of every rank.
+            assert not cfg.symm_combine_partial_sums or map_offset >= self.ep * capacity * 4
+            nbytes = staging_buffer_nbytes(rows, x_TD.shape[1], x_TD.dtype, capacity)
+            bufs = _SymmBuffers(
+                # Per rank: its counts per expert, then its token count (checked by every rank).
+                counts=PeerBuffer(self.ep * (cfg.num_experts + 1) * 8, self.group, x_TD.device),
+                staging=(PeerBuffer(nbytes, self.group, x_TD.device), PeerBuffer(nbytes, self.group, x_TD.device)),
+                staging_rows=rows,
+                max_tokens=max_tokens,
+                capacity=capacity,
+                map_offset=map_offset,
+            )
+            _BUFFERS[key] = bufs
+        return bufs
+
+    def _staging_rows(self, max_tokens: int, capacity: int, dim: int, dtype: torch.dtype) -> int:
+        """Rows a staging buffer holds (``capacity.staging_rows``): ``EP x max_tokens`` with
+        top-k > 1 (plus each token's K rows when combine's forward goes row by row), the
+        drop-free ``capacity`` with top-1."""
+        cfg = self.config
+        return staging_rows(self.ep, max_tokens, cfg.top_k, capacity, cfg.symm_combine_partial_sums,
+                            staging_nbytes(1, dim, dtype))
+
+    def _routing(self, x_TD, counts_E):  # noqa: N803
+        W, E = self.ep, self.config.num_experts
+        bufs = self._buffers(x_TD)
+        # Every rank's token count travels with its expert counts, so that a rank with more
+        # tokens than the buffers hold fails on every rank instead of leaving its peers waiting
+        # in the next barrier: it raises here, after the count exchange; they assert on the device.
+        kernels = self.kernels(x_TD.device)
+        kernels.push_counts(counts_E, x_TD.shape[0], bufs.counts, self.rank)
+        bufs.counts.barrier()
+        table = bufs.counts.local[: W * (E + 1) * 8].view(torch.int64).view(W, E + 1)
+        message = (f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per rank); "
+                   f"raise TokenDispatcher.Config.max_tokens_per_rank")
+        if x_TD.shape[0] > bufs.max_tokens:
+            raise ValueError(f"{message} (rank {self.rank} got {x_TD.shape[0]})")
+        # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
+        # only after this leg's staging barrier, which this rank reaches after these reads.
+        tables, within = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens)
+        _assert_on_device(within, message)
+        rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
+        return tables, rows
+
+    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out, dot_local=None):
+        """With top-k > 1 each token goes once per rank that owns one of its experts
+        (``push_tokens``), not once per expert: at top-8 on 2 ranks, a quarter of the rows.
+        The owner copies it into each of its expert rows in the receiving pass, through the
+        token map the push wrote; on a weighted leg it multiplies each row by the router score
+        the push left beside the map (on an MXFP8 leg: after dequantizing,
+        ``Config.symm_scores_after_dequantize``). The score gradients' dot products are taken
+        in the same pass, on the token's rank (``dot_rows``), or, after combine's partial sums,
+        for the rows that stay only (``dot_local``). Dispatch's forward carries the router
+        scores along for combine's partial sums (``Config.symm_combine_partial_sums``): the owner
+        keeps each row's score in ``meta.row_score``. Top-1 pushes row by row."""
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        out = src.new_empty((meta.capacity, src.shape[1]))
+        row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
+        stage_row = row_weight = None
+        carry = None
+        if leg == "dispatch_fwd" and self.config.symm_combine_partial_sums:
+            carry = meta.topk_scores_TK.detach().reshape(-1)
+        if self.config.top_k > 1:
+            kernels, a2a = self.kernels(src.device), self.config.a2a
+            sent = torch.zeros(1, dtype=torch.int64, device=src.device)
+            kernels.push_tokens(
+                src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
+                bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
+                factor=factor, dot_rows=dot_rows, dot_out=dot_out, carry=carry, dot_local=dot_local,
+            )
+            wire_stats.record_rows(leg, sent[0], row_bytes)
+            stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
+            if factor is not None:
+                row_weight = row_weights(send.local, bufs.map_offset, bufs.capacity)
+        else:
+            wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
+            push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
+        send.barrier()  # the peers' pushes (rows, token maps, row weights) into this rank's staging buffer are visible
+        if stage_row is not None and leg == "dispatch_fwd" and self.config.symm_partial_sums:
+            # Which token each row came from, for the partial sums of dispatch's backward: a
+            # copy, since the staging buffer (and its map) serves the next legs.
+            remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
+            meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
+            meta.slot_tokens = bufs.max_tokens
+            if carry is not None:
+                meta.row_score = self._row_scores(carry, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
+        return out, send, bufs.staging_rows, stage_row, row_weight
+
+    def _row_scores(self, scores, meta, remote, carried):
+        """Per expert-major row, the router score of its slot (fp32): carried by the push for a
+        row a peer sent, this rank's own score for a row that stayed, 0 elsewhere. Device ops."""
+        capacity = meta.capacity
+        stays = torch.where(meta.dst_rank == self.rank, meta.dst_row, capacity)  # capacity: no row here
+        own = torch.zeros(capacity + 1, dtype=torch.float32, device=scores.device)
+        own.scatter_(0, stays, scores[meta.slot].float())
+        return torch.where(remote, carried, own[:capacity])
+
+    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None, dot_local=None):
+        """Combine's backward after its partial sums (``dot_local``: the expert outputs, which
+        stayed on their rank): the score gradient of a row that stays is taken in the push;
+        of a row that a peer's token sent, by the receiving pass, against the output gradient
+        as it arrived (MXFP8: dequantized, before its score multiplies it), and then returned
+        to the token's rank (``_return_row_dots``)."""
+        if dot_local is None:
+            return super().to_experts(src, meta, leg, factor, dot_rows, dot_out)
+        kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
+        out, recv, rows, stage_row, row_weight = self._push_to_experts(
+            None, src, meta, leg, fmt, factor, None, dot_out, dot_local=dot_local,
+        )
+        row_dots = torch.zeros(meta.capacity, dtype=torch.float32, device=src.device)
+        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row,
+                             weight=row_weight, dot_with=dot_local, dot_out=row_dots)
+        self._return_row_dots(row_dots, meta, dot_out, src)
+        return out
+
+    def _return_row_dots(self, row_dots, meta, dot_out, src):
+        """Each rank's score gradients of its expert-major rows into every peer's next staging
+        buffer (rank ``r``'s at ``[r * capacity, (r + 1) * capacity)``, fp32); after the barrier
+        each slot whose row a peer holds takes its entry there (the slot's ``dst_rank`` /
+        ``dst_row``). A leg of its own (a staging buffer and a barrier): the token's rank needs
+        its score gradients before combine's backward returns."""
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        W, capacity = self.ep, bufs.capacity
+        for peer in range(W):
+            if peer != self.rank:
+                send.peer(peer)[: W * capacity * 4].view(torch.float32)[self.rank * capacity : (self.rank + 1) * capacity].copy_(row_dots)
+        wire_stats.record("combine_bwd", (W - 1) * capacity * 4)
+        send.barrier()  # the peers' score gradients are in this rank's staging buffer
+        returned = send.local[: W * capacity * 4].view(torch.float32)
+        n = meta.inv[: dot_out.numel()]
+        owner = meta.dst_rank[n]
+        theirs = returned[owner.clamp(min=0) * capacity + meta.dst_row[n]]
+        dot_out.copy_(torch.where(owner != self.rank, theirs, dot_out))
+
+    def _push_to_tokens(self, src, meta, leg, fmt):
+        """A token-bound leg whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
+        forward sent tokens once) goes back as one partial sum per token and rank
+        (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
+        token's rank adds it once, at the token's first slot on that rank. Those legs, when
+        the scores follow the experts (DeepSeek-V3): dispatch's backward, a plain sum
+        (``Config.symm_partial_sums``), and combine's forward, each row times its score
+        (``meta.row_score``; the token's rank weights only the rows that stayed;
+        ``Config.symm_combine_partial_sums``). On an MXFP8 leg the partial sum is quantized,
+        not each row."""
+        weighted = leg == "combine_fwd"
+        if meta.row_slot is None or (weighted and meta.row_score is None):
+            return super()._push_to_tokens(src, meta, leg, fmt)
+        bufs = self._buffers_for(src)
+        send = bufs.take_staging()
+        kernels = self.kernels(src.device)
+        if meta.partial_order is None:  # grouped once, for both token-bound legs
+            meta.partial_order = partial_slots(meta.row_slot, self.ep * meta.slot_tokens)
+        order, start = meta.partial_order
+        sent = torch.zeros(1, dtype=torch.int64, device=src.device)
+        kernels.push_partials(
+            src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
+            min(self.config.top_k, self.num_local_experts), meta.slot_tokens, sent,
+            weight=meta.row_score if weighted else None,
+        )
+        wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        stage_row = partial_stage_rows(meta.inv, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
+        send.barrier()  # the peers' partial sums into this rank's staging buffer are visible
+        return send, bufs.staging_rows, stage_row, weighted
+
+    def _send_buffer(self, src, meta, leg, fmt):
+        wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        bufs = self._buffers_for(src)
+        return bufs.take_staging(), bufs.staging_rows
+
+    def _exchange(self, sent, rows, src, meta, fmt):
+        sent.barrier()  # the peers' pushes into this rank's staging buffer are visible
+        return sent, rows, None
+
+    def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
+        return _BUFFERS[self._buffer_key(src)]
+
+
+def _assert_on_device(ok: torch.Tensor, message: str) -> None:
+    """Fail when ``ok`` (a bool tensor) is False, without a host sync on CUDA: the device traps
+    and the process fails at its next synchronization ("device-side assert triggered") instead
+    of running on. Elsewhere (CPU processes) it raises ``ValueError`` at once."""
+    if ok.is_cuda:
+        torch._assert_async(ok, message)
+    elif not bool(ok):
+        raise ValueError(message)
+
