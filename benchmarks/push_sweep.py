@@ -88,6 +88,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     source = torch.full((capacity,), -2, dtype=torch.int64, device=device)
     source[:to_peer] = RANK
     defaults = sk.PUSH_TOKENS_SHAPE
+    reduce_defaults = dict(sk.REDUCE_SHAPES)
 
     def timed(fn) -> float:
         return statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
@@ -114,12 +115,16 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
             row("push_rows (weighted)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
                 lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
-            row("push_tokens (weighted)", fmt, dict(zip(("tokens", "warps", "block_d"), defaults)), timed(
-                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                       "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots)))
-            row("push_tokens (weighted, local dots)", fmt, dict(zip(("tokens", "warps", "block_d"), defaults)), timed(
-                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                       "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots)))
+            for t, w, d in args.push_tokens_shapes:
+                sk.PUSH_TOKENS_SHAPE = (t, w, d)
+                launch = {"tokens": t, "warps": w, "block_d": d}
+                row("push_tokens (weighted)", fmt, launch, timed(
+                    lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                           "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots)))
+                row("push_tokens (weighted, local dots)", fmt, launch, timed(
+                    lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                           "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots)))
+            sk.PUSH_TOKENS_SHAPE = defaults
             # The peer's receive: each row from the staged row of its index, or through the map.
             peer_side = OneProcessPeers(1, WORLD, 1, device)
             peer_side._peers[1] = peers.peer(1)
@@ -159,25 +164,30 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                 lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
             row("push_partials", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
                 lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
-            launch = dict(zip(("tokens", "warps", "block_d"), sk.REDUCE_SHAPES[fmt]))
-            row("reduce_slots", fmt, launch, timed(
-                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k)))
-            row("reduce_slots (partials)", fmt, launch, timed(
-                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
-                                        stage_row=stage_row)))
-            # Combine's forward: rows weighted on the token's rank (each kept for the score
-            # gradients), or weighted partial sums from the experts' rank.
+            # Combine's forward: weighted partial sums from the experts' rank.
             row("push_partials (weighted)", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
                 lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
                                          weight=row_score)))
-            row("reduce_slots (weighted, keeps rows)", fmt, launch, timed(
-                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
-                                        weight=factor, save=kept)))
-            row("reduce_slots (weighted partials)", fmt, launch, timed(
-                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
-                                        weight=factor, stage_row=stage_row, weigh_staged=False)))
+            for shape_of_reduce in args.reduce_shapes or [sk.REDUCE_SHAPES[fmt]]:
+                sk.REDUCE_SHAPES = {**reduce_defaults, fmt: tuple(shape_of_reduce)}
+                launch = dict(zip(("tokens", "warps", "block_d"), shape_of_reduce))
+                row("reduce_slots", fmt, launch, timed(
+                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k)))
+                row("reduce_slots (partials)", fmt, launch, timed(
+                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                            stage_row=stage_row)))
+                # Combine's forward: rows weighted on the token's rank (each kept for the score
+                # gradients), or the weighted partial sums.
+                row("reduce_slots (weighted, keeps rows)", fmt, launch, timed(
+                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                            weight=factor, save=kept)))
+                row("reduce_slots (weighted partials)", fmt, launch, timed(
+                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                            weight=factor, stage_row=stage_row, weigh_staged=False)))
+            sk.REDUCE_SHAPES = reduce_defaults
     finally:
         sk.PUSH_TOKENS_SHAPE = defaults
+        sk.REDUCE_SHAPES = reduce_defaults
     assert staging_nbytes(rows, dim, torch.bfloat16) <= offset
 
 
@@ -186,6 +196,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="dsv3")
     parser.add_argument("--push-tokens-shapes", type=parse_shapes, default=PUSH_TOKENS_SHAPES,
                         help='push_tokens launch shapes "tokens,warps,block_d;..."')
+    parser.add_argument("--reduce-shapes", type=parse_shapes, default=None,
+                        help='reduce_slots launch shapes "tokens,warps,block_d;..." (default: each format\'s own)')
     parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (default: the shape's)")
     add_timing_arguments(parser)
     args = parser.parse_args()
