@@ -290,17 +290,17 @@ def test_fuzz_at_real_widths_sharing_one_gpu():
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_too_many_tokens_on_one_rank_fails_on_every_rank(backend):
-    """tests/test_dispatcher.py's overflow check on CUDA: the rank over ``max_tokens_per_rank``
+    """tests/test_dispatcher_buffers.py's overflow check on CUDA: the rank over ``max_tokens_per_rank``
     raises ValueError, its peer traps on the device instead of waiting in a barrier."""
-    from tests.test_dispatcher import _too_many_tokens
+    from tests.test_dispatcher_buffers import _too_many_tokens
 
     run_on_ranks(WORLD, _too_many_tokens, backend=backend)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_two_layers_sharing_peer_buffers_on_gpus(backend):
-    """The stale-buffer check (tests/test_dispatcher.py) on GPU peer buffers, with the planted
+    """The stale-buffer check (tests/test_dispatcher_buffers.py) on GPU peer buffers, with the planted
     MinimalAsyncEP bug caught."""
-    from tests.test_dispatcher import _stale_buffers
+    from tests.test_dispatcher_buffers import _stale_buffers
 
     run_on_ranks(WORLD, _stale_buffers, backend=backend)

@@ -1,0 +1,54 @@
+"""What the dispatcher tests share: the transports a rank can run, the token capacity every
+test dispatcher is built for, and a hand-made routing sent there and back through a dispatcher
+(identity experts), for the checks that are not the fuzz (tests/test_dispatcher.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mxfp8_ep.config import TRANSPORTS as CONFIG_TRANSPORTS
+from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.dispatcher import TokenDispatcher
+from tests import shared_gpu
+from tests.distributed import rank_device
+
+MAX_TOKENS = 16  # per rank; TokenDispatcher.Config.max_tokens_per_rank of every test dispatcher
+TRANSPORTS = tuple(t for t in CONFIG_TRANSPORTS if t != "auto")
+assert TRANSPORTS == ("symm", "nccl")  # symm first: the fused nccl path is checked against it
+
+
+def rank_transports() -> tuple[str, ...]:
+    """The transports this rank's group can run: both, but only symm where ranks share one GPU
+    (``tests.shared_gpu``: a gloo group; the nccl transport's functional collectives over gloo
+    with CUDA tensors crash in torch 2.11)."""
+    return ("symm",) if shared_gpu.active() else TRANSPORTS
+
+
+def build_dispatcher(transport, preset="bf16", num_experts=None, top_k=1, **a2a_overrides):
+    num_experts = num_experts or 2 * dist.get_world_size()
+    config = TokenDispatcher.Config(
+        num_experts=num_experts, top_k=top_k, max_tokens_per_rank=MAX_TOKENS,
+        a2a=A2AConfig.preset(preset, transport=transport, **a2a_overrides),
+    )
+    return config.build(dist.group.WORLD, rank_device())
+
+
+def to_next_rank(rank, world, tokens, dim, dtype=torch.float32, seed=0):
+    """Top-1 routing of every token to the first expert of the next rank (2 experts per rank;
+    every row crosses), score 1: a layer with identity experts gives each token back."""
+    x = torch.randn(tokens, dim, generator=torch.Generator().manual_seed(seed + rank)).to(dtype)
+    ids = torch.full((tokens, 1), (rank + 1) % world * 2, dtype=torch.int64)
+    scores = torch.ones(tokens, 1)
+    return x, scores, ids, torch.bincount(ids.reshape(-1), minlength=2 * world)
+
+
+def round_trip(dispatcher, x, scores, ids, counts):
+    """dispatch -> identity experts -> combine -> backward of sum(out): routed input (valid
+    rows), combine output, x grad, score grad."""
+    x = x.clone().requires_grad_(True)
+    scores = scores.clone().requires_grad_(True)
+    routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
+    out = dispatcher.combine(routed.clone(), meta)
+    out.backward(torch.ones_like(out))
+    return routed.detach()[: int(per_expert.sum())], out.detach(), x.grad, scores.grad
