@@ -35,7 +35,8 @@ def resolve_transport(transport: str, device: torch.device, group: dist.ProcessG
 
 
 class TokenDispatcher:
-    """Base of the EP dispatchers: config, checks and the routing both transports share."""
+    """Base of the EP dispatchers: the config, the EP degree and the input checks every transport
+    makes; a transport subclass adds ``dispatch`` and ``combine``."""
 
     @dataclass(kw_only=True)
     class Config:
