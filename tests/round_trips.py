@@ -1,6 +1,7 @@
-"""What the dispatcher tests share: the transports a rank can run, the token capacity every
-test dispatcher is built for, and a hand-made routing sent there and back through a dispatcher
-(identity experts), for the checks that are not the fuzz (tests/test_dispatcher.py)."""
+"""What the dispatcher tests share: the transports a rank can run and the token capacity every
+test dispatcher is built for (the fuzz, tests/test_dispatcher.py, and the checks beside it), and,
+for those checks, a hand-made routing sent there and back through a dispatcher with identity
+experts."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def rank_transports() -> tuple[str, ...]:
 
 
 def build_dispatcher(transport, preset="bf16", num_experts=None, top_k=1, **a2a_overrides):
+    """A dispatcher over the whole group on this rank's device: 2 experts per rank unless told,
+    buffers for ``MAX_TOKENS`` per rank."""
     num_experts = num_experts or 2 * dist.get_world_size()
     config = TokenDispatcher.Config(
         num_experts=num_experts, top_k=top_k, max_tokens_per_rank=MAX_TOKENS,
