@@ -26,6 +26,7 @@ compared with the torchtitan arm's (``rel_err``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -243,8 +244,8 @@ def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str,
     """Time every arm round-robin: each of ``args.rounds`` rounds runs the arms in turn, each
     taking its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
     long GEMM load, temperature) fall on all arms alike instead of on the later ones.
-    ``time_arm(arm, first_round, iters)`` builds the arm and returns ``{pass: (steady samples,
-    synced samples)}``; whatever it built is gone when it returns, before the next arm's peak.
+    ``time_arm(arm, first_round, iters)``, run with the arm's launch shapes (``launch_shapes``),
+    builds the arm and returns ``{pass: (steady samples, synced samples)}``; whatever it built is gone when it returns, before the next arm's peak.
     It calls ``_reset_peak`` before its timed samples (after any check); ``held_bytes()``: what
     is kept across arms then (the reference's check results), left out of the peak.
 
@@ -258,7 +259,9 @@ def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str,
     for round_ in range(args.rounds):
         for arm in arms:
             _free_peer_buffers()
-            for name, (steady, synced) in time_arm(arm, round_ == 0, per_round).items():
+            with launch_shapes(arm):
+                timed = time_arm(arm, round_ == 0, per_round)
+            for name, (steady, synced) in timed.items():
                 kept = samples[arm].setdefault(name, ([], []))
                 kept[0].extend(steady)
                 kept[1].extend(synced)
@@ -297,14 +300,42 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
     return results
 
 
+# Arm modifiers that run the arm with another kernel launch shape (``symm_kernels``' module
+# constant -> the value), to choose one side by side with the default. ``push1``: ``push_tokens``
+# at one token per program; on one H200 it was faster for combine's backward (weighted) and
+# slower for dispatch's forward in MXFP8 (RESULTS.md, thirteenth session), and one GPU cannot
+# show its stores crossing NVLink.
+LAUNCH_MODIFIERS = {"push1": ("PUSH_TOKENS_SHAPE", (1, 4, 1024))}
+
+
 def _modifiers(arm: str) -> set[str]:
-    """``<preset>/<transport>[:overlap][:rows][@local]``: ``overlap`` runs the shared experts on a
-    side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``); ``rows`` sends
-    combine's forward row by row (``A2AConfig.symm_combine_partial_sums=False``)."""
+    """``<preset>/<transport>[:overlap][:rows][:push1][@local]``: ``overlap`` runs the shared
+    experts on a side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``); ``rows``
+    sends combine's forward row by row (``A2AConfig.symm_combine_partial_sums=False``); the
+    ``LAUNCH_MODIFIERS`` change a kernel's launch shape while the arm runs (``launch_shapes``)."""
     mods = set(arm.split("@")[0].split(":")[1:])
-    if not mods <= {"overlap", "rows"}:
-        raise ValueError(f"arm {arm!r}: unknown modifiers {sorted(mods - {'overlap', 'rows'})}")
+    known = {"overlap", "rows", *LAUNCH_MODIFIERS}
+    if not mods <= known:
+        raise ValueError(f"arm {arm!r}: unknown modifiers {sorted(mods - known)}")
     return mods
+
+
+@contextlib.contextmanager
+def launch_shapes(arm: str):
+    """While the arm runs (built, checked, timed): its ``LAUNCH_MODIFIERS`` set on
+    ``symm_kernels``, restored after."""
+    from mxfp8_ep import symm_kernels
+
+    saved = {}
+    try:
+        for mod in sorted(_modifiers(arm) & LAUNCH_MODIFIERS.keys()):
+            name, value = LAUNCH_MODIFIERS[mod]
+            saved.setdefault(name, getattr(symm_kernels, name))
+            setattr(symm_kernels, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(symm_kernels, name, value)
 
 
 def _a2a(arm: str):

@@ -6,9 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
-from benchmarks.dispatcher import _leg_routing
+from benchmarks.dispatcher import LAUNCH_MODIFIERS, _leg_routing, _modifiers, launch_shapes
 
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/symm:rows", "mxfp8/nccl", "bf16/symm@local"]
 
@@ -20,6 +21,24 @@ def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
     _, ids, counts = _leg_routing(4096, 64, 8, "zipf", torch.device("cpu"), rank=0)
     assert all(len(set(row.tolist())) == 8 for row in ids[:64]), "top-k picks distinct experts"
     assert counts[:32].sum() > 2 * counts[32:].sum(), "popular experts live on rank 0"
+
+
+def test_push1_arm_runs_push_tokens_at_one_token_per_program_and_restores_it():
+    from mxfp8_ep import symm_kernels
+
+    default = symm_kernels.PUSH_TOKENS_SHAPE
+    assert LAUNCH_MODIFIERS["push1"] == ("PUSH_TOKENS_SHAPE", (1, 4, 1024)) != ("PUSH_TOKENS_SHAPE", default)
+    with launch_shapes("mxfp8/symm:rows:push1"):
+        assert symm_kernels.PUSH_TOKENS_SHAPE == (1, 4, 1024)
+    assert symm_kernels.PUSH_TOKENS_SHAPE == default
+    with pytest.raises(RuntimeError), launch_shapes("mxfp8_all/symm:push1@local"):
+        assert symm_kernels.PUSH_TOKENS_SHAPE != default
+        raise RuntimeError("an arm that fails")
+    assert symm_kernels.PUSH_TOKENS_SHAPE == default
+    with launch_shapes("mxfp8/symm"):
+        assert symm_kernels.PUSH_TOKENS_SHAPE == default
+    with pytest.raises(ValueError, match="unknown modifiers"):
+        _modifiers("mxfp8/symm:push2")
 
 
 def test_benchmark_script_writes_rows_with_checked_arms(tmp_path):
