@@ -245,7 +245,8 @@ def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str,
     taking its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
     long GEMM load, temperature) fall on all arms alike instead of on the later ones.
     ``time_arm(arm, first_round, iters)``, run with the arm's launch shapes (``launch_shapes``),
-    builds the arm and returns ``{pass: (steady samples, synced samples)}``; whatever it built is gone when it returns, before the next arm's peak.
+    builds the arm and returns ``{pass: (steady samples, synced samples)}``; whatever it built
+    is gone when it returns, before the next arm's peak.
     It calls ``_reset_peak`` before its timed samples (after any check); ``held_bytes()``: what
     is kept across arms then (the reference's check results), left out of the peak.
 
@@ -321,21 +322,25 @@ def _modifiers(arm: str) -> set[str]:
 
 
 @contextlib.contextmanager
-def launch_shapes(arm: str):
-    """While the arm runs (built, checked, timed): its ``LAUNCH_MODIFIERS`` set on
-    ``symm_kernels``, restored after."""
+def symm_kernel_shapes(**constants):
+    """Inside the block, ``symm_kernels``' launch-shape constants named here take these values
+    (e.g. ``PUSH_TOKENS_SHAPE=(1, 4, 1024)``); after it, their own again."""
     from mxfp8_ep import symm_kernels
 
-    saved = {}
+    saved = {name: getattr(symm_kernels, name) for name in constants}
     try:
-        for mod in sorted(_modifiers(arm) & LAUNCH_MODIFIERS.keys()):
-            name, value = LAUNCH_MODIFIERS[mod]
-            saved.setdefault(name, getattr(symm_kernels, name))
+        for name, value in constants.items():
             setattr(symm_kernels, name, value)
         yield
     finally:
         for name, value in saved.items():
             setattr(symm_kernels, name, value)
+
+
+def launch_shapes(arm: str):
+    """While the arm runs (built, checked, timed): its ``LAUNCH_MODIFIERS`` set on
+    ``symm_kernels`` (``symm_kernel_shapes``)."""
+    return symm_kernel_shapes(**dict(LAUNCH_MODIFIERS[mod] for mod in _modifiers(arm) & LAUNCH_MODIFIERS.keys()))
 
 
 def _a2a(arm: str):

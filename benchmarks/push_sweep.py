@@ -38,6 +38,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     finish,
     init_process_group,
     parse_shapes,
+    symm_kernel_shapes,
 )
 from benchmarks.receive_sweep import run_rounds  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
@@ -87,8 +88,6 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     # The peer's expert-major rows: the first to_peer rows come from rank 0.
     source = torch.full((capacity,), -2, dtype=torch.int64, device=device)
     source[:to_peer] = RANK
-    defaults = sk.PUSH_TOKENS_SHAPE
-    reduce_defaults = dict(sk.REDUCE_SHAPES)
 
     def timed(fn) -> float:
         return statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
@@ -97,80 +96,75 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         rows_out.append({"bench": "push_sweep", "shape": shape.label(), "kernel": kernel, "fmt": fmt,
                          "launch": launch, "ms": round(ms, 4), "rows_to_peer": to_peer})
 
-    try:
-        # Combine's backward: a score per slot, and the routed outputs saved for the score gradient.
-        factor = torch.rand(n, device=device)
-        saved = torch.randn((n, dim), device=device, dtype=torch.bfloat16)
-        dots = torch.empty(n, device=device)
-        for fmt in ("bf16", "mxfp8"):
-            peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, RANK, device)
-            row("push_rows", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
-                lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
-            for t, w, d in args.push_tokens_shapes:
-                sk.PUSH_TOKENS_SHAPE = (t, w, d)
-                row("push_tokens", fmt, {"tokens": t, "warps": w, "block_d": d}, timed(
+    # Combine's backward: a score per slot, and the routed outputs saved for the score gradient.
+    factor = torch.rand(n, device=device)
+    saved = torch.randn((n, dim), device=device, dtype=torch.bfloat16)
+    dots = torch.empty(n, device=device)
+    for fmt in ("bf16", "mxfp8"):
+        peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, RANK, device)
+        row("push_rows", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+            lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
+        weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
+        row("push_rows (weighted)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+            lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
+        for shape_of_push in args.push_tokens_shapes:
+            launch = dict(zip(("tokens", "warps", "block_d"), shape_of_push))
+            with symm_kernel_shapes(PUSH_TOKENS_SHAPE=tuple(shape_of_push)):
+                row("push_tokens", fmt, launch, timed(
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent)))
-            sk.PUSH_TOKENS_SHAPE = defaults
-            weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
-            row("push_rows (weighted)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
-                lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
-            for t, w, d in args.push_tokens_shapes:
-                sk.PUSH_TOKENS_SHAPE = (t, w, d)
-                launch = {"tokens": t, "warps": w, "block_d": d}
                 row("push_tokens (weighted)", fmt, launch, timed(
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots)))
                 row("push_tokens (weighted, local dots)", fmt, launch, timed(
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots)))
-            sk.PUSH_TOKENS_SHAPE = defaults
-            # The peer's receive: each row from the staged row of its index, or through the map.
-            peer_side = OneProcessPeers(1, WORLD, 1, device)
-            peer_side._peers[1] = peers.peer(1)
-            received = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
-            launch = dict(zip(("rows", "warps"), sk.RECEIVE_SHAPES[fmt]))
-            row("receive_rows", fmt, launch, timed(lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt)))
-            tmap = token_map(peers.peer(1), offset, capacity)
-            row("receive_rows (token map)", fmt, launch, timed(
-                lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap)))
-            weights = row_weights(peers.peer(1), offset, capacity)
-            row("receive_rows (token map, weighted)", fmt, launch, timed(
-                lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights)))
-            row_dots = torch.empty(capacity, device=device)
-            row("receive_rows (token map, weighted, dots)", fmt, launch, timed(
-                lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights,
-                                        dot_with=saved, dot_out=row_dots)))
-        # The way back (dispatch's backward, bf16 and MXFP8): the peer pushes its rows of rank
-        # 0's tokens row by row, or one partial sum per token (through the token map push_tokens
-        # left); rank 0 reduces each token's K slots, reading rows, or partials once per token.
-        grads = torch.randn((capacity, dim), device=device, dtype=torch.bfloat16)
-        to_peer_rows = dst_rank != RANK
-        return_row = torch.zeros(capacity, dtype=torch.int64, device=device)
-        return_row[dst_row[to_peer_rows]] = torch.nonzero(to_peer_rows).squeeze(1)
-        return_rank = torch.where(source == RANK, RANK, -1)
-        back = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, 1, device)
-        row_slot = torch.where(source == RANK, token_map(peers.peer(1), offset, capacity), WORLD * tokens)
-        order, start = partial_slots(row_slot, WORLD * tokens)
-        max_rows = min(top_k, shape.experts // WORLD)
-        token_side = OneProcessPeers(1, WORLD, RANK, device)
-        token_side._peers[RANK] = back.peer(RANK)
-        reduced = torch.empty((tokens, dim), device=device, dtype=torch.bfloat16)
-        stage_row = partial_stage_rows(inv, dst_rank, RANK, top_k, tokens)
-        row_score = torch.rand(capacity, device=device)
-        kept = torch.empty((n, dim), device=device, dtype=torch.bfloat16)
-        for fmt in ("bf16", "mxfp8"):
-            row("push_rows (token-bound)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
-                lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
-            row("push_partials", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
-                lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
-            # Combine's forward: weighted partial sums from the experts' rank.
-            row("push_partials (weighted)", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
-                lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
-                                         weight=row_score)))
-            for shape_of_reduce in args.reduce_shapes or [sk.REDUCE_SHAPES[fmt]]:
-                sk.REDUCE_SHAPES = {**reduce_defaults, fmt: tuple(shape_of_reduce)}
-                launch = dict(zip(("tokens", "warps", "block_d"), shape_of_reduce))
+        # The peer's receive: each row from the staged row of its index, or through the map.
+        peer_side = OneProcessPeers(1, WORLD, 1, device)
+        peer_side._peers[1] = peers.peer(1)
+        received = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
+        launch = dict(zip(("rows", "warps"), sk.RECEIVE_SHAPES[fmt]))
+        row("receive_rows", fmt, launch, timed(lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt)))
+        tmap = token_map(peers.peer(1), offset, capacity)
+        row("receive_rows (token map)", fmt, launch, timed(
+            lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap)))
+        weights = row_weights(peers.peer(1), offset, capacity)
+        row("receive_rows (token map, weighted)", fmt, launch, timed(
+            lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights)))
+        row_dots = torch.empty(capacity, device=device)
+        row("receive_rows (token map, weighted, dots)", fmt, launch, timed(
+            lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights,
+                                    dot_with=saved, dot_out=row_dots)))
+    # The way back (dispatch's backward, bf16 and MXFP8): the peer pushes its rows of rank
+    # 0's tokens row by row, or one partial sum per token (through the token map push_tokens
+    # left); rank 0 reduces each token's K slots, reading rows, or partials once per token.
+    grads = torch.randn((capacity, dim), device=device, dtype=torch.bfloat16)
+    to_peer_rows = dst_rank != RANK
+    return_row = torch.zeros(capacity, dtype=torch.int64, device=device)
+    return_row[dst_row[to_peer_rows]] = torch.nonzero(to_peer_rows).squeeze(1)
+    return_rank = torch.where(source == RANK, RANK, -1)
+    back = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, 1, device)
+    row_slot = torch.where(source == RANK, token_map(peers.peer(1), offset, capacity), WORLD * tokens)
+    order, start = partial_slots(row_slot, WORLD * tokens)
+    max_rows = min(top_k, shape.experts // WORLD)
+    token_side = OneProcessPeers(1, WORLD, RANK, device)
+    token_side._peers[RANK] = back.peer(RANK)
+    reduced = torch.empty((tokens, dim), device=device, dtype=torch.bfloat16)
+    stage_row = partial_stage_rows(inv, dst_rank, RANK, top_k, tokens)
+    row_score = torch.rand(capacity, device=device)
+    kept = torch.empty((n, dim), device=device, dtype=torch.bfloat16)
+    for fmt in ("bf16", "mxfp8"):
+        row("push_rows (token-bound)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+            lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
+        row("push_partials", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
+            lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
+        # Combine's forward: weighted partial sums from the experts' rank.
+        row("push_partials (weighted)", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
+            lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
+                                     weight=row_score)))
+        for shape_of_reduce in args.reduce_shapes or [sk.REDUCE_SHAPES[fmt]]:
+            launch = dict(zip(("tokens", "warps", "block_d"), shape_of_reduce))
+            with symm_kernel_shapes(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: tuple(shape_of_reduce)}):
                 row("reduce_slots", fmt, launch, timed(
                     lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k)))
                 row("reduce_slots (partials)", fmt, launch, timed(
@@ -184,10 +178,6 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                 row("reduce_slots (weighted partials)", fmt, launch, timed(
                     lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
                                             weight=factor, stage_row=stage_row, weigh_staged=False)))
-            sk.REDUCE_SHAPES = reduce_defaults
-    finally:
-        sk.PUSH_TOKENS_SHAPE = defaults
-        sk.REDUCE_SHAPES = reduce_defaults
     assert staging_nbytes(rows, dim, torch.bfloat16) <= offset
 
 

@@ -32,6 +32,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     finish,
     init_process_group,
     parse_shapes,
+    symm_kernel_shapes,
 )
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep.peer_memory import LocalBuffer  # noqa: E402
@@ -90,37 +91,29 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     source = torch.full((2 * n,), -2, dtype=torch.int64, device=device)
     source[: n // 2] = 1
     source[n // 2 : n] = 0
-    reduce_defaults = dict(sk.REDUCE_SHAPES)
-    receive_defaults = dict(sk.RECEIVE_SHAPES)
-    try:
-        for fmt in ("bf16", "mxfp8"):
-            staging = LocalBuffer(torch.randint(0, 127, (staging_nbytes(n, dim, torch.bfloat16),), dtype=torch.uint8,
-                                                device=device), 1)
-            staged = n // 2 * staged_row_nbytes(dim, torch.bfloat16, fmt)  # bytes read from staging
-            reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
-            receive_hbm = staged + n // 2 * dim * 2
-            for t, w, d in args.reduce_shapes:
-                sk.REDUCE_SHAPES = {**reduce_defaults, fmt: (t, w, d)}
+    for fmt in ("bf16", "mxfp8"):
+        staging = LocalBuffer(torch.randint(0, 127, (staging_nbytes(n, dim, torch.bfloat16),), dtype=torch.uint8,
+                                            device=device), 1)
+        staged = n // 2 * staged_row_nbytes(dim, torch.bfloat16, fmt)  # bytes read from staging
+        reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
+        receive_hbm = staged + n // 2 * dim * 2
+        for t, w, d in args.reduce_shapes:
+            with symm_kernel_shapes(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: (t, w, d)}):
                 ms = statistics.median(_sample_ms(
                     lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
                                             weight=weight),
                     args.iters, args.warmup, device, group=args.group))
-                rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "reduce_slots",
-                                 "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
-                                 "hbm_bytes": reduce_hbm})
-            sk.REDUCE_SHAPES = reduce_defaults
-            for m, w in args.receive_shapes:
-                sk.RECEIVE_SHAPES = {**receive_defaults, fmt: (m, w)}
+            rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "reduce_slots",
+                             "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
+                             "hbm_bytes": reduce_hbm})
+        for m, w in args.receive_shapes:
+            with symm_kernel_shapes(RECEIVE_SHAPES={**sk.RECEIVE_SHAPES, fmt: (m, w)}):
                 ms = statistics.median(_sample_ms(
                     lambda: sk.receive_rows(received, source, 0, staging, n, fmt),
                     args.iters, args.warmup, device, group=args.group))
-                rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "receive_rows",
-                                 "fmt": fmt, "launch": {"rows": m, "warps": w}, "ms": round(ms, 4),
-                                 "hbm_bytes": receive_hbm})
-            sk.RECEIVE_SHAPES = receive_defaults
-    finally:
-        sk.REDUCE_SHAPES = reduce_defaults
-        sk.RECEIVE_SHAPES = receive_defaults
+            rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "receive_rows",
+                             "fmt": fmt, "launch": {"rows": m, "warps": w}, "ms": round(ms, 4),
+                             "hbm_bytes": receive_hbm})
 
 
 def main() -> None:
