@@ -10,10 +10,11 @@ real symmetric memory. Each EP layer's forward and backward runs under
 ``torch.cuda.set_sync_debug_mode("error")`` (every synchronizing CUDA operation raises), and its
 explicit host waits, which that mode cannot see (``Event`` / ``Stream`` / device
 ``synchronize``), are counted: symm makes none; nccl makes exactly one per layer, the event
-wait for the splits that NCCL's all-to-all takes on the host (``mxfp8_ep.dispatcher.nccl.HostCopy``). Only
-the test's expert stand-ins (torchtitan's for-loop experts and the row-wise twin) read their
-counts on the host, in their forward, outside the check.
-The CPU suite (tests/test_dispatcher.py, tests/test_symm_kernels.py) runs the same kernels
+wait for the splits that NCCL's all-to-all takes on the host
+(``mxfp8_ep.dispatcher.nccl.HostCopy``). Only the test's expert stand-ins (torchtitan's
+for-loop experts and the row-wise twin) read their counts on the host, in their forward,
+outside the check.
+The CPU suite (tests/test_dispatcher*.py, tests/test_symm_kernels.py) runs the same kernels
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
 them and the GPU machine runs them (benchmarks/gpu_evidence.sh).
 
@@ -35,9 +36,9 @@ from tests.moe_harness import symm_quantizes_partial_sums
 WORLD = 2
 GPU_EXAMPLES = 200  # hypothesis routings of the fuzz on WORLD GPUs (CPU: 80 at 2 ranks, 200 over 2-4)
 needs_gpus = pytest.mark.skipif(
-    torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher.py"
+    torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher*.py"
 )
-needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU runs use tests/test_dispatcher.py")
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU runs use tests/test_dispatcher*.py")
 # The symm checks that run both ways: NCCL and symmetric memory with a GPU per rank, or ranks
 # sharing one GPU (module docstring).
 GPU_BACKENDS = [pytest.param("nccl", marks=needs_gpus, id="nccl"),
