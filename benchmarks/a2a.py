@@ -21,13 +21,19 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep.all_to_all import all_to_all_v
-from mxfp8_ep.quantize import dequantize, quantize
+# Run as a script (python benchmarks/x.py, torchrun): the repo root holds `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.dispatcher import leave_process_group  # noqa: E402
+from mxfp8_ep.all_to_all import all_to_all_v  # noqa: E402
+from mxfp8_ep.quantize import dequantize, quantize  # noqa: E402
 
 
 def routing_splits(num_rows: int, world: int, routing: str, experts: int, zipf_s: float) -> list[list[int]]:
@@ -165,7 +171,7 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"env": env, "rows": rows}, f, indent=1)
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

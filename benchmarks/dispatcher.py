@@ -164,11 +164,18 @@ def _free_peer_buffers():
     release_peer_buffers()
 
 
+def leave_process_group() -> None:
+    """The last step of every benchmark: the process group goes, every rank at once (a gloo
+    rank that tore its group down while a peer was still in a collective aborted at exit in
+    CI: "terminate called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def finish(rows: list[dict], json_path: str | None, line, header: str | None = None) -> None:
-    """The end of every benchmark: rank 0 writes ``rows`` as JSON (when asked) and prints
-    ``header`` and ``line(row)`` for each row; then the process group goes, every rank at
-    once (a gloo rank that tore its group down while a peer was still in a collective aborted
-    at exit once in CI: "terminate called without an active exception")."""
+    """The end of a benchmark that prints one line per row: rank 0 writes ``rows`` as JSON
+    (when asked) and prints ``header`` and ``line(row)`` for each row; then
+    ``leave_process_group``."""
     if dist.get_rank() == 0:
         if json_path:
             with open(json_path, "w") as f:
@@ -177,8 +184,7 @@ def finish(rows: list[dict], json_path: str | None, line, header: str | None = N
             print(header)
         for r in rows:
             print(line(r))
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def parse_shapes(text: str) -> list[tuple[int, ...]]:

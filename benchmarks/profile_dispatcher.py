@@ -341,7 +341,7 @@ def main():
     parser.add_argument("--cpu-ops", action="store_true", help="also record host ops (names the op behind each gap)")
     parser.add_argument("--leg-arms", default="", help="also profile the dispatch leg alone of these arms")
     args = parser.parse_args()
-    from benchmarks.dispatcher import init_process_group
+    from benchmarks.dispatcher import init_process_group, leave_process_group
 
     init_process_group()
     from mxfp8_ep.config import A2AConfig
@@ -377,7 +377,7 @@ def main():
         for r in rows:
             print(f"{r['fmt']:<6} {r['stage']:<10} {r['block']:>5} {r['warps']:>5} {r.get('stripes') or '':>7} {r.get('stages') or '':>6} {r.get('block_d') or '':>5} {r['ms']:>8.3f} "
                   f"{r['hbm_GBps']:>9.1f} {r['nvlink_GBps']:>11.1f}")
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ output, input gradient and expert w1 gradient are compared with the alltoall arm
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     SHAPES,
     MoEShape,
     add_timing_arguments,
+    finish,
     init_process_group,
     time_arms,
 )
@@ -183,16 +183,13 @@ def main() -> None:
     for name in args.shapes.split(","):
         bench_moe_layer(SHAPES[name], args, device, mesh, rows)
 
-    if dist.get_rank() == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print(f"{'pass':<8} {'arm':<26} {'ms':>8} {'synced':>8} {'vs a2a':>7} {'vs MAEP':>7}  correct rel_err / shape")
-        for r in rows:
-            vs_maep = r["speedup_vs_minimal_async_ep"]
-            print(f"{r['pass']:<8} {r['arm']:<26} {r['ms']:>8.3f} {r['ms_synced']:>8.3f} {r['speedup_vs_alltoall']:>6.3f}x "
-                  f"{(f'{vs_maep:.3f}x' if vs_maep else '-'):>7}  {r['correct']} {r['rel_err']} {r['shape']}")
-    dist.destroy_process_group()
+    def line(r: dict) -> str:
+        vs_maep = r["speedup_vs_minimal_async_ep"]
+        return (f"{r['pass']:<8} {r['arm']:<26} {r['ms']:>8.3f} {r['ms_synced']:>8.3f} {r['speedup_vs_alltoall']:>6.3f}x "
+                f"{(f'{vs_maep:.3f}x' if vs_maep else '-'):>7}  {r['correct']} {r['rel_err']} {r['shape']}")
+
+    finish(rows, args.json, line,
+           header=f"{'pass':<8} {'arm':<26} {'ms':>8} {'synced':>8} {'vs a2a':>7} {'vs MAEP':>7}  correct rel_err / shape")
 
 
 if __name__ == "__main__":
