@@ -165,9 +165,12 @@ def _free_peer_buffers():
 
 
 def leave_process_group() -> None:
-    """The last step of every benchmark: the process group goes, every rank at once (a gloo
-    rank that tore its group down while a peer was still in a collective aborted at exit in
-    CI: "terminate called without an active exception")."""
+    """The last step of every benchmark: the cached peer buffers go (they hold the process
+    group), then the group, every rank at once."""
+    import gc
+
+    _free_peer_buffers()
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
