@@ -11,11 +11,13 @@ weighted, keeping each row for the score gradients) against the reduce of partia
 
     torchrun --nproc_per_node=1 benchmarks/push_sweep.py --json push_sweep.json
 
-An EP=2 rank 0 with a MoE shape's routing (top-k of random experts, expert-sorted rows as the
-dispatcher sorts them); the peer is a second buffer on the same GPU, so the rows that would
-cross NVLink are HBM stores here: this measures a push's HBM pass, not the link (on 2xH200 the
-link is slower: ``benchmarks/dispatcher.py``). Each row's time is a median of CUDA-event
-samples, the median over rounds.
+Rank 0 of an EP group (``--world``, default 2) with a MoE shape's routing (top-k of random
+experts, expert-sorted rows as the dispatcher sorts them), and peer 1's receive and way back
+with as many rows from every rank as from rank 0. The peers are buffers on the same GPU, so the
+rows that would cross NVLink are HBM stores here: this measures a push's HBM pass, not the link
+(on 2xH200 the link is slower: ``benchmarks/dispatcher.py``). ``--world 8`` shows the kernels
+at the EP degree of an 8-GPU node, where 7 of 8 rows leave. Each row's time is a median of
+CUDA-event samples, the median over rounds.
 """
 
 from __future__ import annotations
@@ -54,19 +56,19 @@ from mxfp8_ep.symm_reference import (  # noqa: E402
 )
 
 PUSH_TOKENS_SHAPES = [(1, 4, 1024), (2, 4, 512), (2, 4, 1024), (2, 8, 1024), (4, 8, 1024)]
-WORLD, RANK = 2, 0
+RANK = 0
 
 
-def sorted_routing(tokens: int, experts: int, top_k: int, device, seed: int = 0):
-    """Rank 0 of 2: top-k of random experts per token, sorted by expert (stable, as the
+def sorted_routing(tokens: int, experts: int, top_k: int, world: int, device, seed: int = 0):
+    """Rank 0 of ``world``: top-k of random experts per token, sorted by expert (stable, as the
     dispatcher's argsort): each sorted row's owner rank and row there (rows in sorted order per
     owner), the slot of each sorted row, and ``inv`` (the sorted row of each slot)."""
     g = torch.Generator(device=device).manual_seed(seed)
     ids = torch.rand(tokens, experts, device=device, generator=g).topk(top_k, dim=1).indices
     slot = torch.argsort(ids.reshape(-1), stable=True)
-    dst_rank = ids.reshape(-1)[slot] // (experts // WORLD)
+    dst_rank = ids.reshape(-1)[slot] // (experts // world)
     dst_row = torch.zeros_like(dst_rank)
-    for r in range(WORLD):
+    for r in range(world):
         mine = dst_rank == r
         dst_row[mine] = torch.arange(int(mine.sum()), device=device)
     inv = torch.empty_like(slot)
@@ -74,34 +76,51 @@ def sorted_routing(tokens: int, experts: int, top_k: int, device, seed: int = 0)
     return dst_rank, dst_row, slot, inv
 
 
+def peer_one_rows(peers, offset: int, capacity: int, dst_rank, world: int, tokens: int):
+    """Peer 1's expert-major rows at EP=``world`` once rank 0's ``push_tokens`` ran: rank 0's
+    rows where that push put them, then as many from each other rank (rank 0's routing again,
+    its tokens staged at that rank's rows), then its own. Returns each row's source rank (-2:
+    unused), its staged row and its routing weight (as rank 0's token map and row weights)."""
+    count = int((dst_rank == 1).sum())
+    senders = [0, *range(2, world)]
+    source = torch.full((capacity,), -2, dtype=torch.int64, device=dst_rank.device)
+    source[:count * (world - 1)] = torch.tensor(senders, device=dst_rank.device).repeat_interleave(count)
+    source[count * (world - 1):count * world] = 1
+    tmap, weights = torch.zeros_like(source), torch.zeros(capacity, device=dst_rank.device)
+    staged = token_map(peers.peer(1), offset, capacity)[:count] % tokens
+    tmap[:count * (world - 1)] = torch.cat([staged + r * tokens for r in senders])
+    weights[:count * (world - 1)] = row_weights(peers.peer(1), offset, capacity)[:count].repeat(world - 1)
+    return source, tmap, weights
+
+
 def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     shape = SHAPES[shape_name]
-    tokens, top_k, dim = args.tokens or shape.tokens, shape.top_k, shape.dim
-    dst_rank, dst_row, slot, inv = sorted_routing(tokens, shape.experts, top_k, device)
+    tokens, top_k, dim, world = args.tokens or shape.tokens, shape.top_k, shape.dim, args.world
+    if shape.experts % world:
+        raise SystemExit(f"--world {world} does not divide {shape_name}'s {shape.experts} experts")
+    dst_rank, dst_row, slot, inv = sorted_routing(tokens, shape.experts, top_k, world, device)
     n = tokens * top_k
-    rows, capacity = max(n, WORLD * tokens), n
+    # Peer 1 holds as many rows from each rank as from rank 0 (peer_one_rows).
+    rows, capacity = max(n, world * tokens), max(n, world * int((dst_rank == 1).sum()))
     offset = token_map_offset(rows, dim, torch.bfloat16)
     x = torch.randn((tokens, dim), device=device, dtype=torch.bfloat16)
     out = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
     sent = torch.zeros(1, dtype=torch.int64, device=device)
     to_peer = int((dst_rank != RANK).sum())
-    # The peer's expert-major rows: the first to_peer rows come from rank 0.
-    source = torch.full((capacity,), -2, dtype=torch.int64, device=device)
-    source[:to_peer] = RANK
 
     def timed(fn) -> float:
         return statistics.median(_sample_ms(fn, args.iters, args.warmup, device, group=args.group))
 
     def row(kernel, fmt, launch, ms):
-        rows_out.append({"bench": "push_sweep", "shape": shape.label(), "kernel": kernel, "fmt": fmt,
-                         "launch": launch, "ms": round(ms, 4), "rows_to_peer": to_peer})
+        rows_out.append({"bench": "push_sweep", "shape": shape.label(), "world": world, "kernel": kernel,
+                         "fmt": fmt, "launch": launch, "ms": round(ms, 4), "rows_to_peer": to_peer})
 
     # Combine's backward: a score per slot, and the routed outputs saved for the score gradient.
     factor = torch.rand(n, device=device)
     saved = torch.randn((n, dim), device=device, dtype=torch.bfloat16)
     dots = torch.empty(n, device=device)
     for fmt in ("bf16", "mxfp8"):
-        peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, RANK, device)
+        peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), world, RANK, device)
         row("push_rows", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
         weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
@@ -120,34 +139,34 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots)))
         # The peer's receive: each row from the staged row of its index, or through the map.
-        peer_side = OneProcessPeers(1, WORLD, 1, device)
+        source, tmap, weights = peer_one_rows(peers, offset, capacity, dst_rank, world, tokens)
+        peer_side = OneProcessPeers(1, world, 1, device)
         peer_side._peers[1] = peers.peer(1)
         received = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
         launch = dict(zip(("rows", "warps"), sk.RECEIVE_SHAPES[fmt]))
         row("receive_rows", fmt, launch, timed(lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt)))
-        tmap = token_map(peers.peer(1), offset, capacity)
         row("receive_rows (token map)", fmt, launch, timed(
             lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap)))
-        weights = row_weights(peers.peer(1), offset, capacity)
         row("receive_rows (token map, weighted)", fmt, launch, timed(
             lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights)))
         row_dots = torch.empty(capacity, device=device)
         row("receive_rows (token map, weighted, dots)", fmt, launch, timed(
             lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap, weight=weights,
                                     dot_with=saved, dot_out=row_dots)))
-    # The way back (dispatch's backward, bf16 and MXFP8): the peer pushes its rows of rank
-    # 0's tokens row by row, or one partial sum per token (through the token map push_tokens
-    # left); rank 0 reduces each token's K slots, reading rows, or partials once per token.
+    # The way back (dispatch's backward, bf16 and MXFP8): the peer pushes its rows of the
+    # other ranks' tokens row by row, or one partial sum per token and rank (through the token
+    # map); rank 0 reduces each token's K slots, reading rows, or partials once per token and peer.
     grads = torch.randn((capacity, dim), device=device, dtype=torch.bfloat16)
-    to_peer_rows = dst_rank != RANK
+    remote = (source >= 0) & (source != 1)
+    to_one = torch.nonzero(dst_rank == 1).squeeze(1)
     return_row = torch.zeros(capacity, dtype=torch.int64, device=device)
-    return_row[dst_row[to_peer_rows]] = torch.nonzero(to_peer_rows).squeeze(1)
-    return_rank = torch.where(source == RANK, RANK, -1)
-    back = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), WORLD, 1, device)
-    row_slot = torch.where(source == RANK, token_map(peers.peer(1), offset, capacity), WORLD * tokens)
-    order, start = partial_slots(row_slot, WORLD * tokens)
-    max_rows = min(top_k, shape.experts // WORLD)
-    token_side = OneProcessPeers(1, WORLD, RANK, device)
+    return_row[remote] = to_one.repeat(world - 1)  # each sender's sorted row (rank 0's routing)
+    return_rank = torch.where(remote, source, -1)
+    back = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), world, 1, device)
+    row_slot = torch.where(remote, tmap, world * tokens)
+    order, start = partial_slots(row_slot, world * tokens)
+    max_rows = min(top_k, shape.experts // world)
+    token_side = OneProcessPeers(1, world, RANK, device)
     token_side._peers[RANK] = back.peer(RANK)
     reduced = torch.empty((tokens, dim), device=device, dtype=torch.bfloat16)
     stage_row = partial_stage_rows(inv, dst_rank, RANK, top_k, tokens)
@@ -189,6 +208,8 @@ def main() -> None:
     parser.add_argument("--reduce-shapes", type=parse_shapes, default=None,
                         help='reduce_slots launch shapes "tokens,warps,block_d;..." (default: each format\'s own)')
     parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (default: the shape's)")
+    parser.add_argument("--world", type=int, default=2,
+                        help="the EP degree rank 0 and peer 1 run at; the other peers are buffers too")
     add_timing_arguments(parser)
     args = parser.parse_args()
     rows = run_rounds(sweep, args, init_process_group())
