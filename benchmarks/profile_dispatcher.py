@@ -47,8 +47,23 @@ def _time(fn, iters=20, warmup=5) -> float:
     return float(t.item())
 
 
+def sweep_constants(stage: str, fmt: str, block: int, warps: int, *rest: int) -> dict:
+    """``symm_kernels``' launch-shape constants for one of ``kernel_sweep``'s shapes: pushes
+    (rows per program, warps, stripes, pipelining stages), receive (rows, warps), reduce (tokens,
+    warps, widest column tile), the last two for ``fmt`` only; other stages: none."""
+    from mxfp8_ep import symm_kernels as sk
+
+    if stage in ("push", "push_back"):
+        return dict(PUSH_BLOCK_M=block, PUSH_WARPS=warps, PUSH_STRIPES=rest[0], PUSH_STAGES=rest[1])
+    if stage == "receive":
+        return dict(RECEIVE_SHAPES={**sk.RECEIVE_SHAPES, fmt: (block, warps)})
+    if stage == "reduce":
+        return dict(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: (block, warps, *rest)})
+    return {}
+
+
 def kernel_sweep(args, rows_out):
-    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, leg_inputs
+    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, leg_inputs, symm_kernel_shapes
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import TokenDispatcher
@@ -59,9 +74,6 @@ def kernel_sweep(args, rows_out):
     top_k, experts, dim = LEG_TOP_K, LEG_EXPERTS, args.dim
     leg = leg_inputs(args.rows, dim, "even", device, rank)
     tokens, x, scores, ids, counts = leg.tokens, leg.x, leg.scores, leg.ids, leg.counts
-    defaults = sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES
-    receive_shapes = dict(sk.RECEIVE_SHAPES)
-    reduce_shapes = dict(sk.REDUCE_SHAPES)
     for fmt in ("bf16", "mxfp8"):
         preset = "mxfp8_all" if fmt == "mxfp8" else "bf16"
         cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, max_tokens_per_rank=tokens,
@@ -122,13 +134,8 @@ def kernel_sweep(args, rows_out):
                              (1, 8, 1024), (1, 2, 512), (2, 4, 512), (2, 8, 1024)]}
         for name, fn in stage.items():
             for block, warps, *stripes in shapes.get(name, [(0, 0)]):
-                if name in ("push", "push_back"):
-                    sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = block, warps, *stripes
-                elif name == "receive":
-                    sk.RECEIVE_SHAPES = {**receive_shapes, fmt: (block, warps)}
-                elif name == "reduce":
-                    sk.REDUCE_SHAPES = {**reduce_shapes, fmt: (block, warps, *stripes)}
-                ms = _time(fn)
+                with symm_kernel_shapes(**sweep_constants(name, fmt, block, warps, *stripes)):
+                    ms = _time(fn)
                 pushes = name in ("push", "push_back")
                 row = {"fmt": fmt, "stage": name, "block": block, "warps": warps, "stripes": stripes[0] if pushes else None,
                        "stages": stripes[1] if pushes else None, "block_d": stripes[0] if name == "reduce" else None,
@@ -136,9 +143,6 @@ def kernel_sweep(args, rows_out):
                        "hbm_GBps": round(hbm.get(name, 0) / ms / 1e6, 1),
                        "nvlink_GBps": round(nvlink.get(name, 0) / ms / 1e6, 1)}
                 rows_out.append(row)
-            sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES = defaults
-            sk.RECEIVE_SHAPES = receive_shapes
-            sk.REDUCE_SHAPES = reduce_shapes
         from mxfp8_ep.dispatcher import release_peer_buffers
 
         release_peer_buffers()

@@ -1,10 +1,26 @@
 """``benchmarks/profile_dispatcher.timeline_gaps`` on a hand-made Chrome trace: busy and idle
-time, which gaps the host caused, and each GEMM call with the work beside it on other streams.
-The profiles themselves run on the GPU machine (benchmarks/RESULTS.md)."""
+time, which gaps the host caused, and each GEMM call with the work beside it on other streams;
+the kernel sweep's launch shapes set and restored. The profiles themselves run on the GPU
+machine (benchmarks/RESULTS.md)."""
 
 import json
 
-from benchmarks.profile_dispatcher import timeline_gaps
+from benchmarks.dispatcher import symm_kernel_shapes
+from benchmarks.profile_dispatcher import sweep_constants, timeline_gaps
+from mxfp8_ep import symm_kernels as sk
+
+
+def test_kernel_sweep_sets_each_stages_launch_shape_and_restores_it():
+    before = {name: getattr(sk, name) for name in ("PUSH_BLOCK_M", "PUSH_WARPS", "PUSH_STRIPES", "PUSH_STAGES",
+                                                   "RECEIVE_SHAPES", "REDUCE_SHAPES")}
+    with symm_kernel_shapes(**sweep_constants("push_back", "mxfp8", 8, 8, 4, 2)):
+        assert (sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES) == (8, 8, 4, 2)
+    with symm_kernel_shapes(**sweep_constants("receive", "mxfp8", 16, 8)):
+        assert sk.RECEIVE_SHAPES == {**before["RECEIVE_SHAPES"], "mxfp8": (16, 8)} != before["RECEIVE_SHAPES"]
+    with symm_kernel_shapes(**sweep_constants("reduce", "bf16", 2, 8, 1024)):
+        assert sk.REDUCE_SHAPES == {**before["REDUCE_SHAPES"], "bf16": (2, 8, 1024)} != before["REDUCE_SHAPES"]
+    assert sweep_constants("hbm_copy", "bf16", 0, 0) == {}
+    assert {name: getattr(sk, name) for name in before} == before
 
 
 def _kernel(name, ts, dur, stream, correlation):
