@@ -175,12 +175,15 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     for fmt in ("bf16", "mxfp8"):
         row("push_rows (token-bound)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
             lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
-        row("push_partials", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
-            lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
-        # Combine's forward: weighted partial sums from the experts' rank.
-        row("push_partials (weighted)", fmt, dict(zip(("slots", "warps", "block_d"), sk.PUSH_PARTIALS_SHAPES[fmt])), timed(
-            lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
-                                     weight=row_score)))
+        for shape_of_partials in args.push_partials_shapes or [sk.PUSH_PARTIALS_SHAPES[fmt]]:
+            launch = dict(zip(("slots", "warps", "block_d"), shape_of_partials))
+            with symm_kernel_shapes(PUSH_PARTIALS_SHAPES={**sk.PUSH_PARTIALS_SHAPES, fmt: tuple(shape_of_partials)}):
+                row("push_partials", fmt, launch, timed(
+                    lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
+                # Combine's forward: weighted partial sums from the experts' rank.
+                row("push_partials (weighted)", fmt, launch, timed(
+                    lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
+                                             weight=row_score)))
         for shape_of_reduce in args.reduce_shapes or [sk.REDUCE_SHAPES[fmt]]:
             launch = dict(zip(("tokens", "warps", "block_d"), shape_of_reduce))
             with symm_kernel_shapes(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: tuple(shape_of_reduce)}):
@@ -207,6 +210,8 @@ def main() -> None:
                         help='push_tokens launch shapes "tokens,warps,block_d;..."')
     parser.add_argument("--reduce-shapes", type=parse_shapes, default=None,
                         help='reduce_slots launch shapes "tokens,warps,block_d;..." (default: each format\'s own)')
+    parser.add_argument("--push-partials-shapes", type=parse_shapes, default=None,
+                        help='push_partials launch shapes "slots,warps,block_d;..." (default: each format\'s own)')
     parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (default: the shape's)")
     parser.add_argument("--world", type=int, default=2,
                         help="the EP degree rank 0 and peer 1 run at; the other peers are buffers too")

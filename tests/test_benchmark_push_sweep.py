@@ -46,7 +46,8 @@ def test_script_writes_a_row_per_kernel_and_format(tmp_path, world):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "benchmarks/push_sweep.py",
          "--shapes", "tiny", "--iters", "1", "--warmup", "0", "--group", "1", "--rounds", "1", "--world", str(world),
-         "--push-tokens-shapes", "2,4,256", "--reduce-shapes", "1,4,256;2,4,128", "--tokens", "16", "--json", str(out)],
+         "--push-tokens-shapes", "2,4,256", "--reduce-shapes", "1,4,256;2,4,128", "--push-partials-shapes", "1,4,128;2,4,256",
+         "--tokens", "16", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -60,5 +61,7 @@ def test_script_writes_a_row_per_kernel_and_format(tmp_path, world):
          for f in ("bf16", "mxfp8")}
     reduce_launches = {(r["kernel"], r["fmt"], json.dumps(r["launch"])) for r in rows if r["kernel"].startswith("reduce_slots")}
     assert len(reduce_launches) == 4 * 2 * 2  # every reduce variant and format at each --reduce-shapes launch
+    partials_launches = {(r["kernel"], r["fmt"], json.dumps(r["launch"])) for r in rows if r["kernel"].startswith("push_partials")}
+    assert len(partials_launches) == 2 * 2 * 2  # both push_partials variants and formats at each launch
     for r in rows:
         assert r["ms"] > 0 and r["rounds_ms"] == [r["ms"]] and 0 < r["rows_to_peer"] < 16 * 2 and r["world"] == world
