@@ -311,15 +311,19 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 
 # Arm modifiers that run the arm with another kernel launch shape (``symm_kernels``' module
-# constant -> the value), to choose one side by side with the default. ``push1``: ``push_tokens``
-# at one token per program; on one H200 it was faster for combine's backward (weighted) and
-# slower for dispatch's forward in MXFP8 (RESULTS.md, thirteenth session), and one GPU cannot
-# show its stores crossing NVLink.
-LAUNCH_MODIFIERS = {"push1": ("PUSH_TOKENS_SHAPE", (1, 4, 1024))}
+# constant -> the value), side by side with the default: shapes chosen on one H200, which cannot
+# show their stores crossing NVLink, for a 2-GPU run to decide. ``push1``: ``push_tokens`` at one
+# token per program (faster for combine's backward, slower for dispatch's forward in MXFP8:
+# RESULTS.md, thirteenth session). ``partials2``: ``push_partials`` at its shapes before the
+# fourteenth session (the new ones are 15-24% faster at EP=8 on HBM, the same at EP=2).
+LAUNCH_MODIFIERS = {
+    "push1": ("PUSH_TOKENS_SHAPE", (1, 4, 1024)),
+    "partials2": ("PUSH_PARTIALS_SHAPES", {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}),
+}
 
 
 def _modifiers(arm: str) -> set[str]:
-    """``<preset>/<transport>[:overlap][:rows][:push1][@local]``: ``overlap`` runs the shared
+    """``<preset>/<transport>[:overlap][:rows][:push1][:partials2][@local]``: ``overlap`` runs the shared
     experts on a side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``); ``rows``
     sends combine's forward row by row (``A2AConfig.symm_combine_partial_sums=False``); the
     ``LAUNCH_MODIFIERS`` change a kernel's launch shape while the arm runs (``launch_shapes``)."""

@@ -23,7 +23,7 @@ def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
     assert counts[:32].sum() > 2 * counts[32:].sum(), "popular experts live on rank 0"
 
 
-def test_push1_arm_runs_push_tokens_at_one_token_per_program_and_restores_it():
+def test_launch_modifiers_set_a_kernels_shape_while_the_arm_runs_and_restore_it():
     from mxfp8_ep import symm_kernels
 
     default = symm_kernels.PUSH_TOKENS_SHAPE
@@ -37,6 +37,11 @@ def test_push1_arm_runs_push_tokens_at_one_token_per_program_and_restores_it():
     assert symm_kernels.PUSH_TOKENS_SHAPE == default
     with launch_shapes("mxfp8/symm"):
         assert symm_kernels.PUSH_TOKENS_SHAPE == default
+    partials = symm_kernels.PUSH_PARTIALS_SHAPES
+    with launch_shapes("mxfp8_all/symm:push1:partials2"):
+        assert symm_kernels.PUSH_PARTIALS_SHAPES == {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)} != partials
+        assert symm_kernels.PUSH_TOKENS_SHAPE == (1, 4, 1024)
+    assert symm_kernels.PUSH_PARTIALS_SHAPES == partials and symm_kernels.PUSH_TOKENS_SHAPE == default
     with pytest.raises(ValueError, match="unknown modifiers"):
         _modifiers("mxfp8/symm:push2")
 
