@@ -39,53 +39,62 @@ REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_r
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
         "valid_ptr": "*i32"}
+# The launch shapes the wrappers use (warps are a compile option: vector widths depend on them).
+PUSH_LAUNCH = dict(BLOCK_M=sk.PUSH_BLOCK_M, BLOCK_D=512, STRIPES=sk.PUSH_STRIPES, STAGES=sk.PUSH_STAGES,
+                   num_warps=sk.PUSH_WARPS)
 SYMM = {
     "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
-                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
+                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, **PUSH_LAUNCH)),
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
-                       ROUNDING=0, ONLY=0, BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)),
+                       ROUNDING=0, ONLY=0, **PUSH_LAUNCH)),
     # symm: expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8): dispatch's
     # forward (unweighted) and combine's backward (scores left for the receiver, dot products).
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
         sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
         dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0, HAS_FACTOR=weighted,
-             HAS_DOT=weighted, BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2])))
+             HAS_DOT=weighted, BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2]),
+             num_warps=sk.PUSH_TOKENS_SHAPE[1]))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
     **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                 dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
                                      BLOCK_S=sk.PUSH_PARTIALS_SHAPES[fmt][0],
-                                     BLOCK_D=sk._block_d(7168, sk.PUSH_PARTIALS_SHAPES[fmt][2])))
+                                     BLOCK_D=sk._block_d(7168, sk.PUSH_PARTIALS_SHAPES[fmt][2]),
+                                     num_warps=sk.PUSH_PARTIALS_SHAPES[fmt][1]))
        for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
-        ONLY=sk.push_only_index(only), BLOCK_M=4, BLOCK_D=512, STRIPES=8, STAGES=1)) for only in ("local", "remote")},
+        ONLY=sk.push_only_index(only), **PUSH_LAUNCH)) for only in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     # symm after a weighted token-once push: through the token map, times the row weights.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
                                                                       HAS_STAGE_ROW=staged, HAS_WEIGHT=weighted,
-                                                                      BLOCK_M=4, BLOCK_D=512))
+                                                                      BLOCK_M=sk.RECEIVE_SHAPES["mxfp8"][0], BLOCK_D=512,
+                                                                      num_warps=sk.RECEIVE_SHAPES["mxfp8"][1]))
        for tag, staged, weighted in (("", False, False), ("_stage_row", True, False), ("_weighted", True, True))},
     **{f"receive_bf16_stage_row{tag}": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
                                         dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, HAS_WEIGHT=weighted,
-                                             BLOCK_M=4, BLOCK_D=512))
+                                             BLOCK_M=sk.RECEIVE_SHAPES["bf16"][0], BLOCK_D=512,
+                                             num_warps=sk.RECEIVE_SHAPES["bf16"][1]))
        for tag, weighted in (("", False), ("_weighted", True))},
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
                                    HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=sk.REDUCE_SHAPES["mxfp8"][0],
-                                   BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["mxfp8"][2])))
+                                   BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["mxfp8"][2]),
+                                   num_warps=sk.REDUCE_SHAPES["mxfp8"][1]))
        for tag, staged in (("", False), ("_stage_row", True))},
     "reduce_bf16": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
                     dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=True, HAS_SAVE=True,
                          HAS_DOT=False, HAS_STAGE_ROW=False, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
-                         BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]))),
+                         BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]), num_warps=sk.REDUCE_SHAPES["bf16"][1])),
     # after push_partials: plain sum, partials read through stage_row (-1: nothing to add).
     **{f"reduce_{fmt}_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                   dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=fmt == "mxfp8", HAS_WEIGHT=False,
                                        HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True, BLOCK_T=sk.REDUCE_SHAPES[fmt][0],
-                                       BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES[fmt][2])))
+                                       BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES[fmt][2]),
+                                       num_warps=sk.REDUCE_SHAPES[fmt][1]))
        for fmt in ("bf16", "mxfp8")},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
@@ -110,11 +119,13 @@ CASES = {
 }
 
 def compile_for_hopper(fn, signature, consts):
+    consts = dict(consts)
+    warps = consts.pop("num_warps", 4)  # a launch option, not a kernel argument
     signature = {**signature, **{k: "constexpr" for k in consts if k not in signature}}
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
     src = ASTSource(fn=fn, signature=signature, attrs=aligned,
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
     return {
         "cubin_bytes": len(compiled.asm["cubin"]),
