@@ -315,7 +315,7 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 # show their stores crossing NVLink, for a 2-GPU run to decide. ``push1``: ``push_tokens`` at one
 # token per program (faster for combine's backward, slower for dispatch's forward in MXFP8:
 # RESULTS.md, thirteenth session). ``partials2``: ``push_partials`` at its shapes before the
-# fourteenth session (the new ones are 19-25% faster at EP=8 on HBM, the same at EP=2).
+# fourteenth session (the new ones are 17-26% faster at EP=8 on HBM, the same at EP=2).
 LAUNCH_MODIFIERS = {
     "push1": ("PUSH_TOKENS_SHAPE", (1, 4, 1024)),
     "partials2": ("PUSH_PARTIALS_SHAPES", {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}),

@@ -74,7 +74,7 @@ PUSH_TOKENS_SHAPE = (2, 4, 1024)
 # (benchmarks/push_sweep.py --world 2 / 8 --push-partials-shapes,
 # results/h200_one_gpu_fourteenth_session/push_partials_shapes): at EP=8, bf16 0.46-0.48 ms
 # against 0.58-0.59 at (2, 4, 512), MXFP8 0.52 against 0.67-0.68 at (2, 4, 1024), weighted
-# 20-25% faster; at EP=2 the same within the runs' spread.
+# 19-26% faster; at EP=2 the same within the runs' spread.
 PUSH_PARTIALS_SHAPES = {"bf16": (1, 4, 1024), "mxfp8": (1, 2, 1024)}
 ROUTING_BLOCK = 1024
 
