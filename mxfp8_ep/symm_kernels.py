@@ -69,8 +69,8 @@ REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
 PUSH_TOKENS_SHAPE = (2, 4, 1024)
 # (token slots per program, warps, widest column tile) of push_partials: one slot per program,
 # with 16-byte stores into the peer (st.global.v4, checked by tests/triton_compile_check.py):
-# 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2 warps (4 warps store 8 bytes, at any
-# width). One H200, the peers buffers on the same GPU, the DeepSeek-V3-like leg
+# 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2 warps (one slot at 4 warps: 8 bytes, at
+# 1024 columns). One H200, the peers buffers on the same GPU, the DeepSeek-V3-like leg
 # (benchmarks/push_sweep.py --world 2 / 8 --push-partials-shapes,
 # results/h200_one_gpu_fourteenth_session/push_partials_shapes): at EP=8, bf16 0.46-0.48 ms
 # against 0.58-0.59 at (2, 4, 512), MXFP8 0.52 against 0.67-0.68 at (2, 4, 1024), weighted
