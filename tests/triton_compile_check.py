@@ -42,6 +42,19 @@ ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "
 # The launch shapes the wrappers use (warps are a compile option: vector widths depend on them).
 PUSH_LAUNCH = dict(BLOCK_M=sk.PUSH_BLOCK_M, BLOCK_D=512, STRIPES=sk.PUSH_STRIPES, STAGES=sk.PUSH_STAGES,
                    num_warps=sk.PUSH_WARPS)
+
+
+def tiled_launch(block: str, shape: tuple[int, int, int], dim: int = 7168) -> dict:
+    """A (rows or tokens per program, warps, widest column tile) launch shape as the wrappers
+    pass it: ``block`` per program, the tile ``_block_d`` picks for ``dim``, the warps."""
+    return {block: shape[0], "BLOCK_D": sk._block_d(dim, shape[2]), "num_warps": shape[1]}
+
+
+def receive_launch(fmt: str) -> dict:
+    rows, warps = sk.RECEIVE_SHAPES[fmt]
+    return dict(BLOCK_M=rows, BLOCK_D=512, num_warps=warps)
+
+
 SYMM = {
     "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
                                                     IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, **PUSH_LAUNCH)),
@@ -53,15 +66,12 @@ SYMM = {
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
         sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
         dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0, HAS_FACTOR=weighted,
-             HAS_DOT=weighted, BLOCK_T=sk.PUSH_TOKENS_SHAPE[0], BLOCK_D=sk._block_d(7168, sk.PUSH_TOKENS_SHAPE[2]),
-             num_warps=sk.PUSH_TOKENS_SHAPE[1]))
+             HAS_DOT=weighted, **tiled_launch("BLOCK_T", sk.PUSH_TOKENS_SHAPE)))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
     **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                 dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
-                                     BLOCK_S=sk.PUSH_PARTIALS_SHAPES[fmt][0],
-                                     BLOCK_D=sk._block_d(7168, sk.PUSH_PARTIALS_SHAPES[fmt][2]),
-                                     num_warps=sk.PUSH_PARTIALS_SHAPES[fmt][1]))
+                                     **tiled_launch("BLOCK_S", sk.PUSH_PARTIALS_SHAPES[fmt])))
        for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
@@ -71,30 +81,24 @@ SYMM = {
     # symm after a weighted token-once push: through the token map, times the row weights.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
                                                                       HAS_STAGE_ROW=staged, HAS_WEIGHT=weighted,
-                                                                      BLOCK_M=sk.RECEIVE_SHAPES["mxfp8"][0], BLOCK_D=512,
-                                                                      num_warps=sk.RECEIVE_SHAPES["mxfp8"][1]))
+                                                                      **receive_launch("mxfp8")))
        for tag, staged, weighted in (("", False, False), ("_stage_row", True, False), ("_weighted", True, True))},
     **{f"receive_bf16_stage_row{tag}": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
                                         dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, HAS_WEIGHT=weighted,
-                                             BLOCK_M=sk.RECEIVE_SHAPES["bf16"][0], BLOCK_D=512,
-                                             num_warps=sk.RECEIVE_SHAPES["bf16"][1]))
+                                             **receive_launch("bf16")))
        for tag, weighted in (("", False), ("_weighted", True))},
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
-                                   HAS_DOT=True, HAS_STAGE_ROW=staged, BLOCK_T=sk.REDUCE_SHAPES["mxfp8"][0],
-                                   BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["mxfp8"][2]),
-                                   num_warps=sk.REDUCE_SHAPES["mxfp8"][1]))
+                                   HAS_DOT=True, HAS_STAGE_ROW=staged, **tiled_launch("BLOCK_T", sk.REDUCE_SHAPES["mxfp8"])))
        for tag, staged in (("", False), ("_stage_row", True))},
     "reduce_bf16": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
                     dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=True, HAS_SAVE=True,
-                         HAS_DOT=False, HAS_STAGE_ROW=False, BLOCK_T=sk.REDUCE_SHAPES["bf16"][0],
-                         BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES["bf16"][2]), num_warps=sk.REDUCE_SHAPES["bf16"][1])),
+                         HAS_DOT=False, HAS_STAGE_ROW=False, **tiled_launch("BLOCK_T", sk.REDUCE_SHAPES["bf16"]))),
     # after push_partials: plain sum, partials read through stage_row (-1: nothing to add).
     **{f"reduce_{fmt}_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                   dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=fmt == "mxfp8", HAS_WEIGHT=False,
-                                       HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True, BLOCK_T=sk.REDUCE_SHAPES[fmt][0],
-                                       BLOCK_D=sk._block_d(7168, sk.REDUCE_SHAPES[fmt][2]),
-                                       num_warps=sk.REDUCE_SHAPES[fmt][1]))
+                                       HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True,
+                                       **tiled_launch("BLOCK_T", sk.REDUCE_SHAPES[fmt])))
        for fmt in ("bf16", "mxfp8")},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
