@@ -312,18 +312,18 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 # Arm modifiers that run the arm with another kernel launch shape (``symm_kernels``' module
 # constant -> the value), side by side with the default: shapes chosen on one H200, which cannot
-# show their stores crossing NVLink, for a 2-GPU run to decide. ``push1``: ``push_tokens`` at one
-# token per program (faster for combine's backward, slower for dispatch's forward in MXFP8:
-# RESULTS.md, thirteenth session). ``partials2``: ``push_partials`` at its shapes before the
+# show their stores crossing NVLink, for a 2-GPU run to decide. ``push2``: ``push_tokens`` at its
+# shape before the fifteenth session, two tokens per program (one token is 5-23% faster on HBM
+# where scores are applied, and at EP=8). ``partials2``: ``push_partials`` at its shapes before the
 # fourteenth session (the new ones are 17-26% faster at EP=8 on HBM, the same at EP=2).
 LAUNCH_MODIFIERS = {
-    "push1": ("PUSH_TOKENS_SHAPE", (1, 4, 1024)),
+    "push2": ("PUSH_TOKENS_SHAPES", {"bf16": (2, 4, 1024), "mxfp8": (2, 4, 1024)}),
     "partials2": ("PUSH_PARTIALS_SHAPES", {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}),
 }
 
 
 def _modifiers(arm: str) -> set[str]:
-    """``<preset>/<transport>[:overlap][:rows][:push1][:partials2][@local]``: ``overlap`` runs the shared
+    """``<preset>/<transport>[:overlap][:rows][:push2][:partials2][@local]``: ``overlap`` runs the shared
     experts on a side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``); ``rows``
     sends combine's forward row by row (``A2AConfig.symm_combine_partial_sums=False``); the
     ``LAUNCH_MODIFIERS`` change a kernel's launch shape while the arm runs (``launch_shapes``)."""
@@ -337,7 +337,7 @@ def _modifiers(arm: str) -> set[str]:
 @contextlib.contextmanager
 def symm_kernel_shapes(**constants):
     """Inside the block, ``symm_kernels``' launch-shape constants named here take these values
-    (e.g. ``PUSH_TOKENS_SHAPE=(1, 4, 1024)``); after it, their own again."""
+    (e.g. ``REDUCE_SHAPES={...}``); after it, their own again."""
     from mxfp8_ep import symm_kernels
 
     saved = {name: getattr(symm_kernels, name) for name in constants}

@@ -55,7 +55,7 @@ from mxfp8_ep.symm_reference import (  # noqa: E402
     token_map_offset,
 )
 
-PUSH_TOKENS_SHAPES = [(1, 4, 1024), (2, 4, 512), (2, 4, 1024), (2, 8, 1024), (4, 8, 1024)]
+SWEPT_PUSH_TOKENS_SHAPES = [(1, 2, 1024), (1, 4, 1024), (2, 2, 1024), (2, 4, 1024), (2, 8, 1024)]
 RANK = 0
 
 
@@ -128,7 +128,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
         for shape_of_push in args.push_tokens_shapes:
             launch = dict(zip(("tokens", "warps", "block_d"), shape_of_push))
-            with symm_kernel_shapes(PUSH_TOKENS_SHAPE=tuple(shape_of_push)):
+            with symm_kernel_shapes(PUSH_TOKENS_SHAPES={**sk.PUSH_TOKENS_SHAPES, fmt: tuple(shape_of_push)}):
                 row("push_tokens", fmt, launch, timed(
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent)))
@@ -206,7 +206,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv3")
-    parser.add_argument("--push-tokens-shapes", type=parse_shapes, default=PUSH_TOKENS_SHAPES,
+    parser.add_argument("--push-tokens-shapes", type=parse_shapes, default=SWEPT_PUSH_TOKENS_SHAPES,
                         help='push_tokens launch shapes "tokens,warps,block_d;..."')
     parser.add_argument("--reduce-shapes", type=parse_shapes, default=None,
                         help='reduce_slots launch shapes "tokens,warps,block_d;..." (default: each format\'s own)')

@@ -61,12 +61,15 @@ RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
 # (0.398 vs 0.464 ms on the DeepSeek-V3-like leg of 65536 rows x 7168, 0.499 vs 0.537 ms on
 # 131072 x 5120), MXFP8 1024 (0.466 vs 0.575 ms; dequantizing wants more columns per load).
 REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
-# (tokens per program, warps, widest column tile) of push_tokens: rows stored as 16-byte
-# vectors. One H200, the peer a second buffer on the same GPU (benchmarks/push_sweep.py,
-# results/h200_one_gpu_seventh_session/push_sweep_dsv3.json): 0.215 / 0.217 ms for bf16 / MXFP8
-# on the DeepSeek-V3-like leg (8192 tokens x 7168, top-8 of 256; push_rows 0.471 / 0.417 ms);
-# (1, 4, 1024) is as fast, 8 warps or 4 tokens slower.
-PUSH_TOKENS_SHAPE = (2, 4, 1024)
+# (tokens per program, warps, widest column tile) of push_tokens per leg format: one token per
+# program, with 16-byte stores into the peer (st.global.v4, checked by
+# tests/triton_compile_check.py): 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2 warps.
+# One H200, the peers buffers on the same GPU, the DeepSeek-V3-like leg (8192 tokens x 7168,
+# top-8 of 256; benchmarks/push_sweep.py --world 2 / 8, results/h200_one_gpu_fifteenth_session),
+# against (2, 4, 1024) before: weighted (combine's backward) 14-23% faster at EP=8 and 7-16% at
+# EP=2 in both formats; unweighted (dispatch's forward) at EP=8 bf16 10%, MXFP8 17% faster, at
+# EP=2 the same within the runs' spread. MXFP8 at (1, 4, 1024) stores 8 bytes and is slower.
+PUSH_TOKENS_SHAPES = {"bf16": (1, 4, 1024), "mxfp8": (1, 2, 1024)}
 # (token slots per program, warps, widest column tile) of push_partials: one slot per program,
 # with 16-byte stores into the peer (st.global.v4, checked by tests/triton_compile_check.py):
 # 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2 warps (one slot at 4 warps: 8 bytes, at
@@ -595,7 +598,7 @@ def push_tokens(
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
-    block_t, warps, block_d = PUSH_TOKENS_SHAPE
+    block_t, warps, block_d = PUSH_TOKENS_SHAPES[fmt]
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     no_fp32 = _no_fp32(src.device)
     weights = factor if factor is not None else carry

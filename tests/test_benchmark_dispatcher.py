@@ -26,24 +26,24 @@ def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
 def test_launch_modifiers_set_a_kernels_shape_while_the_arm_runs_and_restore_it():
     from mxfp8_ep import symm_kernels
 
-    default = symm_kernels.PUSH_TOKENS_SHAPE
-    assert LAUNCH_MODIFIERS["push1"] == ("PUSH_TOKENS_SHAPE", (1, 4, 1024)) != ("PUSH_TOKENS_SHAPE", default)
-    with launch_shapes("mxfp8/symm:rows:push1"):
-        assert symm_kernels.PUSH_TOKENS_SHAPE == (1, 4, 1024)
-    assert symm_kernels.PUSH_TOKENS_SHAPE == default
-    with pytest.raises(RuntimeError), launch_shapes("mxfp8_all/symm:push1@local"):
-        assert symm_kernels.PUSH_TOKENS_SHAPE != default
+    tokens, partials = symm_kernels.PUSH_TOKENS_SHAPES, symm_kernels.PUSH_PARTIALS_SHAPES
+    two_tokens = {"bf16": (2, 4, 1024), "mxfp8": (2, 4, 1024)}
+    assert LAUNCH_MODIFIERS["push2"] == ("PUSH_TOKENS_SHAPES", two_tokens) and two_tokens != tokens
+    with launch_shapes("mxfp8/symm:rows:push2"):
+        assert symm_kernels.PUSH_TOKENS_SHAPES == two_tokens
+    assert symm_kernels.PUSH_TOKENS_SHAPES == tokens
+    with pytest.raises(RuntimeError), launch_shapes("mxfp8_all/symm:push2@local"):
+        assert symm_kernels.PUSH_TOKENS_SHAPES != tokens
         raise RuntimeError("an arm that fails")
-    assert symm_kernels.PUSH_TOKENS_SHAPE == default
+    assert symm_kernels.PUSH_TOKENS_SHAPES == tokens
     with launch_shapes("mxfp8/symm"):
-        assert symm_kernels.PUSH_TOKENS_SHAPE == default
-    partials = symm_kernels.PUSH_PARTIALS_SHAPES
-    with launch_shapes("mxfp8_all/symm:push1:partials2"):
+        assert symm_kernels.PUSH_TOKENS_SHAPES == tokens
+    with launch_shapes("mxfp8_all/symm:push2:partials2"):
         assert symm_kernels.PUSH_PARTIALS_SHAPES == {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)} != partials
-        assert symm_kernels.PUSH_TOKENS_SHAPE == (1, 4, 1024)
-    assert symm_kernels.PUSH_PARTIALS_SHAPES == partials and symm_kernels.PUSH_TOKENS_SHAPE == default
+        assert symm_kernels.PUSH_TOKENS_SHAPES == two_tokens
+    assert symm_kernels.PUSH_PARTIALS_SHAPES == partials and symm_kernels.PUSH_TOKENS_SHAPES == tokens
     with pytest.raises(ValueError, match="unknown modifiers"):
-        _modifiers("mxfp8/symm:push2")
+        _modifiers("mxfp8/symm:push1")
 
 
 def test_benchmark_script_writes_rows_with_checked_arms(tmp_path):

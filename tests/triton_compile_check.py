@@ -66,7 +66,7 @@ SYMM = {
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
         sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
         dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0, HAS_FACTOR=weighted,
-             HAS_DOT=weighted, **tiled_launch("BLOCK_T", sk.PUSH_TOKENS_SHAPE)))
+             HAS_DOT=weighted, **tiled_launch("BLOCK_T", sk.PUSH_TOKENS_SHAPES[fmt])))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
     **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
