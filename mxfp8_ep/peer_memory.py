@@ -14,6 +14,7 @@ peer is itself): the nccl transport's all-to-all buffers, for the same kernels.
 
 from __future__ import annotations
 
+import copy
 import os
 import uuid
 
@@ -139,6 +140,13 @@ class OneProcessPeers(PeerBuffer):
         self.nbytes, self.world_size, self.rank, self.device = int(nbytes), world, rank, torch.device(device)
         self.group, self._handle = None, None
         self._element_offsets: dict[int, torch.Tensor] = {}
+
+    def seen_from(self, rank: int) -> OneProcessPeers:
+        """The same buffers as rank ``rank`` sees them (``local`` is its buffer): one process
+        playing both sides of a push, the sender and the receiver."""
+        view = copy.copy(self)
+        view.rank, view._element_offsets = rank, {}
+        return view
 
     def barrier(self) -> None:
         raise RuntimeError("OneProcessPeers has no peers to wait for")

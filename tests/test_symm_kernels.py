@@ -368,8 +368,7 @@ def check_push_tokens(device) -> int:
                     for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
                         got = torch.zeros(capacity, dim, dtype=dtype, device=device)
                         row_dots = torch.full((capacity,), float("nan"), device=device)
-                        received = OneProcessPeers(1, world, d, device)
-                        received._peers[d] = peers.peer(d)
+                        received = peers.seen_from(d)
                         kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
                                              stage_row=token_map(peers.peer(d), offset, capacity),
                                              weight=row_weights(peers.peer(d), offset, capacity) if weighted else None,
@@ -396,6 +395,18 @@ def check_push_tokens(device) -> int:
                             assert got_dots[others].isnan().all(), where
                 checked += 1
     return checked
+
+
+def test_one_process_peers_seen_from_another_rank_share_their_buffers():
+    peers = OneProcessPeers(64, 3, 0, "cpu")
+    assert peers.element_offsets(8)[0] == 0
+    seen = peers.seen_from(2)
+    assert (seen.rank, peers.rank) == (2, 0) and seen.local.data_ptr() == peers.peer(2).data_ptr()
+    seen.peer(1)[:4] = 7
+    assert peers.peer(1)[:4].tolist() == [7] * 4, "a store through the view lands in the shared buffer"
+    for itemsize in (1, 8):  # kernels address peers relative to the view's own buffer
+        want = [(peers.peer(r).data_ptr() - peers.peer(2).data_ptr()) // itemsize for r in range(3)]
+        assert seen.element_offsets(itemsize).tolist() == want
 
 
 def test_push_tokens_sends_each_token_once_per_rank():
@@ -506,12 +517,10 @@ def check_partial_round_trip(device) -> int:
         row_weight = [torch.tensor([float(scores[s][t, k]) for s, t, k in held[r]]) for r in range(world)]
         result = {}
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-            shared = [torch.zeros(symm_reference.staging_nbytes(num_slots, dim, dtype), dtype=torch.uint8, device=device)
-                      for _ in range(world)]
+            shared = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, 0, device)
             views = []
             for r in range(world):
-                peers = OneProcessPeers(1, world, r, device)
-                peers._peers = shared
+                peers = shared.seen_from(r)
                 views.append(peers)
                 row_slot = torch.tensor([s * max_tokens + t if s != r else num_slots for s, t, _ in held[r]],
                                         dtype=torch.int64)
