@@ -351,6 +351,15 @@ def symm_kernel_shapes(**constants):
             setattr(symm_kernels, name, value)
 
 
+def format_shape(table: str, fmt: str, shape) -> dict:
+    """``symm_kernel_shapes``' argument that sets one leg format's entry of a per-format
+    launch-shape table (``REDUCE_SHAPES``, ``PUSH_TOKENS_SHAPES``, ...); the other formats keep
+    theirs."""
+    from mxfp8_ep import symm_kernels
+
+    return {table: {**getattr(symm_kernels, table), fmt: tuple(shape)}}
+
+
 def launch_shapes(arm: str):
     """While the arm runs (built, checked, timed): its ``LAUNCH_MODIFIERS`` set on
     ``symm_kernels`` (``symm_kernel_shapes``)."""

@@ -51,14 +51,14 @@ def sweep_constants(stage: str, fmt: str, block: int, warps: int, *rest: int) ->
     """``symm_kernels``' launch-shape constants for one of ``kernel_sweep``'s shapes: pushes
     (rows per program, warps, stripes, pipelining stages), receive (rows, warps), reduce (tokens,
     warps, widest column tile), the last two for ``fmt`` only; other stages: none."""
-    from mxfp8_ep import symm_kernels as sk
+    from benchmarks.dispatcher import format_shape
 
     if stage in ("push", "push_back"):
         return dict(PUSH_BLOCK_M=block, PUSH_WARPS=warps, PUSH_STRIPES=rest[0], PUSH_STAGES=rest[1])
     if stage == "receive":
-        return dict(RECEIVE_SHAPES={**sk.RECEIVE_SHAPES, fmt: (block, warps)})
+        return format_shape("RECEIVE_SHAPES", fmt, (block, warps))
     if stage == "reduce":
-        return dict(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: (block, warps, *rest)})
+        return format_shape("REDUCE_SHAPES", fmt, (block, warps, *rest))
     return {}
 
 

@@ -38,6 +38,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     _sample_ms,
     add_timing_arguments,
     finish,
+    format_shape,
     init_process_group,
     parse_shapes,
     symm_kernel_shapes,
@@ -128,7 +129,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
         for shape_of_push in args.push_tokens_shapes:
             launch = dict(zip(("tokens", "warps", "block_d"), shape_of_push))
-            with symm_kernel_shapes(PUSH_TOKENS_SHAPES={**sk.PUSH_TOKENS_SHAPES, fmt: tuple(shape_of_push)}):
+            with symm_kernel_shapes(**format_shape("PUSH_TOKENS_SHAPES", fmt, shape_of_push)):
                 row("push_tokens", fmt, launch, timed(
                     lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
                                            "rceil", top_k, tokens, sent)))
@@ -175,7 +176,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
             lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
         for shape_of_partials in args.push_partials_shapes or [sk.PUSH_PARTIALS_SHAPES[fmt]]:
             launch = dict(zip(("slots", "warps", "block_d"), shape_of_partials))
-            with symm_kernel_shapes(PUSH_PARTIALS_SHAPES={**sk.PUSH_PARTIALS_SHAPES, fmt: tuple(shape_of_partials)}):
+            with symm_kernel_shapes(**format_shape("PUSH_PARTIALS_SHAPES", fmt, shape_of_partials)):
                 row("push_partials", fmt, launch, timed(
                     lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
                 # Combine's forward: weighted partial sums from the experts' rank.
@@ -184,7 +185,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                                              weight=row_score)))
         for shape_of_reduce in args.reduce_shapes or [sk.REDUCE_SHAPES[fmt]]:
             launch = dict(zip(("tokens", "warps", "block_d"), shape_of_reduce))
-            with symm_kernel_shapes(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: tuple(shape_of_reduce)}):
+            with symm_kernel_shapes(**format_shape("REDUCE_SHAPES", fmt, shape_of_reduce)):
                 row("reduce_slots", fmt, launch, timed(
                     lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k)))
                 row("reduce_slots (partials)", fmt, launch, timed(

@@ -30,6 +30,7 @@ from benchmarks.dispatcher import (  # noqa: E402
     _sample_ms,
     add_timing_arguments,
     finish,
+    format_shape,
     init_process_group,
     parse_shapes,
     symm_kernel_shapes,
@@ -98,7 +99,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
         receive_hbm = staged + n // 2 * dim * 2
         for t, w, d in args.reduce_shapes:
-            with symm_kernel_shapes(REDUCE_SHAPES={**sk.REDUCE_SHAPES, fmt: (t, w, d)}):
+            with symm_kernel_shapes(**format_shape("REDUCE_SHAPES", fmt, (t, w, d))):
                 ms = statistics.median(_sample_ms(
                     lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
                                             weight=weight),
@@ -107,7 +108,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                              "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
                              "hbm_bytes": reduce_hbm})
         for m, w in args.receive_shapes:
-            with symm_kernel_shapes(RECEIVE_SHAPES={**sk.RECEIVE_SHAPES, fmt: (m, w)}):
+            with symm_kernel_shapes(**format_shape("RECEIVE_SHAPES", fmt, (m, w))):
                 ms = statistics.median(_sample_ms(
                     lambda: sk.receive_rows(received, source, 0, staging, n, fmt),
                     args.iters, args.warmup, device, group=args.group))
