@@ -39,9 +39,12 @@ REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_r
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
         "valid_ptr": "*i32"}
+
+
 # The launch shapes the wrappers use (warps are a compile option: vector widths depend on them).
-PUSH_LAUNCH = dict(BLOCK_M=sk.PUSH_BLOCK_M, BLOCK_D=512, STRIPES=sk.PUSH_STRIPES, STAGES=sk.PUSH_STAGES,
-                   num_warps=sk.PUSH_WARPS)
+def push_launch(dim: int) -> dict:
+    return dict(BLOCK_M=sk.PUSH_BLOCK_M, BLOCK_D=sk._block_d(dim), STRIPES=sk.PUSH_STRIPES, STAGES=sk.PUSH_STAGES,
+                num_warps=sk.PUSH_WARPS)
 
 
 def tiled_launch(block: str, shape: tuple[int, int, int], dim: int = 7168) -> dict:
@@ -50,17 +53,17 @@ def tiled_launch(block: str, shape: tuple[int, int, int], dim: int = 7168) -> di
     return {block: shape[0], "BLOCK_D": sk._block_d(dim, shape[2]), "num_warps": shape[1]}
 
 
-def receive_launch(fmt: str) -> dict:
+def receive_launch(fmt: str, dim: int) -> dict:
     rows, warps = sk.RECEIVE_SHAPES[fmt]
-    return dict(BLOCK_M=rows, BLOCK_D=512, num_warps=warps)
+    return dict(BLOCK_M=rows, BLOCK_D=sk._block_d(dim), num_warps=warps)
 
 
 SYMM = {
     "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
-                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, **PUSH_LAUNCH)),
+                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, **push_launch(7168))),
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
-                       ROUNDING=0, ONLY=0, **PUSH_LAUNCH)),
+                       ROUNDING=0, ONLY=0, **push_launch(5120))),
     # symm: expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8): dispatch's
     # forward (unweighted) and combine's backward (scores left for the receiver, dot products).
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
@@ -76,16 +79,16 @@ SYMM = {
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
-        ONLY=sk.push_only_index(only), **PUSH_LAUNCH)) for only in ("local", "remote")},
+        ONLY=sk.push_only_index(only), **push_launch(7168))) for only in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     # symm after a weighted token-once push: through the token map, times the row weights.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
                                                                       HAS_STAGE_ROW=staged, HAS_WEIGHT=weighted,
-                                                                      **receive_launch("mxfp8")))
+                                                                      **receive_launch("mxfp8", 7168)))
        for tag, staged, weighted in (("", False, False), ("_stage_row", True, False), ("_weighted", True, True))},
     **{f"receive_bf16_stage_row{tag}": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
                                         dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, HAS_WEIGHT=weighted,
-                                             **receive_launch("bf16")))
+                                             **receive_launch("bf16", 5120)))
        for tag, weighted in (("", False), ("_weighted", True))},
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
