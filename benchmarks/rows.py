@@ -1,0 +1,159 @@
+"""Benchmark results as data: one JSON object per line, one file per run.
+
+Every benchmark writes its results through :class:`ResultsFile`. Each row carries where it was
+measured (commit, date, machine, versions, the exact command) beside the benchmark's own fields
+(shape, arm, pass, ms, ratios, ...). A run's file is named
+``<date>_<commit7>_<machine>_<bench>.jsonl`` (``2026-12-02_70c5beb_h200x2_layer.jsonl``), so a
+folder of them sorts by date and says at a glance what ran where.
+
+The commit is ``git rev-parse HEAD`` of the checkout, or ``$MXFP8EP_COMMIT`` where the checkout
+has no ``.git`` (a copied working tree on a GPU machine): set it to the commit that was copied.
+A checkout with uncommitted changes to tracked files is recorded as ``"dirty": true``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COMMIT_ENV = "MXFP8EP_COMMIT"
+# Keys every row carries; a benchmark's own fields may not reuse them.
+PROVENANCE_KEYS = ("bench", "commit", "dirty", "date", "machine", "versions", "command")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a row was measured on."""
+
+    gpu: str  # device name ("NVIDIA H200"), or "cpu"
+    count: int  # GPUs (or CPU processes) the benchmark used
+    link: str  # what the exchange crossed: "nvlink", "nccl-shm", "nccl-socket", "gloo", "none"
+    host_cpus: int
+
+    @property
+    def slug(self) -> str:
+        """Short name for file names: ``h200x2``, ``h100x8``, ``cpux2``."""
+        if self.gpu == "cpu":
+            return f"cpux{self.count}"
+        model = self.gpu.split()[-1].lower()
+        return f"{model}x{self.count}"
+
+
+def git_commit(repo: Path = REPO) -> tuple[str, bool]:
+    """(commit, dirty) of ``repo``; ``$MXFP8EP_COMMIT`` (dirty false) where there is no git."""
+    env = os.environ.get(COMMIT_ENV)
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.CalledProcessError):
+        if env:
+            return env, False
+        raise RuntimeError(
+            f"cannot tell which commit is measured: {repo} is not a git checkout and ${COMMIT_ENV} "
+            f"is unset; set {COMMIT_ENV}=$(git rev-parse HEAD) for the copied tree") from None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    """Python, torch, triton, NCCL (where CUDA is there), torchtitan, torchao."""
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "nccl": nccl,
+        "torchtitan": _version("torchtitan"),
+        "torchao": _version("torchao"),
+    }
+
+
+def this_machine(count: int | None = None, link: str | None = None) -> Machine:
+    """The machine this process runs on. ``count``: the GPUs (or processes) the benchmark used
+    (default: every visible GPU, else 1); ``link``: what its exchange crossed (default: ``nvlink``
+    where two GPUs reach each other's memory, ``none`` on one GPU, ``gloo`` on CPU)."""
+    import torch
+
+    cpus = os.cpu_count() or 1
+    if not torch.cuda.is_available():
+        return Machine("cpu", count or 1, link or "gloo", cpus)
+    visible = torch.cuda.device_count()
+    count = count or visible
+    if link is None:
+        peer = visible > 1 and torch.cuda.can_device_access_peer(0, 1)
+        link = "nvlink" if peer else ("none" if count == 1 else "pcie")
+    return Machine(torch.cuda.get_device_name(0), count, link, cpus)
+
+
+def command_line() -> str:
+    """The command that started this process, as a user would type it again."""
+    launcher = os.environ.get("MXFP8EP_BENCH_COMMAND")
+    if launcher:  # set by benchmarks/run.sh: the suite's whole command (torchrun and all)
+        return launcher
+    return shlex.join([Path(sys.executable).name, *sys.argv])
+
+
+class ResultsFile:
+    """One run of one benchmark: ``write(**fields)`` appends a row with the run's provenance.
+
+    Only the process that calls ``write`` writes; under torchrun let rank 0 call it.
+    """
+
+    def __init__(self, bench: str, out_dir: str | os.PathLike, *, machine: Machine | None = None,
+                 command: str | None = None) -> None:
+        commit, dirty = git_commit()
+        self.machine = machine or this_machine()
+        now = _dt.datetime.now(_dt.timezone.utc)
+        self.provenance = {
+            "bench": bench,
+            "commit": commit,
+            "dirty": dirty,
+            "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": asdict(self.machine),
+            "versions": versions(),
+            "command": command or command_line(),
+        }
+        name = f"{now:%Y-%m-%d}_{commit[:7]}_{self.machine.slug}_{bench}.jsonl"
+        self.path = Path(out_dir) / name
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, **fields) -> dict:
+        clash = sorted(set(fields) & set(PROVENANCE_KEYS))
+        if clash:
+            raise ValueError(f"row fields {clash} would overwrite the row's provenance")
+        row = {**self.provenance, **fields}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, sort_keys=False) + "\n")
+        return row
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """Every row of one results file, or of every ``*.jsonl`` under a folder (sorted by name)."""
+    path = Path(path)
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    rows = []
+    for file in files:
+        with file.open() as f:
+            rows.extend(json.loads(line) for line in f if line.strip())
+    return rows
