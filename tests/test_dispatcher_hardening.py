@@ -1,0 +1,329 @@
+"""Inputs at the edge of the dispatcher's contract, on gloo process groups of 2-4 ranks, every
+transport: each gives the right answer, or a clear error on EVERY rank within seconds (the
+process-group timeout is cut to ``TIMEOUT_S``, so a rank left waiting for a peer fails the test
+quickly instead of hanging it).
+
+* Repeated expert ids in one token, with top-k above the experts per rank (custom routers,
+  capacity-dropping schemes): with identity experts and dyadic values every sum is exact, so
+  bf16 legs give the exact answer on every transport, bit for bit the same as the nccl
+  transport; MXFP8 legs stay within ``QUANT_BOUND`` of it.
+* Expert ids out of range, token counts that disagree with the ids, and bad input on one rank
+  only (fp16 tokens, an id = E): every rank raises, the peers with an error that names the
+  rank whose input failed; afterwards the group is still in step (a valid batch goes through).
+* A config that differs across ranks (dim, experts, top-k, token dtype, legs, transport,
+  capacity): a ``ValueError`` on every rank that names the field and each rank's value.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.dispatcher import TokenDispatcher
+from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
+from tests.round_trips import MAX_TOKENS, TRANSPORTS, round_trip, to_next_rank
+
+# A rank that waits for a peer longer than this fails (gloo's collective timeout).
+TIMEOUT_S = 10
+# Every rank, the one whose input failed and its peers, has raised by then.
+ERROR_WITHIN_S = TIMEOUT_S / 2
+PRESETS = ("bf16", "mxfp8", "mxfp8_all")
+# Relative Frobenius error of an MXFP8 round trip against the exact answer (e4m3: 3 mantissa
+# bits, a half-ulp of 2**-4 at most per element).
+QUANT_BOUND = 2.0**-4
+
+
+def _config(transport, preset="bf16", num_experts=None, top_k=1, score_before_experts=False, partial_sums=True,
+            max_tokens=MAX_TOKENS, **kwargs):
+    return TokenDispatcher.Config(
+        num_experts=num_experts or 2 * dist.get_world_size(), top_k=top_k, max_tokens_per_rank=max_tokens,
+        score_before_experts=score_before_experts,
+        a2a=A2AConfig.preset(preset, transport=transport, symm_combine_partial_sums=partial_sums), **kwargs,
+    )
+
+
+def _build(transport, preset="bf16", **kwargs):
+    return _config(transport, preset, **kwargs).build(dist.group.WORLD, "cpu")
+
+
+def _histogram(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    return torch.bincount(ids.reshape(-1), minlength=num_experts)
+
+
+# --------------------------------------------------------------------------------------------
+# repeated expert ids
+
+
+def _repeated_routings(rank: int, world: int, tokens: int, g: torch.Generator):
+    """(name, num_experts, top_k, ids) of this rank: routings whose tokens list an expert more
+    than once, with top_k above the experts per rank."""
+    E = world  # one expert per rank
+    out = []
+    # The issue's example: every token picks the next rank's expert twice.
+    out.append(("next rank's expert twice", E, 2, torch.full((tokens, 2), (rank + 1) % world)))
+    # Every token of every rank picks expert 0 three times: rank 0 receives 3 rows per token,
+    # more than a drop-free layout sized for distinct ids holds.
+    out.append(("expert 0 three times", E, 3, torch.zeros(tokens, 3, dtype=torch.int64)))
+    # Its own expert and a peer's, each twice.
+    own, peer = rank, (rank + 1) % world
+    out.append(("own and next twice each", E, 4, torch.tensor([own, peer, own, peer]).repeat(tokens, 1)))
+    # Drawn with replacement, two experts per rank (top-3 > 2 local experts).
+    out.append(("drawn with replacement", 2 * E, 3, torch.randint(0, 2 * E, (tokens, 3), generator=g)))
+    return out
+
+
+def _exact_inputs(tokens, dim, top_k, g, dtype=torch.bfloat16):
+    """Tokens of eighths in [-1, 1] and scores in {1/8, 1/4, 1/2, 3/4}: every product and sum
+    the dispatcher forms is exact in bf16 and fp32, whatever the order."""
+    x = (torch.randint(-8, 9, (tokens, dim), generator=g).float() / 8).to(dtype)
+    scores = torch.tensor([0.125, 0.25, 0.5, 0.75])[torch.randint(0, 4, (tokens, top_k), generator=g)]
+    return x, scores
+
+
+def _expected(x, scores):
+    """Identity experts, output gradient of ones: out = sum_k s_k x, dx = sum_k s_k,
+    ds_k = sum_d x (in fp64, then the tokens' dtype)."""
+    x64, s64 = x.double(), scores.double()
+    out = (s64.sum(dim=1, keepdim=True) * x64).to(x.dtype)
+    x_grad = s64.sum(dim=1, keepdim=True).expand_as(x64).to(x.dtype)
+    score_grad = x64.sum(dim=1, keepdim=True).expand_as(s64).float()
+    return out, x_grad, score_grad
+
+
+def _scales(x, scores):
+    """What an MXFP8 error of each of ``_expected``'s values is relative to: the value itself,
+    but for a score gradient (a sum with cancellation) the sum of its terms' magnitudes."""
+    out, x_grad, _ = _expected(x, scores)
+    return out, x_grad, x.double().abs().sum(dim=1, keepdim=True).expand_as(scores).float()
+
+
+def _repeated_ids(rank, world):
+    setup_rank()
+    g = torch.Generator().manual_seed(100 + rank)
+    tokens, dim = 4 + rank, 64
+    for name, num_experts, top_k, ids in _repeated_routings(rank, world, tokens, g):
+        assert top_k > num_experts // world, name
+        counts = _histogram(ids, num_experts)
+        for score_before in (False, True):
+            for preset in PRESETS:
+                if preset == "bf16":
+                    x, scores = _exact_inputs(tokens, dim, top_k, g)
+                else:
+                    x = torch.randn(tokens, dim, generator=g).to(torch.bfloat16)
+                    scores = torch.rand(tokens, top_k, generator=g)
+                want, scales = _expected(x, scores), _scales(x, scores)
+                results = {}
+                for transport in TRANSPORTS:
+                    for partial in ((True, False) if transport == "symm" else (True,)):
+                        where = (f"rank {rank} {name} {transport} {preset} score_before={score_before} "
+                                 f"partial_sums={partial}")
+                        dispatcher = _build(transport, preset, num_experts=num_experts, top_k=top_k,
+                                            score_before_experts=score_before, partial_sums=partial)
+                        routed, *got = round_trip(dispatcher, x, scores, ids, counts)
+                        results[(transport, partial)] = (routed, *got)
+                        for value, ref, scale, what in zip(got, want, scales, ("out", "x grad", "score grad")):
+                            if preset == "bf16":
+                                assert torch.equal(bits(value), bits(ref)), f"{what} not exact: {where}"
+                            else:
+                                err = rel_err(value, ref, scale)
+                                assert err < QUANT_BOUND, f"{what} rel err {err:.3g}: {where}"
+                if preset == "bf16":  # every transport bit for bit the same as nccl
+                    nccl = results[("nccl", True)]
+                    for key, result in results.items():
+                        for a, b, what in zip(result, nccl, ("routed", "out", "x grad", "score grad")):
+                            assert a.shape == b.shape and torch.equal(bits(a), bits(b)), \
+                                f"{what} of {key} differs from nccl: rank {rank} {name} score_before={score_before}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_repeated_expert_ids_match_nccl(world):
+    """A token that lists an expert twice (top_k above the experts per rank), every transport
+    and preset: bf16 exact and bit for bit equal to nccl, MXFP8 within QUANT_BOUND."""
+    preload(titan=False)
+    run_forked(world, _repeated_ids, timeout_s=TIMEOUT_S)
+
+
+# --------------------------------------------------------------------------------------------
+# failing on every rank
+
+
+def _fails_everywhere(dispatch, error, match: str, rank: int) -> None:
+    """``dispatch()`` raises ``error`` matching ``match`` on this rank within ERROR_WITHIN_S,
+    and afterwards every rank meets in a barrier (none is still waiting for a peer)."""
+    start = time.monotonic()
+    with pytest.raises(error, match=match):
+        dispatch()
+    took = time.monotonic() - start
+    assert took < ERROR_WITHIN_S, f"rank {rank} raised only after {took:.1f}s"
+    dist.barrier()
+
+
+def _still_in_step(dispatcher, rank, world) -> None:
+    """A valid batch after a failed dispatch goes there and back (top-1, identity experts)."""
+    top_k = dispatcher.config.top_k
+    assert top_k <= 2 and dispatcher.num_local_experts >= top_k
+    x, scores, ids, counts = to_next_rank(rank, world, 5, 64)
+    # The next rank's first top_k experts, each once.
+    first = (rank + 1) % world * dispatcher.num_local_experts
+    ids = (first + torch.arange(top_k)).expand(5, top_k).contiguous()
+    scores = torch.full((5, top_k), 1.0 / top_k)
+    counts = _histogram(ids, dispatcher.config.num_experts)
+    _, out, _, _ = round_trip(dispatcher, x, scores, ids, counts)
+    assert rel_err(out, x) < QUANT_BOUND, "the group is out of step after a failed dispatch"
+
+
+def _bad_ids(rank, world):
+    """Rank 1's token 0 lists an id out of range, with counts from the valid ids (as
+    torchtitan's histc makes them), or counting it on expert 0 (the sum then agrees)."""
+    setup_rank()
+    E, top_k, tokens = 2 * world, 2, 6
+    for transport in TRANSPORTS:
+        for preset in ("bf16", "mxfp8"):
+            dispatcher = _build(transport, preset, num_experts=E, top_k=top_k)
+            _still_in_step(dispatcher, rank, world)  # steady state: buffers exist, the config agreed
+            for bad in (-1, E):
+                for counted in ("valid ids", "on expert 0"):
+                    x = torch.randn(tokens, 64)
+                    scores = torch.rand(tokens, top_k)
+                    ids = torch.stack([torch.arange(tokens) % E, (torch.arange(tokens) + 1) % E], dim=1)
+                    counts = _histogram(ids, E)
+                    if rank == 1:
+                        counts[ids[0, 1]] -= 1
+                        ids[0, 1] = bad
+                        if counted == "on expert 0":
+                            counts[0] += 1
+                    _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
+                                      rf"rank 1\b.*expert id", rank)
+            _still_in_step(dispatcher, rank, world)
+
+
+def test_out_of_range_expert_ids_fail_on_every_rank():
+    """An id of -1 or num_experts on one rank, every transport: every rank raises, naming
+    rank 1 and the expert ids; the group stays in step."""
+    preload(titan=False)
+    run_forked(2, _bad_ids, timeout_s=TIMEOUT_S)
+
+
+def _bad_counts(rank, world):
+    setup_rank()
+    E, top_k, tokens = 2 * world, 2, 6
+    for transport in TRANSPORTS:
+        for preset in ("bf16", "mxfp8"):
+            dispatcher = _build(transport, preset, num_experts=E, top_k=top_k)
+            for first in (True, False):  # at the dispatcher's first dispatch, and after one
+                if not first:
+                    _still_in_step(dispatcher, rank, world)
+                for case in ("sum above T*top_k", "same sum, other experts", "E + 1 entries", "E - 1 entries"):
+                    x = torch.randn(tokens, 64)
+                    scores = torch.rand(tokens, top_k)
+                    ids = torch.stack([torch.arange(tokens) % E, (torch.arange(tokens) + 3) % E], dim=1)
+                    counts = _histogram(ids, E)
+                    if rank == 1:
+                        if case == "sum above T*top_k":
+                            counts[1] += tokens
+                        elif case == "same sum, other experts":
+                            counts = counts.roll(1)
+                        elif case == "E + 1 entries":
+                            counts = torch.cat([counts, counts.new_zeros(1)])
+                        else:
+                            counts = counts[:-1]
+                    _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
+                                      r"rank 1\b.*(count|num_tokens_per_expert)", rank)
+            _still_in_step(dispatcher, rank, world)
+
+
+def test_counts_that_disagree_with_the_ids_fail_on_every_rank():
+    """num_tokens_per_expert on one rank that sums past T*top_k, has the right sum but not the
+    ids' histogram, or has the wrong length: every rank raises, naming rank 1; then the group
+    is still in step."""
+    preload(titan=False)
+    run_forked(2, _bad_counts, timeout_s=TIMEOUT_S)
+
+
+# Config fields a rank may get wrong: field -> (rank 0's, rank 1's) config overrides and
+# tokens (dim, dtype).
+MISMATCHES = {
+    "dim": ({}, {}, (64, 96), (torch.float32, torch.float32)),
+    "dtype": ({}, {}, (64, 64), (torch.float32, torch.bfloat16)),
+    "num_experts": ({"num_experts": 4}, {"num_experts": 8}, (64, 64), (torch.float32, torch.float32)),
+    "top_k": ({"top_k": 1}, {"top_k": 2}, (64, 64), (torch.float32, torch.float32)),
+    "dispatch_fwd": ({"preset": "bf16"}, {"preset": "mxfp8"}, (64, 64), (torch.float32, torch.float32)),
+    "max_tokens": ({"max_tokens": MAX_TOKENS}, {"max_tokens": 2 * MAX_TOKENS}, (64, 64), (torch.float32,) * 2),
+    "score_before_experts": ({"score_before_experts": False}, {"score_before_experts": True}, (64, 64),
+                             (torch.float32,) * 2),
+}
+
+
+def _mismatched_configs(rank, world):
+    setup_rank()
+    assert world == 2
+    for transport in TRANSPORTS:
+        for field, (*overrides, dims, dtypes) in MISMATCHES.items():
+            if field == "max_tokens" and transport != "symm":
+                continue  # only symm sizes buffers from it
+            kwargs = dict(overrides[rank])
+            preset = kwargs.pop("preset", "bf16")
+            top_k = kwargs.get("top_k", 1)
+
+            def dispatch():
+                dispatcher = _build(transport, preset, **kwargs)
+                x = torch.randn(4, dims[rank]).to(dtypes[rank])
+                ids = torch.full((4, top_k), 2 * ((rank + 1) % world))
+                counts = _histogram(ids, dispatcher.config.num_experts)
+                dispatcher.dispatch(x, torch.ones(4, top_k), ids, counts)
+
+            _fails_everywhere(dispatch, ValueError, rf"{field}.*rank 0.*rank 1", rank)
+    # The transport itself: one rank asks for symm, the other for nccl.
+    for a, b in (("symm", "nccl"), ("nccl", "symm")):
+        transport = (a, b)[rank]
+
+        def dispatch():
+            dispatcher = _build(transport)
+            x, scores, ids, counts = to_next_rank(rank, world, 4, 64)
+            dispatcher.dispatch(x, scores, ids, counts)
+
+        _fails_everywhere(dispatch, ValueError, r"transport.*rank 0.*rank 1", rank)
+    for transport in TRANSPORTS:  # agreeing dispatchers still work
+        _still_in_step(_build(transport), rank, world)
+
+
+def test_configs_that_differ_across_ranks_fail_on_every_rank():
+    """Rank 1's dispatcher or tokens differ from rank 0's in one field: every rank raises a
+    ValueError naming the field and both ranks (no garbage, no mismatched collective)."""
+    preload(titan=False)
+    run_forked(2, _mismatched_configs, timeout_s=TIMEOUT_S)
+
+
+def _one_rank_fails(rank, world):
+    """Rank 1 alone gets fp16 tokens, or an expert id = E: it raises its own error, its peers
+    an error naming rank 1, at a dispatcher's first dispatch and after one."""
+    setup_rank()
+    E = 2 * world
+    own_error = {"fp16 tokens": (TypeError, "float16"), "id = E": (ValueError, r"rank 1\b.*expert id")}
+    for transport in TRANSPORTS:
+        for preset in ("bf16", "mxfp8"):
+            for first in (True, False):
+                for case, (error, match) in own_error.items():
+                    dispatcher = _build(transport, preset, num_experts=E)
+                    if not first:
+                        _still_in_step(dispatcher, rank, world)
+                    x, scores, ids, counts = to_next_rank(rank, world, 4, 64)
+                    if rank == 1:
+                        if case == "fp16 tokens":
+                            x = x.half()
+                        else:
+                            ids[0, 0] = E
+                    if rank != 1:
+                        error, match = ValueError, r"rank 1\b"
+                    _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), error, match, rank)
+                    _still_in_step(dispatcher, rank, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bad_input_on_one_rank_fails_on_every_rank(world):
+    preload(titan=False)
+    run_forked(world, _one_rank_fails, timeout_s=TIMEOUT_S)
