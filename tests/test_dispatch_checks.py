@@ -25,6 +25,10 @@ def _routing(ids, counts):
     assert ((checked.expert_ids >= 0) & (checked.expert_ids < E)).all()
     # What the dispatcher routes by always agrees with itself: no kernel leaves its bounds.
     assert torch.equal(checked.counts, torch.bincount(checked.expert_ids, minlength=E))
+    # The Triton kernels (the interpreter on CPU) give the same: ids, counts, fault word.
+    fused = checks.check_routing(ids, counts, E, kernel="triton")
+    for field in ("expert_ids", "counts", "fault"):
+        assert torch.equal(getattr(fused, field), getattr(checked, field)), field
     return Fault(int(checked.fault)), checked
 
 
@@ -55,6 +59,20 @@ def test_counts_that_disagree_with_the_ids():
     more = counts.clone()
     more[1] += T
     assert _routing(ids, more)[0] == Fault.COUNTS | Fault.COUNTS_SUM
+
+
+def test_triton_kernels_equal_the_twin_over_many_blocks():
+    """More ids than one program takes, ids piled on a few experts, E not a power of two."""
+    g = torch.Generator().manual_seed(0)
+    for num_experts, tokens in ((6, 700), (1, 300), (8, 0)):
+        ids = torch.randint(-2, num_experts + 2, (tokens, 3), generator=g)
+        ids[: tokens // 2] = 0  # a hot expert: many atomic adds into one bin
+        for counts in (torch.bincount(ids.clamp(0, num_experts - 1).reshape(-1), minlength=num_experts)[:num_experts],
+                       torch.zeros(num_experts, dtype=torch.int64)):
+            want = checks.check_routing(ids, counts, num_experts)
+            got = checks.check_routing(ids, counts, num_experts, kernel="triton")
+            for field in ("expert_ids", "counts", "fault"):
+                assert torch.equal(getattr(got, field), getattr(want, field)), (num_experts, tokens, field)
 
 
 def test_repeated_ids_are_valid():

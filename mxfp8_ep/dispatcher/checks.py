@@ -201,18 +201,25 @@ class CheckedRouting:
 
 
 def check_routing(topk_expert_ids_TK: torch.Tensor, num_tokens_per_expert_E: torch.Tensor,  # noqa: N803
-                  num_experts: int) -> CheckedRouting:
+                  num_experts: int, kernel: str = "torch") -> CheckedRouting:
     """Expert ids in ``[0, num_experts)``, counts equal to the histogram of the ids and summing to
-    ``T x top_k``: the fault bits, on the device (elementwise ops and one scatter-add, no host
-    sync). The counts are compared with the histogram of the ids in range (what torchtitan's
-    ``histc`` counts); the returned counts, the histogram of the returned ids, agree with
-    those ids by construction, so routing by them keeps every kernel in bounds."""
+    ``T x top_k``: the fault bits, on the device (no host sync). The counts are compared with
+    the histogram of the ids in range (what torchtitan's ``histc`` counts); the returned
+    counts, the histogram of the returned ids, agree with those ids by construction, so
+    routing by them keeps every kernel in bounds. ``kernel="triton"``: the same in two Triton
+    launches (``mxfp8_ep.check_kernels``), of which this torch code is the twin."""
     ids = topk_expert_ids_TK.reshape(-1).to(torch.int64)
+    counts = num_tokens_per_expert_E.to(device=ids.device, dtype=torch.int64)
+    if kernel == "triton":
+        from mxfp8_ep import check_kernels
+
+        bits = {f.name: int(f) for f in (Fault.EXPERT_ID, Fault.COUNTS, Fault.COUNTS_SUM)}
+        safe, routed, fault = check_kernels.check_routing(ids.contiguous(), counts.contiguous(), num_experts, bits)
+        return CheckedRouting(expert_ids=safe, counts=routed, fault=fault)
     device = ids.device
     valid = (ids >= 0) & (ids < num_experts)
     safe = torch.where(valid, ids, 0)
     in_range = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, safe, valid.to(torch.int64))
-    counts = num_tokens_per_expert_E.to(device=device, dtype=torch.int64)
     missing = ids.numel() - valid.sum()
     fault = (
         torch.where(missing > 0, int(Fault.EXPERT_ID), 0)
