@@ -312,11 +312,9 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
 
 # Arm modifiers that run the arm with another kernel launch shape (``symm_kernels``' module
 # constant -> the value), side by side with the default: shapes chosen on one H200, which cannot
-# show their stores crossing NVLink, for a 2-GPU run to decide. ``push2``: ``push_tokens`` at its
-# shape before the fifteenth session, two tokens per program (one token is 7-23% faster on HBM
-# for combine's backward, 10-17% for dispatch's forward at EP=8). ``partials2``: ``push_partials``
-# at its shapes before the fourteenth session (the new ones are 17-26% faster at EP=8 on HBM, the
-# same at EP=2).
+# show their stores crossing NVLink, for a 2-GPU run to decide. ``push2``: ``push_tokens`` at two
+# tokens per program instead of one. ``partials2``: ``push_partials`` at two slots per program
+# instead of one. Their one-GPU sweeps: docs/results.md, bench kernels.
 LAUNCH_MODIFIERS = {
     "push2": ("PUSH_TOKENS_SHAPES", {"bf16": (2, 4, 1024), "mxfp8": (2, 4, 1024)}),
     "partials2": ("PUSH_PARTIALS_SHAPES", {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}),

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU evidence on a 2-GPU machine, in one call each (the device lease is short):
+# GPU evidence on a 2-GPU machine, one mode per command (each fits a 10-minute run):
 #   bash benchmarks/gpu_evidence.sh core  OUT_DIR   # GPU variants of the tests + a2a benchmark
 #   bash benchmarks/gpu_evidence.sh train OUT_DIR   # llama4/dsv3 debugmodel, EP=2, bf16 vs mxfp8
 #   bash benchmarks/gpu_evidence.sh dispatcher OUT_DIR  # symm/nccl dispatcher: GPU tests + benchmark
-#     (dispatcher_tests / dispatcher_bench: each half alone, for the 600 s limit of one device call)
+#     (dispatcher_tests / dispatcher_bench: each half alone, each within 10 minutes)
 #   bash benchmarks/gpu_evidence.sh one_gpu_tests OUT_DIR  # ONE GPU: kernels + symm with ranks sharing it
 #   bash benchmarks/gpu_evidence.sh one_gpu_fuzz OUT_DIR   # ONE GPU: the 200-routing fuzz, 2-4 ranks sharing it
 #   bash benchmarks/gpu_evidence.sh transports OUT_DIR  # dsv3_ep_bench, 50 steps: bf16/nccl vs */symm
@@ -30,7 +30,7 @@ if [ "$what" = core ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_all_to_all.py tests/test_expert_parallel.py -k "nccl" 2>&1 | tee "$out/test_nccl.log" | tail -3
   torchrun --nproc_per_node=2 benchmarks/a2a.py --json "$out/a2a.json" 2>&1 | tee "$out/a2a.log" | grep -v "^W"
 elif [ "$what" = dispatcher ] || [ "$what" = dispatcher_tests ] || [ "$what" = dispatcher_bench ]; then
-  # Together these take longer than one 600 s device call: dispatcher_tests, then dispatcher_bench.
+  # Together these take longer than 10 minutes: dispatcher_tests, then dispatcher_bench.
   if [ "$what" != dispatcher_bench ]; then
     python3 -m pytest -q -p no:cacheprovider -k "not sharing_one_gpu" tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
   fi
