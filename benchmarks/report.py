@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks import speed_model
-from benchmarks.rows import PROVENANCE_KEYS, read_rows
+from benchmarks.rows import OPTIONAL_PROVENANCE_KEYS, PROVENANCE_KEYS, read_rows
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -76,7 +76,7 @@ BENCHES = {
                       group=("shape", "pass"), baselines=("alltoall", "minimal_async_ep"),
                       hide=("shape_desc",)),
 }
-HIDDEN = set(PROVENANCE_KEYS) | {"commit_source"}
+HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
 LINKS = {"nvlink": "NVLink", "nccl-shm": "NCCL shm", "nccl-socket": "NCCL sockets", "shm": "NCCL shm",
          "socket": "NCCL sockets", "gloo": "gloo", "pcie": "PCIe", "none": None}
 

@@ -152,3 +152,21 @@ def test_claims_file_limits_the_readme_table(tmp_path):
     committed = report.load_claims()
     assert 0 < sum(bool(c.get("readme")) for c in committed) <= 15
     assert all("target" in c for c in committed if c.get("readme"))
+
+
+def test_every_committed_row_names_its_provenance():
+    """Each row: commit, date, machine, versions and command; the file name says the same."""
+    from benchmarks.rows import PROVENANCE_KEYS, Machine
+
+    files = sorted(report.RESULTS.glob("*.jsonl"))
+    assert files
+    for path in files:
+        for row in report.read_rows(path):
+            assert set(PROVENANCE_KEYS) <= set(row), (path.name, sorted(set(PROVENANCE_KEYS) - set(row)))
+            assert len(row["commit"]) == 40 and int(row["commit"], 16) >= 0, path.name
+            assert row.get("commit_source", "recorded") in ("recorded", "inferred"), path.name
+            machine = Machine(**row["machine"])
+            assert machine.gpu and machine.count >= 1 and machine.link, path.name
+            assert row["versions"].get("torch") and row["command"].strip(), path.name
+            expect = f"{row['date'][:10]}_{row['commit'][:7]}_{machine.slug}_{row['bench']}.jsonl"
+            assert path.name == expect, (path.name, expect)
