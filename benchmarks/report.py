@@ -261,6 +261,7 @@ class Claim:
     run: Run | None = None
     row: dict = field(default_factory=dict)
     error: str | None = None
+    inputs: list = field(default_factory=list)  # the runs a model claim is computed from
 
     @property
     def id(self) -> str:
@@ -292,6 +293,8 @@ def evaluate(spec: dict, runs: dict[str, Run]) -> Claim:
         if spec.get("model") == "layer":
             row = _one(speed_model.layer_model_rows(), spec["row"], "row")
             claim.row, claim.value = row, row[spec["key"]]
+            claim.inputs = [runs[n] for n in (speed_model.FLOOR_RUN, speed_model.LAYER_RUN, speed_model.KERNELS_RUN)
+                            if n in runs]
             return claim
         run = runs.get(spec["run"])
         if run is None:
@@ -320,9 +323,10 @@ def load_claims(path: Path = CLAIMS) -> list[dict]:
 
 
 def claim_status(claim: Claim, history: History) -> str:
-    if claim.run is None:
-        return "model" if claim.spec.get("model") else ""
-    return history.status(claim.run.first["commit"], claim.run.bench.paths)
+    """A measured claim has its run's status; a model claim is STALE when any run it reads is."""
+    runs = [claim.run] if claim.run else claim.inputs
+    states = {history.status(r.first["commit"], r.bench.paths) for r in runs}
+    return next((s for s in ("STALE", "unknown") if s in states), "current")
 
 
 def claims_table(claims: list[Claim], history: History, link_prefix: str) -> list[str]:
