@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPES = [(65536, 7168), (16384, 5120), (131072, 2048)]
 GRID = [0.5 * 1.5**i for i in range(30)]  # 0.5 GB/s ... ~64 TB/s
 
-# docs/performance.md, "Predicted vs measured": every check row within 7% of the measured
-# speedup, except the loopback-socket leg rows (5 samples each; 12%, explained there).
+# The checks (docs/results.md, "leg model"): every row within 7% of the measured speedup, except
+# the loopback-socket leg rows (5 samples each; 12%, docs/performance.md says why).
 TOLERANCE = 0.07
 SOCKET_TOLERANCE = 0.12
 # NVLink leg rows (staged): 11%. The HBM pass rate is fit on the striped symm dispatch, where
