@@ -26,7 +26,6 @@ compared with the torchtitan arm's (``rel_err``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -253,8 +252,7 @@ def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str,
     """Time every arm round-robin: each of ``args.rounds`` rounds runs the arms in turn, each
     taking its share of the ``args.iters`` samples, so slow drifts of the GPU (clocks under a
     long GEMM load, temperature) fall on all arms alike instead of on the later ones.
-    ``time_arm(arm, first_round, iters)``, run with the arm's launch shapes (``launch_shapes``),
-    builds the arm and returns ``{pass: (steady samples, synced samples)}``; whatever it built
+    ``time_arm(arm, first_round, iters)`` builds the arm and returns ``{pass: (steady samples, synced samples)}``; whatever it built
     is gone when it returns, before the next arm's peak.
     It calls ``_reset_peak`` before its timed samples (after any check); ``held_bytes()``: what
     is kept across arms then (the reference's check results), left out of the peak.
@@ -269,8 +267,7 @@ def round_robin(arms, time_arm, args, device, held_bytes=lambda: 0) -> dict[str,
     for round_ in range(args.rounds):
         for arm in arms:
             _free_peer_buffers()
-            with launch_shapes(arm):
-                timed = time_arm(arm, round_ == 0, per_round)
+            timed = time_arm(arm, round_ == 0, per_round)
             for name, (steady, synced) in timed.items():
                 kept = samples[arm].setdefault(name, ([], []))
                 kept[0].extend(steady)
@@ -310,16 +307,12 @@ def time_arms(arms, build, x, grad, expert_w1, args, device) -> dict[str, dict]:
     return results
 
 
-# Arm modifiers that run the arm with another kernel launch shape (``symm_kernels``' module
-# constant -> the value), side by side with the default: shapes chosen on one H200, which cannot
-# show their stores crossing NVLink, for a 2-GPU run to decide. ``push2``: ``push_tokens`` at its
-# shape before the fifteenth session, two tokens per program (one token is 7-23% faster on HBM
-# for combine's backward, 10-17% for dispatch's forward at EP=8). ``partials2``: ``push_partials``
-# at its shapes before the fourteenth session (the new ones are 17-26% faster at EP=8 on HBM, the
-# same at EP=2).
+# Arm modifiers that run the arm at another kernel launch shape (``TokenDispatcher.Config.launch_shapes``:
+# kernel -> a shape per leg format), side by side with the defaults. ``push2``: ``push_tokens`` at
+# two tokens per program. ``partials2``: ``push_partials`` at two token slots per program.
 LAUNCH_MODIFIERS = {
-    "push2": ("PUSH_TOKENS_SHAPES", {"bf16": (2, 4, 1024), "mxfp8": (2, 4, 1024)}),
-    "partials2": ("PUSH_PARTIALS_SHAPES", {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}),
+    "push2": ("push_tokens", {"bf16": (2, 4, 1024), "mxfp8": (2, 4, 1024)}),
+    "partials2": ("push_partials", {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)}),
 }
 
 
@@ -327,7 +320,7 @@ def _modifiers(arm: str) -> set[str]:
     """``<preset>/<transport>[:overlap][:rows][:push2][:partials2][@local]``: ``overlap`` runs the shared
     experts on a side stream (``DispatcherExpertParallel(overlap_shared_experts=True)``); ``rows``
     sends combine's forward row by row (``A2AConfig.symm_combine_partial_sums=False``); the
-    ``LAUNCH_MODIFIERS`` change a kernel's launch shape while the arm runs (``launch_shapes``)."""
+    ``LAUNCH_MODIFIERS`` run a kernel at another launch shape (``launch_shapes``)."""
     mods = set(arm.split("@")[0].split(":")[1:])
     known = {"overlap", "rows", *LAUNCH_MODIFIERS}
     if not mods <= known:
@@ -335,35 +328,23 @@ def _modifiers(arm: str) -> set[str]:
     return mods
 
 
-@contextlib.contextmanager
-def symm_kernel_shapes(**constants):
-    """Inside the block, ``symm_kernels``' launch-shape constants named here take these values
-    (e.g. ``REDUCE_SHAPES={...}``); after it, their own again."""
-    from mxfp8_ep import symm_kernels
-
-    saved = {name: getattr(symm_kernels, name) for name in constants}
-    try:
-        for name, value in constants.items():
-            setattr(symm_kernels, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(symm_kernels, name, value)
-
-
-def format_shape(table: str, fmt: str, shape) -> dict:
-    """``symm_kernel_shapes``' argument that sets one leg format's entry of a per-format
-    launch-shape table (``REDUCE_SHAPES``, ``PUSH_TOKENS_SHAPES``, ...); the other formats keep
-    theirs."""
-    from mxfp8_ep import symm_kernels
-
-    return {table: {**getattr(symm_kernels, table), fmt: tuple(shape)}}
-
-
 def launch_shapes(arm: str):
-    """While the arm runs (built, checked, timed): its ``LAUNCH_MODIFIERS`` set on
-    ``symm_kernels`` (``symm_kernel_shapes``)."""
-    return symm_kernel_shapes(**dict(LAUNCH_MODIFIERS[mod] for mod in _modifiers(arm) & LAUNCH_MODIFIERS.keys()))
+    """The arm's ``TokenDispatcher.Config.launch_shapes``: each format's defaults with its
+    ``LAUNCH_MODIFIERS`` applied, or None (the defaults) for an arm without any."""
+    from dataclasses import replace
+
+    from mxfp8_ep.config import LEG_FORMATS
+    from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
+
+    mods = sorted(_modifiers(arm) & LAUNCH_MODIFIERS.keys())
+    if not mods:
+        return None
+    return {
+        fmt: replace(KernelShapes.default(fmt), **{
+            LAUNCH_MODIFIERS[mod][0]: LaunchShape(*LAUNCH_MODIFIERS[mod][1][fmt]) for mod in mods
+        })
+        for fmt in LEG_FORMATS
+    }
 
 
 def _a2a(arm: str):
@@ -411,7 +392,8 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
         moe.init_weights(0.02, device)
     moe.to(dtype)
     style = (ExpertParallel() if arm == "torchtitan" else
-             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts="overlap" in _modifiers(arm)))
+             DispatcherExpertParallel(_a2a(arm), shape.tokens, overlap_shared_experts="overlap" in _modifiers(arm),
+                                      launch_shapes=launch_shapes(arm)))
     parallelize_module(moe.experts, mesh, style)
     return moe
 
@@ -534,7 +516,8 @@ def bench_legs(args, device, mesh, rows: list[dict]) -> None:
             if arm == "torchtitan":
                 disp = _TitanLeg(experts, top_k, mesh)
             else:
-                cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens)
+                cfg = TokenDispatcher.Config(num_experts=experts, top_k=top_k, a2a=_a2a(arm), max_tokens_per_rank=tokens,
+                                             launch_shapes=launch_shapes(arm))
                 disp = cfg.build(mesh.get_group(), device)
             routed, _, meta = disp.dispatch(x, scores, ids, counts)
             if first_round:

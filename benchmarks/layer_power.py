@@ -39,7 +39,6 @@ from benchmarks.dispatcher import (  # noqa: E402
     _pass_fns,
     finish,
     init_process_group,
-    launch_shapes,
     layer_builder,
     layer_inputs,
 )
@@ -157,21 +156,20 @@ def main() -> None:
     phases = []  # (arm, round, host start, host end, ms per pass of each rank)
     for round_ in range(args.rounds):
         for arm in args.arms.split(","):
-            with launch_shapes(arm):
-                moe = build(arm)
-                xi = x.clone().requires_grad_()
-                passes, drop_grads = _pass_fns(moe, xi, grad)
-                _back_to_back(passes["fwd+bwd"], drop_grads, 3)
-                torch.cuda.synchronize()
-                time.sleep(args.cooldown)
-                dist.barrier()
-                start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.time()
-                start_event.record()
-                _back_to_back(passes["fwd+bwd"], drop_grads, args.iters)
-                end_event.record()
-                torch.cuda.synchronize()
-                t1 = time.time()
+            moe = build(arm)
+            xi = x.clone().requires_grad_()
+            passes, drop_grads = _pass_fns(moe, xi, grad)
+            _back_to_back(passes["fwd+bwd"], drop_grads, 3)
+            torch.cuda.synchronize()
+            time.sleep(args.cooldown)
+            dist.barrier()
+            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.time()
+            start_event.record()
+            _back_to_back(passes["fwd+bwd"], drop_grads, args.iters)
+            end_event.record()
+            torch.cuda.synchronize()
+            t1 = time.time()
             ms = torch.tensor([start_event.elapsed_time(end_event) / args.iters], device=device)
             per_rank = [torch.empty_like(ms) for _ in range(world)]
             dist.all_gather(per_rank, ms)

@@ -47,23 +47,23 @@ def _time(fn, iters=20, warmup=5) -> float:
     return float(t.item())
 
 
-def sweep_constants(stage: str, fmt: str, block: int, warps: int, *rest: int) -> dict:
-    """``symm_kernels``' launch-shape constants for one of ``kernel_sweep``'s shapes: pushes
-    (rows per program, warps, stripes, pipelining stages), receive (rows, warps), reduce (tokens,
-    warps, widest column tile), the last two for ``fmt`` only; other stages: none."""
-    from benchmarks.dispatcher import format_shape
+def sweep_shape(stage: str, block: int, warps: int, *rest: int):
+    """The launch shape (``symm_kernels`` wrappers' ``shape=``) of one of ``kernel_sweep``'s
+    shapes: pushes (rows per program, warps, stripes, pipelining stages), receive (rows, warps),
+    reduce (tokens, warps, widest column tile); other stages: None."""
+    from mxfp8_ep.launch_shapes import LaunchShape
 
     if stage in ("push", "push_back"):
-        return dict(PUSH_BLOCK_M=block, PUSH_WARPS=warps, PUSH_STRIPES=rest[0], PUSH_STAGES=rest[1])
+        return LaunchShape(block=block, warps=warps, stripes=rest[0], stages=rest[1])
     if stage == "receive":
-        return format_shape("RECEIVE_SHAPES", fmt, (block, warps))
+        return LaunchShape(block=block, warps=warps)
     if stage == "reduce":
-        return format_shape("REDUCE_SHAPES", fmt, (block, warps, *rest))
-    return {}
+        return LaunchShape(block=block, warps=warps, block_d=rest[0])
+    return None
 
 
 def kernel_sweep(args, rows_out):
-    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, leg_inputs, symm_kernel_shapes
+    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, leg_inputs
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import TokenDispatcher
@@ -91,28 +91,29 @@ def kernel_sweep(args, rows_out):
         remote = int((meta.dst_rank != rank).sum())
         wire_row = dim + dim // 32 if fmt == "mxfp8" else 2 * dim
         stage = {
-            "push": lambda: sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, staging_rows, rank,
-                                         fmt, "rceil", slot=meta.slot, top_k=top_k),
+            "push": lambda shape: sk.push_rows(x, meta.dst_rank, meta.dst_row, out, staging, staging_rows, rank,
+                                               fmt, "rceil", slot=meta.slot, top_k=top_k, shape=shape),
             # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
             # receive through the token map.
-            "push_tokens": lambda: sk.push_tokens(x, meta.inv, meta.dst_rank, meta.dst_row, out, staging,
+            "push_tokens": lambda shape: sk.push_tokens(x, meta.inv, meta.dst_rank, meta.dst_row, out, staging,
                                                   staging_rows, map_offset, bufs.capacity, rank, fmt,
                                                   "rceil", top_k, bufs.max_tokens, sent),
-            "receive_token_map": lambda: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
+            "receive_token_map": lambda shape: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
                                                          stage_row=token_map(staging.local, map_offset, bufs.capacity)),
-            "receive": lambda: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt),
-            "push_back": lambda: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
-                                              staging_rows, rank, fmt, "rceil"),
-            "reduce": lambda: sk.reduce_slots(x, meta.inv, meta.dst_rank, meta.dst_row, routed, staging,
-                                              staging_rows, rank, fmt, top_k,
-                                              weight=scores.reshape(-1)),
-            "barrier": lambda: staging.barrier(),
+            "receive": lambda shape: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
+                                                     shape=shape),
+            "push_back": lambda shape: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
+                                                    staging_rows, rank, fmt, "rceil", shape=shape),
+            "reduce": lambda shape: sk.reduce_slots(x, meta.inv, meta.dst_rank, meta.dst_row, routed, staging,
+                                                    staging_rows, rank, fmt, top_k,
+                                                    weight=scores.reshape(-1), shape=shape),
+            "barrier": lambda shape: staging.barrier(),
             # Ceilings: the same bytes as push's remote rows, one contiguous SM copy into the peer's
             # buffer; and a local HBM copy of everything push reads.
-            "p2p_copy": lambda: staging.peer(1 - rank)[: remote * wire_row].copy_(p2p_src),
-            "hbm_copy": lambda: out[:n].copy_(x_rep),
-            "dispatch": lambda: disp.dispatch(x, scores, ids, counts),
-            "combine": lambda: disp.combine(routed, meta),
+            "p2p_copy": lambda shape: staging.peer(1 - rank)[: remote * wire_row].copy_(p2p_src),
+            "hbm_copy": lambda shape: out[:n].copy_(x_rep),
+            "dispatch": lambda shape: disp.dispatch(x, scores, ids, counts),
+            "combine": lambda shape: disp.combine(routed, meta),
         }
         # HBM bytes each kernel must move at least, and NVLink bytes it sends.
         sent = torch.zeros(1, dtype=torch.int64, device=device)
@@ -134,8 +135,8 @@ def kernel_sweep(args, rows_out):
                              (1, 8, 1024), (1, 2, 512), (2, 4, 512), (2, 8, 1024)]}
         for name, fn in stage.items():
             for block, warps, *stripes in shapes.get(name, [(0, 0)]):
-                with symm_kernel_shapes(**sweep_constants(name, fmt, block, warps, *stripes)):
-                    ms = _time(fn)
+                shape = sweep_shape(name, block, warps, *stripes)
+                ms = _time(lambda: fn(shape))
                 pushes = name in ("push", "push_back")
                 row = {"fmt": fmt, "stage": name, "block": block, "warps": warps, "stripes": stripes[0] if pushes else None,
                        "stages": stripes[1] if pushes else None, "block_d": stripes[0] if name == "reduce" else None,
@@ -213,13 +214,14 @@ def leg_profile(args, arm: str, calls: int = 10):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, _a2a, _free_peer_buffers, leg_inputs
+    from benchmarks.dispatcher import LEG_EXPERTS, LEG_TOP_K, _a2a, _free_peer_buffers, launch_shapes, leg_inputs
     from mxfp8_ep.dispatcher import TokenDispatcher
 
     rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
     leg = leg_inputs(args.rows, args.dim, "even", device, rank)
     x, scores, ids, counts = leg.x, leg.scores, leg.ids, leg.counts
-    cfg = TokenDispatcher.Config(num_experts=LEG_EXPERTS, top_k=LEG_TOP_K, a2a=_a2a(arm), max_tokens_per_rank=leg.tokens)
+    cfg = TokenDispatcher.Config(num_experts=LEG_EXPERTS, top_k=LEG_TOP_K, a2a=_a2a(arm), max_tokens_per_rank=leg.tokens,
+                                 launch_shapes=launch_shapes(arm))
     disp = cfg.build(dist.group.WORLD, device)
     for _ in range(5):
         disp.dispatch(x, scores, ids, counts)

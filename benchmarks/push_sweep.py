@@ -38,13 +38,12 @@ from benchmarks.dispatcher import (  # noqa: E402
     _sample_ms,
     add_timing_arguments,
     finish,
-    format_shape,
     init_process_group,
     parse_shapes,
-    symm_kernel_shapes,
 )
 from benchmarks.receive_sweep import run_rounds  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
+from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape  # noqa: E402
 from mxfp8_ep.peer_memory import OneProcessPeers  # noqa: E402
 from mxfp8_ep.symm_reference import (  # noqa: E402
     partial_slots,
@@ -58,6 +57,10 @@ from mxfp8_ep.symm_reference import (  # noqa: E402
 
 SWEPT_PUSH_TOKENS_SHAPES = [(1, 2, 1024), (1, 4, 1024), (2, 2, 1024), (2, 4, 1024), (2, 8, 1024)]
 RANK = 0
+
+
+def _triple(shape: LaunchShape) -> tuple[int, int, int]:
+    return shape.block, shape.warps, shape.block_d
 
 
 def sorted_routing(tokens: int, experts: int, top_k: int, world: int, device, seed: int = 0):
@@ -122,28 +125,32 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     dots = torch.empty(n, device=device)
     for fmt in ("bf16", "mxfp8"):
         peers = OneProcessPeers(staging_buffer_nbytes(rows, dim, torch.bfloat16, capacity), world, RANK, device)
-        row("push_rows", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+        push_launch = {"rows": KernelShapes.default(fmt).push_rows.block, "warps": KernelShapes.default(fmt).push_rows.warps}
+        row("push_rows", fmt, push_launch, timed(
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
         weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
-        row("push_rows (weighted)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+        row("push_rows (weighted)", fmt, push_launch, timed(
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
         for shape_of_push in args.push_tokens_shapes:
             launch = dict(zip(("tokens", "warps", "block_d"), shape_of_push))
-            with symm_kernel_shapes(**format_shape("PUSH_TOKENS_SHAPES", fmt, shape_of_push)):
-                row("push_tokens", fmt, launch, timed(
-                    lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                           "rceil", top_k, tokens, sent)))
-                row("push_tokens (weighted)", fmt, launch, timed(
-                    lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                           "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots)))
-                row("push_tokens (weighted, local dots)", fmt, launch, timed(
-                    lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                           "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots)))
+            kernel_shape = LaunchShape(*shape_of_push)
+            row("push_tokens", fmt, launch, timed(
+                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                       "rceil", top_k, tokens, sent, shape=kernel_shape)))
+            row("push_tokens (weighted)", fmt, launch, timed(
+                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                       "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots,
+                                       shape=kernel_shape)))
+            row("push_tokens (weighted, local dots)", fmt, launch, timed(
+                lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
+                                       "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots,
+                                       shape=kernel_shape)))
         # The peer's receive: each row from the staged row of its index, or through the map.
         source, tmap, weights = peer_one_rows(peers, offset, capacity, dst_rank, world, tokens)
         peer_side = peers.seen_from(1)
         received = torch.empty((capacity, dim), device=device, dtype=torch.bfloat16)
-        launch = dict(zip(("rows", "warps"), sk.RECEIVE_SHAPES[fmt]))
+        receive = KernelShapes.default(fmt).receive_rows
+        launch = {"rows": receive.block, "warps": receive.warps}
         row("receive_rows", fmt, launch, timed(lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt)))
         row("receive_rows (token map)", fmt, launch, timed(
             lambda: sk.receive_rows(received, source, 1, peer_side, rows, fmt, stage_row=tmap)))
@@ -172,33 +179,37 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
     row_score = torch.rand(capacity, device=device)
     kept = torch.empty((n, dim), device=device, dtype=torch.bfloat16)
     for fmt in ("bf16", "mxfp8"):
-        row("push_rows (token-bound)", fmt, {"rows": sk.PUSH_BLOCK_M, "warps": sk.PUSH_WARPS}, timed(
+        push = KernelShapes.default(fmt).push_rows
+        row("push_rows (token-bound)", fmt, {"rows": push.block, "warps": push.warps}, timed(
             lambda: sk.push_rows(grads, return_rank, return_row, None, back, rows, 1, fmt, "rceil")))
-        for shape_of_partials in args.push_partials_shapes or [sk.PUSH_PARTIALS_SHAPES[fmt]]:
+        defaults = KernelShapes.default(fmt)
+        for shape_of_partials in args.push_partials_shapes or [_triple(defaults.push_partials)]:
             launch = dict(zip(("slots", "warps", "block_d"), shape_of_partials))
-            with symm_kernel_shapes(**format_shape("PUSH_PARTIALS_SHAPES", fmt, shape_of_partials)):
-                row("push_partials", fmt, launch, timed(
-                    lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)))
-                # Combine's forward: weighted partial sums from the experts' rank.
-                row("push_partials (weighted)", fmt, launch, timed(
-                    lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
-                                             weight=row_score)))
-        for shape_of_reduce in args.reduce_shapes or [sk.REDUCE_SHAPES[fmt]]:
+            kernel_shape = LaunchShape(*shape_of_partials)
+            row("push_partials", fmt, launch, timed(
+                lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
+                                         shape=kernel_shape)))
+            # Combine's forward: weighted partial sums from the experts' rank.
+            row("push_partials (weighted)", fmt, launch, timed(
+                lambda: sk.push_partials(grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent,
+                                         weight=row_score, shape=kernel_shape)))
+        for shape_of_reduce in args.reduce_shapes or [_triple(defaults.reduce_slots)]:
             launch = dict(zip(("tokens", "warps", "block_d"), shape_of_reduce))
-            with symm_kernel_shapes(**format_shape("REDUCE_SHAPES", fmt, shape_of_reduce)):
-                row("reduce_slots", fmt, launch, timed(
-                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k)))
-                row("reduce_slots (partials)", fmt, launch, timed(
-                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
-                                            stage_row=stage_row)))
-                # Combine's forward: rows weighted on the token's rank (each kept for the score
-                # gradients), or the weighted partial sums.
-                row("reduce_slots (weighted, keeps rows)", fmt, launch, timed(
-                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
-                                            weight=factor, save=kept)))
-                row("reduce_slots (weighted partials)", fmt, launch, timed(
-                    lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
-                                            weight=factor, stage_row=stage_row, weigh_staged=False)))
+            kernel_shape = LaunchShape(*shape_of_reduce)
+            row("reduce_slots", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        shape=kernel_shape)))
+            row("reduce_slots (partials)", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        stage_row=stage_row, shape=kernel_shape)))
+            # Combine's forward: rows weighted on the token's rank (each kept for the score
+            # gradients), or the weighted partial sums.
+            row("reduce_slots (weighted, keeps rows)", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        weight=factor, save=kept, shape=kernel_shape)))
+            row("reduce_slots (weighted partials)", fmt, launch, timed(
+                lambda: sk.reduce_slots(reduced, inv, dst_rank, dst_row, out, token_side, rows, RANK, fmt, top_k,
+                                        weight=factor, stage_row=stage_row, weigh_staged=False, shape=kernel_shape)))
     assert staging_nbytes(rows, dim, torch.bfloat16) <= offset
 
 

@@ -30,12 +30,11 @@ from benchmarks.dispatcher import (  # noqa: E402
     _sample_ms,
     add_timing_arguments,
     finish,
-    format_shape,
     init_process_group,
     parse_shapes,
-    symm_kernel_shapes,
 )
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
+from mxfp8_ep.launch_shapes import LaunchShape  # noqa: E402
 from mxfp8_ep.peer_memory import LocalBuffer  # noqa: E402
 from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes  # noqa: E402
 
@@ -99,19 +98,19 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         reduce_hbm = staged + n // 2 * dim * 2 + tokens * dim * 2
         receive_hbm = staged + n // 2 * dim * 2
         for t, w, d in args.reduce_shapes:
-            with symm_kernel_shapes(**format_shape("REDUCE_SHAPES", fmt, (t, w, d))):
-                ms = statistics.median(_sample_ms(
-                    lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
-                                            weight=weight),
-                    args.iters, args.warmup, device, group=args.group))
+            kernel_shape = LaunchShape(block=t, warps=w, block_d=d)
+            ms = statistics.median(_sample_ms(
+                lambda: sk.reduce_slots(out, inv, row_rank, local_row, local_src, staging, n, 0, fmt, top_k,
+                                        weight=weight, shape=kernel_shape),
+                args.iters, args.warmup, device, group=args.group))
             rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "reduce_slots",
                              "fmt": fmt, "launch": {"tokens": t, "warps": w, "block_d": d}, "ms": round(ms, 4),
                              "hbm_bytes": reduce_hbm})
         for m, w in args.receive_shapes:
-            with symm_kernel_shapes(**format_shape("RECEIVE_SHAPES", fmt, (m, w))):
-                ms = statistics.median(_sample_ms(
-                    lambda: sk.receive_rows(received, source, 0, staging, n, fmt),
-                    args.iters, args.warmup, device, group=args.group))
+            kernel_shape = LaunchShape(block=m, warps=w)
+            ms = statistics.median(_sample_ms(
+                lambda: sk.receive_rows(received, source, 0, staging, n, fmt, shape=kernel_shape),
+                args.iters, args.warmup, device, group=args.group))
             rows_out.append({"bench": "receive_sweep", "shape": shape.label(), "kernel": "receive_rows",
                              "fmt": fmt, "launch": {"rows": m, "warps": w}, "ms": round(ms, 4),
                              "hbm_bytes": receive_hbm})

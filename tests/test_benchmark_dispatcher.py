@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.dispatcher import LAUNCH_MODIFIERS, _leg_routing, _modifiers, launch_shapes
+from benchmarks.dispatcher import _leg_routing, _modifiers, launch_shapes
 
 ARMS = ["bf16/symm", "mxfp8/symm", "mxfp8/symm:rows", "mxfp8/nccl", "bf16/symm@local"]
 
@@ -23,25 +23,19 @@ def test_leg_routing_even_splits_ranks_and_zipf_prefers_rank_0():
     assert counts[:32].sum() > 2 * counts[32:].sum(), "popular experts live on rank 0"
 
 
-def test_launch_modifiers_set_a_kernels_shape_while_the_arm_runs_and_restore_it():
-    from mxfp8_ep import symm_kernels
+def test_launch_modifiers_give_the_arms_dispatcher_other_launch_shapes():
+    from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 
-    tokens, partials = symm_kernels.PUSH_TOKENS_SHAPES, symm_kernels.PUSH_PARTIALS_SHAPES
-    two_tokens = {"bf16": (2, 4, 1024), "mxfp8": (2, 4, 1024)}
-    assert LAUNCH_MODIFIERS["push2"] == ("PUSH_TOKENS_SHAPES", two_tokens) and two_tokens != tokens
-    with launch_shapes("mxfp8/symm:rows:push2"):
-        assert symm_kernels.PUSH_TOKENS_SHAPES == two_tokens
-    assert symm_kernels.PUSH_TOKENS_SHAPES == tokens
-    with pytest.raises(RuntimeError), launch_shapes("mxfp8_all/symm:push2@local"):
-        assert symm_kernels.PUSH_TOKENS_SHAPES != tokens
-        raise RuntimeError("an arm that fails")
-    assert symm_kernels.PUSH_TOKENS_SHAPES == tokens
-    with launch_shapes("mxfp8/symm"):
-        assert symm_kernels.PUSH_TOKENS_SHAPES == tokens
-    with launch_shapes("mxfp8_all/symm:push2:partials2"):
-        assert symm_kernels.PUSH_PARTIALS_SHAPES == {"bf16": (2, 4, 512), "mxfp8": (2, 4, 1024)} != partials
-        assert symm_kernels.PUSH_TOKENS_SHAPES == two_tokens
-    assert symm_kernels.PUSH_PARTIALS_SHAPES == partials and symm_kernels.PUSH_TOKENS_SHAPES == tokens
+    assert launch_shapes("mxfp8/symm") is None and launch_shapes("mxfp8/symm:rows@local") is None
+    two_tokens = launch_shapes("mxfp8/symm:rows:push2")
+    for fmt in ("bf16", "mxfp8"):
+        default = KernelShapes.default(fmt)
+        assert two_tokens[fmt].push_tokens == LaunchShape(2, 4, 1024) != default.push_tokens
+        assert two_tokens[fmt].push_partials == default.push_partials
+    both = launch_shapes("mxfp8_all/symm:push2:partials2")
+    assert both["bf16"].push_partials == LaunchShape(2, 4, 512) and both["mxfp8"].push_partials == LaunchShape(2, 4, 1024)
+    assert both["mxfp8"].push_tokens == LaunchShape(2, 4, 1024)
+    assert both["mxfp8"].reduce_slots == KernelShapes.default("mxfp8").reduce_slots
     with pytest.raises(ValueError, match="unknown modifiers"):
         _modifiers("mxfp8/symm:push1")
 

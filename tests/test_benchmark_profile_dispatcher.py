@@ -1,26 +1,19 @@
 """``benchmarks/profile_dispatcher.timeline_gaps`` on a hand-made Chrome trace: busy and idle
 time, which gaps the host caused, and each GEMM call with the work beside it on other streams;
-the kernel sweep's launch shapes set and restored. The profiles themselves run on the GPU
+the kernel sweep's launch shapes. The profiles themselves run on the GPU
 machine (benchmarks/RESULTS.md)."""
 
 import json
 
-from benchmarks.dispatcher import symm_kernel_shapes
-from benchmarks.profile_dispatcher import sweep_constants, timeline_gaps
-from mxfp8_ep import symm_kernels as sk
+from benchmarks.profile_dispatcher import sweep_shape, timeline_gaps
+from mxfp8_ep.launch_shapes import LaunchShape
 
 
-def test_kernel_sweep_sets_each_stages_launch_shape_and_restores_it():
-    before = {name: getattr(sk, name) for name in ("PUSH_BLOCK_M", "PUSH_WARPS", "PUSH_STRIPES", "PUSH_STAGES",
-                                                   "RECEIVE_SHAPES", "REDUCE_SHAPES")}
-    with symm_kernel_shapes(**sweep_constants("push_back", "mxfp8", 8, 8, 4, 2)):
-        assert (sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES) == (8, 8, 4, 2)
-    with symm_kernel_shapes(**sweep_constants("receive", "mxfp8", 16, 8)):
-        assert sk.RECEIVE_SHAPES == {**before["RECEIVE_SHAPES"], "mxfp8": (16, 8)} != before["RECEIVE_SHAPES"]
-    with symm_kernel_shapes(**sweep_constants("reduce", "bf16", 2, 8, 1024)):
-        assert sk.REDUCE_SHAPES == {**before["REDUCE_SHAPES"], "bf16": (2, 8, 1024)} != before["REDUCE_SHAPES"]
-    assert sweep_constants("hbm_copy", "bf16", 0, 0) == {}
-    assert {name: getattr(sk, name) for name in before} == before
+def test_kernel_sweep_gives_each_stage_its_launch_shape():
+    assert sweep_shape("push_back", 8, 8, 4, 2) == LaunchShape(block=8, warps=8, stripes=4, stages=2)
+    assert sweep_shape("receive", 16, 8) == LaunchShape(block=16, warps=8)
+    assert sweep_shape("reduce", 2, 8, 1024) == LaunchShape(block=2, warps=8, block_d=1024)
+    assert sweep_shape("hbm_copy", 0, 0) is None
 
 
 def _kernel(name, ts, dur, stream, correlation):
