@@ -196,7 +196,10 @@ def main(argv=None) -> None:
     shape = SHAPES[args.shape]
     if args.world < 2 or shape.experts % args.world:
         parser.error(f"--world {args.world}: expected >= 2 and a divisor of {args.shape}'s {shape.experts} experts")
-    options = parse_launch_options(args.launch)
+    try:
+        options = parse_launch_options(args.launch)
+    except ValueError as e:
+        parser.error(str(e))
     device = init_process_group()
     if dist.get_world_size() != 1:
         raise SystemExit("benchmarks.kernels runs on one process (one GPU); its peers are buffers there")

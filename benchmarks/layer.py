@@ -204,7 +204,10 @@ def main(argv=None) -> None:
     parser.add_argument("--sample-ms", type=int, default=20, help="--power: nvidia-smi sampling period")
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
-    arms = parse_arms(args.arms, first="torchtitan")
+    try:
+        arms = parse_arms(args.arms, first="torchtitan")
+    except ValueError as e:
+        parser.error(str(e))
     if args.power and not torch.cuda.is_available():
         sys.exit("--power measures GPU clocks and power: it needs CUDA GPUs and nvidia-smi")
     if args.power and any(arm.local for arm in arms):

@@ -174,7 +174,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.arms is None:
         args.arms = ",".join(a for a in ARMS if args.link == "nvlink" or not a.endswith("/symm"))
-    arms = parse_arms(args.arms, first="torchtitan")
+    try:
+        arms = parse_arms(args.arms, first="torchtitan")
+    except ValueError as e:
+        parser.error(str(e))
     if args.link != "nvlink" and any(arm.transport == "symm" for arm in arms):
         parser.error(f"--link {args.link}: symm arms cross NVLink peer memory whatever NCCL's link; leave them out")
     for routing in args.routings.split(","):

@@ -272,8 +272,11 @@ def main(argv=None) -> None:
     parts = args.parts.split(",")
     if not set(parts) <= set(PARTS):
         parser.error(f"--parts: expected some of {PARTS}, got {args.parts!r}")
-    arms, leg_arms = parse_arms(args.arms), parse_arms(args.leg_arms, baselines=())
-    options = parse_launch_options(args.launch)
+    try:
+        arms, leg_arms = parse_arms(args.arms), parse_arms(args.leg_arms, baselines=())
+        options = parse_launch_options(args.launch)
+    except ValueError as e:
+        parser.error(str(e))
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.timeline profiles CUDA kernels: it needs GPUs")
     init_process_group()

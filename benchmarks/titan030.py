@@ -158,7 +158,10 @@ def main(argv=None) -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated; alltoall leads")
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
-    arms = parse_arms(args.arms, baselines=BASELINE_ARMS, first="alltoall")
+    try:
+        arms = parse_arms(args.arms, baselines=BASELINE_ARMS, first="alltoall")
+    except ValueError as e:
+        parser.error(str(e))
     if any(arm.local or arm.launch or arm.overlap or arm.rows for arm in arms):
         parser.error("torchtitan 0.3.0 arms take no modifiers (overlap, rows, launch shapes, @local)")
 

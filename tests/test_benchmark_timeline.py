@@ -1,19 +1,10 @@
-"""``benchmarks/profile_dispatcher.timeline_gaps`` on a hand-made Chrome trace: busy and idle
-time, which gaps the host caused, and each GEMM call with the work beside it on other streams;
-the kernel sweep's launch shapes. The profiles themselves run on the GPU
-machine (benchmarks/RESULTS.md)."""
+"""``benchmarks/timeline.timeline_gaps`` on a hand-made Chrome trace: busy and idle time, which
+gaps the host caused, and each GEMM call with the work beside it on other streams. The profiles
+themselves run on the GPU machine (``benchmarks/run.sh profile``)."""
 
 import json
 
-from benchmarks.profile_dispatcher import sweep_shape, timeline_gaps
-from mxfp8_ep.launch_shapes import LaunchShape
-
-
-def test_kernel_sweep_gives_each_stage_its_launch_shape():
-    assert sweep_shape("push_back", 8, 8, 4, 2) == LaunchShape(block=8, warps=8, stripes=4, stages=2)
-    assert sweep_shape("receive", 16, 8) == LaunchShape(block=16, warps=8)
-    assert sweep_shape("reduce", 2, 8, 1024) == LaunchShape(block=2, warps=8, block_d=1024)
-    assert sweep_shape("hbm_copy", 0, 0) is None
+from benchmarks.timeline import timeline_gaps
 
 
 def _kernel(name, ts, dur, stream, correlation):
@@ -42,3 +33,9 @@ def test_timeline_gaps_and_gemm_calls(tmp_path):
     assert [g["host_late"] for g in sorted(t["largest"], key=lambda g: g["after"])] == [True, False]
     assert t["gemm_names"] == ["cutlass_grouped_gemm", "nvjet_gemm"]
     assert t["gemm_calls"] == [[0, 7, [132, 1, 1], 100, ["ncclDevKernel_SendRecv"]], [1, 7, [132, 1, 1], 20, []]]
+
+
+def test_a_trace_without_gpu_events_has_no_timeline(tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [_launch(0, 1)]}))
+    assert timeline_gaps(str(trace)) == {}
