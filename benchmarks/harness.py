@@ -37,7 +37,7 @@ class MoEShape:
     route_norm: bool
     route_scale: float
 
-    def fields(self) -> dict:
+    def row_fields(self) -> dict:
         """The row fields that name this shape."""
         return {"shape": self.name, "dims": {"dim": self.dim, "hidden": self.hidden, "experts": self.experts,
                                              "top_k": self.top_k, "tokens_per_rank": self.tokens}}
@@ -237,11 +237,11 @@ def leave_process_group() -> None:
 # ------------------------------------------------------------------------------------ timing
 
 
-def add_timing_arguments(parser: argparse.ArgumentParser, iters: int = 20, group: int = 4, rounds: int = 3) -> None:
-    parser.add_argument("--iters", type=int, default=iters, help="timed samples per arm and pass (split over rounds)")
+def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iters", type=int, default=20, help="timed samples per arm and pass (split over rounds)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed samples before each arm's timed ones")
-    parser.add_argument("--group", type=int, default=group, help="back-to-back calls per timed sample (ms)")
-    parser.add_argument("--rounds", type=int, default=rounds, help="arms run round-robin in this many rounds")
+    parser.add_argument("--group", type=int, default=4, help="back-to-back calls per timed sample (ms)")
+    parser.add_argument("--rounds", type=int, default=3, help="arms run round-robin in this many rounds")
     parser.add_argument("--out", required=True, help="folder of the results file (JSON Lines)")
 
 
@@ -426,7 +426,7 @@ def layer_rows(shape: MoEShape, arms: list[Arm], results: dict, args, **extra) -
     for arm in arms:
         res = results[arm.name]
         for name, (ms, ms_synced) in res["ms"].items():
-            rows.append({**shape.fields(), "ep": dist.get_world_size(), "arm": arm.name, "pass": name,
+            rows.append({**shape.row_fields(), "ep": dist.get_world_size(), "arm": arm.name, "pass": name,
                          "ms": round(ms, 3), "ms_synced": round(ms_synced, 3), "peak_gib": round(res["peak_gib"], 2),
                          "rel_err": {k: float(f"{v:.3g}") for k, v in res["errs"].items()}, **extra,
                          **timing_fields(args)})

@@ -102,7 +102,7 @@ def sweep(shape, args, device, options) -> list[dict]:
     bf16 = dict(device=device, dtype=torch.bfloat16)
     x, out = torch.randn((tokens, dim), **bf16), torch.empty((capacity, dim), **bf16)
     sent = torch.zeros(1, dtype=torch.int64, device=device)
-    common = {**shape.fields(), "tokens": tokens, "world": world, "rows_to_peer": int((dst_rank != RANK).sum())}
+    common = {**shape.row_fields(), "tokens": tokens, "world": world, "rows_to_peer": int((dst_rank != RANK).sum())}
     # Combine's backward: a score per slot, and the routed outputs saved for the score gradient.
     factor, dots = torch.rand(n, device=device), torch.empty(n, device=device)
     saved = torch.randn((n, dim), **bf16)
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (default: the shape's)")
     parser.add_argument("--world", type=int, default=2, help="the EP degree rank 0 and peer 1 run at")
     parser.add_argument("--launch", action="append", default=[], help="KERNEL[.FMT]=BxW[xD],... (repeatable)")
-    add_timing_arguments(parser, rounds=2)
+    add_timing_arguments(parser)
     args = parser.parse_args(argv)
     shape = SHAPES[args.shape]
     if args.world < 2 or shape.experts % args.world:

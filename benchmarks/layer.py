@@ -185,7 +185,7 @@ def bench_power(shape, arms, args, device, mesh) -> list[dict]:
         for arm, round_, t0, t1, ms in phases:
             for rank, rank_ms in enumerate(ms):
                 gpu = smi_index[rank]
-                row = {**shape.fields(), "ep": dist.get_world_size(), "arm": arm, "pass": "fwd+bwd", "round": round_,
+                row = {**shape.row_fields(), "ep": dist.get_world_size(), "arm": arm, "pass": "fwd+bwd", "round": round_,
                        "rank": rank, "gpu": gpu, "ms": round(rank_ms, 3),
                        **phase_stats(sampler.samples, gpu, t0, t1, skip_s=min(0.3, (t1 - t0) / 4)),
                        "passes": args.iters, "cooldown_s": args.cooldown, "sample_ms": args.sample_ms}
@@ -210,8 +210,6 @@ def main(argv=None) -> None:
         parser.error(str(e))
     if args.power and not torch.cuda.is_available():
         sys.exit("--power measures GPU clocks and power: it needs CUDA GPUs and nvidia-smi")
-    if args.power and any(arm.local for arm in arms):
-        sys.exit("--power: @local arms are a floor of the timed layer, not a power comparison; leave them out")
 
     device = init_process_group()
     if device.type == "cpu":

@@ -85,10 +85,11 @@ link_env() {  # NCCL's environment for a link of benchmarks/harness.py's LINKS
   python3 -c "from benchmarks.harness import LINKS; print(' '.join(f'{k}={v}' for k, v in LINKS['$1'].items()))"
 }
 
-tests() {  # tests NAME PYTEST-ARGS...: a GPU test run, its JUnit report in OUT
+failed=0
+tests() {  # tests NAME PYTEST-ARGS...: a GPU test run, its JUnit report in OUT; the suite's other runs still go
   local name=$1
   shift
-  run python3 -m pytest -q -p no:cacheprovider --durations=10 --junitxml="$out/$name.xml" "$@"
+  run python3 -m pytest -q -p no:cacheprovider --durations=10 --junitxml="$out/$name.xml" "$@" || failed=1
 }
 
 runs=$(mktemp -d "${TMPDIR:-/tmp}/mxfp8ep_$suite.XXXXXX")
@@ -161,4 +162,5 @@ tests_2gpu)
   tests tests_2gpu_nccl -k nccl tests/test_all_to_all.py tests/test_expert_parallel.py
   ;;
 esac
+[ "$failed" = 0 ] || { echo "run.sh: $suite: tests failed; reports in $out" | tee -a "$log"; exit 1; }
 echo "run.sh: $suite done; rows and logs in $out" | tee -a "$log"

@@ -225,7 +225,7 @@ def layer_timeline(args, arm, mesh) -> list[dict]:
     table, timeline = profiled(step, 2, args.cpu_ops)
     if dist.get_rank() == 0:
         print(f"== {arm.name}, {shape.name}: two forward+backward passes\n{table}")
-    return per_rank_rows("layer", arm.name, timeline, **shape.fields(), calls=2)
+    return per_rank_rows("layer", arm.name, timeline, **shape.row_fields(), calls=2)
 
 
 def leg_timeline(args, arm, calls: int = 10) -> list[dict]:
