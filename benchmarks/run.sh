@@ -24,7 +24,7 @@ power           2 GPUs  SM clock, power and energy per pass of the DSV3-like lay
 titan030        2 GPUs  torchtitan 0.3.0 MoE layer: AllToAll / MinimalAsyncEP vs ours (TITAN030_SITE)
 tests_1gpu      1 GPU   compiled kernel tests; symm checks with 2-4 ranks sharing the GPU
 tests_1gpu_fuzz 1 GPU   the symm fuzz against torchtitan, 2-4 ranks sharing the GPU
-tests_2gpu      2 GPUs  compiled kernel tests; the dispatcher GPU tests and fuzz; NCCL tests
+tests_2gpu      2 GPUs  the dispatcher GPU tests and fuzz, a GPU per rank; the NCCL tests
 EOF
 }
 
@@ -46,7 +46,7 @@ if ! git rev-parse HEAD >/dev/null 2>&1 && [ -z "${MXFP8EP_COMMIT:-}" ]; then
   echo "run.sh: $PWD is not a git checkout: set MXFP8EP_COMMIT to the commit this tree was copied from" >&2
   exit 2
 fi
-# Multicast (NVLS) off for NCCL and symmetric memory: the GPU machines' fabric does not offer it.
+# NVLink multicast (NVLS) stays off for NCCL and for symmetric memory.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -96,7 +96,6 @@ runs=$(mktemp -d "${TMPDIR:-/tmp}/mxfp8ep_$suite.XXXXXX")
 trap 'rm -rf "$runs"' EXIT
 ep_bench=(model=dsv3_ep_bench training.seq_len=4096 training.local_batch_size=2)
 common=("${ep_bench[@]}" training.steps="$steps")
-kernel_tests=(tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py tests/test_symm_kernels.py)
 
 case $suite in
 layer) bench 2 layer ;;
@@ -149,16 +148,22 @@ profile) bench 2 timeline ;;
 power) bench 2 layer --power --shapes dsv3 --arms torchtitan,bf16/symm,mxfp8/symm,mxfp8_all/symm,mxfp8/nccl --iters 40 --rounds 2 ;;
 titan030)
   [ -z "${TITAN030_SITE:-}" ] || export PYTHONPATH="$TITAN030_SITE:$PYTHONPATH"
-  python3 -c "from importlib.metadata import version; import sys; v = version('torchtitan'); sys.exit(0 if v.startswith('0.3.') else f'torchtitan {v} found; the titan030 suite needs 0.3.0: set TITAN030_SITE to a folder with torchtitan==0.3.0 and spmd_types==0.2.3 (pip install --no-deps --target)')"
+  version=$(python3 -c "from importlib.metadata import version; print(version('torchtitan'))")
+  if [[ $version != 0.3.* ]]; then
+    echo "run.sh: titan030 needs torchtitan 0.3.0, found $version: set TITAN030_SITE to a folder holding" \
+      "torchtitan==0.3.0 and spmd_types==0.2.3 (pip install --no-deps --target TITAN030_SITE ...)" >&2
+    exit 2
+  fi
   bench 2 titan030
   ;;
 tests_1gpu)
-  tests tests_1gpu_kernels "${kernel_tests[@]}"
+  tests tests_1gpu_kernels tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py \
+    tests/test_symm_kernels.py
   tests tests_1gpu_ranks -s -k "sharing_one_gpu and not fuzz_against" tests/test_dispatcher_gpu.py
   ;;
 tests_1gpu_fuzz) tests tests_1gpu_fuzz -k "sharing_one_gpu and fuzz_against" tests/test_dispatcher_gpu.py ;;
 tests_2gpu)
-  tests tests_2gpu_dispatcher -k "not sharing_one_gpu" "${kernel_tests[@]}" tests/test_dispatcher_gpu.py
+  tests tests_2gpu_dispatcher -k "not sharing_one_gpu" tests/test_dispatcher_gpu.py
   tests tests_2gpu_nccl -k nccl tests/test_all_to_all.py tests/test_expert_parallel.py
   ;;
 esac

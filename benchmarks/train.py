@@ -8,9 +8,9 @@ sweep, and where one step's GPU time goes (torchtitan's profiler traces).
 Each run dir's ``summary.json`` (``launch.run_summary.RunSummary``: steady means over the
 logged windows after the first) and ``train_config.yaml`` give one row: its arm
 (``<preset>/<transport>``, ``:overlap`` with ``parallelism.overlap_shared_experts``), tokens/s
-(all ranks), step time, final loss, all-to-all bytes per step, peak reserved memory; and
-against the ``--baseline`` arm's run of the same model: ``speedup_vs_<baseline>`` (tokens/s
-over the baseline's) and ``loss_delta_vs_<baseline>``.
+(all ranks), step time, the loss at every logged step, all-to-all bytes per step, peak reserved
+memory; and against the ``--baseline`` arm's run of the same model: ``speedup_vs_<baseline>``
+(tokens/s over the baseline's) and ``loss_delta_vs_<baseline>`` (final loss minus the baseline's).
 
 ``--step-profile``: ``training.profile_freq=N`` has torchtitan write one step's Chrome trace per
 rank every ``N`` steps (``<run>/profile_traces/iteration_<step>/rank<r>_trace.json``). The newest
@@ -57,6 +57,7 @@ def run_rows(paths: list[str], baseline: str) -> list[dict]:
             "tokens_per_s": s.tokens_per_s_global, "tokens_per_s_per_rank": s.tokens_per_s,
             "step_time_s": s.step_time_s, "final_loss": s.final_loss, "a2a_bytes_per_step": s.a2a_bytes_per_step,
             "max_memory_gib": s.max_memory_gib, "mfu_pct": s.mfu_pct, "run_name": s.run_name,
+            "logged_steps": s.logged_steps, "losses": s.losses,
         })
     add_throughput_ratios(rows, baseline)
     return sorted(rows, key=lambda r: (r["model"], r["arm"] != baseline, r["arm"]))
