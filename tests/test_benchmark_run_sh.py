@@ -39,22 +39,23 @@ def test_a_copied_tree_without_git_needs_the_commit(tmp_path):
 
 
 def test_a_failing_step_fails_the_suite(tmp_path):
-    proc = run_sh("layer", str(tmp_path), BENCH_ARGS="--no-such-option")
+    proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS="--no-such-option")
     assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stdout
-    assert "layer done" not in proc.stdout
+    assert "layer_rank done" not in proc.stdout
     assert not list(tmp_path.glob("*.jsonl"))
 
 
 def test_a_suite_writes_rows_that_name_their_command(tmp_path):
-    proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS="--shapes tiny --iters 1 --warmup 0 --group 1 --rounds 1")
+    small = "--shapes tiny --arms bf16/symm --iters 1 --warmup 0 --group 1 --rounds 1"  # BENCH_ARGS come last
+    proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS=small)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("*_cpux1_layer.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert {r["arm"] for r in rows} == {"torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8_all/symm"}
+    assert [(r["arm"], r["pass"], r["shape"]) for r in rows] == [
+        (arm, p, "tiny") for arm in ("torchtitan", "bf16/symm") for p in ("fwd", "fwd+bwd")]
     command = rows[0]["command"]
     assert command.startswith("torchrun --nproc_per_node=1 -m benchmarks.layer --out ")
-    assert command.endswith("--shapes dsv3_rank --arms torchtitan,bf16/symm,mxfp8/symm,mxfp8_all/symm "
-                            "--shapes tiny --iters 1 --warmup 0 --group 1 --rounds 1")
+    assert command.endswith("--shapes dsv3_rank --arms torchtitan,bf16/symm,mxfp8/symm,mxfp8_all/symm " + small)
     assert all(r["command"] == command for r in rows)
     log = (tmp_path / "layer_rank.log").read_text()
     assert "+ " + command in log and "layer_rank done" in log
