@@ -5,10 +5,10 @@
 ``kernels``: each kernel of the symm dispatch and combine legs alone, over the dispatcher's own
 routing of a leg (``--rows`` x ``--dim``, top-8 of 64 experts, even routing), at each format's
 default launch shape and the ``--launch`` ones, with the bandwidth it reaches: the bytes it must
-read and write in HBM, and the bytes it sends to the peer. Beside them, two ceilings: one
-contiguous SM copy of the remote rows' bytes into the peer (``p2p_copy``) and a local HBM copy
-of everything the push reads (``hbm_copy``); and the whole legs. Median of CUDA-event samples,
-max over ranks.
+read and write in HBM, and the bytes it sends to peers. Beside them, two ceilings: one contiguous
+SM copy of the remote rows' bytes into the next rank's buffer (``p2p_copy``) and a local HBM
+copy of everything the push reads (``hbm_copy``); and the whole legs. Median of CUDA-event
+samples, max over ranks.
 
 ``layer``: torch.profiler over two forward+backward passes of the 0.2.2 MoE layer
 (``--layer-shape``) per arm of ``--arms``: its top kernels by device time (printed), and per rank
@@ -115,7 +115,8 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
                                                              staging_rows, rank, fmt, TOP_K, weight=scores.reshape(-1),
                                                              shape=s), n * dim * 2 + tokens * dim * 2, 0),
         "barrier": (None, lambda s: staging.barrier(), 0, 0),
-        "p2p_copy": (None, lambda s: staging.peer(1 - rank)[: remote * wire_row].copy_(p2p_src), 0, remote * wire_row),
+        "p2p_copy": (None, lambda s: staging.peer((rank + 1) % world)[: remote * wire_row].copy_(p2p_src), 0,
+                     remote * wire_row),
         "hbm_copy": (None, lambda s: out[:n].copy_(x_rep), 2 * n * dim * 2, 0),
         "dispatch": (None, lambda s: disp.dispatch(x, scores, leg.ids, leg.counts), 0, 0),
         "combine": (None, lambda s: disp.combine(routed, meta), 0, 0),
