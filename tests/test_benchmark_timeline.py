@@ -4,7 +4,10 @@ themselves run on the GPU machine (``benchmarks/run.sh profile``)."""
 
 import json
 
-from benchmarks.timeline import timeline_gaps
+import pytest
+import torch
+
+from benchmarks.timeline import main, timeline_gaps
 
 
 def _kernel(name, ts, dur, stream, correlation):
@@ -39,3 +42,15 @@ def test_a_trace_without_gpu_events_has_no_timeline(tmp_path):
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": [_launch(0, 1)]}))
     assert timeline_gaps(str(trace)) == {}
+
+
+def test_bad_options_and_a_machine_without_gpus_fail_before_the_group_starts(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--parts", "kernels,gemms", "--out", str(tmp_path)])
+    assert "--parts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--launch", "push_tokens=2x3", "--out", str(tmp_path)])
+    assert "power of two" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs GPUs"):
+            main(["--out", str(tmp_path)])
