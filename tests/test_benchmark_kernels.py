@@ -85,3 +85,11 @@ def test_script_writes_a_row_per_kernel_variant_format_and_launch(tmp_path, worl
     for r in rows:
         assert r["ms"] > 0 and r["rounds_ms"] == [r["ms"]] and 0 < r["rows_to_peer"] < 16 * 2 and r["world"] == world
         assert r["speedup_vs_default"] > 0 and (r["speedup_vs_default"] == 1.0 or not r["default_launch"])
+
+
+def test_an_ep_degree_that_does_not_split_the_experts_is_refused(tmp_path, capsys):
+    from benchmarks.kernels import main
+
+    with pytest.raises(SystemExit):
+        main(["--world", "3", "--out", str(tmp_path)])
+    assert "a divisor of dsv3's 256 experts" in capsys.readouterr().err
