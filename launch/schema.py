@@ -137,7 +137,7 @@ class TrainingConfig:
     compile: bool = False
     activation_checkpoint: str = "none"  # none | full | selective
     # Every this many steps, torchtitan's profiler writes one step's Chrome trace per rank to
-    # <run dir>/profile_traces/iteration_<step>/ (benchmarks/step_profile.py sums them up);
+    # <run dir>/profile_traces/iteration_<step>/ (`python -m benchmarks.train RUNS --step-profile` sums them up);
     # 0: off. It records one step after PROFILER_WARMUP_STEPS warm-up steps, so at least 4.
     profile_freq: int = 0
     # Data: null = the tiny tokenizer and text shipped in launch/assets/ (no download).

@@ -1,26 +1,13 @@
-"""``benchmarks/profile_dispatcher.timeline_gaps`` on a hand-made Chrome trace: busy and idle
-time, which gaps the host caused, and each GEMM call with the work beside it on other streams;
-the kernel sweep's launch shapes set and restored. The profiles themselves run on the GPU
-machine (benchmarks/RESULTS.md)."""
+"""``benchmarks/timeline.timeline_gaps`` on a hand-made Chrome trace: busy and idle time, which
+gaps the host caused, and each GEMM call with the work beside it on other streams. The profiles
+themselves run on the GPU machine (``benchmarks/run.sh profile``)."""
 
 import json
 
-from benchmarks.dispatcher import symm_kernel_shapes
-from benchmarks.profile_dispatcher import sweep_constants, timeline_gaps
-from mxfp8_ep import symm_kernels as sk
+import pytest
+import torch
 
-
-def test_kernel_sweep_sets_each_stages_launch_shape_and_restores_it():
-    before = {name: getattr(sk, name) for name in ("PUSH_BLOCK_M", "PUSH_WARPS", "PUSH_STRIPES", "PUSH_STAGES",
-                                                   "RECEIVE_SHAPES", "REDUCE_SHAPES")}
-    with symm_kernel_shapes(**sweep_constants("push_back", "mxfp8", 8, 8, 4, 2)):
-        assert (sk.PUSH_BLOCK_M, sk.PUSH_WARPS, sk.PUSH_STRIPES, sk.PUSH_STAGES) == (8, 8, 4, 2)
-    with symm_kernel_shapes(**sweep_constants("receive", "mxfp8", 16, 8)):
-        assert sk.RECEIVE_SHAPES == {**before["RECEIVE_SHAPES"], "mxfp8": (16, 8)} != before["RECEIVE_SHAPES"]
-    with symm_kernel_shapes(**sweep_constants("reduce", "bf16", 2, 8, 1024)):
-        assert sk.REDUCE_SHAPES == {**before["REDUCE_SHAPES"], "bf16": (2, 8, 1024)} != before["REDUCE_SHAPES"]
-    assert sweep_constants("hbm_copy", "bf16", 0, 0) == {}
-    assert {name: getattr(sk, name) for name in before} == before
+from benchmarks.timeline import main, timeline_gaps
 
 
 def _kernel(name, ts, dur, stream, correlation):
@@ -49,3 +36,21 @@ def test_timeline_gaps_and_gemm_calls(tmp_path):
     assert [g["host_late"] for g in sorted(t["largest"], key=lambda g: g["after"])] == [True, False]
     assert t["gemm_names"] == ["cutlass_grouped_gemm", "nvjet_gemm"]
     assert t["gemm_calls"] == [[0, 7, [132, 1, 1], 100, ["ncclDevKernel_SendRecv"]], [1, 7, [132, 1, 1], 20, []]]
+
+
+def test_a_trace_without_gpu_events_has_no_timeline(tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [_launch(0, 1)]}))
+    assert timeline_gaps(str(trace)) == {}
+
+
+def test_bad_options_and_a_machine_without_gpus_fail_before_the_group_starts(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--parts", "kernels,gemms", "--out", str(tmp_path)])
+    assert "--parts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--launch", "push_tokens=2x3", "--out", str(tmp_path)])
+    assert "power of two" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs GPUs"):
+            main(["--out", str(tmp_path)])
