@@ -14,6 +14,7 @@ line per log window and a summary (launch/console.py); Ctrl-C / SIGTERM stop it 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -100,7 +101,7 @@ def _launcher_fields() -> dict[str, list[str]]:
         for path in sorted((CONF / "launcher").glob("*.yaml")):
             try:
                 cfg = compose("train", overrides=[f"launcher={path.stem}"])
-                out[path.stem] = [f for f in launcher_class(cfg).Config.__dataclass_fields__]
+                out[path.stem] = [f.name for f in dataclasses.fields(launcher_class(cfg).Config)]
             except Exception:  # noqa: BLE001 - a broken option only loses its hint
                 continue
     return out
