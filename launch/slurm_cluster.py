@@ -7,7 +7,6 @@ submitit or torch; ``sinfo`` is asked only when it is on PATH.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass

@@ -17,7 +17,7 @@ from launch.local import LocalLauncher, LocalLauncherConfig
 from launch.machine import GIB, Machine
 from launch.run_dir import NOT_IN_RUN_NAME
 from launch.schema import A2ASchema, ModelConfig, TrainConfig
-from launch.slurm import SlurmLauncher, SlurmLauncherConfig
+from launch.slurm import SlurmLauncher
 from launch.titan_models import model_args
 from launch.validate import validate
 from mxfp8_ep.config import BLOCK_SIZE, LEGS, PRESETS, A2AConfig
