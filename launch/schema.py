@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from launch.launcher import LauncherConfig  # noqa: F401  (re-exported: the base of every launcher's Config)
+from launch.launcher import LauncherConfig  # noqa: F401  (re-exported)
 from mxfp8_ep.config import A2AConfig
 
 
