@@ -31,6 +31,19 @@ A2A_BYTES = "a2a/bytes_per_step"
 TFLOPS = "tflops"
 MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
+VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan_validation)
+
+# MXFP8 numerics telemetry: one metric per MoE layer, all-to-all leg (mxfp8_ep.config.LEGS)
+# and statistic, e.g. "numerics/layer3/dispatch_fwd/rel_l2_err". RunSummary keeps their
+# summary statistics (numerics_stats), compare_runs sums them up per run.
+NUMERICS_PREFIX = "numerics/"
+NUMERICS_STATS = (
+    "rel_l2_err",  # ||dequant(quant(x)) - x|| / ||x|| over the sampled rows
+    "saturated_block_frac",  # share of 32-element blocks holding an element at e4m3's max
+    "flushed_frac",  # share of nonzero elements that quantize to zero
+    "scale_min",  # smallest e8m0 scale exponent among the sampled blocks
+    "scale_max",  # largest one
+)
 
 # RunSummary field <- wandb metric whose steady mean it is.
 MEAN_OF = {
@@ -48,6 +61,22 @@ def a2a_leg_metric(leg: str) -> str:
     return f"a2a/{leg}_bytes_per_step"
 
 
+def numerics_metric(layer: int, leg: str, stat: str) -> str:
+    """wandb name of one numerics statistic of one MoE layer's leg."""
+    return f"{NUMERICS_PREFIX}layer{layer}/{leg}/{stat}"
+
+
+def parse_numerics_metric(name: str) -> Optional[tuple[int, str, str]]:
+    """(layer, leg, stat) of a :func:`numerics_metric` name; None for other names."""
+    parts = name.split("/")
+    if len(parts) != 4 or f"{parts[0]}/" != NUMERICS_PREFIX or not parts[1].startswith("layer"):
+        return None
+    try:
+        return int(parts[1][len("layer"):]), parts[2], parts[3]
+    except ValueError:
+        return None
+
+
 # The metrics whose wandb run summary is RunSummary's number (set at the end of the run)
 # rather than wandb's default, the last logged value.
 SUMMARY_METRICS = tuple(MEAN_OF.values()) + tuple(a2a_leg_metric(leg) for leg in LEGS + ("other",))
@@ -59,6 +88,15 @@ def _finite(x: Any) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
+
+
+def series_stats(values: list[Any]) -> dict[str, float]:
+    """``n``, ``mean``, ``min``, ``max`` and ``last`` of the finite values (empty when none)."""
+    vals = [v for v in (_finite(x) for x in values) if v is not None]
+    if not vals:
+        return {}
+    return {"n": len(vals), "mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
+            "last": vals[-1]}
 
 
 def steady_mean(values: list[Any]) -> Optional[float]:
@@ -91,12 +129,17 @@ class RunSummary:
     start_step: int = 0  # the checkpoint step this launch resumed from
     stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "SIGUSR2" when stopped early
     checkpoint: Optional[str] = None  # newest checkpoint folder, when checkpointing is on
+    seed: Optional[int] = None  # training.seed
     # every logged step of the run (earlier launches of a resumed run included)
     logged_steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    # every validation of the run (training.val_every), same convention
+    val_logged_steps: list[int] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
     # headline numbers of this launch (steady means); None where they mean nothing (TFLOPS
     # and MFU on CPU) or were not measured
     final_loss: Optional[float] = None
+    final_val_loss: Optional[float] = None
     tokens_per_s: Optional[float] = None  # per rank
     tokens_per_s_global: Optional[float] = None
     step_time_s: Optional[float] = None
@@ -105,6 +148,8 @@ class RunSummary:
     tflops: Optional[float] = None
     mfu_pct: Optional[float] = None
     max_memory_gib: Optional[float] = None
+    # numerics telemetry of this launch: metric name -> series_stats of its samples
+    numerics: dict[str, dict[str, float]] = field(default_factory=dict)
     # wandb
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
@@ -137,6 +182,7 @@ class RunSummary:
         """The headline numbers under their wandb metric names (for the wandb run summary)."""
         out = {metric: getattr(self, name) for name, metric in MEAN_OF.items()}
         out[LOSS] = self.final_loss
+        out[VAL_LOSS] = self.final_val_loss
         out.update({a2a_leg_metric(leg): v for leg, v in self.a2a_bytes_per_step_by_leg.items()})
         return {k: v for k, v in out.items() if v is not None}
 
@@ -150,6 +196,9 @@ class RunSummary:
         a2a = recipe.get("a2a", {})
         rows = [row for row in run.history if LOSS in row]
         losses = [float(row[LOSS]) for row in rows]
+        val_rows = [row for row in run.history if VAL_LOSS in row]
+        val_losses = [float(row[VAL_LOSS]) for row in val_rows]
+        numerics = sorted({k for row in run.history for k in row if k.startswith(NUMERICS_PREFIX)})
         summary = cls(
             run_name=run.name or os.path.basename(path),
             experiment=recipe.get("experiment", run.group),
@@ -161,13 +210,18 @@ class RunSummary:
             world_size=par.get("nodes", 0) * par.get("procs_per_node", 0),
             ep=par.get("ep", 0),
             launcher=recipe.get("launcher", {}).get("name", "?"),
-            device="?",
+            device=str(run.config.get("device", "?")),
             run_dir=path,
             steps=int(rows[-1]["_step"]) if rows else 0,
             target_steps=recipe.get("training", {}).get("steps", 0),
+            seed=recipe.get("training", {}).get("seed"),
             logged_steps=[int(row["_step"]) for row in rows],
             losses=losses,
+            val_logged_steps=[int(row["_step"]) for row in val_rows],
+            val_losses=val_losses,
             final_loss=losses[-1] if losses else None,
+            final_val_loss=val_losses[-1] if val_losses else None,
+            numerics={k: series_stats(run.series(k)) for k in numerics},
             wandb_mode="offline",
             wandb_run_id=run.run_id,
             wandb_dirs=list(run.paths),
