@@ -32,9 +32,9 @@ Each package's Debian ``copyright`` file is copied to ``<out>/licenses/<package>
 Processing, deterministic from the same .deb files:
 
 1. One document per source file: HTML, roff and POD are turned into plain text (markup
-   removed); reST and AsciiDoc are kept as written. Lines that repeat in more than a
-   quarter of one package's documents (navigation bars, page footers) are dropped, as are
-   documents under 256 characters (stubs, ``.so`` links between man pages).
+   removed); reST and AsciiDoc are kept as written. In the HTML manuals, lines found in
+   more than 90% of a package's pages (navigation bars, page footers) are dropped. Documents
+   under 256 characters (stubs, ``.so`` links between man pages) are left out.
 2. Exact duplicates (after whitespace normalisation) are removed, keeping the first in
    package order.
 3. Split by content hash: a document goes to validation when the first 8 hex digits of its
@@ -81,7 +81,6 @@ VOCAB_SIZE = CORPUS_VOCAB_SIZE
 VAL_PERMYRIAD = 200
 MIN_CHARS = 256
 MAX_PIECE_CHARS = 64 * 1024
-BOILERPLATE_SHARE = 0.25  # a line in more than this share of a package's documents is dropped
 
 
 
@@ -284,6 +283,9 @@ class Source:
     globs: tuple[str, ...]  # relative to the extracted package root
     to_text: Callable[[str], str]
     exclude: tuple[str, ...] = ()  # regexes on the path relative to the root
+    # Drop the lines found in more than this share of the package's documents (navigation
+    # bars of HTML manuals); None keeps every line (headings like "SYNOPSIS" recur by design).
+    boilerplate_share: Optional[float] = None
 
     def files(self, root: Path) -> list[Path]:
         # Symlinks (a man page under a second name) would only add duplicates.
@@ -302,7 +304,7 @@ SOURCES: tuple[Source, ...] = (
     Source("perl-doc", "Perl 5 manual (POD)", "GPL-1+ or Artistic",
            ("usr/share/perl/*/pod/*.pod",), pod_text),
     Source("postgresql-doc-15", "PostgreSQL 15 manual (HTML)", "PostgreSQL",
-           ("usr/share/doc/postgresql-doc-15/html/*.html",), html_text),
+           ("usr/share/doc/postgresql-doc-15/html/*.html",), html_text, boilerplate_share=0.9),
     Source("git-doc", "Git manual pages and guides (AsciiDoc)", "GPL-2",
            ("usr/share/doc/git-doc/**/*.txt",), plain_text),
     Source("manpages", "Linux man-pages, sections 1, 4-8 (roff)", "Linux-man-pages-copyleft, GPL-2+",
@@ -311,7 +313,7 @@ SOURCES: tuple[Source, ...] = (
            ("usr/share/man/man*/*.gz",), roff_text),
     Source("debian-handbook", "The Debian Administrator's Handbook (HTML, en-US)",
            "GPL-2.0+ or CC-BY-SA-3.0",
-           ("usr/share/doc/debian-handbook/html/en-US/*.html",), html_text),
+           ("usr/share/doc/debian-handbook/html/en-US/*.html",), html_text, boilerplate_share=0.9),
     Source("debian-reference-en", "Debian Reference (HTML)", "GPL-2+",
            ("usr/share/doc/debian-reference-en/docs/*.en.html",), html_text),
 )
@@ -377,10 +379,10 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()
 
 
-def drop_boilerplate(texts: list[str], share: float = BOILERPLATE_SHARE) -> list[str]:
+def drop_boilerplate(texts: list[str], share: Optional[float]) -> list[str]:
     """Without the non-blank lines that appear in more than ``share`` of ``texts`` (only
     when there are enough documents to tell)."""
-    if len(texts) < 8:
+    if share is None or len(texts) < 8:
         return texts
     counts = Counter(line for t in texts for line in {x.strip() for x in t.split("\n")} if line)
     common = {line for line, n in counts.items() if n > share * len(texts)}
@@ -394,7 +396,7 @@ def documents(source: Source, root: Path) -> tuple[list[tuple[str, str]], int]:
     were read."""
     files = source.files(root)
     texts = [normalize(source.to_text(_read(p))) for p in files]
-    texts = [normalize(t) for t in drop_boilerplate(texts)]
+    texts = [normalize(t) for t in drop_boilerplate(texts, source.boilerplate_share)]
     docs = [(str(p.relative_to(root)), t) for p, t in zip(files, texts) if len(t) >= MIN_CHARS]
     return docs, len(files)
 
