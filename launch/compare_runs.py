@@ -72,7 +72,7 @@ class Compared:
     baseline: Optional["Compared"] = field(default=None, repr=False)
     # bf16 runs of this run's sweep point with other seeds than the baseline's
     seed_replicas: list["Compared"] = field(default_factory=list, repr=False)
-    show_seed: bool = False  # the sweep point has runs with several seeds
+    show_seed: bool = False  # the sweep point has runs of this a2a with several seeds
 
     @property
     def group_key(self) -> tuple:
@@ -94,7 +94,8 @@ class Compared:
 
     @property
     def label(self) -> str:
-        """Short name: the a2a preset, plus the seed where the point has several."""
+        """Short name: the a2a preset, plus the seed where the point has runs of the preset
+        with several."""
         return f"{self.run.a2a} seed {self.run.seed}" if self.show_seed else self.run.a2a
 
 
@@ -196,9 +197,9 @@ def compare(runs: list[Compared]) -> list[Compared]:
     groups: dict[tuple, list[Compared]] = {}
     seeds: dict[tuple, set] = {}
     for c in runs:
-        seeds.setdefault(c.pair_key, set()).add(c.run.seed)
+        seeds.setdefault(c.pair_key + (c.run.a2a,), set()).add(c.run.seed)
     for c in runs:
-        c.show_seed = len(seeds[c.pair_key]) > 1
+        c.show_seed = len(seeds[c.pair_key + (c.run.a2a,)]) > 1
     for c in sorted(runs, key=_seed_order):
         if c.run.a2a == BASELINE:
             pairs.setdefault(c.pair_key, []).append(c)
@@ -364,12 +365,8 @@ def line_styles(runs: list[Compared]) -> dict[str, dict[str, Any]]:
     return styles
 
 
-def _integer_ticks(ax: Any) -> list[float]:
-    """Integer step ticks; returns those shown (after a draw)."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.figure.canvas.draw()
+def _shown_ticks(ax: Any) -> list[float]:
+    """The x ticks inside the axis range (after the figure is drawn)."""
     lo, hi = ax.get_xlim()
     return [float(t) for t in ax.get_xticks() if lo <= t <= hi]
 
@@ -414,6 +411,7 @@ _PANELS = {
 
 def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     styles = line_styles(runs)
     has_val = any(c.run.val_logged_steps for c in runs)
@@ -449,7 +447,7 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
         ax.grid(alpha=0.3)
         if data["series"]:
             ax.legend(fontsize="small")
-        data["xticks"] = _integer_ticks(ax)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         panels[name] = data
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
@@ -458,6 +456,8 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
         fig.text(0.01, 0.01, "\n".join(texts), fontsize="small", family="monospace", va="bottom")
     fig.tight_layout(rect=(0, 0.3 * len(texts) / (4 * nrows + 0.3 * len(texts) + 0.4) + 0.01, 1, 1))
     fig.savefig(path, dpi=110, metadata={"Comment": "\n".join(texts)})
+    for ax, name in zip(axes.flat, names):
+        panels[name]["xticks"] = _shown_ticks(ax)
     plt.close(fig)
     return {"file": path.name, "panels": panels, "texts": texts,
             "styles": {k: {kk: (list(vv) if isinstance(vv, tuple) else vv) for kk, vv in v.items()}
@@ -475,12 +475,13 @@ def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     colors = ["0.3" if c.baseline is None else "tab:orange" for c in runs]
     tokens = [c.run.tokens_per_s_global or 0.0 for c in runs]
     mib = [(c.run.a2a_bytes_per_step or 0.0) / 2**20 for c in runs]
+    value_labels = {"tokens_per_s": [f"{v:,.0f}" for v in tokens], "a2a_mib_per_step": [f"{v:,.2f}" for v in mib]}
     bars = tps.barh(ys, tokens, color=colors)
-    tps.bar_label(bars, labels=[f"{v:,.0f}" for v in tokens], padding=3, fontsize="small")
+    tps.bar_label(bars, labels=value_labels["tokens_per_s"], padding=3, fontsize="small")
     tps.set(yticks=ys, yticklabels=labels, xlabel="tokens/s (all ranks)",
             title="Throughput" + (" (CPU: not a speed claim)" if cpu else ""))
     bars = wire.barh(ys, mib, color=colors)
-    wire.bar_label(bars, labels=[f"{v:,.2f}" for v in mib], padding=3, fontsize="small")
+    wire.bar_label(bars, labels=value_labels["a2a_mib_per_step"], padding=3, fontsize="small")
     wire.set(yticks=ys, yticklabels=[], xlabel="MiB per step", title="All-to-all bytes")
     for ax, values in ((tps, tokens), (wire, mib)):
         ax.invert_yaxis()
@@ -495,7 +496,7 @@ def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     fig.savefig(path, dpi=110, metadata={"Comment": "\n".join(texts)})
     plt.close(fig)
     return {"file": path.name, "labels": labels, "tokens_per_s": tokens, "a2a_mib_per_step": mib,
-            "texts": texts, "titles": [tps.get_title(), wire.get_title()]}
+            "value_labels": value_labels, "texts": texts, "titles": [tps.get_title(), wire.get_title()]}
 
 
 def write_plots(runs: list[Compared], out_dir: Path,

@@ -169,8 +169,10 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
                         f"from the Hugging Face hub at start; set training.dataset_path to a local copy")
     elif t.dataset == CORPUS_DATASET:
         if not (Path(src.path) / CORPUS_FILES.train).is_file():
+            # One message: the tokenizer and validation split would be missing with it.
             errors.append(f"training.dataset_path={src.path}: no {CORPUS_FILES.train} there (training.dataset="
                           f"{t.dataset} reads a corpus folder); build it with `{BUILD_CORPUS} --out {src.path}`")
+            return errors, warnings
     elif not Path(src.path).exists():
         errors.append(f"training.dataset_path={src.path}: no such file or directory (training.dataset="
                       f"{t.dataset})")
