@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import RUN_CONFIG, SUMMARY
-from launch.run_summary import NUMERICS_STATS, RunSummary, parse_numerics_metric
+from launch.run_summary import NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric
 from launch.wandb_offline import OfflineRun, read_run, read_runs
 
 BASELINE = "bf16"
@@ -55,8 +55,8 @@ NUMERICS_WORST = {
     "rel_l2_err": ("mean", max),
     "saturated_block_frac": ("max", max),
     "flushed_frac": ("max", max),
-    "scale_min": ("min", min),
-    "scale_max": ("max", max),
+    "scale_exp_min": ("min", min),
+    "scale_exp_max": ("max", max),
 }
 assert set(NUMERICS_WORST) == set(NUMERICS_STATS)
 
@@ -113,6 +113,14 @@ def _recipe_config(run: OfflineRun) -> dict:
     return {}
 
 
+def _numerics_logged_to_wandb(s: RunSummary, run_dir: Path) -> dict[str, dict[str, float]]:
+    """The numerics telemetry of a run whose summary has none, from its offline wandb run."""
+    for run in read_runs(str(run_dir)):
+        if run.run_id == s.wandb_run_id:
+            return numerics_from_wandb(run)
+    return {}
+
+
 def collect(paths: list[str]) -> list[Compared]:
     """Every run found under ``paths`` (see module doc), each once."""
     found: list[Compared] = []
@@ -136,6 +144,8 @@ def collect(paths: list[str]) -> list[Compared]:
             if s is None:  # unreadable: its wandb run, if any, stands in below
                 continue
             seen.update(os.path.realpath(d) for d in s.wandb_dirs)
+            if not s.numerics and "mxfp8" in s.a2a_legs.values():
+                s.numerics = _numerics_logged_to_wandb(s, summary_file.parent)
             found.append(Compared(s, str(summary_file.parent), "summary"))
         for run in read_runs(str(p)):
             add_wandb(run)
@@ -265,21 +275,22 @@ def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
 
 
 def numerics_summary(run: RunSummary) -> dict[str, dict[str, dict[str, Any]]]:
-    """leg -> stat -> {"value", "layer"}: the worst layer of each numerics statistic
-    (``NUMERICS_WORST``), from the run's ``numerics`` series statistics."""
-    per: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    """leg -> stat -> {"value", "layer", "layers"}: the worst MoE layer of each numerics
+    statistic (``NUMERICS_WORST``) from the run's per-layer series statistics; the model-wide
+    series (``layer`` None) where a leg has no per-layer ones."""
+    per: dict[tuple[str, str], list[tuple[float, Optional[int]]]] = {}
     for name, stats in run.numerics.items():
         parsed = parse_numerics_metric(name)
-        if parsed is None or not stats:
+        if parsed is None or not stats or parsed[2] not in NUMERICS_WORST:
             continue
         layer, leg, stat = parsed
-        if stat in NUMERICS_WORST:
-            per.setdefault((leg, stat), []).append((stats[NUMERICS_WORST[stat][0]], layer))
+        per.setdefault((leg, stat), []).append((stats[NUMERICS_WORST[stat][0]], layer))
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for (leg, stat), values in sorted(per.items()):
-        pick = NUMERICS_WORST[stat][1]
-        value, layer = pick(values, key=lambda v: v[0])
-        out.setdefault(leg, {})[stat] = {"value": value, "layer": layer, "layers": len(values)}
+        layered = [v for v in values if v[1] is not None] or values
+        value, layer = NUMERICS_WORST[stat][1](layered, key=lambda v: v[0])
+        out.setdefault(leg, {})[stat] = {"value": value, "layer": layer,
+                                         "layers": len(layered) if layer is not None else 0}
     return out
 
 
@@ -329,17 +340,32 @@ def format_table(runs: list[Compared]) -> str:
     return "\n".join(lines)
 
 
+def _where(layer: Optional[int]) -> str:
+    return "all layers" if layer is None else f"layer {layer}"
+
+
 def format_numerics(runs: list[Compared]) -> str:
     """The numerics telemetry's worst layer per leg, one line per run and leg ('' if none)."""
     lines = []
     for c in ordered(runs):
         for leg, stats in numerics_summary(c.run).items():
-            parts = [f"{stat} {v['value']:.4g} (layer {v['layer']})" for stat, v in stats.items()]
+            parts = [f"{stat} {v['value']:.4g} ({_where(v['layer'])})" for stat, v in stats.items()]
             lines.append(f"  {c.run.run_name}  {leg}: " + ", ".join(parts))
     return ("MXFP8 numerics, worst layer per leg:\n" + "\n".join(lines)) if lines else ""
 
 
 # ------------------------------------------------------------------------------ plots
+def plot_labels(runs: list[Compared], width: int = 48) -> dict[str, str]:
+    """Legend / axis name per run: the short label, with the sweep point when the runs come
+    from several points, cut to ``width`` characters."""
+    several = len({c.pair_key for c in runs}) > 1
+    out = {}
+    for c in runs:
+        text = f"{c.label} [{c.point}]" if several and c.point else c.label
+        out[c.run.run_name] = text if len(text) <= width else text[: width - 1] + "…"
+    return out
+
+
 _COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
            "tab:olive", "tab:cyan")
 _DASHES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1, 1, 1, 1, 1)))
@@ -374,6 +400,7 @@ def _shown_ticks(ax: Any) -> list[float]:
 def _panel_series(runs: list[Compared], which: str) -> dict[str, Any]:
     """The data one loss panel draws: ``which`` is train | train_delta | val | val_delta."""
     val = which.startswith("val")
+    names = plot_labels(runs)
     series, band = [], None
     for c in ordered(runs):
         steps = c.run.val_logged_steps if val else c.run.logged_steps
@@ -387,7 +414,7 @@ def _panel_series(runs: list[Compared], which: str) -> dict[str, Any]:
             steps, values = aligned_delta(steps, values, b.val_logged_steps if val else b.logged_steps,
                                           b.val_losses if val else b.losses)
         window = 1 if val else smooth_window(len(values))
-        series.append({"run": c.run.run_name, "label": c.label, "steps": list(steps),
+        series.append({"run": c.run.run_name, "label": names[c.run.run_name], "steps": list(steps),
                        "raw": list(values), "values": trailing_mean(list(values), window),
                        "window": window})
     if which.endswith("delta"):
@@ -438,8 +465,8 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
             if name == "train" and s["window"] > 1:
                 ax.plot(s["steps"], s["raw"], color=st["color"], linewidth=0.6, alpha=0.2, zorder=1)
             few = len(s["steps"]) <= 40
-            ax.plot(s["steps"], s["values"], label=s["label"] if len(runs) < 8 else s["run"],
-                    marker="o" if few else None, markersize=3.5, **st)
+            ax.plot(s["steps"], s["values"], label=s["label"], marker="o" if few else None,
+                    markersize=3.5, **st)
         windows = {s["window"] for s in data["series"]}
         if name.startswith("train") and windows != {1}:
             ylabel += f" (trailing mean of {max(windows)} logged steps)"
@@ -468,7 +495,8 @@ def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     runs = ordered(runs)
-    labels = [c.run.run_name for c in runs]
+    names = plot_labels(runs)
+    labels = [names[c.run.run_name] for c in runs]
     cpu = on_cpu(runs)
     fig, (tps, wire) = plt.subplots(1, 2, figsize=(11, 0.5 * len(runs) + 2.8))
     ys = list(range(len(runs)))

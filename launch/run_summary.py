@@ -33,16 +33,17 @@ MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
 VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan_validation)
 
-# MXFP8 numerics telemetry: one metric per MoE layer, all-to-all leg (mxfp8_ep.config.LEGS)
-# and statistic, e.g. "numerics/layer3/dispatch_fwd/rel_l2_err". RunSummary keeps their
-# summary statistics (numerics_stats), compare_runs sums them up per run.
+# MXFP8 numerics telemetry (logging.numerics_every): per MoE layer, all-to-all leg
+# (mxfp8_ep.config.LEGS) and statistic, "numerics/layer<i>/<leg>/<stat>" (i: torchtitan's
+# block index), and model-wide "numerics/<leg>/<stat>". RunSummary keeps summary statistics
+# of each (numerics); compare_runs sums them up per run.
 NUMERICS_PREFIX = "numerics/"
 NUMERICS_STATS = (
     "rel_l2_err",  # ||dequant(quant(x)) - x|| / ||x|| over the sampled rows
-    "saturated_block_frac",  # share of 32-element blocks holding an element at e4m3's max
-    "flushed_frac",  # share of nonzero elements that quantize to zero
-    "scale_min",  # smallest e8m0 scale exponent among the sampled blocks
-    "scale_max",  # largest one
+    "saturated_block_frac",  # share of 32-element blocks with an e4m3 element at 448
+    "flushed_frac",  # share of nonzero elements that dequantize to zero
+    "scale_exp_min",  # smallest unbiased e8m0 exponent among the sampled blocks
+    "scale_exp_max",  # largest one
 )
 
 # RunSummary field <- wandb metric whose steady mean it is.
@@ -61,20 +62,22 @@ def a2a_leg_metric(leg: str) -> str:
     return f"a2a/{leg}_bytes_per_step"
 
 
-def numerics_metric(layer: int, leg: str, stat: str) -> str:
-    """wandb name of one numerics statistic of one MoE layer's leg."""
-    return f"{NUMERICS_PREFIX}layer{layer}/{leg}/{stat}"
+def numerics_metric(leg: str, stat: str, layer: Optional[int] = None) -> str:
+    """wandb name of a numerics statistic of one leg: of MoE block ``layer``, or model-wide."""
+    return f"{NUMERICS_PREFIX}{'' if layer is None else f'layer{layer}/'}{leg}/{stat}"
 
 
-def parse_numerics_metric(name: str) -> Optional[tuple[int, str, str]]:
-    """(layer, leg, stat) of a :func:`numerics_metric` name; None for other names."""
-    parts = name.split("/")
-    if len(parts) != 4 or f"{parts[0]}/" != NUMERICS_PREFIX or not parts[1].startswith("layer"):
+def parse_numerics_metric(name: str) -> Optional[tuple[Optional[int], str, str]]:
+    """(layer or None for model-wide, leg, stat) of a :func:`numerics_metric` name; None for
+    other names."""
+    if not name.startswith(NUMERICS_PREFIX):
         return None
-    try:
-        return int(parts[1][len("layer"):]), parts[2], parts[3]
-    except ValueError:
-        return None
+    parts = name[len(NUMERICS_PREFIX):].split("/")
+    if len(parts) == 2:
+        return None, parts[0], parts[1]
+    if len(parts) == 3 and parts[0].startswith("layer") and parts[0][len("layer"):].isdigit():
+        return int(parts[0][len("layer"):]), parts[1], parts[2]
+    return None
 
 
 # The metrics whose wandb run summary is RunSummary's number (set at the end of the run)
@@ -97,6 +100,12 @@ def series_stats(values: list[Any]) -> dict[str, float]:
         return {}
     return {"n": len(vals), "mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
             "last": vals[-1]}
+
+
+def numerics_from_wandb(run: Any) -> dict[str, dict[str, float]]:
+    """``series_stats`` of every numerics metric in an offline wandb run's history."""
+    keys = sorted({k for row in run.history for k in row if k.startswith(NUMERICS_PREFIX)})
+    return {k: series_stats(run.series(k)) for k in keys}
 
 
 def steady_mean(values: list[Any]) -> Optional[float]:
@@ -198,7 +207,6 @@ class RunSummary:
         losses = [float(row[LOSS]) for row in rows]
         val_rows = [row for row in run.history if VAL_LOSS in row]
         val_losses = [float(row[VAL_LOSS]) for row in val_rows]
-        numerics = sorted({k for row in run.history for k in row if k.startswith(NUMERICS_PREFIX)})
         summary = cls(
             run_name=run.name or os.path.basename(path),
             experiment=recipe.get("experiment", run.group),
@@ -221,7 +229,7 @@ class RunSummary:
             val_losses=val_losses,
             final_loss=losses[-1] if losses else None,
             final_val_loss=val_losses[-1] if val_losses else None,
-            numerics={k: series_stats(run.series(k)) for k in numerics},
+            numerics=numerics_from_wandb(run),
             wandb_mode="offline",
             wandb_run_id=run.run_id,
             wandb_dirs=list(run.paths),

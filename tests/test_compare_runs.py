@@ -156,6 +156,18 @@ def test_pairs_by_sweep_point(tmp_path):
     assert (tmp_path / "comparison_loss.png").is_file()
 
 
+def test_numerics_only_in_wandb_are_read_from_there(tmp_path):
+    """A run whose summary.json has no numerics statistics (telemetry logged to wandb only)."""
+    write_wandb_run(tmp_path / "r", "a2a=mxfp8", "mxfp8", 1000, 6.0, 760.0, run_id="num12345")
+    RunSummary(run_name="a2a=mxfp8", experiment="e", a2a="mxfp8", a2a_legs={"dispatch_fwd": "mxfp8"},
+               model="m", model_flavor="f/f", parallelism="ep2", world_size=2, ep=2, launcher="local",
+               device="cpu", run_dir="/elsewhere/r", steps=1000, target_steps=1000,
+               wandb_run_id="num12345", wandb_dirs=find_runs(str(tmp_path / "r"))).write(tmp_path / "r")
+    (c,) = collect([str(tmp_path)])
+    assert c.source == "summary"
+    assert c.run.numerics["numerics/layer1/dispatch_fwd/rel_l2_err"]["max"] == pytest.approx(0.02)
+
+
 def test_cli_errors(tmp_path):
     assert compare_main([str(tmp_path / "missing")]) == 2
     assert compare_main([str(tmp_path)]) == 1  # exists, but no runs in it
@@ -191,7 +203,9 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
     write_summary(root, "mxfp8", "mxfp8", offset=0.002, steps=steps, val_every=100, numerics={
         "numerics/layer1/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.02, "min": 0.01, "max": 0.04, "last": 0.02},
         "numerics/layer2/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.03, "min": 0.02, "max": 0.03, "last": 0.03},
-        "numerics/layer2/dispatch_fwd/scale_min": {"n": 3, "mean": -9, "min": -12, "max": -8, "last": -9},
+        "numerics/layer2/dispatch_fwd/scale_exp_min": {"n": 3, "mean": -9, "min": -12, "max": -8, "last": -9},
+        "numerics/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.025, "min": 0.02, "max": 0.03, "last": 0.025},
+        "numerics/combine_fwd/flushed_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.002, "last": 0.0},
         "numerics/layer1/combine_bwd/saturated_block_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.001, "last": 0.0},
     })
     write_summary(root, "mxfp8_all", "mxfp8_all", offset=0.03, steps=steps, val_every=100)
@@ -258,10 +272,13 @@ def test_numerics_summed_up_per_leg(study):
     (mx,) = [r for r in cmp["runs"] if r["a2a"] == "mxfp8"]
     worst = mx["numerics_worst"]
     assert worst["dispatch_fwd"]["rel_l2_err"] == {"value": 0.03, "layer": 2, "layers": 2}
-    assert worst["dispatch_fwd"]["scale_min"] == {"value": -12, "layer": 2, "layers": 1}
+    assert worst["dispatch_fwd"]["scale_exp_min"] == {"value": -12, "layer": 2, "layers": 1}
+    # a leg with model-wide series only
+    assert worst["combine_fwd"]["flushed_frac"] == {"value": 0.002, "layer": None, "layers": 0}
     assert worst["combine_bwd"]["saturated_block_frac"] == {"value": 0.001, "layer": 1, "layers": 1}
     assert all(not r["numerics_worst"] for r in cmp["runs"] if r["a2a"] != "mxfp8")
-    assert "dispatch_fwd: rel_l2_err 0.03 (layer 2), scale_min -12 (layer 2)" in cmp["printed"]
+    assert "dispatch_fwd: rel_l2_err 0.03 (layer 2), scale_exp_min -12 (layer 2)" in cmp["printed"]
+    assert "combine_fwd: flushed_frac 0.002 (all layers)" in cmp["printed"]
 
 
 def test_short_cpu_run_integer_ticks_and_cpu_note(tmp_path, capsys):
