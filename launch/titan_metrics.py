@@ -130,10 +130,10 @@ class RecipeWandBLogger(BaseLogger):
         self.run.summary.update(values)
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the wandb run. Training is over by now: a lost connection to wandb's own
-        service process while it finishes (seen on a loaded 2-core CI machine:
-        ``ConnectionResetError`` from its telemetry flush) is a warning, not a failed job; what
-        was logged is already in the run directory (offline) or queued for sync."""
+        """Finish the wandb run. Training is over by then: a lost connection to wandb's own
+        service process while it finishes (e.g. ``ConnectionResetError`` from its telemetry
+        flush on a loaded machine) is a warning, not a failed job; what was logged is already
+        in the run directory (offline) or queued for sync."""
         if self.wandb.run is None:
             return
         try:
