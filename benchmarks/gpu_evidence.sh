@@ -25,14 +25,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 if [ "$what" = core ]; then
   # Triton kernels compiled for the GPU vs the torch reference; the format oracle tests.
-  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_format.py 2>&1 | tee "$out/test_kernels.log" | tail -3
+  python3 -m pytest -q -p no:cacheprovider tests/test_triton_kernels.py tests/test_mxfp8.py 2>&1 | tee "$out/test_kernels.log" | tail -3
   # NCCL: the op fuzz (under sync-debug 'error') and torchtitan EP, on 2 GPUs.
   python3 -m pytest -q -p no:cacheprovider tests/test_all_to_all.py tests/test_expert_parallel.py -k "nccl" 2>&1 | tee "$out/test_nccl.log" | tail -3
   torchrun --nproc_per_node=2 benchmarks/a2a.py --json "$out/a2a.json" 2>&1 | tee "$out/a2a.log" | grep -v "^W"
 elif [ "$what" = dispatcher ] || [ "$what" = dispatcher_tests ] || [ "$what" = dispatcher_bench ]; then
   # Together these take longer than one 600 s device call: dispatcher_tests, then dispatcher_bench.
   if [ "$what" != dispatcher_bench ]; then
-    python3 -m pytest -q -p no:cacheprovider -k "not sharing_one_gpu" tests/test_triton_kernels.py tests/test_format.py tests/test_dispatcher_gpu.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
+    python3 -m pytest -q -p no:cacheprovider -k "not sharing_one_gpu" tests/test_triton_kernels.py tests/test_mxfp8.py tests/test_dispatcher_gpu.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_dispatcher_gpu.log" | tail -3
   fi
   if [ "$what" != dispatcher_tests ]; then
     torchrun --nproc_per_node=2 benchmarks/dispatcher.py --json "$out/dispatcher.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/dispatcher.log" | grep -v "^W"
@@ -41,7 +41,7 @@ elif [ "$what" = one_gpu_tests ] || [ "$what" = one_gpu_fuzz ]; then
   # A one-GPU machine: the symm dispatcher with 2-4 ranks sharing the GPU (tests/shared_gpu.py:
   # CUDA IPC peers, a host barrier; no NVLink, no nccl transport). Each half takes ~5 min.
   if [ "$what" = one_gpu_tests ]; then
-    python3 -m pytest -q -p no:cacheprovider --durations=10 tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_kernels.log" | tail -15
+    python3 -m pytest -q -p no:cacheprovider --durations=10 tests/test_triton_kernels.py tests/test_mxfp8.py tests/test_grouped_experts.py tests/test_symm_kernels.py 2>&1 | tee "$out/test_kernels.log" | tail -15
     python3 -m pytest -q -s -p no:cacheprovider --durations=10 -k "sharing_one_gpu and not fuzz_against" tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_symm_one_gpu.log" | tail -15
   else
     python3 -m pytest -q -p no:cacheprovider --durations=10 -k "sharing_one_gpu and fuzz_against" tests/test_dispatcher_gpu.py 2>&1 | tee "$out/test_fuzz_one_gpu.log" | tail -15

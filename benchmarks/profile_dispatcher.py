@@ -68,7 +68,7 @@ def kernel_sweep(args, rows_out):
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import TokenDispatcher
     from mxfp8_ep.peer_memory import PeerBuffer
-    from mxfp8_ep.symm_reference import staging_buffer_nbytes, token_map, token_map_offset
+    from mxfp8_ep.staging import staging_buffer_nbytes, token_map, token_map_offset
 
     rank, device = dist.get_rank(), torch.device("cuda", torch.cuda.current_device())
     top_k, experts, dim = LEG_TOP_K, LEG_EXPERTS, args.dim

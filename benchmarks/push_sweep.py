@@ -45,15 +45,8 @@ from benchmarks.receive_sweep import run_rounds  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape  # noqa: E402
 from mxfp8_ep.peer_memory import OneProcessPeers  # noqa: E402
-from mxfp8_ep.symm_reference import (  # noqa: E402
-    partial_slots,
-    partial_stage_rows,
-    row_weights,
-    staging_buffer_nbytes,
-    staging_nbytes,
-    token_map,
-    token_map_offset,
-)
+from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset  # noqa: E402
+from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows  # noqa: E402
 
 SWEPT_PUSH_TOKENS_SHAPES = [(1, 2, 1024), (1, 4, 1024), (2, 2, 1024), (2, 4, 1024), (2, 8, 1024)]
 RANK = 0

@@ -36,7 +36,7 @@ from benchmarks.dispatcher import (  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep.launch_shapes import LaunchShape  # noqa: E402
 from mxfp8_ep.peer_memory import LocalBuffer  # noqa: E402
-from mxfp8_ep.symm_reference import staged_row_nbytes, staging_nbytes  # noqa: E402
+from mxfp8_ep.staging import staged_row_nbytes, staging_nbytes  # noqa: E402
 
 REDUCE_SHAPES = [(t, w, d) for t in (1, 2, 4) for w in (4, 8) for d in (512, 1024)]
 RECEIVE_SHAPES = [(m, w) for m in (4, 8, 16) for w in (4, 8)]

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.symm_kernels import _block_d
+from mxfp8_ep.launch_shapes import column_tile
 from mxfp8_ep.triton_kernels import _load_fp32, _round_to_activation, _store_fp32
 
 
@@ -154,7 +154,7 @@ def _launch(op, a, b, c, out1, out2, offsets):
     if rows == 0:
         return
     bits = (lambda t: t.view(torch.int16)) if a.dtype == torch.bfloat16 else (lambda t: t)
-    block_n = _block_d(n)
+    block_n = column_tile(n)
     block_m = _BLOCK_M if a.is_cuda else _INTERPRETER_BLOCK_M
     grid = (min(triton.cdiv(rows, block_m), _programs(a.device)),)
     _rows_kernel[grid](

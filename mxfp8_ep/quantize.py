@@ -8,7 +8,7 @@ import os
 import torch
 
 from mxfp8_ep.config import KERNELS
-from mxfp8_ep.format import (
+from mxfp8_ep.mxfp8 import (
     BLOCK_SIZE,
     MXFP8Tensor,
     check_quantizable,

@@ -32,19 +32,24 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from mxfp8_ep.routing import RoutingTables
-from mxfp8_ep.symm_reference import push_only_index, row_weights, staging_views, token_map
+from mxfp8_ep.staging import row_weights, staging_views, token_map
+from mxfp8_ep.symm_reference import push_only_index
 from mxfp8_ep.triton_kernels import (
-    _dequantize_groups,
+    _encode_groups,
+    _load_decoded,
     _load_fp32,
-    _quantize_groups,
+    _packed_offsets,
     _round_to_activation,
+    _store_encoded,
     _store_fp32,
+    rounding_code,
 )
+from mxfp8_ep.wire_format import ELEMENT_ACTIVATION, WireFormat
 
-_RCEIL, _FLOOR = 0, 1
+# A leg whose rows travel as they are (``WireFormat.kernel_constants``' ELEMENT).
+_ACTIVATION = tl.constexpr(ELEMENT_ACTIVATION)
 ROUTING_BLOCK = 1024
 
 
@@ -107,23 +112,24 @@ def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
     tl.store(out_ptr + 2 * E + 3 * S + L, within.to(tl.int64))
 
 
-# Tiles are [rows, BLOCK_D // 32, 32]: one MXFP8 block per innermost row, so quantizing and
-# dequantizing need no layout change, and the innermost 32 elements are contiguous in memory.
+# Tiles are [rows, BLOCK_D // GROUP, GROUP] (GROUP: the wire format's, ``WireFormat.kernel_constants``):
+# one scale block per innermost row, so encoding and decoding need no layout change, and the
+# innermost GROUP elements are contiguous in memory.
 
 
 @triton.jit
-def _cols(start, BLOCK_D: tl.constexpr):
-    """[1, BLOCK_D // 32, 32] column indices of the tile that starts at column ``start``."""
-    groups = tl.arange(0, BLOCK_D // 32)
-    return start + groups[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+def _cols(start, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[1, BLOCK_D // GROUP, GROUP] column indices of the tile that starts at column ``start``."""
+    groups = tl.arange(0, BLOCK_D // GROUP)
+    return start + groups[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
 
 
 @triton.jit
-def _mask(row_ok, cols, D: tl.constexpr, BLOCK_D: tl.constexpr):
+def _mask(row_ok, cols, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
     """Tile mask. When BLOCK_D divides D the columns need no mask: the mask is then constant
     along each row, which lets loads and stores use 16-byte vectors."""
     if D % BLOCK_D == 0:
-        mask = row_ok[:, None, None] & tl.full((1, BLOCK_D // 32, 32), 1, tl.int1)
+        mask = row_ok[:, None, None] & tl.full((1, BLOCK_D // GROUP, GROUP), 1, tl.int1)
     else:
         mask = row_ok[:, None, None] & (cols < D)
     return mask
@@ -140,27 +146,18 @@ def _store_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.const
 
 
 @triton.jit
-def _packed_offsets(rows, cols, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Byte offsets of a tile in a packed MXFP8 staging buffer (row = D e4m3 bytes, then its
-    D // 32 scale bytes): the e4m3 bytes [rows, BLOCK_D // 32, 32], the scale bytes
-    [rows, BLOCK_D // 32], and which scales exist."""
-    base = rows.to(tl.int64) * (D + D // 32)
-    groups = start // 32 + tl.arange(0, BLOCK_D // 32)
-    return base[:, None, None] + cols, base[:, None] + D + groups[None, :], (groups < D // 32)[None, :]
-
-
-@triton.jit
 def _store_staged_tile(stage_ptr, peer, rows, row_ok, cols, start, value, D: tl.constexpr, IN_BF16: tl.constexpr,
-                       QUANT: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr):
+                       ELEMENT: tl.constexpr, SCALE: tl.constexpr, ROUNDING: tl.constexpr, GROUP: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
     """A tile of ``rows`` (where ``row_ok``) into the staging buffers of each row's peer
-    (``stage_ptr + peer``, element offsets): in the activation dtype, or quantized to MXFP8
-    (e4m3 bytes, then the row's scale bytes)."""
-    mask = _mask(row_ok, cols, D, BLOCK_D)
-    if QUANT:
-        e4m3, byte = _quantize_groups(value, ROUNDING)
-        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, BLOCK_D)
-        tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=mask)
-        tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=row_ok[:, None] & sok)
+    (``stage_ptr + peer``, element offsets): in the activation dtype, or encoded in the wire
+    format (element bytes, then the row's scale bytes)."""
+    mask = _mask(row_ok, cols, D, GROUP, BLOCK_D)
+    if ELEMENT != _ACTIVATION:
+        elements, scales = _encode_groups(value, ELEMENT, SCALE, ROUNDING)
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D)
+        _store_encoded(stage_ptr, peer[:, None, None], peer[:, None], doffs, soffs, elements, scales, mask,
+                       row_ok[:, None] & sok)
     else:
         _store_tile(stage_ptr + peer[:, None, None], rows, cols, value, mask, D, IN_BF16)
 
@@ -171,7 +168,7 @@ def _push_rows_kernel(
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
     M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
-    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
+    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr,
     ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
     STAGES: tl.constexpr,
 ):
@@ -209,17 +206,17 @@ def _push_rows_kernel(
     any_remote = tl.max(remote.to(tl.int32), axis=0) > 0
     dot = tl.zeros((BLOCK_M,), tl.float32)
     for start in tl.range(0, D, BLOCK_D, num_stages=STAGES):
-        cols = _cols(start, BLOCK_D)
-        x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
+        cols = _cols(start, GROUP, BLOCK_D)
+        x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if HAS_DOT:
-            other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
+            other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             dot += tl.sum(tl.sum(other * x, axis=2), axis=1)
         if HAS_FACTOR:
             x = _round_to_activation(x * factor[:, None, None], IN_BF16)
         if any_local:
-            _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+            _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if any_remote:
-            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
+            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
 
@@ -230,7 +227,7 @@ def _push_tokens_kernel(
     map_ptr, map_delta_ptr, weight_map_ptr, weight_delta_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
     sent_ptr, T, rank, max_tokens,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, IN_BF16: tl.constexpr,
-    QUANT: tl.constexpr, ROUNDING: tl.constexpr, HAS_FACTOR: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
+    ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr, HAS_FACTOR: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
     HAS_DOT: tl.constexpr, DOT_LOCAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # HAS_FACTOR: per-slot weights go to the owners' row weights; WEIGH_LOCAL: they also
@@ -259,46 +256,46 @@ def _push_tokens_kernel(
     if sent > 0:
         tl.atomic_add(sent_ptr, sent.to(tl.int64))
     any_local = tl.max(tl.max((slot_ok & (owner == rank)).to(tl.int32), axis=1), axis=0) > 0
-    # Dot products: per slot, one partial sum per 32-column group (a reduction within each
+    # Dot products: per slot, one partial sum per column group (a reduction within each
     # thread's group), summed over the groups once at the end.
-    dots = tl.zeros((BLOCK_T, KP, BLOCK_D // 32), tl.float32)
+    dots = tl.zeros((BLOCK_T, KP, BLOCK_D // GROUP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
+        cols = _cols(start, GROUP, BLOCK_D)
+        x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if any_local or (HAS_DOT and not DOT_LOCAL):
             for k in tl.static_range(TOP_K):
                 slot = toks * TOP_K + k
                 n_k = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
                 if HAS_DOT and not DOT_LOCAL:
-                    other = _load_tile(dot_rows_ptr, n_k, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
+                    other = _load_tile(dot_rows_ptr, n_k, cols, _mask(tok_ok, cols, D, GROUP, BLOCK_D), D, IN_BF16)
                     part = tl.sum(other * x, axis=2)
                     dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                 if any_local:
                     is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
                     row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
                     if HAS_DOT and DOT_LOCAL:
-                        other = _load_tile(dot_rows_ptr, row_k, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+                        other = _load_tile(dot_rows_ptr, row_k, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
                         part = tl.sum(other * x, axis=2)
                         dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                     x_k = x
                     if HAS_FACTOR and WEIGH_LOCAL:
                         f_k = tl.load(factor_ptr + slot, mask=is_local, other=0.0)
                         x_k = _round_to_activation(x * f_k[:, None, None], IN_BF16)
-                    _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+                    _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if sent > 0:
-            if QUANT:
-                e4m3, byte = _quantize_groups(x, ROUNDING)
-                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, BLOCK_D)
+            if ELEMENT != _ACTIVATION:
+                elements, scales = _encode_groups(x, ELEMENT, SCALE, ROUNDING)
+                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, GROUP, BLOCK_D)
             for d in tl.static_range(W):
                 need = tok_ok & (tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)
                 if tl.max(need.to(tl.int32), axis=0) > 0:
                     # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
                     delta = tl.multiple_of(tl.load(stage_delta_ptr + d), 16)
-                    if QUANT:
-                        tl.store(stage_ptr + delta + doffs, e4m3.to(tl.uint8), mask=_mask(need, cols, D, BLOCK_D))
-                        tl.store(stage_ptr + delta + soffs, byte.to(tl.uint8), mask=need[:, None] & sok)
+                    if ELEMENT != _ACTIVATION:
+                        _store_encoded(stage_ptr, delta, delta, doffs, soffs, elements, scales,
+                                       _mask(need, cols, D, GROUP, BLOCK_D), need[:, None] & sok)
                     else:
-                        _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, BLOCK_D), D, IN_BF16)
+                        _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, GROUP, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
         dot_ok = slot_ok & (owner == rank) if DOT_LOCAL else slot_ok
         tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], tl.sum(dots, axis=2), mask=dot_ok)
@@ -307,7 +304,7 @@ def _push_tokens_kernel(
 @triton.jit
 def _push_partials_kernel(
     src_ptr, order_ptr, start_ptr, weight_ptr, stage_ptr, peer_delta_ptr, sent_ptr, S, rank, max_tokens,
-    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
+    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
     ROUNDING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -324,17 +321,17 @@ def _push_partials_kernel(
     # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
     peer = tl.multiple_of(tl.load(peer_delta_ptr + dest, mask=active, other=0), 16)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        acc = tl.zeros((BLOCK_S, BLOCK_D // 32, 32), tl.float32)
+        cols = _cols(start, GROUP, BLOCK_D)
+        acc = tl.zeros((BLOCK_S, BLOCK_D // GROUP, GROUP), tl.float32)
         for j in tl.static_range(MAX_ROWS):
             has = active & (j < count)
             row = tl.load(order_ptr + first + j, mask=has, other=0)
-            value = _load_tile(src_ptr, row, cols, _mask(has, cols, D, BLOCK_D), D, IN_BF16)
+            value = _load_tile(src_ptr, row, cols, _mask(has, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             if HAS_WEIGHT:
                 value = value * tl.load(weight_ptr + row, mask=has, other=0.0)[:, None, None]
             acc = acc + value
         value = _round_to_activation(acc, IN_BF16)
-        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
+        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
 
 
 @triton.jit
@@ -349,14 +346,13 @@ def _staged_rows(stage_row_ptr, rows, row_ok, HAS_STAGE_ROW: tl.constexpr):
 
 @triton.jit
 def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_BF16: tl.constexpr,
-                      QUANT: tl.constexpr, BLOCK_D: tl.constexpr):
+                      ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows of this rank's staging buffer, decoded to fp32 values of the activation dtype."""
-    mask = _mask(row_ok, cols, D, BLOCK_D)
-    if QUANT:
-        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, BLOCK_D)
-        data = tl.load(stage_ptr + doffs, mask=mask, other=0).to(tl.int32)
-        byte = tl.load(stage_ptr + soffs, mask=row_ok[:, None] & sok, other=127).to(tl.int32)
-        value = _round_to_activation(_dequantize_groups(data, byte), IN_BF16)
+    mask = _mask(row_ok, cols, D, GROUP, BLOCK_D)
+    if ELEMENT != _ACTIVATION:
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D)
+        decoded = _load_decoded(stage_ptr, doffs, soffs, mask, row_ok[:, None] & sok, ELEMENT, SCALE)
+        value = _round_to_activation(decoded, IN_BF16)
     else:
         value = _load_tile(stage_ptr, rows, cols, mask, D, IN_BF16)
     return value
@@ -365,7 +361,7 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
 @triton.jit
 def _receive_rows_kernel(
     out_ptr, source_ptr, stage_ptr, stage_row_ptr, weight_ptr, dot_with_ptr, dot_out_ptr, R, rank,
-    D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
+    D: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -377,18 +373,18 @@ def _receive_rows_kernel(
     staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
     if HAS_WEIGHT:
         weight = tl.load(weight_ptr + rows, mask=remote, other=0.0)
-    # Dot products: one partial sum per row and 32-column group, summed once at the end.
-    dots = tl.zeros((BLOCK_M, BLOCK_D // 32), tl.float32)
+    # Dot products: one partial sum per row and column group, summed once at the end.
+    dots = tl.zeros((BLOCK_M, BLOCK_D // GROUP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+        cols = _cols(start, GROUP, BLOCK_D)
+        value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, ELEMENT, SCALE, GROUP, BLOCK_D)
         if HAS_DOT:
-            other = _load_tile(dot_with_ptr, rows, cols, _mask(remote, cols, D, BLOCK_D), D, IN_BF16)
+            other = _load_tile(dot_with_ptr, rows, cols, _mask(remote, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             dots += tl.sum(other * value, axis=2)
         if HAS_WEIGHT:
             value = _round_to_activation(value * weight[:, None, None], IN_BF16)
         value = tl.where(pad[:, None, None], 0.0, value)
-        _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
+        _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, GROUP, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
         tl.store(dot_out_ptr + rows, tl.sum(dots, axis=1), mask=remote)
 
@@ -397,7 +393,7 @@ def _receive_rows_kernel(
 def _reduce_slots_kernel(
     out_ptr, inv_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_ptr, stage_row_ptr,
     weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
-    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
+    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, WEIGH_STAGED: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
     HAS_STAGE_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -406,9 +402,9 @@ def _reduce_slots_kernel(
     kk = tl.arange(0, KP)
     dots = tl.zeros((BLOCK_T, KP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        mask = _mask(tok_ok, cols, D, BLOCK_D)
-        acc = tl.zeros((BLOCK_T, BLOCK_D // 32, 32), tl.float32)
+        cols = _cols(start, GROUP, BLOCK_D)
+        mask = _mask(tok_ok, cols, D, GROUP, BLOCK_D)
+        acc = tl.zeros((BLOCK_T, BLOCK_D // GROUP, GROUP), tl.float32)
         if HAS_DOT:
             xrow = _load_tile(dot_with_ptr, toks, cols, mask, D, IN_BF16)
         for k in tl.static_range(TOP_K):
@@ -418,7 +414,7 @@ def _reduce_slots_kernel(
             is_local = tok_ok & (owner == rank)
             is_remote = tok_ok & (owner != rank)
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
-            value = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+            value = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             staged = _staged_rows(stage_row_ptr, n, is_remote, HAS_STAGE_ROW)
             if HAS_STAGE_ROW:  # -1: nothing to add (push_partials sent the token's sum once)
                 is_remote = is_remote & (staged >= 0)
@@ -428,7 +424,7 @@ def _reduce_slots_kernel(
             # (RESULTS.md, thirteenth session): it cost the MXFP8 arms of a one-rank layer,
             # where no row is staged, 0.26-0.61 ms over bf16's; 0.05 ms with the skip.
             if tl.max(is_remote.to(tl.int32), axis=0) > 0:
-                remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+                remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, ELEMENT, SCALE, GROUP, BLOCK_D)
                 value = tl.where(is_local[:, None, None], value, remote_val)
             if HAS_SAVE:
                 _store_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
@@ -497,15 +493,11 @@ def _no_fp32(device: torch.device) -> torch.Tensor:
     return torch.empty(1, dtype=torch.float32, device=device)
 
 
-def _block_d(dim: int, largest: int = 512) -> int:
-    """Columns per tile (a multiple of 32): the largest power of two <= ``largest`` that divides
-    ``dim`` (unmasked, vector loads and stores), else a masked tile covering ``dim``."""
-    block = largest
-    while block >= BLOCK_SIZE:
-        if dim % block == 0:
-            return block
-        block //= 2
-    return max(BLOCK_SIZE, min(largest, triton.next_power_of_2(dim)))
+def _format_constants(fmt: str, dim: int, shape: LaunchShape) -> dict[str, int]:
+    """A tile kernel's constants for a leg in format ``fmt``: the format's own
+    (``WireFormat.kernel_constants``) and the column tile ``BLOCK_D`` for rows of ``dim``."""
+    constants = WireFormat(fmt).kernel_constants()
+    return {**constants, "BLOCK_D": shape.tile(dim, constants["GROUP"])}
 
 
 def _stage(buf, staging_rows, dim, dtype, fmt):
@@ -552,8 +544,8 @@ def push_rows(
         staging.element_offsets(stage.element_size()),
         num, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
-        HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim, shape.block_d),
+        HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16,
+        ROUNDING=rounding_code(rounding), BLOCK_M=block_m, **_format_constants(fmt, dim, shape),
         ONLY=only_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
     )
 
@@ -579,9 +571,9 @@ def push_tokens(
         dot_out if dot_out is not None else no_fp32, sent,
         num_tokens, rank, max_tokens,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
-        IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
+        IN_BF16=src.dtype == torch.bfloat16, ROUNDING=rounding_code(rounding),
         HAS_FACTOR=weights is not None, WEIGH_LOCAL=factor is not None, HAS_DOT=dots is not None,
-        DOT_LOCAL=dot_local is not None, BLOCK_T=shape.block, BLOCK_D=_block_d(dim, shape.block_d),
+        DOT_LOCAL=dot_local is not None, BLOCK_T=shape.block, **_format_constants(fmt, dim, shape),
         num_warps=shape.warps,
     )
 
@@ -596,9 +588,9 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
     _push_partials_kernel[(triton.cdiv(num_slots, shape.block),)](
         _bits(src), order, start, weight if weight is not None else _no_fp32(src.device), stage,
         staging.element_offsets(stage.element_size()), sent, num_slots, rank, max_tokens,
-        D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
-        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
+        D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16,
+        ROUNDING=rounding_code(rounding), HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
+        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )
@@ -615,9 +607,9 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
         stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
         _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
         rows, rank,
-        D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
+        D=dim, IN_BF16=out.dtype == torch.bfloat16, HAS_STAGE_ROW=stage_row is not None,
         HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=shape.block,
-        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
+        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
     )
 
 
@@ -638,9 +630,9 @@ def reduce_slots(
         _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
-        QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
+        HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
         HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=shape.block,
-        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
+        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )

@@ -1,20 +1,9 @@
 """Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments (a
-kernel's launch ``shape`` is taken and ignored), same arithmetic, same bytes. They run wherever torch runs (CPU emulation of peers in CI, or on CUDA
-peer memory to check the Triton kernels on the GPU machine).
+kernel's launch ``shape`` is taken and ignored), same arithmetic, same bytes. They run wherever
+torch runs (CPU emulation of peers in CI, or on CUDA peer memory to check the Triton kernels on
+the GPU machine).
 
-A *staging* buffer is a byte buffer of rows, indexed by row: the one a rank receives pushed
-rows in (symm: peers write into it), or the send / receive buffer of an all-to-all (nccl: a
-``peer_memory.LocalBuffer``, whose every peer is itself). A row takes
-``wire_stats.row_bytes`` bytes: in the activation's own dtype (leg format ``bf16``) ``D``
-elements; in MXFP8 its ``D`` e4m3 bytes followed by its ``D/32`` e8m0 scale bytes (payload and
-scales of a row travel together, so one exchange carries both).
-
-Where a receiving pass reads a row: by default the staged row with the index of the row it
-fills (symm: peers push each row to the index its reader uses); with ``stage_row``, the
-staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buffer; symm after
-``push_tokens``: the token map, each expert row's token at row ``source * max_tokens + token``).
-A symm staging buffer holds its rows, then the token map (``token_map_offset``), then the row
-weights (``row_weights``: a weighted token-once push leaves each row's routing weight there).
+The staging buffers they read and write, and how rows are encoded there: ``staging``.
 
 Arithmetic (shared with the kernels, so both give the same bits):
 * a routing weight multiplies in fp32 and the product is rounded to the activation dtype
@@ -32,74 +21,7 @@ from __future__ import annotations
 import torch
 
 from mxfp8_ep import routing
-from mxfp8_ep.capacity import staging_buffer_bytes, token_map_byte_offset
-from mxfp8_ep.config import LEG_FORMATS
-from mxfp8_ep.format import MXFP8Tensor, dequantize_reference, quantize_reference
-from mxfp8_ep.wire_stats import row_bytes
-
-
-def staged_row_nbytes(dim: int, dtype: torch.dtype, fmt: str) -> int:
-    """Bytes of one staged row of ``dim`` elements in leg format ``fmt`` (its wire size)."""
-    return row_bytes(dim, torch.empty((), dtype=dtype).element_size(), fmt)
-
-
-def staging_nbytes(rows: int, dim: int, dtype: torch.dtype) -> int:
-    """Bytes of a staging buffer that holds ``rows`` rows in either format."""
-    return rows * max(staged_row_nbytes(dim, dtype, fmt) for fmt in LEG_FORMATS)
-
-
-def token_map_offset(rows: int, dim: int, dtype: torch.dtype) -> int:
-    """Byte offset of the token map in a symm staging buffer of ``rows`` rows: after the rows,
-    16-byte aligned. The map holds one int64 per expert-major row of the receiving rank: the
-    staged row a token-major push (``push_tokens``) put that row's token in."""
-    return token_map_byte_offset(rows, staging_nbytes(1, dim, dtype))
-
-
-def token_map(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
-    """The ``rows``-entry int64 token map at byte ``offset`` of a staging buffer."""
-    return buf[offset : offset + rows * 8].view(torch.int64)
-
-
-def row_weights(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
-    """The ``rows``-entry fp32 row weights right after the token map at byte ``offset``: a
-    weighted ``push_tokens`` leaves each expert row's routing weight there."""
-    start = offset + rows * 8
-    return buf[start : start + rows * 4].view(torch.float32)
-
-
-def staging_buffer_nbytes(rows: int, dim: int, dtype: torch.dtype, map_rows: int) -> int:
-    """Bytes of a symm staging buffer: ``rows`` staged rows, then the token map and the row
-    weights of ``map_rows`` expert rows."""
-    return staging_buffer_bytes(rows, staging_nbytes(1, dim, dtype), map_rows)
-
-
-def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
-    """Views of the first ``rows`` rows of a staging byte buffer: ``(values,)`` (``rows x
-    dim`` in ``dtype``) for the activation's own dtype, ``(e4m3 bytes, scale bytes)`` (``rows
-    x dim`` and ``rows x dim/32``, strided views of the packed rows) for MXFP8."""
-    nbytes = staged_row_nbytes(dim, dtype, fmt)
-    if fmt == "mxfp8":
-        packed = buf[: rows * nbytes].view(rows, nbytes)
-        return packed[:, :dim], packed[:, dim:]
-    return (buf[: rows * nbytes].view(dtype).view(rows, dim),)
-
-
-def _store_staged(buf, staging_rows: int, at: torch.Tensor, values: torch.Tensor, encoded, sel: torch.Tensor, fmt: str):
-    """Rows ``values[sel]`` (MXFP8: their ``encoded`` form) into rows ``at[sel]`` of a staging
-    byte buffer."""
-    views = staging_views(buf, staging_rows, values.shape[1], values.dtype, fmt)
-    if fmt == "mxfp8":
-        views[0][at[sel]] = encoded.data.view(torch.uint8)[sel]
-        views[1][at[sel]] = encoded.scale[sel]
-    else:
-        views[0][at[sel]] = values[sel]
-
-
-def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Tensor:
-    if fmt == "mxfp8":
-        data, scale = views
-        return dequantize_reference(MXFP8Tensor(data[rows].view(torch.float8_e4m3fn), scale[rows]), dtype)
-    return views[0][rows]
+from mxfp8_ep.staging import decode_rows, encode_rows, row_weights, staging_views, store_rows, token_map
 
 
 # Which rows a push stores (``push_rows(only=...)``): the nccl transport pushes the rows that
@@ -168,10 +90,10 @@ def push_rows(
     if local_out is not None:
         local = dst_rank == rank
         local_out[dst_row[local]] = values[local]
-    encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
+    encoded = encode_rows(values, rounding, fmt)
     for peer in range(staging.world_size):
         if peer != rank:
-            _store_staged(staging.peer(peer), staging_rows, dst_row, values, encoded, dst_rank == peer, fmt)
+            store_rows(staging.peer(peer), staging_rows, dst_row, values, encoded, dst_rank == peer, fmt)
 
 
 def push_tokens(
@@ -217,14 +139,14 @@ def push_tokens(
     if factor is not None:
         rows_of = (rows_of.float() * weights.unsqueeze(2)).to(src.dtype)
     local_out[row[local]] = rows_of[local]
-    encoded = quantize_reference(src, rounding) if fmt == "mxfp8" else None
+    encoded = encode_rows(src, rounding, fmt)
     staged = rank * max_tokens + torch.arange(num_tokens, device=src.device)
     for peer in range(staging.world_size):
         if peer == rank:
             continue
         bound = owner == peer
         need = bound.any(dim=1)
-        _store_staged(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
+        store_rows(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
         token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
         if weights is not None:
             row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound].float()
@@ -269,11 +191,11 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
         value = src[rows].float() if weight is None else src[rows].float() * weight[rows].unsqueeze(1)
         acc = acc + torch.where(has.unsqueeze(1), value, 0.0)
     values = acc.to(src.dtype)
-    encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
+    encoded = encode_rows(values, rounding, fmt)
     staged = rank * max_tokens + slots % max_tokens
     for peer in range(staging.world_size):
         if peer != rank:
-            _store_staged(staging.peer(peer), staging_rows, staged, values, encoded, active & (dest == peer), fmt)
+            store_rows(staging.peer(peer), staging_rows, staged, values, encoded, active & (dest == peer), fmt)
     sent += active.sum()
 
 
@@ -304,7 +226,7 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     remote = (source >= 0) & (source != rank)
     rows = torch.nonzero(remote).squeeze(1)
-    values = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    values = decode_rows(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
     if dot_with is not None:
         dot_out[rows] = (values.float() * dot_with[rows].float()).sum(dim=1)
     if weight is not None:
@@ -335,7 +257,7 @@ def reduce_slots(
         skipped = ~is_local & (stage_row[n] < 0) if stage_row is not None else torch.zeros_like(is_local)
         v[skipped] = 0
         remote = torch.nonzero(~is_local & ~skipped).squeeze(1)
-        v[remote] = _decode(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
+        v[remote] = decode_rows(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
         if save is not None:
             save[n] = v
         if dot_out is not None:

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.push_sweep import peer_one_rows, sorted_routing
 from mxfp8_ep.peer_memory import OneProcessPeers
-from mxfp8_ep.symm_reference import token_map, token_map_offset
+from mxfp8_ep.staging import token_map, token_map_offset
 
 
 @pytest.mark.parametrize("world", [2, 4])

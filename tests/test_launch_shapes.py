@@ -29,7 +29,7 @@ def test_bad_shapes_are_clear_errors():
         LaunchShape(block=1, warps=4, stripes=0)
     with pytest.raises(ValueError, match="push_rows only"):
         replace(KernelShapes.default("bf16"), reduce_slots=LaunchShape(block=1, warps=4, stripes=2))
-    with pytest.raises(ValueError, match="no launch shapes for leg format 'fp4'"):
+    with pytest.raises(ValueError, match="unknown wire format 'fp4'"):
         KernelShapes.default("fp4")
     for fmt in LEG_FORMATS:
         assert isinstance(KernelShapes.default(fmt), KernelShapes)

@@ -205,7 +205,7 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
     that leave, ``all`` both; kernel and twin give the same bytes; anything else is an error."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.peer_memory import LocalBuffer
-    from mxfp8_ep.symm_reference import staging_nbytes
+    from mxfp8_ep.staging import staging_nbytes
 
     g = torch.Generator().manual_seed(3)
     src = torch.randn(6, 64, generator=g).bfloat16().to(DEVICE)
@@ -284,8 +284,15 @@ def check_push_tokens(device) -> int:
 
     Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.format import quantize_reference
-    from mxfp8_ep.symm_reference import row_weights, staging_buffer_nbytes, staging_views, token_map, token_map_offset
+    from mxfp8_ep.mxfp8 import quantize_reference
+    from mxfp8_ep.staging import (
+        decode_rows,
+        row_weights,
+        staging_buffer_nbytes,
+        staging_views,
+        token_map,
+        token_map_offset,
+    )
 
     g = torch.Generator().manual_seed(17)
     checked = 0
@@ -387,8 +394,8 @@ def check_push_tokens(device) -> int:
                     assert torch.equal(bits(got), bits(ref_got)), where
                     want = x[token_of[mine]]
                     if fmt == "mxfp8":
-                        want = symm_reference._decode(staging_views(bufs[d], rows, dim, dtype, fmt),
-                                                      rank * max_tokens + token_of[mine], dtype, fmt)
+                        want = decode_rows(staging_views(bufs[d], rows, dim, dtype, fmt),
+                                           rank * max_tokens + token_of[mine], dtype, fmt)
                     arrived = want
                     if weighted:  # the score multiplies the token as it arrived (dequantized)
                         want = (want.float() * factor[mine].unsqueeze(1)).to(dtype)
@@ -430,8 +437,9 @@ def check_push_partials(device) -> int:
     and tokens without rows here send nothing. Every other case is weighted (combine's forward):
     each row times its fp32 weight. Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.format import quantize_reference
-    from mxfp8_ep.symm_reference import partial_slots, staging_views
+    from mxfp8_ep.mxfp8 import quantize_reference
+    from mxfp8_ep.staging import staging_nbytes, staging_views
+    from mxfp8_ep.symm_reference import partial_slots
 
     g = torch.Generator().manual_seed(23)
     checked = 0
@@ -449,7 +457,7 @@ def check_push_partials(device) -> int:
             order, start = partial_slots(row_slot.to(device), num_slots)
             result = {}
             for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-                peers = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, rank, device)
+                peers = OneProcessPeers(staging_nbytes(num_slots, dim, dtype), world, rank, device)
                 sent = torch.zeros(1, dtype=torch.int64, device=device)
                 kernels.push_partials(src.to(device), order, start, peers, num_slots, rank, fmt, "rceil",
                                       max_rows, max_tokens, sent, weight=None if weight is None else weight.to(device))
@@ -506,6 +514,7 @@ def check_partial_round_trip(device) -> int:
     kept (``reduce_slots(weigh_staged=False)``), against the fp64 sum of score times row.
     Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.staging import staging_nbytes
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
     g = torch.Generator().manual_seed(29)
@@ -526,7 +535,7 @@ def check_partial_round_trip(device) -> int:
         row_weight = [torch.tensor([float(scores[s][t, k]) for s, t, k in held[r]]) for r in range(world)]
         result = {}
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-            shared = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, 0, device)
+            shared = OneProcessPeers(staging_nbytes(num_slots, dim, dtype), world, 0, device)
             views = []
             for r in range(world):
                 peers = shared.seen_from(r)

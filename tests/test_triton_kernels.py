@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxfp8_ep.format import dequantize_reference, quantize_reference
+from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
 from mxfp8_ep.quantize import dequantize, quantize
 from mxfp8_ep.triton_kernels import dequantize_triton, quantize_triton
-from tests.test_format import assert_bits_equal, edge_blocks, random_input
+from tests.test_mxfp8 import assert_bits_equal, edge_blocks, random_input
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (rows, cols): a partial row tile, a partial column tile (K % 256 != 0), 3-D input.

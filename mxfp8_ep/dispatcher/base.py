@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
 
 
@@ -91,8 +90,8 @@ class TokenDispatcher:
             where the fused nccl transport sends ``quant(score * token)``: equal to the format's
             rounding, not bits (every gradient downstream of combine's backward, or every value
             downstream of dispatch's forward)."""
-            weighted = self.a2a.dispatch_fwd if self.score_before_experts else self.a2a.combine_bwd
-            return self.top_k > 1 and weighted == "mxfp8"
+            weighted = "dispatch_fwd" if self.score_before_experts else "combine_bwd"
+            return self.top_k > 1 and self.a2a.wire_format(weighted).quantized
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
             # The transports subclass this one: imported here, not at the top.
@@ -130,12 +129,10 @@ class TokenDispatcher:
             )
         if topk_scores_TK.shape != topk_expert_ids_TK.shape:
             raise ValueError(f"scores {tuple(topk_scores_TK.shape)} != expert ids {tuple(topk_expert_ids_TK.shape)}")
-        quantized = [leg for leg in A2AConfig.legs() if getattr(a2a, leg) == "mxfp8"]
-        if quantized and x_TD.shape[1] % BLOCK_SIZE != 0:
-            raise ValueError(
-                f"MXFP8 legs {quantized} need the model dim to be a multiple of {BLOCK_SIZE}, "
-                f"got dim {x_TD.shape[1]}; use a2a=bf16 for this model"
-            )
+        for leg in A2AConfig.legs():
+            error = a2a.wire_format(leg).dim_error(x_TD.shape[1])
+            if error is not None:
+                raise ValueError(f"{leg}: {error} (the model dim); use a2a=bf16 for this model")
         if x_TD.dtype not in (torch.bfloat16, torch.float32):
             raise TypeError(f"dispatch takes bfloat16 or float32 tokens, got {x_TD.dtype}")
 

@@ -11,7 +11,7 @@ from mxfp8_ep import routing, wire_stats
 from mxfp8_ep.dispatcher.nccl import HostCopy
 from mxfp8_ep.dispatcher.push import ExchangeSplits, ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import LocalBuffer
-from mxfp8_ep.symm_reference import staged_row_nbytes
+from mxfp8_ep.staging import staged_row_nbytes
 
 # torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU
 # machine's torch 2.11 may have only the old one.

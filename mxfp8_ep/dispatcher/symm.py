@@ -15,15 +15,8 @@ from mxfp8_ep import wire_stats
 from mxfp8_ep.capacity import expert_major_capacity, staging_rows
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import PeerBuffer
-from mxfp8_ep.symm_reference import (
-    partial_slots,
-    partial_stage_rows,
-    row_weights,
-    staging_buffer_nbytes,
-    staging_nbytes,
-    token_map,
-    token_map_offset,
-)
+from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset
+from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
 
 @dataclass
@@ -31,7 +24,7 @@ class _SymmBuffers:
     """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
     that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
     then (at ``map_offset``) a token map and row weights of ``capacity`` entries each
-    (``symm_reference.token_map``, ``row_weights``)."""
+    (``staging.token_map``, ``row_weights``)."""
 
     counts: PeerBuffer
     staging: tuple[PeerBuffer, PeerBuffer]

@@ -27,7 +27,7 @@ titan030 = pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 import torch  # noqa: E402
 
 from mxfp8_ep.config import A2AConfig  # noqa: E402
-from mxfp8_ep.format import BLOCK_SIZE, dequantize_reference, quantize_reference, scale_to_fp32  # noqa: E402
+from mxfp8_ep.mxfp8 import BLOCK_SIZE, dequantize_reference, quantize_reference, scale_to_fp32  # noqa: E402
 from tests.moe_harness import rel_err, run_forked  # noqa: E402
 from tests.titan030.moe_layer import MoESpec, reference_config, run_arm, segments, setup_rank  # noqa: E402
 
@@ -54,7 +54,7 @@ def qdq(rows: torch.Tensor) -> torch.Tensor:
 
 
 def format_bound(ref: torch.Tensor) -> torch.Tensor:
-    """What one MXFP8 round trip may move each element (tests/test_format.py): 2**-4 of it in
+    """What one MXFP8 round trip may move each element (tests/test_mxfp8.py): 2**-4 of it in
     e4m3's normal range, 2**-10 of its block scale below it."""
     scale = scale_to_fp32(quantize_reference(ref, "rceil").scale).repeat_interleave(BLOCK_SIZE, dim=-1)
     return torch.maximum(ref.float().abs() * 2.0**-4, scale * 2.0**-10)
