@@ -8,6 +8,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing, wire_stats
+from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.nccl import HostCopy
 from mxfp8_ep.dispatcher.push import ExchangeSplits, ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import LocalBuffer
@@ -18,6 +19,7 @@ from mxfp8_ep.staging import staged_row_nbytes
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
+@register_transport("nccl")
 class FusedNcclTokenDispatcher(PushTokenDispatcher):
     """All-to-all transport (multi-node NCCL, and gloo) for configs with an MXFP8 leg, on the
     symm transport's kernels: each leg is one ``push_rows`` into a rank-major send buffer
@@ -34,6 +36,10 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
     rows that stay while the exchange runs. In dispatch's forward the host waits for the splits
     only after the first push is queued (into a send buffer sized for every sorted row), so
     the GPU stays busy through that wait."""
+
+    @classmethod
+    def serves(cls, config) -> bool:
+        return config.a2a.any_quantized
 
     def _routing(self, x_TD, counts_E):  # noqa: N803
         W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple

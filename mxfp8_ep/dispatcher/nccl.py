@@ -11,7 +11,7 @@ import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing
 from mxfp8_ep.all_to_all import all_to_all_v
-from mxfp8_ep.dispatcher.base import TokenDispatcher
+from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,17 @@ class NcclDispatchMetadata:
     topk_scores_TK: torch.Tensor  # noqa: N815
 
 
+@register_transport("nccl")
 class NcclTokenDispatcher(TokenDispatcher):
     """All-to-all-v transport (multi-node NCCL, and gloo) for all-bf16 legs: torchtitan 0.2.2's
     ExpertParallel and MoE math around ``all_to_all_v``, bit for bit. ``Config.build`` takes
-    ``FusedNcclTokenDispatcher`` instead when any leg is MXFP8 (this class still carries MXFP8
-    legs, through ``all_to_all_v``'s separate quantize pass and two exchanges, when built
+    ``FusedNcclTokenDispatcher`` instead when any leg is quantized (this class still carries
+    MXFP8 legs, through ``all_to_all_v``'s separate quantize pass and two exchanges, when built
     directly)."""
+
+    @classmethod
+    def serves(cls, config) -> bool:
+        return not config.a2a.any_quantized
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
         self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)

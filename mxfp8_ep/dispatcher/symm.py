@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from mxfp8_ep import wire_stats
 from mxfp8_ep.capacity import expert_major_capacity, staging_rows
+from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import PeerBuffer
 from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset
@@ -58,6 +59,7 @@ def release_peer_buffers() -> None:
     _BUFFERS.clear()
 
 
+@register_transport("symm")
 class SymmTokenDispatcher(PushTokenDispatcher):
     """Peer-memory push transport (one node): sync-free, quantizes inside the push. Each
     leg's rows go straight into the owner's staging buffer at the row the owner reads them
