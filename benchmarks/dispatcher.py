@@ -377,7 +377,7 @@ def _build_moe(shape: MoEShape, device, dtype, arm: str, mesh):
     from torchtitan.distributed.expert_parallel import ExpertParallel
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel
+    from mxfp8_ep.titan022 import DispatcherExpertParallel
 
     args = MoEArgs(
         num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,
@@ -578,7 +578,7 @@ def main() -> None:
     args.dtype = torch.bfloat16
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
 
-    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel
     from mxfp8_ep.config import A2AConfig
 
     install_expert_parallel(A2AConfig())  # patches MoE.forward; arms pick their own style

@@ -74,7 +74,7 @@ def main() -> None:
 
         apply_cpu_compat()
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))

@@ -141,7 +141,7 @@ def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -95,7 +95,7 @@ def kernel_sweep(args, rows_out):
                                                fmt, "rceil", slot=meta.slot, top_k=top_k, shape=shape),
             # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
             # receive through the token map.
-            "push_tokens": lambda shape: sk.push_tokens(x, meta.inv, meta.dst_rank, meta.dst_row, out, staging,
+            "push_tokens": lambda shape: sk.push_tokens(x, meta.sorted_row, meta.dst_rank, meta.dst_row, out, staging,
                                                   staging_rows, map_offset, bufs.capacity, rank, fmt,
                                                   "rceil", top_k, bufs.max_tokens, sent),
             "receive_token_map": lambda shape: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
@@ -104,7 +104,7 @@ def kernel_sweep(args, rows_out):
                                                      shape=shape),
             "push_back": lambda shape: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
                                                     staging_rows, rank, fmt, "rceil", shape=shape),
-            "reduce": lambda shape: sk.reduce_slots(x, meta.inv, meta.dst_rank, meta.dst_row, routed, staging,
+            "reduce": lambda shape: sk.reduce_slots(x, meta.sorted_row, meta.dst_rank, meta.dst_row, routed, staging,
                                                     staging_rows, rank, fmt, top_k,
                                                     weight=scores.reshape(-1), shape=shape),
             "barrier": lambda shape: staging.barrier(),
@@ -117,7 +117,7 @@ def kernel_sweep(args, rows_out):
         }
         # HBM bytes each kernel must move at least, and NVLink bytes it sends.
         sent = torch.zeros(1, dtype=torch.int64, device=device)
-        owners = meta.dst_rank[meta.inv].view(tokens, top_k)
+        owners = meta.dst_rank[meta.sorted_row].view(tokens, top_k)
         remote_tokens = sum(int((owners == peer).any(dim=1).sum()) for peer in range(dist.get_world_size()) if peer != rank)
         p2p_src = torch.empty(remote * wire_row, dtype=torch.uint8, device=device)
         x_rep = torch.empty((n, dim), dtype=torch.bfloat16, device=device)
@@ -351,7 +351,7 @@ def main():
 
     init_process_group()
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     rows: list[dict] = []

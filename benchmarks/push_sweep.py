@@ -121,7 +121,7 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
         push_launch = {"rows": KernelShapes.default(fmt).push_rows.block, "warps": KernelShapes.default(fmt).push_rows.warps}
         row("push_rows", fmt, push_launch, timed(
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", slot=slot, top_k=top_k)))
-        weighted = dict(slot=slot, top_k=top_k, factor=factor, dot_rows=saved, dot_out=dots)
+        weighted = dict(slot=slot, top_k=top_k, weight=factor, dot_with=saved, dot_out=dots)
         row("push_rows (weighted)", fmt, push_launch, timed(
             lambda: sk.push_rows(x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil", **weighted)))
         for shape_of_push in args.push_tokens_shapes:
@@ -132,11 +132,12 @@ def sweep(shape_name: str, args, device, rows_out: list[dict]) -> None:
                                        "rceil", top_k, tokens, sent, shape=kernel_shape)))
             row("push_tokens (weighted)", fmt, launch, timed(
                 lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                       "rceil", top_k, tokens, sent, factor=factor, dot_rows=saved, dot_out=dots,
+                                       "rceil", top_k, tokens, sent, weight=factor, dot_with=saved, dot_out=dots,
                                        shape=kernel_shape)))
             row("push_tokens (weighted, local dots)", fmt, launch, timed(
                 lambda: sk.push_tokens(x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt,
-                                       "rceil", top_k, tokens, sent, factor=factor, dot_local=saved, dot_out=dots,
+                                       "rceil", top_k, tokens, sent, weight=factor, dot_with=saved, dot_out=dots,
+                                       dot_with_expert_rows=True,
                                        shape=kernel_shape)))
         # The peer's receive: each row from the staged row of its index, or through the map.
         source, tmap, weights = peer_one_rows(peers, offset, capacity, dst_rank, world, tokens)

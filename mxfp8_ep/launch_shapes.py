@@ -6,7 +6,7 @@ dispatcher takes a mapping from leg format to ``KernelShapes`` in its config
 shapes beside another at the defaults. The torch twins (``symm_reference``) take the same
 argument and ignore it.
 
-The defaults are the fastest shapes measured on H200 (``benchmarks/``). Where a default stores
+The defaults are the fastest shapes of the kernel sweeps in ``benchmarks/``. Where a default stores
 into a peer, it keeps those stores 16-byte vectors (``st.global.v4``, checked by
 ``tests/triton_compile_check.py``): 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2.
 """

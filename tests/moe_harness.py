@@ -126,8 +126,8 @@ def build_reference(spec: LayerSpec, device="cpu"):
 
 def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
     """A copy of ``reference`` whose experts are this rank's slice and whose forward goes
-    through ``dispatcher`` (``mxfp8_ep.expert_parallel.dispatcher_moe_forward``)."""
-    from mxfp8_ep.expert_parallel import ExpertParallelPlan
+    through ``dispatcher`` (``mxfp8_ep.titan022.dispatcher_moe_forward``)."""
+    from mxfp8_ep.titan022 import ExpertParallelPlan
 
     L = dispatcher.num_local_experts
     ep = copy.deepcopy(reference)
@@ -146,13 +146,13 @@ def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
 
 
 def ep_forward(moe, x):
-    from mxfp8_ep.expert_parallel import dispatcher_moe_forward
+    from mxfp8_ep.titan022 import dispatcher_moe_forward
 
     return dispatcher_moe_forward(moe, x)
 
 
 def reference_forward(moe, x):
-    from mxfp8_ep.expert_parallel import _ORIGINAL
+    from mxfp8_ep.titan022 import _ORIGINAL
     from torchtitan.models.moe.moe import MoE
 
     # torchtitan's forward even where install_expert_parallel patched MoE.forward.
@@ -512,7 +512,7 @@ def preload(titan: bool = True) -> None:
     """Import what the ranks use (torchtitan's MoE alone takes seconds), so forked ranks
     inherit it instead of importing it once per rank."""
     import mxfp8_ep.dispatcher  # noqa: F401
-    import mxfp8_ep.expert_parallel  # noqa: F401
+    import mxfp8_ep.titan022  # noqa: F401
 
     if titan:
         import torchtitan.models.moe.moe  # noqa: F401

@@ -455,9 +455,9 @@ def _titan_models_symm(rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
-    from mxfp8_ep.expert_parallel import install_expert_parallel, uninstall_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
     from launch.titan_cpu_compat import apply_cpu_compat
-    from tests.test_expert_parallel import TOLERANCE, _build
+    from tests.test_titan022 import TOLERANCE, _build
 
     apply_cpu_compat(force=True)
     torch.set_num_threads(1)
@@ -490,7 +490,7 @@ def _titan_models_symm(rank, world):
             errs = {n: rel_err(grads[n], g) for n, g in ref_grads.items()}
             logits_err = rel_err(logits, ref_logits)
             if a2a.any_quantized:
-                # tests/test_expert_parallel.py's bound for these models (64 tokens per rank).
+                # tests/test_titan022.py's bound for these models (64 tokens per rank).
                 assert 0 < logits_err < TOLERANCE, f"{where}: logits rel err {logits_err:.3g}"
                 assert max(errs.values()) < TOLERANCE, f"{where}: {max(errs.items(), key=lambda e: e[1])}"
                 assert max(e for n, e in errs.items() if ".experts." in n) > 0, f"{where}: nothing quantized"
@@ -504,7 +504,7 @@ def _titan_models_symm(rank, world):
 
 
 def test_torchtitan_models_with_symm_transport():
-    """tests/test_expert_parallel.py with a2a transport=symm forced: torchtitan 0.2.2's tiny
+    """tests/test_titan022.py with a2a transport=symm forced: torchtitan 0.2.2's tiny
     Llama4 and DeepSeek-V3 parallelized by its own apply_moe_ep_tp (EP=2), every MoE layer
     through a SymmTokenDispatcher (all layers share one set of peer buffers), against
     torchtitan's ExpertParallel: bf16 legs within ORDER_TOL, MXFP8 presets above zero and
@@ -515,6 +515,6 @@ def test_torchtitan_models_with_symm_transport():
 
     preload()
     for name in (*_DEVICE_MODULES, "torchtitan.models.llama4.infra.parallelize", "torchtitan.protocols.train_spec",
-                 "launch.titan_models", "tests.test_expert_parallel"):
+                 "launch.titan_models", "tests.test_titan022"):
         importlib.import_module(name)
     run_forked(2, _titan_models_symm)

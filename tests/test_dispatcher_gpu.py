@@ -117,7 +117,7 @@ def _moe_with_side_stream(rank, world):
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel, install_expert_parallel
+    from mxfp8_ep.titan022 import DispatcherExpertParallel, install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     device = torch.device("cuda", rank)

@@ -24,19 +24,19 @@ QUANT = {"x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "M": "i32", "K": 
          "IN_BF16": "constexpr", "ROUNDING": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
 DEQUANT = {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": None, "M": "i32", "K": "i32",
            "OUT_BF16": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
-PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_ptr": "*i16",
+PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "weight_ptr": "*fp32", "dot_with_ptr": "*i16",
         "dot_out_ptr": "*fp32", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64", "local_out_ptr": "*i16",
         "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32"}
-PUSH_TOKENS = {"src_ptr": "*i16", "inv_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
+PUSH_TOKENS = {"src_ptr": "*i16", "sorted_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                "local_out_ptr": "*i16", "stage_ptr": "*u8", "stage_delta_ptr": "*i64", "map_ptr": "*i64",
-               "map_delta_ptr": "*i64", "weight_map_ptr": "*fp32", "weight_delta_ptr": "*i64", "factor_ptr": "*fp32",
-               "dot_rows_ptr": "*i16", "dot_out_ptr": "*fp32", "sent_ptr": "*i64", "T": "i32", "rank": "i32",
+               "map_delta_ptr": "*i64", "weight_map_ptr": "*fp32", "weight_delta_ptr": "*i64", "weight_ptr": "*fp32",
+               "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "sent_ptr": "*i64", "T": "i32", "rank": "i32",
                "max_tokens": "i32"}
 PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "stage_ptr": "*i16",
                  "peer_delta_ptr": "*i64", "sent_ptr": "*i64", "S": "i32", "rank": "i32", "max_tokens": "i32"}
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64",
            "weight_ptr": "*fp32", "R": "i32", "rank": "i32"}
-REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
+REDUCE = {"out_ptr": "*i16", "sorted_row_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
           "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32", "save_ptr": "*i16",
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
@@ -57,17 +57,17 @@ def launch(block: str, kernel: str, fmt: str, dim: int = 7168) -> dict:
 
 
 SYMM = {
-    "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
-                                                    IN_BF16=True, ROUNDING=0, ONLY=0,
+    "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_WEIGHT=True, HAS_DOT=True,
+                                                    IN_BF16=True, ROUNDING=0, PUSHED=0,
                                                     **launch("BLOCK_M", "push_rows", "mxfp8"))),
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
-                  dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True,
-                       ROUNDING=0, ONLY=0, **launch("BLOCK_M", "push_rows", "bf16", 5120))),
+                  dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_WEIGHT=False, HAS_DOT=False, IN_BF16=True,
+                       ROUNDING=0, PUSHED=0, **launch("BLOCK_M", "push_rows", "bf16", 5120))),
     # symm: expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8): dispatch's
     # forward (unweighted) and combine's backward (scores left for the receiver, dot products).
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
         sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
-        dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, ROUNDING=0, HAS_FACTOR=weighted,
+        dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, ROUNDING=0, HAS_WEIGHT=weighted,
              HAS_DOT=weighted, **launch("BLOCK_T", "push_tokens", fmt)))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
@@ -76,9 +76,9 @@ SYMM = {
                                      **launch("BLOCK_S", "push_partials", fmt)))
        for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
-    **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
-        D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, ROUNDING=0,
-        ONLY=sk.push_only_index(only), **launch("BLOCK_M", "push_rows", "mxfp8"))) for only in ("local", "remote")},
+    **{f"push_mxfp8_only_{pushed}": (sk._push_rows_kernel, PUSH, dict(
+        D=7168, TOP_K=8, HAS_SLOT=True, HAS_WEIGHT=False, HAS_DOT=False, IN_BF16=True, ROUNDING=0,
+        PUSHED=sk.pushed_rows_index(pushed), **launch("BLOCK_M", "push_rows", "mxfp8"))) for pushed in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     # symm after a weighted token-once push: through the token map, times the row weights.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True,
@@ -104,7 +104,7 @@ SYMM = {
        for fmt in ("bf16", "mxfp8")},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
-                                             "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
+                                             "sorted_row_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
     "expert_rows": (sk._expert_rows_kernel, {"seg_end_ptr": "*i64", "seg_len_ptr": "*i64", "seg_origin_ptr": "*i64",
                                              "source_ptr": "*i64", "return_rank_ptr": "*i64", "return_row_ptr": "*i64",
                                              "R": "i32", "rank": "i32"}, dict(W=2, NUM_SEG=384, STEPS=9, BLOCK=1024)),

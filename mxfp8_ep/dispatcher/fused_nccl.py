@@ -61,7 +61,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
         return tables, expert_rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):  # noqa: ARG002 (rows on the wire)
+    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out):  # noqa: ARG002 (push does the rows)
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.
