@@ -48,6 +48,10 @@ def _build(rank, world):  # noqa: ARG001
     library = {(p, k): built(p, k) for p in ("bf16", "mxfp8") for k in (2, 3)}
     assert library == {("bf16", 2): NcclTokenDispatcher, ("bf16", 3): NcclTokenDispatcher,
                        ("mxfp8", 2): FusedNcclTokenDispatcher, ("mxfp8", 3): FusedNcclTokenDispatcher}
+    # One path per transport: the all-bf16 nccl class refuses quantized legs.
+    quantized = TokenDispatcher.Config(num_experts=4, top_k=2, a2a=A2AConfig.preset("mxfp8", transport="nccl"))
+    with pytest.raises(ValueError, match="FusedNcclTokenDispatcher carries it"):
+        NcclTokenDispatcher(quantized, dist.group.WORLD)
     # Registered after the library's classes: they serve every config first.
     register_transport("nccl")(_Loopback)
     assert {(p, k): built(p, k) for p in ("bf16", "mxfp8") for k in (2, 3)} == library

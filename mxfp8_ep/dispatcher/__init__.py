@@ -40,7 +40,13 @@ transport is one file that registers its class (``register_transport``), importe
 that it is registered whenever the package is; its name goes in ``config.TRANSPORTS``.
 """
 
-from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport, registered_transports, resolve_transport
+from mxfp8_ep.dispatcher.base import (
+    TokenDispatcher,
+    dispatcher_for,
+    register_transport,
+    registered_transports,
+    resolve_transport,
+)
 from mxfp8_ep.dispatcher.fused_nccl import FusedNcclTokenDispatcher
 from mxfp8_ep.dispatcher.nccl import NcclTokenDispatcher
 from mxfp8_ep.dispatcher.push import PushDispatchMetadata, PushTokenDispatcher
@@ -53,6 +59,7 @@ __all__ = [
     "PushTokenDispatcher",
     "SymmTokenDispatcher",
     "TokenDispatcher",
+    "dispatcher_for",
     "peer_buffer_nbytes",
     "register_transport",
     "registered_transports",

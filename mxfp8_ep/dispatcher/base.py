@@ -31,6 +31,16 @@ def register_transport(name: str):
     return register
 
 
+def dispatcher_for(config: TokenDispatcher.Config, transport: str, group: dist.ProcessGroup) -> TokenDispatcher:
+    """The dispatcher of ``transport`` (a name ``resolve_transport`` returns) for ``config`` on
+    ``group``: the first class registered for it that serves the config."""
+    for cls in _TRANSPORTS.get(transport, ()):
+        if cls.serves(config):
+            return cls(config, group)
+    registered = {name: [c.__name__ for c in classes] for name, classes in _TRANSPORTS.items()}
+    raise ValueError(f"no token dispatcher serves transport {transport!r} with {config.a2a}; registered: {registered}")
+
+
 def registered_transports() -> dict[str, list[type[TokenDispatcher]]]:
     """Transport name -> the classes registered for it."""
     return {name: list(classes) for name, classes in _TRANSPORTS.items()}
@@ -116,14 +126,9 @@ class TokenDispatcher:
             return self.top_k > 1 and self.a2a.wire_format(weighted).quantized
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> TokenDispatcher:
-            """The dispatcher of the transport ``a2a.transport`` resolves to on ``group``: the
-            first class registered for it that serves this config."""
-            transport = resolve_transport(self.a2a.transport, torch.device(device), group)
-            for cls in _TRANSPORTS.get(transport, ()):
-                if cls.serves(self):
-                    return cls(self, group)
-            registered = {name: [c.__name__ for c in classes] for name, classes in _TRANSPORTS.items()}
-            raise ValueError(f"no token dispatcher serves transport {transport!r} with {self.a2a}; registered: {registered}")
+            """The dispatcher of the transport ``a2a.transport`` resolves to on ``group``
+            (``dispatcher_for``)."""
+            return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group), group)
 
     @classmethod
     def serves(cls, config: Config) -> bool:  # noqa: ARG003 (every config, unless a transport says otherwise)
