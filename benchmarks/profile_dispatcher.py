@@ -95,10 +95,10 @@ def kernel_sweep(args, rows_out):
                                                fmt, "rceil", slot=meta.slot, top_k=top_k, shape=shape),
             # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
             # receive through the token map.
-            "push_tokens": lambda shape: sk.push_tokens(x, meta.sorted_row, meta.dst_rank, meta.dst_row, out, staging,
+            "push_tokens": lambda _shape: sk.push_tokens(x, meta.sorted_row, meta.dst_rank, meta.dst_row, out, staging,
                                                   staging_rows, map_offset, bufs.capacity, rank, fmt,
                                                   "rceil", top_k, bufs.max_tokens, sent),
-            "receive_token_map": lambda shape: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
+            "receive_token_map": lambda _shape: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
                                                          stage_row=token_map(staging.local, map_offset, bufs.capacity)),
             "receive": lambda shape: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
                                                      shape=shape),
@@ -107,13 +107,13 @@ def kernel_sweep(args, rows_out):
             "reduce": lambda shape: sk.reduce_slots(x, meta.sorted_row, meta.dst_rank, meta.dst_row, routed, staging,
                                                     staging_rows, rank, fmt, top_k,
                                                     weight=scores.reshape(-1), shape=shape),
-            "barrier": lambda shape: staging.barrier(),
+            "barrier": lambda _shape: staging.barrier(),
             # Ceilings: the same bytes as push's remote rows, one contiguous SM copy into the peer's
             # buffer; and a local HBM copy of everything push reads.
-            "p2p_copy": lambda shape: staging.peer(1 - rank)[: remote * wire_row].copy_(p2p_src),
-            "hbm_copy": lambda shape: out[:n].copy_(x_rep),
-            "dispatch": lambda shape: disp.dispatch(x, scores, ids, counts),
-            "combine": lambda shape: disp.combine(routed, meta),
+            "p2p_copy": lambda _shape: staging.peer(1 - rank)[: remote * wire_row].copy_(p2p_src),
+            "hbm_copy": lambda _shape: out[:n].copy_(x_rep),
+            "dispatch": lambda _shape: disp.dispatch(x, scores, ids, counts),
+            "combine": lambda _shape: disp.combine(routed, meta),
         }
         # HBM bytes each kernel must move at least, and NVLink bytes it sends.
         sent = torch.zeros(1, dtype=torch.int64, device=device)

@@ -36,7 +36,7 @@ library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is insta
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
@@ -56,7 +56,7 @@ try:
 except ImportError as e:  # torchtitan 0.2.2 (or none): no token-dispatcher seam
     try:
         found = f"torchtitan {version('torchtitan')}"
-    except Exception:
+    except PackageNotFoundError:
         found = "no torchtitan"
     raise ImportError(
         f"mxfp8_ep.titan030 adapts the dispatcher to torchtitan 0.3.0's token dispatchers, but "

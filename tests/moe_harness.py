@@ -373,7 +373,7 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     library's do not). Several layers: ``run_stack``."""
     seen = {"host_waits": []}
 
-    def on_router(module, args, outputs):
+    def on_router(_module, args, outputs):
         seen["ids"] = outputs[1]
         seen["tokens"], seen["top_scores"] = args[0].detach(), outputs[0].detach()
         seen["top_scores_live"] = outputs[0]
@@ -386,11 +386,11 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
             return fmt
         return _scored_tokens(tokens, seen["ids"], seen["top_scores"], legs.a2a.scale_rounding)
 
-    def on_experts(module, args, output):
+    def on_experts(_module, args, output):
         seen["rows_out"] = output.detach()
         args[0].register_hook(lambda g: seen.__setitem__("rows_grad", g))
 
-    def dispatch_legs(module, args):
+    def dispatch_legs(_module, args):
         a2a, seen["crossing"] = legs.a2a, crossing_rows(seen["ids"], legs.rank, legs.num_local)
         fwd = scored(a2a.dispatch_fwd, seen["tokens"]) if moe.score_before_experts else a2a.dispatch_fwd
         bwd = a2a.dispatch_bwd
@@ -399,7 +399,7 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
             bwd = lambda grad: _partial_sums(grad, crossing, ids, legs.num_local, a2a.scale_rounding)  # noqa: E731
         return (_Leg.apply(args[0], seen["crossing"], fwd, bwd, a2a.scale_rounding), *args[1:])
 
-    def combine_legs(module, args, output):
+    def combine_legs(_module, _args, output):
         a2a = legs.a2a
         # The experts' output gradient is the layer's (torchtitan adds the shared experts'
         # output to the combined one) times each row's score.

@@ -139,7 +139,7 @@ def test_fuzz_draws_what_it_is_asked_for_and_meets_the_boundaries():
         assert any(sum(map(sum, m)) == 0 for m in every), world
 
 
-def _check_errors(rank, world):
+def _check_errors(rank, _world):
     group = dist.group.WORLD
     bad = torch.randn(4, 40)
     # Every rank raises before any collective starts, so nobody is left waiting.
@@ -168,7 +168,7 @@ def test_all_to_all_v_errors_and_non_finite():
     run_on_ranks(2, _check_errors)
 
 
-def _check_compiled(rank, world):
+def _check_compiled(rank, _world):
     lin = torch.nn.Linear(K, K)
 
     def block(x, output_splits, input_splits):

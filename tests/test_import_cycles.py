@@ -74,7 +74,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def test_the_scan_finds_circles_through_deferred_imports(tmp_path):
+def test_the_scan_finds_circles_through_deferred_imports():
     graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
     assert import_cycles(graph) == [["p.a", "p.b", "p.c"]]
     assert import_cycles({"p.a": {"p.b"}, "p.b": set()}) == []

@@ -77,7 +77,7 @@ def _record(rank, world, top_k, transport, launch_shapes, calls):
         a2a=A2AConfig.preset("mxfp8", kernel="torch", transport=transport),
     )
     dispatcher = config.build(dist.group.WORLD, torch.device("cpu"))
-    dispatcher.kernels = lambda device: _Recording(symm_reference, calls)
+    dispatcher.kernels = lambda _device: _Recording(symm_reference, calls)
     x = torch.randn(4, 64, requires_grad=True)
     scores = torch.rand(4, top_k, requires_grad=True)
     ids = torch.stack([torch.randperm(2 * world)[:top_k] for _ in range(4)])

@@ -62,7 +62,7 @@ def test_permute_indices_takes_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None
     tokens = torch.tensor([4, 2, 1, 3, 1, 2, 3, 4], dtype=torch.int64)  # 2 ranks x 4 experts
     ref = kernels.generate_permute_indices.__wrapped__(tokens, 4, 2, 64, 8, use_cpu=True)
 
-    def no_triton(*args, **kwargs):
+    def no_triton(*_args, **_kwargs):
         raise AssertionError("the Triton kernel was launched for CPU tensors")
 
     monkeypatch.setattr(kernels, "fill_indices_wrapper", no_triton)

@@ -18,8 +18,6 @@ import pytest
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parents[1]
-
 from launch.schema import (
     A2ASchema,
     LauncherConfig,
@@ -32,6 +30,7 @@ from launch.schema import (
 from launch.run_summary import RunSummary
 from mxfp8_ep.config import PRESETS
 
+REPO = Path(__file__).resolve().parents[1]
 WORLD = 2
 
 

@@ -111,8 +111,8 @@ SYMM = {
     # The DeepSeek-V3-like count tables at EP 2 and 8, and a world of 3 (no powers of two).
     **{f"routing_tables_w{w}": (sk._routing_tables_kernel, {"table_ptr": "*i64", "out_ptr": "*i64", "rank": "i32",
                                                            "align": "i32", "max_tokens": "i32"},
-                                dict(W=w, L=l, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(l)))
-       for w, l in ((2, 128), (3, 5), (8, 32))},
+                                dict(W=w, L=local, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(local)))
+       for w, local in ((2, 128), (3, 5), (8, 32))},
     "push_counts": (sk._push_counts_kernel, {"counts_ptr": "*i64", "peer_ptrs": "*i64", "rank": "i32", "tokens": "i32"},
                     dict(NUM=256, BLOCK=512)),
     "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=ge._BLOCK_M, BLOCK_N=512)),

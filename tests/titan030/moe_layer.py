@@ -139,7 +139,7 @@ def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types",
     moe = build_ep_moe(spec, dispatcher_config, mesh)
     seen: dict = {}
 
-    def on_experts(module, args, output):
+    def on_experts(_module, args, output):
         seen["expert_input"], seen["tokens_per_expert"] = args[0].detach().clone(), args[1].detach().clone()
         output.register_hook(lambda grad: seen.__setitem__("expert_output_grad", grad.detach().clone()))
 
