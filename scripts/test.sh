@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README; .ci/run calls exactly this): install, lint (ruff), then
-# run the suite on the CPU: gloo process groups for every collective path, Triton kernels under the Triton
-# interpreter, and a local SLURM cluster that the SLURM tests start themselves (root + apt).
+# run the suite on the CPU: gloo process groups for every collective path, Triton kernels under
+# the Triton interpreter, and a local SLURM cluster that the SLURM tests start themselves
+# (root + apt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
