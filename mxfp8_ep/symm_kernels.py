@@ -155,9 +155,9 @@ def _store_staged_tile(stage_ptr, peer, rows, row_ok, cols, start, value, D: tl.
     mask = _mask(row_ok, cols, D, GROUP, BLOCK_D)
     if ELEMENT != _ACTIVATION:
         elements, scales = _encode_groups(value, ELEMENT, SCALE, ROUNDING)
-        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D)
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
         _store_encoded(stage_ptr, peer[:, None, None], peer[:, None], doffs, soffs, elements, scales, mask,
-                       row_ok[:, None] & sok)
+                       row_ok[:, None] & sok, ELEMENT, SCALE)
     else:
         _store_tile(stage_ptr + peer[:, None, None], rows, cols, value, mask, D, IN_BF16)
 
@@ -286,7 +286,7 @@ def _push_tokens_kernel(
         if sent > 0:
             if ELEMENT != _ACTIVATION:
                 elements, scales = _encode_groups(x, ELEMENT, SCALE, ROUNDING)
-                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, GROUP, BLOCK_D)
+                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
             for d in tl.static_range(W):
                 need = tok_ok & (tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)
                 if tl.max(need.to(tl.int32), axis=0) > 0:
@@ -294,7 +294,7 @@ def _push_tokens_kernel(
                     delta = tl.multiple_of(tl.load(stage_delta_ptr + d), 16)
                     if ELEMENT != _ACTIVATION:
                         _store_encoded(stage_ptr, delta, delta, doffs, soffs, elements, scales,
-                                       _mask(need, cols, D, GROUP, BLOCK_D), need[:, None] & sok)
+                                       _mask(need, cols, D, GROUP, BLOCK_D), need[:, None] & sok, ELEMENT, SCALE)
                     else:
                         _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, GROUP, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
@@ -351,7 +351,7 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
     """Rows of this rank's staging buffer, decoded to fp32 values of the activation dtype."""
     mask = _mask(row_ok, cols, D, GROUP, BLOCK_D)
     if ELEMENT != _ACTIVATION:
-        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D)
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
         decoded = _load_decoded(stage_ptr, doffs, soffs, mask, row_ok[:, None] & sok, ELEMENT, SCALE)
         value = _round_to_activation(decoded, IN_BF16)
     else:

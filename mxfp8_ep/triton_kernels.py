@@ -227,10 +227,12 @@ def _decode_groups(elements, scales, ELEMENT: tl.constexpr, SCALE: tl.constexpr)
 
 
 @triton.jit
-def _packed_offsets(rows, cols, start, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Byte offsets of a tile in a packed staging buffer (one byte per element and per scale):
-    the element bytes [rows, BLOCK_D // GROUP, GROUP], the scale bytes [rows, BLOCK_D // GROUP],
-    and which scales exist."""
+def _packed_offsets(rows, cols, start, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr,
+                    ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Byte offsets of a tile in a packed staging buffer: the element bytes [rows, BLOCK_D //
+    GROUP, GROUP], the scale bytes [rows, BLOCK_D // GROUP], and which scales exist."""
+    tl.static_assert(ELEMENT == _E4M3, "one byte per element")
+    tl.static_assert(SCALE == _E8M0, "one byte per scale")
     base = rows.to(tl.int64) * (D + D // GROUP)
     groups = start // GROUP + tl.arange(0, BLOCK_D // GROUP)
     return base[:, None, None] + cols, base[:, None] + D + groups[None, :], (groups < D // GROUP)[None, :]
@@ -238,9 +240,11 @@ def _packed_offsets(rows, cols, start, D: tl.constexpr, GROUP: tl.constexpr, BLO
 
 @triton.jit
 def _store_encoded(ptr, element_delta, scale_delta, element_offsets, scale_offsets, elements, scales, mask,
-                   scale_mask):
+                   scale_mask, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
     """Encoded elements and scales (``_encode_groups``) at ``ptr`` plus a delta (a peer's
     buffer) plus their byte offsets (``_packed_offsets``)."""
+    tl.static_assert(ELEMENT == _E4M3, "one byte per element")
+    tl.static_assert(SCALE == _E8M0, "one byte per scale")
     tl.store(ptr + element_delta + element_offsets, elements.to(tl.uint8), mask=mask)
     tl.store(ptr + scale_delta + scale_offsets, scales.to(tl.uint8), mask=scale_mask)
 
