@@ -1,6 +1,8 @@
 """Triton kernels of the symm transport. Each has a torch twin of the same name and arguments
-in ``symm_reference.py`` (read its docstring for the staging layout and the arithmetic); the
-two give the same bits. Peers' buffers arrive as an int64 tensor of addresses.
+in ``symm_reference.py`` (read its docstring for the arithmetic, ``staging.py``'s for the staging
+layout); the two give the same bits. Peers' buffers arrive as an int64 tensor of addresses. A
+leg's wire format reaches the kernels as its constants (``WireFormat.kernel_constants``), its
+launch shape as an argument (``launch_shapes``).
 
 * ``push_rows``: one pass per leg on the sending side. Each row is read once (gathered by
   token for the expert-bound legs), optionally weighted, and stored either into this rank's

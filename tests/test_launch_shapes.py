@@ -86,6 +86,7 @@ def _record(rank, world, top_k, transport, launch_shapes, calls):
 
 
 def _check_calls(rank, world):
+    torch.set_num_threads(1)  # a forked rank: no intra-op thread pool inherited half-made
     overrides = _overrides()
     for top_k, transport in ((1, "symm"), (2, "symm"), (2, "nccl")):
         for launch_shapes in (overrides, {"mxfp8": overrides["mxfp8"]}, None):

@@ -94,6 +94,7 @@ def _force_sum_flags(model: torch.nn.Module) -> list[bool]:
 
 
 def _parallelize_switches_fsdp_to_sum(rank: int, world: int) -> None:  # noqa: ARG001
+    torch.set_num_threads(1)  # a forked rank: no intra-op thread pool inherited half-made
     from types import SimpleNamespace
 
     from torch.distributed.fsdp import fully_shard

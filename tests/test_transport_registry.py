@@ -41,6 +41,7 @@ class _Loopback(TokenDispatcher):
 
 
 def _build(rank, world):  # noqa: ARG001
+    torch.set_num_threads(1)  # a forked rank: no intra-op thread pool inherited half-made
     def built(preset, top_k):
         config = TokenDispatcher.Config(num_experts=4, top_k=top_k, a2a=A2AConfig.preset(preset, transport="nccl"))
         return type(config.build(dist.group.WORLD, torch.device("cpu")))
