@@ -114,12 +114,12 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
         "reduce": ("reduce_slots", lambda s: sk.reduce_slots(x, meta.sorted_row, meta.dst_rank, meta.dst_row, routed, staging,
                                                              staging_rows, rank, fmt, TOP_K, weight=scores.reshape(-1),
                                                              shape=s), n * dim * 2 + tokens * dim * 2, 0),
-        "barrier": (None, lambda s: staging.barrier(), 0, 0),
-        "p2p_copy": (None, lambda s: staging.peer((rank + 1) % world)[: remote * wire_row].copy_(p2p_src), 0,
+        "barrier": (None, lambda _s: staging.barrier(), 0, 0),
+        "p2p_copy": (None, lambda _s: staging.peer((rank + 1) % world)[: remote * wire_row].copy_(p2p_src), 0,
                      remote * wire_row),
-        "hbm_copy": (None, lambda s: out[:n].copy_(x_rep), 2 * n * dim * 2, 0),
-        "dispatch": (None, lambda s: disp.dispatch(x, scores, leg.ids, leg.counts), 0, 0),
-        "combine": (None, lambda s: disp.combine(routed, meta), 0, 0),
+        "hbm_copy": (None, lambda _s: out[:n].copy_(x_rep), 2 * n * dim * 2, 0),
+        "dispatch": (None, lambda _s: disp.dispatch(x, scores, leg.ids, leg.counts), 0, 0),
+        "combine": (None, lambda _s: disp.combine(routed, meta), 0, 0),
     }
     for stage, (kernel, call, hbm, peer_bytes) in stages.items():
         for shape in launches(options, kernel, fmt) if kernel else [None]:

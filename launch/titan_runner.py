@@ -201,7 +201,8 @@ class RecipeTrainer(Trainer):
                            every=job_config.validation.freq, batches=job_config.validation.steps)
 
     def _build_metrics_processor(self, job_config: Any, parallel_dims: Any,
-                                 model_args: Any = None, tag: str | None = None) -> Any:
+                                 model_args: Any = None,  # noqa: ARG002 (torchtitan's signature)
+                                 tag: str | None = None) -> Any:
         from launch.titan_metrics import RecipeMetricsProcessor
 
         recipe = OmegaConf.to_container(self.cfg, resolve=True)
