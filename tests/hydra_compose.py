@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import launch.config_store  # noqa: F401  (registers the schemas)
+
+REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 GROUPS = ("model", "parallelism", "a2a", "launcher", "logging")
 
@@ -22,3 +23,13 @@ def compose_cfg(*overrides: str, hydra_node: bool = False) -> DictConfig:
 def options(group: str) -> list[str]:
     """Option names of a config group (its YAML files; the ConfigStore schemas aside)."""
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def no_slurm_cluster(monkeypatch):
+    """What sinfo would list: nothing (not a SLURM login node), so checks of a launcher=slurm
+    config do not depend on whether a cluster is up on this machine. Tests that want a
+    cluster's partitions pass a ``ClusterView`` or patch ``partitions`` themselves."""
+    from launch import slurm_cluster
+
+    monkeypatch.setattr(slurm_cluster, "partitions", lambda: None)

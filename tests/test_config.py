@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.hydra_compose import CONF, GROUPS, REPO, compose_cfg, options
+from tests.corpus_files import sample_texts, write_corpus
+from tests.hydra_compose import CONF, GROUPS, REPO, compose_cfg, no_slurm_cluster, options  # noqa: F401
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import dataclasses
 
-from launch.config_store import not_in_run_name
-from launch.local import LocalLauncher
+from launch.launcher import LauncherConfig, with_typed_launcher
+from launch.local import LocalLauncher, LocalLauncherConfig
 from launch.machine import GIB, Machine
-from launch.schema import A2ASchema, LauncherConfig, ModelConfig, TrainConfig
+from launch.run_dir import NOT_IN_RUN_NAME
+from launch.schema import A2ASchema, ModelConfig, TrainConfig
 from launch.slurm import SlurmLauncher
+from launch.titan_data import CORPUS_DATASET
 from launch.titan_models import model_args
 from launch.validate import validate
 from mxfp8_ep.config import BLOCK_SIZE, LEGS, PRESETS, A2AConfig
@@ -32,8 +35,9 @@ def test_defaults():
     assert (cfg.parallelism.name, cfg.parallelism.nodes, cfg.parallelism.procs_per_node) == ("ep2", 1, 2)
     assert cfg.parallelism.ep == 2
     assert cfg.a2a.name == "bf16"
-    assert cfg.launcher.name == "local" and OmegaConf.get_type(cfg.launcher) is LauncherConfig
-    assert cfg.launcher._target_ == "launch.local.LocalLauncher"
+    assert cfg.launcher.name == "local" and cfg.launcher._target_ == "launch.local.LocalLauncher"
+    # the launcher group is typed by the launcher's own Config once chosen
+    assert OmegaConf.get_type(with_typed_launcher(cfg).launcher) is LocalLauncherConfig
     assert cfg.logging.name == "wandb_offline" and cfg.logging.wandb_mode == "offline"
     assert cfg.training.steps > 0
     assert not OmegaConf.missing_keys(cfg)
@@ -76,7 +80,7 @@ def test_a2a_options_are_the_library_presets(preset):
 def test_block_size_is_the_formats():
     """validate.py reads the block size from the torch-free config module; the format's own
     constant must not drift from it."""
-    from mxfp8_ep.format import BLOCK_SIZE as FORMAT_BLOCK_SIZE
+    from mxfp8_ep.mxfp8 import BLOCK_SIZE as FORMAT_BLOCK_SIZE
 
     assert BLOCK_SIZE == FORMAT_BLOCK_SIZE == 32
 
@@ -118,8 +122,26 @@ def test_each_launcher_names_its_class():
     assert isinstance(launcher_for(slurm), SlurmLauncher)
     assert isinstance(launcher_for(compose_cfg()), LocalLauncher)
     assert slurm.launcher.gpus_per_node is None and slurm.launcher.srun_args == []
-    # SLURM fields are typed for every launcher; launcher=local warns that it ignores them
-    assert compose_cfg("launcher.gpus_per_node=0").launcher.gpus_per_node == 0
+    # each launcher has its own fields: launcher=local has no SLURM ones
+    with pytest.raises(ConfigCompositionException, match="launcher.gpus_per_node"):
+        compose_cfg("launcher.gpus_per_node=0")
+
+
+@pytest.mark.parametrize("option", options("launcher"))
+def test_launcher_configs_are_a_base_and_one_dataclass_per_launcher(option):
+    """As hydra-submitit-launcher's queues: every launcher's Config derives from LauncherConfig
+    and names its class in _target_; its yaml spells out every field with the Config's default
+    (so `launcher.<field>=...` works without +, and the defaults live in one place)."""
+    from launch.launcher import launcher_class
+
+    cfg = compose_cfg(f"launcher={option}")
+    cls = launcher_class(cfg)
+    assert issubclass(cls.Config, LauncherConfig) and cls.Config is not LauncherConfig
+    defaults = OmegaConf.to_container(OmegaConf.structured(cls.Config))
+    assert defaults["_target_"] == cfg.launcher._target_ == f"{cls.__module__}.{cls.__name__}"
+    assert defaults["name"] == option
+    assert OmegaConf.to_container(cfg.launcher) == defaults
+    assert [f.name for f in dataclasses.fields(LauncherConfig)] == ["_target_", "name"]
 
 
 @pytest.mark.parametrize(
@@ -165,12 +187,9 @@ def test_typo_inside_a_group_file_fails(tmp_path):
 def test_hydra_settings():
     cfg = compose_cfg(hydra_node=True)
     assert cfg.hydra.job.chdir is False
-    exclude = list(cfg.hydra.job.config.override_dirname.exclude_keys)
-    assert exclude == not_in_run_name()
-    assert {"recipe", "launcher", "logging", "training.resume"} <= set(exclude)
-    # every field of the launcher: its overrides never reach run or sweep folder names
-    assert {f"launcher.{f.name}" for f in dataclasses.fields(LauncherConfig)} <= set(exclude)
-    assert not any(k.startswith(("training.steps", "a2a", "model", "parallelism")) for k in exclude)
+    assert {"recipe", "launcher", "logging", "validate", "training.resume"} <= set(NOT_IN_RUN_NAME)
+    assert not any(k.startswith(("training.steps", "a2a", "model", "parallelism"))
+                   for k in NOT_IN_RUN_NAME)
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -182,18 +201,24 @@ def test_recipes_exist():
     assert (CONF / "recipe").resolve() == (REPO / "recipes").resolve()
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A stand-in for data/corpus (scripts/build_corpus.py), for the recipes that read it."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"), sample_texts(200), sample_texts(200, offset=500))
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_composes_validates_and_sweeps_a2a(recipe):
+def test_recipe_composes_validates_and_sweeps_a2a(recipe, corpus):
     cfg = compose_cfg(f"+recipe={recipe}", hydra_node=True)
     assert cfg.experiment == recipe
-    sweep = cfg.hydra.sweeper.params
-    assert "bf16" in sweep["a2a"].split(",") and "mxfp8" in sweep["a2a"].split(",")
-    # Valid as composed (a GPU box with 8 GPUs for the local GPU recipes).
-    validate(compose_cfg(f"+recipe={recipe}"), machine=GPU_BOX)
-    # ... and for every sweep point.
-    for value in sweep["a2a"].split(","):
-        point = compose_cfg(f"+recipe={recipe}", f"a2a={value}")
-        validate(point, machine=GPU_BOX)
+    sweep = cfg.hydra.sweeper.params["a2a"].split(",")
+    assert "bf16" in sweep and any(v.startswith("mxfp8") for v in sweep)
+    data = [f"training.dataset_path={corpus}"] if cfg.training.dataset == CORPUS_DATASET else []
+    # Valid as composed (a GPU box with 8 GPUs for the local GPU recipes), and for every
+    # sweep point.
+    validate(compose_cfg(f"+recipe={recipe}", *data), machine=GPU_BOX)
+    for value in sweep:
+        validate(compose_cfg(f"+recipe={recipe}", f"a2a={value}", *data), machine=GPU_BOX)
 
 
 def test_recipe_sweeps_ep_across_nodes():
@@ -253,13 +278,22 @@ def test_schema_defaults_match_group_files():
 
 # ------------------------------------------------------------------------ launchers
 NEW_LAUNCHER = '''
-from launch.launcher import Target
+from dataclasses import dataclass
+
+from launch.launcher import LauncherConfig, Target
 
 CALLS = []
 
 
+@dataclass
+class PrintLauncherConfig(LauncherConfig):
+    _target_: str = "printer_launcher.PrintLauncher"
+    name: str = "printer"
+    partition: str = "plain"
+
+
 class PrintLauncher:
-    reads = frozenset({"partition"})
+    Config = PrintLauncherConfig
 
     def target(self, cfg, machine):
         return Target("cpu", 1 << 40, "the printer's RAM", "it prints")
@@ -276,7 +310,7 @@ class PrintLauncher:
 
 def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
     """No Python file of the recipe changes: train.py and validate.py go through the class
-    the yaml names, its checks run and the fields it reads draw no warning."""
+    the yaml names, its Config types its fields and its checks run."""
     import importlib
     import shutil
     import sys
@@ -291,7 +325,7 @@ def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf, symlinks=True)
     (conf / "launcher" / "printer.yaml").write_text(
-        "_target_: printer_launcher.PrintLauncher\nname: printer\n")
+        "_target_: printer_launcher.PrintLauncher\nname: printer\npartition: plain\n")
 
     def cfg(*overrides):
         with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
@@ -300,11 +334,11 @@ def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="launcher=printer needs launcher.partition=paper"):
         validate(cfg())
     assert validate(cfg("launcher.partition=paper")) == []
-    assert any("launcher.account=x is not read by launcher=printer" in w
-               for w in validate(cfg("launcher.partition=paper", "launcher.account=x")))
+    with pytest.raises(ConfigError, match="unknown key launcher.account: launcher=printer has"):
+        validate(cfg("launcher.partition=paper", "+launcher.account=x"))
 
     monkeypatch.setattr(console, "route_logging", lambda verbose: None)
-    train.run(cfg("launcher.partition=paper"), str(tmp_path / "run"), "")
+    train.run(cfg("launcher.partition=paper"), str(tmp_path / "run"), [])
     assert importlib.import_module("printer_launcher").CALLS == [str(tmp_path / "run")]
     assert (tmp_path / "run" / "train_config.yaml").is_file()
     sys.modules.pop("printer_launcher")

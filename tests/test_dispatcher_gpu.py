@@ -16,7 +16,7 @@ for-loop experts and the row-wise twin) read their counts on the host, in their 
 outside the check.
 The CPU suite (tests/test_dispatcher*.py, tests/test_symm_kernels.py) runs the same kernels
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
-them and the GPU machine runs them (benchmarks/gpu_evidence.sh).
+them and the GPU machine runs them (``benchmarks/run.sh tests_2gpu``, ``tests_1gpu``, ``tests_1gpu_fuzz``).
 
 On a machine with one GPU the symm checks run with ranks sharing it (``[sharing_one_gpu]`` and
 ``*_sharing_one_gpu``,
@@ -75,7 +75,7 @@ def _run(dispatcher, x, scores, ids, counts, sync_check: bool):
     return routed.detach(), per_expert, out.detach(), x.grad, scores.grad
 
 
-def _check(rank, world):
+def _check(rank, _world):
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher
 
@@ -117,7 +117,7 @@ def _moe_with_side_stream(rank, world):
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel, install_expert_parallel
+    from mxfp8_ep.titan022 import DispatcherExpertParallel, install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     device = torch.device("cuda", rank)
@@ -165,7 +165,7 @@ def test_shared_experts_on_a_side_stream_change_no_parameter_bit():
     run_on_ranks(WORLD, _moe_with_side_stream, backend="nccl")
 
 
-def _check_fused_nccl(rank, world):
+def _check_fused_nccl(rank, _world):
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
 
