@@ -4,6 +4,8 @@ messages that name the failing rank, debug mode, and the group agreement on gloo
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +15,9 @@ from mxfp8_ep.dispatcher.checks import Fault
 from tests.moe_harness import run_forked
 
 E, K, T = 4, 2, 5
+# Where the Triton kernels run: CPU tensors under the interpreter (tests/conftest.py sets it
+# when there is no GPU), else compiled on the GPU.
+KERNEL_DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
 
 
 def _valid():
@@ -26,9 +31,9 @@ def _routing(ids, counts):
     # What the dispatcher routes by always agrees with itself: no kernel leaves its bounds.
     assert torch.equal(checked.counts, torch.bincount(checked.expert_ids, minlength=E))
     # The Triton kernels (the interpreter on CPU) give the same: ids, counts, fault word.
-    fused = checks.check_routing(ids, counts, E, kernel="triton")
+    fused = checks.check_routing(ids.to(KERNEL_DEVICE), counts.to(KERNEL_DEVICE), E, kernel="triton")
     for field in ("expert_ids", "counts", "fault"):
-        assert torch.equal(getattr(fused, field), getattr(checked, field)), field
+        assert torch.equal(getattr(fused, field).cpu(), getattr(checked, field)), field
     return Fault(int(checked.fault)), checked
 
 
@@ -70,9 +75,9 @@ def test_triton_kernels_equal_the_twin_over_many_blocks():
         for counts in (torch.bincount(ids.clamp(0, num_experts - 1).reshape(-1), minlength=num_experts)[:num_experts],
                        torch.zeros(num_experts, dtype=torch.int64)):
             want = checks.check_routing(ids, counts, num_experts)
-            got = checks.check_routing(ids, counts, num_experts, kernel="triton")
+            got = checks.check_routing(ids.to(KERNEL_DEVICE), counts.to(KERNEL_DEVICE), num_experts, kernel="triton")
             for field in ("expert_ids", "counts", "fault"):
-                assert torch.equal(getattr(got, field), getattr(want, field)), (num_experts, tokens, field)
+                assert torch.equal(getattr(got, field).cpu(), getattr(want, field)), (num_experts, tokens, field)
 
 
 def test_repeated_ids_are_valid():
@@ -100,9 +105,13 @@ def test_host_checks():
         assert isinstance(found.error, error), name
         with pytest.raises(error, match=rf"rank 3: .*{match}"):
             raise found.error
-    found = checks.host_fault(x[:, :40], scores, ids, counts, row_multiple=32, quantized_legs=("dispatch_fwd",), **kw)
+    def dim_error(dim):
+        return f"dispatch_fwd: needs a multiple of 32, got dim {dim}" if dim % 32 else None
+
+    assert checks.host_fault(x, scores, ids, counts, dim_error=dim_error, **kw) is None
+    found = checks.host_fault(x[:, :40], scores, ids, counts, dim_error=dim_error, **kw)
     assert found.fault == Fault.ROW_MULTIPLE
-    with pytest.raises(ValueError, match=r"multiple of 32.*dim 40"):
+    with pytest.raises(ValueError, match=r"rank 3: dispatch_fwd: needs a multiple of 32, got dim 40 \(the model dim\)"):
         raise found.error
 
 
@@ -132,17 +141,27 @@ def test_debug_mode(monkeypatch):
         monkeypatch.setenv(checks.DEBUG_ENV, value)
         assert checks.debug_mode() is on, value
         assert checks.debug_mode(True) and not checks.debug_mode(False)  # the config wins
+    try:  # set_debug wins over the environment, the config over both
+        checks.set_debug(True)
+        assert checks.debug_mode() and not checks.debug_mode(False)
+        monkeypatch.setenv(checks.DEBUG_ENV, "1")
+        checks.set_debug(False)
+        assert not checks.debug_mode() and checks.debug_mode(True)
+    finally:
+        checks.set_debug(None)
+    assert checks.debug_mode()  # the environment again
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_device_checks_make_no_host_sync():
-    """The device checks of a dispatch and the assert of the symm transport: no host sync
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_device_checks_make_no_host_sync(kernel):
+    """The device checks of a dispatch and the assert on every rank's fault word: no host sync
     (CUDA's sync debug mode raises on one)."""
     ids, counts = (t.cuda() for t in _valid())
-    checks.check_routing(ids, counts, E)  # warm up (lazy CUDA init syncs)
+    checks.check_routing(ids, counts, E, kernel)  # warm up (lazy CUDA init, compiling)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        checked = checks.check_routing(ids, counts, E)
+        checked = checks.check_routing(ids, counts, E, kernel)
         checks.assert_no_faults(checked.fault.view(1), debug=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")

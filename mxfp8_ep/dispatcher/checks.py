@@ -4,17 +4,19 @@ peer waiting for the group timeout, garbage, or a crash deep in a kernel.
 
 Three kinds, by where they can be decided:
 
-* **Group checks** (``agree``): the dispatcher's config and its tokens' dim and dtype are the
-  same on every rank. One ``all_gather_object`` when a dispatcher first meets its group and
-  whenever the shape of its tokens (so its buffers) changes; never per dispatch.
+* **Group checks** (``agree``): the dispatcher's config, its tokens' dim and dtype and the symm
+  buffers' size are the same on every rank. One exchange of host messages through the
+  group's store (no device work, no host sync) when a dispatcher is built, meets a new token
+  shape, or allocates peer buffers; never per dispatch.
 * **Host checks** (``host_fault``): shapes, dtypes, the counts' length, the format's row
   multiple. A rank whose input fails one does not raise at once (its peers would wait for it
   in the count exchange): it takes part in that exchange with its fault bits set, then raises
   its own error; the peers raise ``DispatchInputError`` naming it.
 * **Device checks** (``check_routing``): expert ids in ``[0, E)``, counts equal to the ids'
-  histogram (so they sum to ``T x top_k``). Torch ops on the device, no host sync; the
-  routing they return is safe to index with whatever the input was (the dispatcher routes by
-  it), so no kernel reads or writes out of bounds. Their fault bits travel with the token
+  histogram (so they sum to ``T x top_k``). Two Triton launches on CUDA
+  (``mxfp8_ep.check_kernels``), torch ops elsewhere, no host sync; the routing they return
+  is safe to index with whatever the input was (the dispatcher routes by it), so no kernel
+  reads or writes out of bounds. Their fault bits travel with the token
   counts each transport exchanges anyway, and every rank checks every rank's bits where it
   syncs already (nccl: the splits' host copy; CPU: at once), or, on the sync-free symm
   transport, with one ``torch._assert_async`` on the device (no host sync; the process stops
@@ -22,15 +24,16 @@ Three kinds, by where they can be decided:
   the host (one sync per dispatch) to name the rank and the check
   (``assert_no_faults``).
 
-Debug mode: ``TokenDispatcher.Config.check_inputs=True``, or ``MXFP8_EP_DEBUG=1`` when the
-config leaves it unset (``debug_mode``).
+Debug mode: ``TokenDispatcher.Config.check_inputs=True``, or, when the config leaves it unset,
+``set_debug(True)`` (the recipe, for its first steps) or ``MXFP8_EP_DEBUG=1`` (``debug_mode``).
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Sequence
+import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,11 +43,25 @@ DEBUG_ENV = "MXFP8_EP_DEBUG"
 TOKEN_DTYPES = (torch.bfloat16, torch.float32)
 
 
+_debug: bool | None = None  # set_debug's setting
+
+
+def set_debug(on: bool | None) -> None:
+    """Debug mode for every dispatcher of this process whose config leaves ``check_inputs``
+    unset (``None``: back to ``MXFP8_EP_DEBUG``). Every rank sets it alike: the recipe turns it
+    on for its first steps."""
+    global _debug
+    _debug = on
+
+
 def debug_mode(check_inputs: bool | None = None) -> bool:
-    """Whether the checks that need a host sync run: ``check_inputs`` when set, else whether
-    ``MXFP8_EP_DEBUG`` is set to anything but ``0`` or nothing."""
+    """Whether the checks that need a host sync run: ``check_inputs`` when set, else
+    ``set_debug``'s setting, else whether ``MXFP8_EP_DEBUG`` is set to anything but ``0`` or
+    nothing."""
     if check_inputs is not None:
         return bool(check_inputs)
+    if _debug is not None:
+        return _debug
     return os.environ.get(DEBUG_ENV, "0").strip() not in ("", "0")
 
 
@@ -58,7 +75,7 @@ class Fault(enum.IntFlag):
     """Tokens of a dtype the dispatcher does not take, or expert ids that are not integers
     (host)."""
     ROW_MULTIPLE = 4
-    """A model dim that a quantized leg's format cannot split into whole blocks (host)."""
+    """A model dim that a quantized leg's wire format cannot split into whole blocks (host)."""
     COUNTS_SHAPE = 8
     """``num_tokens_per_expert`` does not have ``num_experts`` entries (host)."""
     EXPERT_ID = 16
@@ -78,16 +95,13 @@ class Fault(enum.IntFlag):
 _DESCRIPTIONS = {
     Fault.SHAPE: "x is not (tokens, dim) or the expert ids / scores are not (tokens, top_k)",
     Fault.DTYPE: "tokens not bfloat16/float32, or expert ids not integers",
-    Fault.ROW_MULTIPLE: "a model dim that an MXFP8 leg cannot split into 32-element blocks",
+    Fault.ROW_MULTIPLE: "a model dim that a quantized leg's wire format cannot split into whole blocks",
     Fault.COUNTS_SHAPE: "num_tokens_per_expert does not have num_experts entries",
     Fault.EXPERT_ID: "expert ids outside [0, num_experts)",
     Fault.COUNTS: "num_tokens_per_expert is not the histogram of the expert ids",
     Fault.COUNTS_SUM: "num_tokens_per_expert does not sum to tokens x top_k",
     Fault.TOKENS: "more tokens than the buffers hold (raise TokenDispatcher.Config.max_tokens_per_rank)",
 }
-# Whether a fault is found on the host of the rank that has it (which then raises its own,
-# more detailed error) or on the device.
-HOST_FAULTS = Fault.SHAPE | Fault.DTYPE | Fault.ROW_MULTIPLE | Fault.COUNTS_SHAPE | Fault.TOKENS
 
 
 class DispatchInputError(ValueError):
@@ -125,16 +139,15 @@ def raise_on_faults(faults: Sequence[int], num_experts: int | None = None,
 
 
 def assert_no_faults(faults_W: torch.Tensor, debug: bool, num_experts: int | None = None,  # noqa: N803
-                     own: BaseException | None = None, where: str = "dispatch") -> None:
+                     where: str = "dispatch", ok: torch.Tensor | None = None) -> None:
     """Check every rank's fault word (``faults_W``, a device tensor) after an exchange that
-    gives each rank all of them. On CUDA without ``debug``: ``torch._assert_async``, no host
-    sync (the process stops at its next sync; the message cannot name the rank). Otherwise
-    (CPU, where reading is free, or debug mode: one host sync): ``raise_on_faults``."""
-    if own is not None:
-        raise own
+    gives each rank all of them. On CUDA without ``debug``: ``torch._assert_async`` on ``ok``
+    (a flag a kernel computed already) or on ``faults_W == 0``, no host sync (the process
+    stops at its next sync; the message cannot name the rank). Otherwise (CPU, where reading
+    is free, or debug mode: one host sync): ``raise_on_faults``."""
     if faults_W.is_cuda and not debug:
         torch._assert_async(
-            (faults_W == 0).all(),
+            (faults_W == 0).all() if ok is None else ok,
             f"{where}: a rank's input failed the dispatcher's checks ({'; '.join(_DESCRIPTIONS.values())}); "
             f"set {DEBUG_ENV}=1 or TokenDispatcher.Config.check_inputs=True to name the rank and the check",
         )
@@ -156,11 +169,11 @@ class HostFault:
 
 
 def host_fault(x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E, *,  # noqa: N803
-               num_experts: int, top_k: int, rank: int, row_multiple: int = 1,
-               quantized_legs: Sequence[str] = ()) -> HostFault | None:
+               num_experts: int, top_k: int, rank: int,
+               dim_error: Callable[[int], str | None] | None = None) -> HostFault | None:
     """The first host check the inputs fail, or ``None``. No device value is read.
-    ``row_multiple``: what the model dim must be a multiple of (a quantized leg's block size;
-    ``quantized_legs`` name those legs in the message)."""
+    ``dim_error``: why tokens of a dim cannot travel on the dispatcher's legs (their wire
+    formats' blocks), or None."""
     here = f"dispatch on rank {rank}"
 
     def fail(fault, error_type, message):
@@ -176,10 +189,9 @@ def host_fault(x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E
         return fail(Fault.DTYPE, TypeError, f"takes bfloat16 or float32 tokens, got {x.dtype}")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         return fail(Fault.DTYPE, TypeError, f"takes integer expert ids, got {ids.dtype}")
-    if x.shape[1] % row_multiple != 0:
-        return fail(Fault.ROW_MULTIPLE, ValueError,
-                    f"MXFP8 legs {list(quantized_legs)} need the model dim to be a multiple of {row_multiple}, "
-                    f"got dim {x.shape[1]}; use a2a=bf16 for this model")
+    error = dim_error(x.shape[1]) if dim_error is not None else None
+    if error is not None:
+        return fail(Fault.ROW_MULTIPLE, ValueError, f"{error} (the model dim); use a2a=bf16 for this model")
     if counts.dim() != 1 or counts.numel() != num_experts:
         return fail(Fault.COUNTS_SHAPE, ValueError,
                     f"num_tokens_per_expert has shape {tuple(counts.shape)}, expected ({num_experts},): "
@@ -231,7 +243,7 @@ def check_routing(topk_expert_ids_TK: torch.Tensor, num_tokens_per_expert_E: tor
     return CheckedRouting(expert_ids=safe, counts=routed, fault=fault.to(torch.int64))
 
 
-def host_fault_routing(num_experts: int, top_k: int, fault: Fault, device) -> CheckedRouting:
+def host_fault_routing(num_experts: int, fault: Fault, device) -> CheckedRouting:
     """The routing a rank whose input failed a host check exchanges: no tokens, its fault bits."""
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     return CheckedRouting(
@@ -243,11 +255,42 @@ def host_fault_routing(num_experts: int, top_k: int, fault: Fault, device) -> Ch
 # --------------------------------------------------------------------------------------------
 # group checks
 
+_AGREEMENTS: dict[str, int] = {}  # group name -> agreements made on it (every rank counts alike)
+
+
+def _all_gather_on_host(group: dist.ProcessGroup, entry: dict) -> list:
+    """Every rank's ``entry`` (picklable), through the group's key-value store: host messages
+    only, so no device work and no host sync even on an NCCL group (``all_gather_object``
+    would stage the objects on the GPU and wait for them). Each rank writes its entry under
+    the agreement's number, waits for every rank's (up to the store's timeout), and the last
+    rank to read them deletes them. Without a store: ``all_gather_object``."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    try:
+        store = dist.distributed_c10d._get_process_group_store(group)
+    except (AttributeError, KeyError):
+        store = None
+    if store is None:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, entry, group=group)
+        return gathered
+    number = _AGREEMENTS.get(group.group_name, 0)
+    _AGREEMENTS[group.group_name] = number + 1
+    prefix = f"mxfp8_ep/agree/{number}"
+    keys = [f"{prefix}/{r}" for r in range(world)]
+    store.set(keys[rank], pickle.dumps(entry))
+    store.wait(keys)
+    gathered = [pickle.loads(store.get(key)) for key in keys]
+    if store.add(f"{prefix}/read", 1) == world:
+        for key in (*keys, f"{prefix}/read"):
+            store.delete_key(key)
+    return gathered
+
 
 def agree(group: dist.ProcessGroup, phase: str, facts: dict, fault: HostFault | None = None,
           local: dict | None = None) -> list[dict]:
-    """One ``all_gather_object`` of every rank's ``phase``, ``facts`` (must be equal on every
-    rank), host ``fault`` and ``local`` values (free to differ; returned, one dict per rank).
+    """One exchange on the host (``_all_gather_on_host``) of every rank's ``phase``, ``facts``
+    (must be equal on every rank), host ``fault`` and ``local`` values (free to differ;
+    returned, one dict per rank).
     Raises on every rank, the same way, when a rank had a fault (that rank: its own error; the
     others: ``DispatchInputError`` with that rank's message), when the ranks are in different
     phases (one builds a dispatcher while another dispatches), or when a fact differs (a
@@ -256,8 +299,7 @@ def agree(group: dist.ProcessGroup, phase: str, facts: dict, fault: HostFault | 
         "phase": phase, "facts": facts, "local": local or {},
         "fault": None if fault is None else (int(fault.fault), f"{type(fault.error).__name__}: {fault.error}"),
     }
-    gathered: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, entry, group=group)
+    gathered = _all_gather_on_host(group, entry)
     phases = [g["phase"] for g in gathered]
     if len(set(phases)) > 1:
         listed = ", ".join(f"rank {r} in {p}" for r, p in enumerate(phases))
