@@ -150,7 +150,7 @@ def sweep(shape, args, device, options) -> list[dict]:
     return_rank = torch.where(remote, source, -1)
     back = OneProcessPeers(nbytes, world, 1, device)
     order, start = partial_slots(torch.where(remote, tmap, world * tokens), world * tokens)
-    max_rows = min(top_k, shape.experts // world)
+    max_rows = top_k  # as the dispatcher passes it: a token may list one expert up to top_k times
     reduced, kept = torch.empty((tokens, dim), **bf16), torch.empty((n, dim), **bf16)
     stage_row = partial_stage_rows(sorted_row, dst_rank, RANK, top_k, tokens)
     row_score = torch.rand(capacity, device=device)

@@ -15,8 +15,8 @@ Per process (rank):
   buffers); the logits in bf16 and fp32 with their gradient. Full activation checkpointing
   keeps only each layer's input (plus one layer being recomputed); selective keeps about half;
   TP splits what is left. The symm transport (``symm``) hands the experts tensors of its
-  drop-free capacity (``mxfp8_ep.capacity``: ``EP x min(top_k, local experts)`` rows per token
-  instead of ``top_k``), and with combine's partial sums keeps that many expert-output rows;
+  drop-free capacity (``mxfp8_ep.capacity``: ``EP x top_k`` rows per token instead of
+  ``top_k``), and with combine's partial sums keeps that many expert-output rows;
 * the symm transport's peer buffers (two staging buffers, once per process);
 * the runtime: CUDA context and communication buffers on a GPU, the imported libraries of a
   CPU process.

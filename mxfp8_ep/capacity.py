@@ -10,10 +10,11 @@ from __future__ import annotations
 
 
 def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int) -> int:
-    """Rows the expert-major input of one rank can ever need: every peer sends it each of its
-    tokens once per local expert it picks (at most ``min(top_k, L)``), plus per-expert padding.
-    The symm dispatcher returns tensors of this many rows (the drop-free worst case)."""
-    return ep * max_tokens * min(top_k, num_local_experts) + num_local_experts * align
+    """Rows the expert-major input of one rank can ever need: every rank sends it each of its
+    tokens once per pick of one of its experts (``top_k`` times when a token lists one expert
+    more than once: the dispatcher accepts any ids), plus per-expert padding. The symm
+    dispatcher returns tensors of this many rows (the drop-free worst case)."""
+    return ep * max_tokens * top_k + num_local_experts * align
 
 
 def token_map_byte_offset(rows: int, row_nbytes: int) -> int:

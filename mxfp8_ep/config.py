@@ -52,7 +52,7 @@ class A2AConfig:
     # symm, router scores after the experts, top-k > 1: combine's forward sends one weighted
     # fp32 partial sum per token and rank instead of each row (at top-8 on 2 ranks a quarter
     # of the rows), and keeps the expert outputs for the score gradients: the drop-free
-    # capacity's rows, EP x tokens x min(top_k, local experts), instead of each token's top_k
+    # capacity's rows, EP x tokens x top_k, instead of each token's top_k
     # rows (EP times the memory: 1.9 vs 0.94 GB per layer at DeepSeek-V3-like shapes on 2
     # GPUs, 7.5 vs 0.94 GB on 8). False: combine's forward goes row by row.
     symm_combine_partial_sums: bool = True

@@ -249,7 +249,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         sent = torch.zeros(1, dtype=torch.int64, device=src.device)
         kernels.push_partials(
             src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
-            min(self.config.top_k, self.num_local_experts), meta.slot_tokens, sent,
+            self.config.top_k, meta.slot_tokens, sent,  # a token lists an expert up to top_k times
             weight=meta.row_score if weighted else None, shape=self.config.kernel_shapes(fmt).push_partials,
         )
         wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
