@@ -56,27 +56,29 @@ ROUTING_BLOCK = 1024
 
 
 @triton.jit
-def _push_counts_kernel(counts_ptr, peer_ptrs, rank, tokens, NUM: tl.constexpr, BLOCK: tl.constexpr):
+def _push_counts_kernel(counts_ptr, fault_ptr, peer_ptrs, rank, tokens, NUM: tl.constexpr, BLOCK: tl.constexpr):
     peer = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     base = tl.load(peer_ptrs + peer).to(tl.pointer_type(tl.int64))
     row = tl.load(counts_ptr + offs, mask=offs < NUM, other=0)
     row = tl.where(offs == NUM, tokens, row)
-    tl.store(base + rank * (NUM + 1) + offs, row, mask=offs <= NUM)
+    row = tl.where(offs == NUM + 1, tl.load(fault_ptr), row)
+    tl.store(base + rank * (NUM + 2) + offs, row, mask=offs <= NUM + 1)
 
 
 @triton.jit
 def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
                            W: tl.constexpr, L: tl.constexpr, WP: tl.constexpr, LP: tl.constexpr):
-    """One program: ``routing.routing_tables`` of the ``(W, E + 1)`` count table (every rank's
-    counts per expert, then its token count), packed into ``out`` in ``RoutingTables`` field
-    order, then the flag ``every rank's tokens <= max_tokens``."""
+    """One program: ``routing.routing_tables`` of the ``(W, E + 2)`` count table (every rank's
+    counts per expert, its token count, its fault word), packed into ``out`` in
+    ``RoutingTables`` field order, then the flag ``every rank's tokens <= max_tokens and
+    fault word 0``."""
     E: tl.constexpr = W * L
     S: tl.constexpr = (W + 1) * L
     s3 = tl.arange(0, WP)[:, None, None]
     d3 = tl.arange(0, WP)[None, :, None]
     l3 = tl.arange(0, LP)[None, None, :]
-    c = tl.load(table_ptr + s3 * (E + 1) + d3 * L + l3, mask=(s3 < W) & (d3 < W) & (l3 < L), other=0)  # [s, d, l]
+    c = tl.load(table_ptr + s3 * (E + 2) + d3 * L + l3, mask=(s3 < W) & (d3 < W) & (l3 < L), other=0)  # [s, d, l]
     d2 = tl.arange(0, WP)[:, None]  # rows of [d, l] and of [s, l]
     l2 = tl.arange(0, LP)[None, :]
     ok2 = (d2 < W) & (l2 < L)
@@ -109,9 +111,10 @@ def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
     tl.store(out_ptr + 2 * E + 2 * S + pad_seg, tl.zeros_like(pad), mask=l_ok)
     tl.store(out_ptr + 2 * E + 3 * S + lp, m_rank, mask=l_ok)
     s1 = tl.arange(0, WP)
-    tokens = tl.load(table_ptr + s1 * (E + 1) + E, mask=s1 < W, other=0)
-    within = tl.sum(((tokens <= max_tokens) & (s1 < W)).to(tl.int64), axis=0) == W
-    tl.store(out_ptr + 2 * E + 3 * S + L, within.to(tl.int64))
+    tokens = tl.load(table_ptr + s1 * (E + 2) + E, mask=s1 < W, other=0)
+    fault = tl.load(table_ptr + s1 * (E + 2) + E + 1, mask=s1 < W, other=0)
+    ok = tl.sum(((tokens <= max_tokens) & (fault == 0) & (s1 < W)).to(tl.int64), axis=0) == W
+    tl.store(out_ptr + 2 * E + 3 * S + L, ok.to(tl.int64))
 
 
 # Tiles are [rows, BLOCK_D // GROUP, GROUP] (GROUP: the wire format's, ``WireFormat.kernel_constants``):
@@ -507,22 +510,23 @@ def _staging_arg(buf, staging_rows, dim, dtype, fmt):
     return _kernel_arg(staging_views(buf, staging_rows, dim, dtype, fmt)[0])
 
 
-def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int) -> None:
+def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int, fault: torch.Tensor) -> None:
     num = counts.numel()
-    _push_counts_kernel[(buf.world_size,)](counts, buf.ptrs, rank, tokens, NUM=num, BLOCK=triton.next_power_of_2(num + 1))
+    _push_counts_kernel[(buf.world_size,)](counts, fault, buf.ptrs, rank, tokens, NUM=num,
+                                           BLOCK=triton.next_power_of_2(num + 2))
 
 
 def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
-    W, E = table.shape[0], table.shape[1] - 1
+    W, E = table.shape[0], table.shape[1] - 2
     L = E // W
     packed = torch.empty(2 * E + 3 * (W + 1) * L + L + 1, dtype=torch.int64, device=table.device)
     _routing_tables_kernel[(1,)](
         table, packed, rank, align, max_tokens, W=W, L=L, WP=triton.next_power_of_2(W), LP=triton.next_power_of_2(L),
     )
-    # One int64 output: the RoutingTables fields in order (views), then the token-count flag
-    # (nonzero: every rank within max_tokens).
-    *fields, within = torch.split(packed, (E, E, (W + 1) * L, (W + 1) * L, (W + 1) * L, L, 1))
-    return RoutingTables(*fields), within.view(())
+    # One int64 output: the RoutingTables fields in order (views), then the flag (nonzero:
+    # every rank within max_tokens, no rank's fault word set).
+    *fields, ok = torch.split(packed, (E, E, (W + 1) * L, (W + 1) * L, (W + 1) * L, L, 1))
+    return RoutingTables(*fields), ok.view(())
 
 
 def push_rows(

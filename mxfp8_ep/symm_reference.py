@@ -47,22 +47,23 @@ def _pushed_ranks(dst_rank: torch.Tensor, rank: int, pushed: str) -> torch.Tenso
     return torch.where(keep, dst_rank, -1)
 
 
-def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int) -> None:
-    """Row ``rank`` of every rank's ``(W, E + 1)`` int64 count table = this rank's ``E``
-    counts, then its token count."""
-    num = counts.numel() + 1
-    row = torch.cat([counts, counts.new_full((1,), tokens)])
+def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int, fault: torch.Tensor) -> None:
+    """Row ``rank`` of every rank's ``(W, E + 2)`` int64 count table = this rank's ``E``
+    counts, its token count, then its fault word (``dispatcher.checks.Fault`` bits, a
+    0-dim int64 tensor)."""
+    num = counts.numel() + 2
+    row = torch.cat([counts, counts.new_full((1,), tokens), fault.view(1).to(counts.dtype)])
     for peer in range(buf.world_size):
         buf.peer(peer)[: buf.world_size * num * 8].view(torch.int64).view(buf.world_size, num)[rank] = row
 
 
 def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
-    """From the ``(W, E + 1)`` count table (every rank's counts per expert, then its token
-    count): ``routing.routing_tables`` of the counts (computed before the table is rewritten)
-    and a bool tensor, every rank's token count ``<= max_tokens``."""
-    E = table.shape[1] - 1
+    """From the ``(W, E + 2)`` count table (every rank's counts per expert, its token count,
+    its fault word): ``routing.routing_tables`` of the counts (computed before the table is
+    rewritten) and a bool tensor, every rank's token count ``<= max_tokens`` and fault word 0."""
+    E = table.shape[1] - 2
     tables = routing.routing_tables(table[:, :E].clone(), rank, align)
-    return tables, (table[:, E] <= max_tokens).all()
+    return tables, (table[:, E] <= max_tokens).all() & (table[:, E + 1] == 0).all()
 
 
 def push_rows(

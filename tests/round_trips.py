@@ -26,12 +26,12 @@ def rank_transports() -> tuple[str, ...]:
     return ("symm",) if shared_gpu.active() else TRANSPORTS
 
 
-def build_dispatcher(transport, preset="bf16", num_experts=None, top_k=1, **a2a_overrides):
+def build_dispatcher(transport, preset="bf16", num_experts=None, top_k=1, check_inputs=True, **a2a_overrides):
     """A dispatcher over the whole group on this rank's device: 2 experts per rank unless told,
-    buffers for ``MAX_TOKENS`` per rank."""
+    buffers for ``MAX_TOKENS`` per rank, every input check on (``Config.check_inputs``)."""
     num_experts = num_experts or 2 * dist.get_world_size()
     config = TokenDispatcher.Config(
-        num_experts=num_experts, top_k=top_k, max_tokens_per_rank=MAX_TOKENS,
+        num_experts=num_experts, top_k=top_k, max_tokens_per_rank=MAX_TOKENS, check_inputs=check_inputs,
         a2a=A2AConfig.preset(preset, transport=transport, **a2a_overrides),
     )
     return config.build(dist.group.WORLD, rank_device())

@@ -1,7 +1,8 @@
 """Bad input to the dispatcher, on gloo process groups of 2 ranks, both transports: a model
-dim that is not a multiple of 32 on an MXFP8 leg and an EP degree that does not divide the
-experts fail on every rank before any collective; NaN and inf travel as the MXFP8 format says;
-an explicit symm transport across hosts is a clear error."""
+dim that is not a multiple of 32 on an MXFP8 leg (on one rank or all) fails on every rank, the
+peers naming the rank, and the group stays in step; an EP degree that does not divide the
+experts fails at build; NaN and inf travel as the MXFP8 format says; an explicit symm transport
+across hosts is a clear error. (tests/test_dispatcher_hardening.py: the other bad inputs.)"""
 
 from __future__ import annotations
 
@@ -20,17 +21,24 @@ def _bad_input(rank, world):
     quantized = [name for name in sorted(PRESETS) if A2AConfig.preset(name).any_quantized]
     assert quantized
     for transport in TRANSPORTS:
-        # A model dim that is not a multiple of 32 with any MXFP8 leg: ValueError before any
-        # collective. First each rank alone (its peers wait in a barrier: had it entered a
-        # collective it would hang or mismatch), then all ranks together.
+        # A model dim that is not a multiple of 32 with any MXFP8 leg: ValueError, before any
+        # row moves, on every rank. First each rank alone (its peers dispatch a valid batch
+        # and raise an error naming it: the bad rank takes part in the count exchange with
+        # its fault set instead of leaving them waiting there), then all ranks together; at
+        # the dispatcher's first dispatch (its agreement with the group carries the error)
+        # and after a valid one (the count exchange carries it).
         for preset in quantized:
-            dispatcher = build_dispatcher(transport, preset)
-            x, scores, ids, counts = to_next_rank(rank, world, 5, 40)
-            for alone in (*range(world), None):
-                if alone in (rank, None):
-                    with pytest.raises(ValueError, match=r"multiple of 32.*dim 40"):
+            for first in (True, False):
+                dispatcher = build_dispatcher(transport, preset)
+                if not first:
+                    round_trip(dispatcher, *to_next_rank(rank, world, 5, 64))
+                for alone in (*range(world), None):
+                    bad = alone in (rank, None)
+                    x, scores, ids, counts = to_next_rank(rank, world, 5, 40 if bad else 64)
+                    match = r"multiple of 32.*dim 40" if bad else rf"rank {alone}\b.*(multiple of 32|whole blocks)"
+                    with pytest.raises(ValueError, match=match):
                         dispatcher.dispatch(x, scores, ids, counts)
-                dist.barrier()
+                    dist.barrier()
             # The group is still in step: the same dispatcher then carries a valid batch there
             # and back (through MXFP8: close, not equal).
             x, scores, ids, counts = to_next_rank(rank, world, 5, 64)
@@ -86,9 +94,9 @@ def _non_finite(rank, world):
                 assert torch.isfinite(score_grad[2:]).all() and not torch.isfinite(score_grad[:2]).any(), where
 
 
-def test_bad_input_fails_on_every_rank_before_any_collective():
-    """dim % 32 != 0 with an MXFP8 leg: ValueError on each rank alone and on all ranks, and
-    the group stays usable; EP not dividing the experts: ValueError at build."""
+def test_bad_input_fails_on_every_rank():
+    """dim % 32 != 0 with an MXFP8 leg: ValueError on each rank alone (its peers name it) and
+    on all ranks, and the group stays usable; EP not dividing the experts: ValueError at build."""
     preload()
     run_forked(2, _bad_input)
 

@@ -38,8 +38,8 @@ class _StagingViewDispatcher(SymmTokenDispatcher):
     its weight gradient. Its staging buffers hold the whole expert-major tensor (buffers of
     their own: the transport's size only what the legs store there)."""
 
-    def _buffer_key(self, x_TD):  # noqa: N803
-        return (*super()._buffer_key(x_TD), "planted")
+    def _buffer_key(self, device, dim, dtype):
+        return (*super()._buffer_key(device, dim, dtype), "planted")
 
     def _staging_rows(self, max_tokens, capacity, dim, dtype):
         return max(super()._staging_rows(max_tokens, capacity, dim, dtype), capacity)
@@ -230,17 +230,18 @@ OVERFLOW_TIMEOUT_S = 5
 OVERFLOW_CUDA_LIMIT_S = 30  # on CUDA the peer's first dispatch also compiles its kernels before it traps
 
 
-def _too_many_tokens(rank, world):
+def _too_many_tokens(rank, world, debug=False):
     """Rank 0 gets more tokens than the symm buffers hold and raises ValueError after the count
-    exchange. Its peers raise it too on CPU; on CUDA (tests/test_dispatcher_gpu.py) their check
-    is a device-side assert (no host sync): they fail at their next synchronization with
-    "device-side assert" and exit at once, their CUDA context lost."""
+    exchange. Its peers raise one too on CPU, and on CUDA in debug mode (``Config.check_inputs``:
+    they read the exchanged fault words on the host); on CUDA otherwise (tests/test_dispatcher_gpu.py)
+    their check is a device-side assert (no host sync): they fail at their next synchronization
+    with "device-side assert" and exit at once, their CUDA context lost."""
     import os
     import time
 
     setup_rank()
     device = rank_device()
-    dispatcher = build_dispatcher("symm")  # buffers for MAX_TOKENS per rank
+    dispatcher = build_dispatcher("symm", check_inputs=debug)  # buffers for MAX_TOKENS per rank
     tokens = MAX_TOKENS + 1 if rank == 0 else 1  # rank 0 alone is over capacity
     x, scores, ids, counts = (t.to(device) for t in to_next_rank(rank, world, tokens, 64))
     start = time.monotonic()
@@ -254,7 +255,7 @@ def _too_many_tokens(rank, world):
     took = time.monotonic() - start
     if rank == 0:  # stay out of collectives while the peers find out (or time out)
         time.sleep(OVERFLOW_TIMEOUT_S + 2)
-    if device.type == "cuda" and rank != 0:
+    if device.type == "cuda" and rank != 0 and not debug:
         expected = isinstance(raised, RuntimeError) and "device-side assert" in str(raised)
     else:
         expected = isinstance(raised, ValueError) and "max_tokens_per_rank" in str(raised)
@@ -274,6 +275,7 @@ def test_too_many_tokens_on_one_rank_fails_on_every_rank():
     regression fails quickly instead of hanging."""
     preload()
     run_forked(2, _too_many_tokens, timeout_s=OVERFLOW_TIMEOUT_S)
+    run_forked(2, _too_many_tokens, True, timeout_s=OVERFLOW_TIMEOUT_S)
 
 
 def _larger_config_after_smaller(rank, world):

@@ -289,13 +289,26 @@ def test_fuzz_at_real_widths_sharing_one_gpu():
     run_on_ranks(WORLD, _fuzz, real_width_examples(WORLD), backend=SHARED_GPU)
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["sync_free", "debug"])
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_too_many_tokens_on_one_rank_fails_on_every_rank(backend):
+def test_too_many_tokens_on_one_rank_fails_on_every_rank(backend, debug):
     """tests/test_dispatcher_buffers.py's overflow check on CUDA: the rank over ``max_tokens_per_rank``
-    raises ValueError, its peer traps on the device instead of waiting in a barrier."""
+    raises ValueError, its peer traps on the device instead of waiting in a barrier (debug
+    mode: raises a ValueError naming the rank)."""
     from tests.test_dispatcher_buffers import _too_many_tokens
 
-    run_on_ranks(WORLD, _too_many_tokens, backend=backend)
+    run_on_ranks(WORLD, _too_many_tokens, debug, backend=backend)
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["sync_free", "debug"])
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_bad_expert_id_on_one_rank_fails_on_every_rank(backend, debug):
+    """tests/test_dispatcher_hardening.py's bad-id check on CUDA: every rank traps on the device
+    (the fault words travel with the counts; no host sync), or, in debug mode, raises a
+    ValueError naming the rank."""
+    from tests.test_dispatcher_hardening import _bad_id_on_one_rank
+
+    run_on_ranks(WORLD, _bad_id_on_one_rank, debug, backend=backend)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)

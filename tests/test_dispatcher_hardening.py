@@ -16,6 +16,7 @@ quickly instead of hanging it).
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -38,11 +39,12 @@ QUANT_BOUND = 2.0**-4
 
 
 def _config(transport, preset="bf16", num_experts=None, top_k=1, score_before_experts=False, partial_sums=True,
-            max_tokens=MAX_TOKENS, **kwargs):
+            max_tokens=MAX_TOKENS, kernel="auto", **kwargs):
     return TokenDispatcher.Config(
         num_experts=num_experts or 2 * dist.get_world_size(), top_k=top_k, max_tokens_per_rank=max_tokens,
         score_before_experts=score_before_experts,
-        a2a=A2AConfig.preset(preset, transport=transport, symm_combine_partial_sums=partial_sums), **kwargs,
+        a2a=A2AConfig.preset(preset, transport=transport, symm_combine_partial_sums=partial_sums, kernel=kernel),
+        **kwargs,
     )
 
 
@@ -65,9 +67,9 @@ def _repeated_routings(rank: int, world: int, tokens: int, g: torch.Generator):
     out = []
     # The issue's example: every token picks the next rank's expert twice.
     out.append(("next rank's expert twice", E, 2, torch.full((tokens, 2), (rank + 1) % world)))
-    # Every token of every rank picks expert 0 three times: rank 0 receives 3 rows per token,
-    # more than a drop-free layout sized for distinct ids holds.
-    out.append(("expert 0 three times", E, 3, torch.zeros(tokens, 3, dtype=torch.int64)))
+    # Full buffers, every token of every rank picks expert 0 three times: rank 0 receives 3
+    # rows per token, more than a drop-free layout sized for distinct ids holds.
+    out.append(("expert 0 three times", E, 3, torch.zeros(MAX_TOKENS, 3, dtype=torch.int64)))
     # Its own expert and a peer's, each twice.
     own, peer = rank, (rank + 1) % world
     out.append(("own and next twice each", E, 4, torch.tensor([own, peer, own, peer]).repeat(tokens, 1)))
@@ -104,9 +106,10 @@ def _scales(x, scores):
 def _repeated_ids(rank, world):
     setup_rank()
     g = torch.Generator().manual_seed(100 + rank)
-    tokens, dim = 4 + rank, 64
-    for name, num_experts, top_k, ids in _repeated_routings(rank, world, tokens, g):
+    dim = 64
+    for name, num_experts, top_k, ids in _repeated_routings(rank, world, 4 + rank, g):
         assert top_k > num_experts // world, name
+        tokens = ids.shape[0]
         counts = _histogram(ids, num_experts)
         for score_before in (False, True):
             for preset in PRESETS:
@@ -145,6 +148,34 @@ def test_repeated_expert_ids_match_nccl(world):
     and preset: bf16 exact and bit for bit equal to nccl, MXFP8 within QUANT_BOUND."""
     preload(titan=False)
     run_forked(world, _repeated_ids, timeout_s=TIMEOUT_S)
+
+
+def _repeated_ids_on_the_triton_kernels(rank, world):
+    """The symm transport's Triton kernels (the interpreter on CPU) against their torch twins,
+    bit for bit, on routings that repeat ids, through the partial sums and row by row."""
+    setup_rank()
+    g = torch.Generator().manual_seed(200 + rank)
+    routings = [r for r in _repeated_routings(rank, world, 3, g) if r[0] != "expert 0 three times"]
+    for name, num_experts, top_k, ids in routings:
+        counts = _histogram(ids, num_experts)
+        for preset, partial in (("bf16", True), ("mxfp8_all", True), ("bf16", False)):
+            x = torch.randn(ids.shape[0], 64, generator=g).to(torch.bfloat16)
+            scores = torch.rand(ids.shape[0], top_k, generator=g)
+            got = {}
+            for kernel in ("torch", "triton"):
+                dispatcher = _build("symm", preset, num_experts=num_experts, top_k=top_k, partial_sums=partial,
+                                    kernel=kernel)
+                got[kernel] = round_trip(dispatcher, x, scores, ids, counts)
+            for a, b, what in zip(got["triton"], got["torch"], ("routed", "out", "x grad", "score grad")):
+                if what == "score grad":  # fp32 dot products: tl.sum and torch.sum add in other orders
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+                else:
+                    assert torch.equal(bits(a), bits(b)), f"{what}: rank {rank} {name} {preset} partial={partial}"
+
+
+def test_repeated_expert_ids_on_the_triton_kernels():
+    preload(titan=False)
+    run_forked(2, _repeated_ids_on_the_triton_kernels, timeout_s=60)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +228,7 @@ def _bad_ids(rank, world):
                         if counted == "on expert 0":
                             counts[0] += 1
                     _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
-                                      rf"rank 1\b.*expert id", rank)
+                                      r"rank 1\b.*expert id", rank)
             _still_in_step(dispatcher, rank, world)
 
 
@@ -321,6 +352,50 @@ def _one_rank_fails(rank, world):
                         error, match = ValueError, r"rank 1\b"
                     _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), error, match, rank)
                     _still_in_step(dispatcher, rank, world)
+
+
+def _bad_id_on_one_rank(rank, world, debug=False):
+    """Rank 1 dispatches an expert id = E through symm on this rank's device (CPU here; CUDA
+    from tests/test_dispatcher_gpu.py). CPU, or CUDA in debug mode: every rank raises a
+    ValueError naming rank 1 (debug mode reads the exchanged fault words on the host). CUDA by
+    default: every rank, rank 1 too, fails its device-side assert on the exchanged fault words
+    at its next synchronization (no host sync before) and exits at once."""
+    import os
+
+    from tests.distributed import rank_device
+
+    setup_rank()
+    device = rank_device()
+    dispatcher = _config("symm", check_inputs=debug).build(dist.group.WORLD, device)
+    x, scores, ids, counts = (t.to(device) for t in to_next_rank(rank, world, 4, 64))
+    round_trip(dispatcher, x, scores, ids, counts)  # buffers allocated, shape agreed
+    if rank == 1:
+        ids = torch.full_like(ids, dispatcher.config.num_experts)
+    start = time.monotonic()
+    try:
+        dispatcher.dispatch(x, scores, ids, counts)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # where a device-side assert surfaces
+        raised = None
+    except Exception as e:  # noqa: BLE001  (which error, and how fast, is the point)
+        raised = e
+    took = time.monotonic() - start
+    if device.type == "cuda" and not debug:
+        expected = isinstance(raised, RuntimeError) and "device-side assert" in str(raised)
+    else:
+        expected = isinstance(raised, ValueError) and re.search(r"rank 1\b.*expert id", str(raised))
+    assert expected, f"rank {rank}: {type(raised).__name__} after {took:.1f}s: {raised}"
+    assert took < (30 if device.type == "cuda" else ERROR_WITHIN_S), f"rank {rank} waited {took:.1f}s"
+    if device.type == "cuda":
+        os._exit(0)  # a rank that trapped has lost its CUDA context: nothing left to tear down
+
+
+def test_bad_id_on_one_rank_fails_every_rank_in_both_modes():
+    """The symm transport's check of the exchanged fault words, by default and in debug mode
+    (on CPU both read them at once; tests/test_dispatcher_gpu.py runs this on CUDA)."""
+    preload(titan=False)
+    for debug in (False, True):
+        run_forked(2, _bad_id_on_one_rank, debug, timeout_s=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("world", [2, 3])

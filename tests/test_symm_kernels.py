@@ -232,9 +232,10 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
 
 def test_routing_tables_kernel_equals_its_twin():
     """The one-program ``routing_tables`` kernel against the twin (``routing.routing_tables`` of
-    the counts, and the token-count flag) on count tables of every shape the symm transport
-    takes (W ranks up to 8, local experts up to 32, non-powers of two), with empty experts,
-    empty ranks, all rows to one rank, and a rank over the token limit."""
+    the counts, and the flag: token counts within the limit, no fault word set) on count
+    tables of every shape the symm transport takes (W ranks up to 8, local experts up to 32,
+    non-powers of two), with empty experts, empty ranks, all rows to one rank, a rank over the
+    token limit, and a rank whose input failed its checks."""
     from dataclasses import fields
 
     from mxfp8_ep import symm_kernels, symm_reference
@@ -243,7 +244,7 @@ def test_routing_tables_kernel_equals_its_twin():
     checked = 0
     for W, L, align in ((1, 3, 8), (2, 1, 1), (2, 5, 8), (3, 2, 4), (4, 3, 1), (8, 32, 8), (3, 7, 8)):
         E = W * L
-        for kind in ("random", "sparse", "one rank", "over"):
+        for kind in ("random", "sparse", "one rank", "over", "fault"):
             counts = torch.randint(0, 9, (W, E), generator=g)
             if kind == "sparse":
                 counts *= torch.rand((W, E), generator=g) < 0.3
@@ -251,15 +252,36 @@ def test_routing_tables_kernel_equals_its_twin():
                 counts[:, L:] = 0
             tokens = counts.sum(dim=1, keepdim=True) + 1
             max_tokens = int(tokens.max()) - (kind == "over")
-            table = torch.cat([counts, tokens], dim=1).contiguous().to(DEVICE)
+            faults = torch.zeros(W, 1, dtype=torch.int64)
+            faults[W // 2] = 16 * (kind == "fault")
+            table = torch.cat([counts, tokens, faults], dim=1).contiguous().to(DEVICE)
             for rank in range(W):
                 want, want_ok = symm_reference.routing_tables(table, rank, align, max_tokens)
                 got, got_ok = symm_kernels.routing_tables(table, rank, align, max_tokens)
                 for f in fields(want):
                     assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (W, L, align, kind, rank, f.name)
-                assert bool(got_ok) == bool(want_ok) == (kind != "over"), (W, L, kind)
+                assert bool(got_ok) == bool(want_ok) == (kind not in ("over", "fault")), (W, L, kind)
                 checked += 1
-    assert checked == 4 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
+    assert checked == 5 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
+
+
+def test_push_counts_kernel_equals_its_twin():
+    """Every rank's row of the count table: its counts, its token count, its fault word."""
+    from mxfp8_ep import symm_kernels, symm_reference
+
+    world, experts = 3, 6
+    tables = {}
+    for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
+        shared = OneProcessPeers(world * (experts + 2) * 8, world, 0, DEVICE)
+        for r in range(world):
+            counts = torch.arange(experts, dtype=torch.int64, device=DEVICE) + 10 * r
+            view = shared.seen_from(r)
+            view.ptrs = torch.tensor([shared.peer(p).data_ptr() for p in range(world)], device=DEVICE)  # as PeerBuffer
+            kernels.push_counts(counts, 7 + r, view, r, torch.tensor(16 * r, device=DEVICE))
+        tables[name] = [shared.peer(r).view(torch.int64).view(world, experts + 2).cpu() for r in range(world)]
+    want = torch.stack([torch.cat([torch.arange(experts) + 10 * r, torch.tensor([7 + r, 16 * r])]) for r in range(world)])
+    for r in range(world):
+        assert torch.equal(tables["triton"][r], want) and torch.equal(tables["torch"][r], want), r
 
 
 def check_push_tokens(device) -> int:

@@ -96,7 +96,8 @@ def test_kernels_compile_for_hopper_without_ue8m0_cvt():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"quantize_bf16_rceil", "dequantize_bf16", "push_mxfp8", "push_bf16", "push_tokens_mxfp8_w2", "receive_mxfp8",
             "receive_mxfp8_stage_row", "receive_bf16_stage_row", "reduce_mxfp8", "reduce_mxfp8_stage_row",
-            "push_partials_bf16", "reduce_bf16_partials", "push_partials_mxfp8", "reduce_mxfp8_partials", "sorted_rows", "expert_rows", "swiglu_backward"} <= set(report)
+            "push_partials_bf16", "reduce_bf16_partials", "push_partials_mxfp8", "reduce_mxfp8_partials", "sorted_rows", "expert_rows", "swiglu_backward",
+            "push_counts", "routing_histogram_e256", "routing_faults_e256"} <= set(report)
     for name, info in report.items():
         assert info["cubin_bytes"] > 0 and not info["ue8m0_in_ptx"], (name, info)
     for name in ("quantize_bf16_rceil", "quantize_fp32_floor", "push_mxfp8", "push_tokens_mxfp8_w8",

@@ -14,6 +14,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from mxfp8_ep import check_kernels as ck  # noqa: E402
 from mxfp8_ep import grouped_experts as ge  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep import triton_kernels as tk  # noqa: E402
@@ -113,8 +114,16 @@ SYMM = {
                                                            "align": "i32", "max_tokens": "i32"},
                                 dict(W=w, L=local, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(local)))
        for w, local in ((2, 128), (3, 5), (8, 32))},
-    "push_counts": (sk._push_counts_kernel, {"counts_ptr": "*i64", "peer_ptrs": "*i64", "rank": "i32", "tokens": "i32"},
-                    dict(NUM=256, BLOCK=512)),
+    "push_counts": (sk._push_counts_kernel, {"counts_ptr": "*i64", "fault_ptr": "*i64", "peer_ptrs": "*i64",
+                                             "rank": "i32", "tokens": "i32"}, dict(NUM=256, BLOCK=512)),
+    # The dispatcher's device checks of a routing (DeepSeek-V3-like: 256 experts; 6: not a power of two).
+    **{f"routing_histogram_e{e}": (ck._routing_histogram_kernel, {"ids_ptr": "*i64", "safe_ptr": "*i64",
+                                                                  "hist_ptr": "*i64", "N": "i32", "E": "i32"},
+                                   dict(EP=triton.next_power_of_2(e), BLOCK=ck.ID_BLOCK)) for e in (6, 256)},
+    **{f"routing_faults_e{e}": (ck._routing_faults_kernel, {"hist_ptr": "*i64", "counts_ptr": "*i64",
+                                                            "fault_ptr": "*i64", "N": "i32", "E": "i32"},
+                                dict(EP=triton.next_power_of_2(e), EXPERT_ID=16, COUNTS=32, COUNTS_SUM=64))
+       for e in (6, 256)},
     "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=ge._BLOCK_M, BLOCK_N=512)),
 }
 CASES = {

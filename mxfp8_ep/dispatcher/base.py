@@ -1,8 +1,9 @@
 """The token dispatcher's base: its config (``TokenDispatcher.Config``, whose ``build`` picks the
-transport), the input checks every transport makes before it exchanges anything, which transport
-``a2a.transport=auto`` means on this group (``resolve_transport``), and the registry of
-transports: a transport is a ``TokenDispatcher`` subclass in a module of its own that registers
-itself (``register_transport``); ``Config.build`` looks the transport up there."""
+transport), the input checks every transport makes as it exchanges its token counts
+(``checks``), which transport ``a2a.transport=auto`` means on this group
+(``resolve_transport``), and the registry of transports: a transport is a ``TokenDispatcher``
+subclass in a module of its own that registers itself (``register_transport``);
+``Config.build`` looks the transport up there."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
+from mxfp8_ep.quantize import resolve_kernel
 
 
 _TRANSPORTS: dict[str, list[type[TokenDispatcher]]] = {}
@@ -46,16 +49,19 @@ def registered_transports() -> dict[str, list[type[TokenDispatcher]]]:
     return {name: list(classes) for name, classes in _TRANSPORTS.items()}
 
 
-def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup) -> str:
+def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup,
+                      hosts: list[str] | None = None) -> str:
     """``auto`` -> ``symm`` on one node with CUDA and >= 2 ranks, ``nccl`` otherwise. An
-    explicit ``symm`` across nodes is an error (peer memory does not span nodes)."""
+    explicit ``symm`` across nodes is an error (peer memory does not span nodes). ``hosts``:
+    every rank's host name, when the caller has gathered them (else gathered here)."""
     if transport == "nccl":
         return "nccl"
     world = dist.get_world_size(group)
     if transport == "auto" and (torch.device(device).type != "cuda" or world < 2):
         return "nccl"
-    hosts = [None] * world
-    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if hosts is None:
+        hosts = [None] * world
+        dist.all_gather_object(hosts, socket.gethostname(), group=group)
     if len(set(hosts)) > 1:
         if transport == "symm":
             raise ValueError(
@@ -89,6 +95,23 @@ class TokenDispatcher:
         def kernel_shapes(self, fmt: str) -> KernelShapes:
             """The launch shapes of the kernels that move a leg in format ``fmt``."""
             return kernel_shapes(self.launch_shapes, fmt)
+
+        # The input checks that need a host sync per dispatch (``checks``: on the symm
+        # transport on CUDA, every rank's check results read on the host, so the error names
+        # the rank and the check; otherwise a device-side assert). None: ``checks.set_debug``,
+        # else the MXFP8_EP_DEBUG environment variable, decides.
+        check_inputs: bool | None = None
+
+        def agreed_facts(self) -> dict:
+            """What every rank of an EP group must build alike (``checks.agree`` at ``build``)."""
+            a2a = self.a2a
+            return {
+                "num_experts": self.num_experts, "top_k": self.top_k, "transport": a2a.transport,
+                **{leg: getattr(a2a, leg) for leg in A2AConfig.legs()}, "scale_rounding": a2a.scale_rounding,
+                "symm_combine_partial_sums": a2a.symm_combine_partial_sums,
+                "score_before_experts": self.score_before_experts, "pad_multiple": self.pad_multiple,
+                "max_tokens_per_rank": self.max_tokens_per_rank,
+            }
 
         @property
         def symm_partial_sums(self) -> bool:
@@ -127,8 +150,13 @@ class TokenDispatcher:
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> TokenDispatcher:
             """The dispatcher of the transport ``a2a.transport`` resolves to on ``group``
-            (``dispatcher_for``)."""
-            return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group), group)
+            (``dispatcher_for``), after one exchange that checks this config against every
+            rank's (``checks.agree``: a mismatch fails every rank, naming the fields) and
+            gathers the host names."""
+            facts = {**self.agreed_facts(), "device": torch.device(device).type}
+            gathered = checks.agree(group, "build", facts, local={"host": socket.gethostname()})
+            hosts = [g["host"] for g in gathered]
+            return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group, hosts), group)
 
     @classmethod
     def serves(cls, config: Config) -> bool:  # noqa: ARG003 (every config, unless a transport says otherwise)
@@ -145,21 +173,41 @@ class TokenDispatcher:
                 f"expert parallelism {self.ep} must divide the number of experts {config.num_experts}"
             )
         self.num_local_experts = config.num_experts // self.ep
+        self._shape: tuple[int, torch.dtype] | None = None  # (dim, dtype) the group agreed on
 
-    def _check_inputs(self, x_TD, topk_scores_TK, topk_expert_ids_TK) -> None:  # noqa: N803
-        """Fail on every rank, before any exchange, so no rank waits for a peer that raised."""
-        a2a = self.config.a2a
-        if x_TD.dim() != 2 or topk_expert_ids_TK.shape != (x_TD.shape[0], self.config.top_k):
-            raise ValueError(
-                f"dispatch takes x (T, D) and expert ids (T, top_k={self.config.top_k}), got "
-                f"{tuple(x_TD.shape)} and {tuple(topk_expert_ids_TK.shape)}"
-            )
-        if topk_scores_TK.shape != topk_expert_ids_TK.shape:
-            raise ValueError(f"scores {tuple(topk_scores_TK.shape)} != expert ids {tuple(topk_expert_ids_TK.shape)}")
+    @property
+    def debug(self) -> bool:
+        """Whether the input checks that need a host sync run (``checks.debug_mode``)."""
+        return checks.debug_mode(self.config.check_inputs)
+
+    def _dim_error(self, dim: int) -> str | None:
+        """Why tokens of ``dim`` elements cannot travel on one of this config's legs, or None."""
         for leg in A2AConfig.legs():
-            error = a2a.wire_format(leg).dim_error(x_TD.shape[1])
+            error = self.config.a2a.wire_format(leg).dim_error(dim)
             if error is not None:
-                raise ValueError(f"{leg}: {error} (the model dim); use a2a=bf16 for this model")
-        if x_TD.dtype not in (torch.bfloat16, torch.float32):
-            raise TypeError(f"dispatch takes bfloat16 or float32 tokens, got {x_TD.dtype}")
+                return f"{leg}: {error}"
+        return None
+
+    def _checked_routing(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
+        """The routing this rank dispatches by (``checks.CheckedRouting``: device-checked, safe
+        to index with) and its host fault, if any. A rank whose input fails a host check does
+        not raise here: it takes part in the count exchange with its fault bits set (its
+        routing is then empty) and raises after it, so no peer waits for it. A dispatcher
+        agrees with its group on its tokens' dim and dtype at its first dispatch and whenever
+        they change (``checks.agree``: a host fault there fails every rank at once)."""
+        cfg = self.config
+        fault = checks.host_fault(
+            x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E,
+            num_experts=cfg.num_experts, top_k=cfg.top_k, rank=self.rank, dim_error=self._dim_error,
+        )
+        if fault is None:
+            shape = (x_TD.shape[1], x_TD.dtype)
+            if shape != self._shape:
+                checks.agree(self.group, "dispatch", {"dim": shape[0], "dtype": str(shape[1])})
+                self._shape = shape
+            kernel = resolve_kernel(cfg.a2a.kernel, x_TD.device)
+            return checks.check_routing(topk_expert_ids_TK, num_tokens_per_expert_E, cfg.num_experts, kernel), None
+        if self._shape is None:  # nothing agreed yet: the agreement carries the fault
+            checks.agree(self.group, "dispatch", {}, fault)
+        return checks.host_fault_routing(cfg.num_experts, fault.fault, x_TD.device), fault
 

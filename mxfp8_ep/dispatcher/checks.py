@@ -262,8 +262,9 @@ def _all_gather_on_host(group: dist.ProcessGroup, entry: dict) -> list:
     """Every rank's ``entry`` (picklable), through the group's key-value store: host messages
     only, so no device work and no host sync even on an NCCL group (``all_gather_object``
     would stage the objects on the GPU and wait for them). Each rank writes its entry under
-    the agreement's number, waits for every rank's (up to the store's timeout), and the last
-    rank to read them deletes them. Without a store: ``all_gather_object``."""
+    the agreement's number and waits for every rank's (up to the store's timeout); the
+    entries stay (a few hundred bytes per rank and agreement, a handful of agreements per
+    dispatcher). Without a store: ``all_gather_object``."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     try:
         store = dist.distributed_c10d._get_process_group_store(group)
@@ -280,9 +281,12 @@ def _all_gather_on_host(group: dist.ProcessGroup, entry: dict) -> list:
     store.set(keys[rank], pickle.dumps(entry))
     store.wait(keys)
     gathered = [pickle.loads(store.get(key)) for key in keys]
+    # No rank leaves before every rank has read every entry (the store may live in a rank's
+    # process, which a rank that raises next may end).
     if store.add(f"{prefix}/read", 1) == world:
-        for key in (*keys, f"{prefix}/read"):
-            store.delete_key(key)
+        store.set(f"{prefix}/done", b"")
+    else:
+        store.wait([f"{prefix}/done"])
     return gathered
 
 

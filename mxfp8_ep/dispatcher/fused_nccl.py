@@ -8,6 +8,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing, wire_stats
+from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.nccl import HostCopy
 from mxfp8_ep.dispatcher.push import ExchangeSplits, ExpertRowRouting, PushTokenDispatcher
@@ -41,19 +42,26 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
     def serves(cls, config) -> bool:
         return config.a2a.any_quantized
 
-    def _routing(self, x_TD, counts_E):  # noqa: N803
+    def _routing(self, x_TD, checked, fault):  # noqa: N803
         W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple
-        counts_WE = funcol.wait_tensor(_all_gather(counts_E, 0, self.group)).view(W, E)  # noqa: N806
-        rows_WW = counts_WE.view(W, W, L).sum(dim=2)  # noqa: N806  [s, d]: rows rank s sends rank d
+        sent = torch.cat([checked.counts, checked.fault.view(1)])  # the counts, then the fault word
+        gathered = funcol.wait_tensor(_all_gather(sent, 0, self.group)).view(W, E + 1)
+        if fault is not None:
+            raise fault.error
+        counts_WE, faults = gathered[:, :E].contiguous(), gathered[:, E]
+        rows_WW = counts_WE.view(W, W, L).sum(dim=2)  # [s, d]: rows rank s sends rank d
         # The one device-to-host sync of this transport (torchtitan makes the same one). The
         # copy is queued now; the host waits for it only when the expert rows are first needed,
-        # after the push of the rows that leave: that push keeps the GPU busy meanwhile.
-        splits = HostCopy(torch.stack([rows_WW[self.rank], rows_WW[:, self.rank]]))
+        # after the push of the rows that leave: that push keeps the GPU busy meanwhile. Every
+        # rank's fault word comes with it: a rank whose input failed its checks fails every
+        # rank there, before the exchange (the routing it pushed by is safe to index with).
+        splits = HostCopy(torch.stack([rows_WW[self.rank], rows_WW[:, self.rank], faults]))
         tables = routing.exchange_tables(counts_WE, self.rank, align)
         kernels = self.kernels(x_TD.device)
 
         def expert_rows() -> ExpertRowRouting:
-            send, recv = splits.tolist()
+            send, recv, faults = splits.tolist()
+            checks.raise_on_faults(faults, E)
             capacity = (sum(recv) + L * align + align - 1) // align * align
             send[self.rank] = recv[self.rank] = 0
             return ExpertRowRouting(capacity, *kernels.expert_row_routing(tables, self.rank, W, capacity),

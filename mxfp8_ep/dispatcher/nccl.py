@@ -11,6 +11,7 @@ import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing
 from mxfp8_ep.all_to_all import all_to_all_v
+from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 
 
@@ -42,16 +43,22 @@ class NcclTokenDispatcher(TokenDispatcher):
         super().__init__(config, group)
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
-        self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
+        checked, fault = self._checked_routing(x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E)
         cfg, W, L = self.config, self.ep, self.num_local_experts
-        counts = num_tokens_per_expert_E.to(torch.int64)
+        counts = checked.counts
         with torch.no_grad():
-            counts_recv = funcol.wait_tensor(funcol.all_to_all_single(counts, None, None, self.group))
+            # Each rank's counts for a peer's experts go there with its fault word (checks).
+            sent = torch.cat([counts.view(W, L), checked.fault.expand(W, 1)], dim=1)
+            received = funcol.wait_tensor(funcol.all_to_all_single(sent.reshape(-1), None, None, self.group))
+            received = received.view(W, L + 1)
+            counts_recv, faults = received[:, :L].reshape(-1), received[:, L]
             # The one host wait of this transport (torchtitan makes the same one, as two syncs):
-            # NCCL takes the splits on the host. One copy of both, waited for here.
-            splits = torch.stack([counts.view(W, L).sum(dim=1), counts_recv.view(W, L).sum(dim=1)])
-            input_splits, output_splits = HostCopy(splits).tolist()
-            slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
+            # NCCL takes the splits on the host. One copy of both and of every rank's fault
+            # word, waited for here: a rank whose input failed its checks fails every rank.
+            splits = torch.stack([counts.view(W, L).sum(dim=1), counts_recv.view(W, L).sum(dim=1), faults])
+            input_splits, output_splits, faults = HostCopy(splits).tolist()
+            checks.raise_on_faults(faults, cfg.num_experts, own=fault and fault.error)
+            slot = torch.argsort(checked.expert_ids, stable=True)
         routed_input = x_TD[slot // cfg.top_k]
         if cfg.score_before_experts:
             scores = topk_scores_TK.reshape(-1)[slot]

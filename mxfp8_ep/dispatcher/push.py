@@ -118,9 +118,12 @@ class PushTokenDispatcher(TokenDispatcher):
             from mxfp8_ep import symm_reference as kernels
         return kernels
 
-    def _routing(self, x_TD, counts_E):  # noqa: N803
-        """Exchange the token counts: this rank's routing tables and the expert-row routing
-        (or a function that returns it when first needed)."""
+    def _routing(self, x_TD, checked, fault):  # noqa: N803
+        """Exchange the token counts (``checked.counts``) with every rank's fault word
+        (``checked.fault``): this rank's routing tables and the expert-row routing (or a
+        function that returns it when first needed). Raises, on every rank, when a rank's
+        fault word is set; this rank's host ``fault`` (its routing then empty) right after
+        the exchange."""
         raise NotImplementedError
 
     def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out):
@@ -142,14 +145,14 @@ class PushTokenDispatcher(TokenDispatcher):
         raise NotImplementedError
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
-        self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
+        checked, fault = self._checked_routing(x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E)
         cfg = self.config
         kernels = self.kernels(x_TD.device)
         with torch.no_grad():
-            slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
-            tables, expert_rows = self._routing(x_TD, num_tokens_per_expert_E.to(torch.int64).contiguous())
+            slot = torch.argsort(checked.expert_ids, stable=True)
+            tables, expert_rows = self._routing(x_TD, checked, fault)
             dst_rank, dst_row, sorted_row = kernels.sorted_row_routing(
-                tables, slot, topk_expert_ids_TK.reshape(-1), self.num_local_experts
+                tables, slot, checked.expert_ids, self.num_local_experts
             )
         meta = PushDispatchMetadata(
             slot=slot, sorted_row=sorted_row, dst_rank=dst_rank, dst_row=dst_row, topk_scores_TK=topk_scores_TK,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from mxfp8_ep import wire_stats
 from mxfp8_ep.capacity import expert_major_capacity, staging_rows
+from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import PeerBuffer
@@ -65,36 +65,38 @@ class SymmTokenDispatcher(PushTokenDispatcher):
     leg's rows go straight into the owner's staging buffer at the row the owner reads them
     from; a barrier makes them visible."""
 
-    def _buffer_key(self, x_TD: torch.Tensor) -> tuple:  # noqa: N803
+    def _buffer_key(self, device: torch.device, dim: int, dtype: torch.dtype) -> tuple:
         # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
         cfg = self.config
-        return (id(self.group), x_TD.device, x_TD.shape[1], x_TD.dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
+        return (id(self.group), device, dim, dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
                 cfg.symm_combine_partial_sums)
 
-    def _buffers(self, x_TD: torch.Tensor) -> _SymmBuffers:  # noqa: N803
-        """The peer buffers for ``x_TD``'s (group, device, dim, dtype), allocated at the first
+    def _buffers(self, device: torch.device, dim: int, dtype: torch.dtype, tokens: int) -> _SymmBuffers:
+        """The peer buffers for (group, device, ``dim``, ``dtype``), allocated at the first
         dispatch (a collective: every rank builds the same dispatchers in the same order) and
-        again, larger, when this dispatcher is configured for more tokens than they hold."""
+        again, larger, when this dispatcher is configured for more tokens than they hold. Each
+        allocation first checks that every rank allocates the same (``checks.agree``), which
+        also gives the group's largest token count (``tokens``: this rank's)."""
         cfg = self.config
-        key = self._buffer_key(x_TD)
+        key = self._buffer_key(device, dim, dtype)
         bufs = _BUFFERS.get(key)
         if bufs is None or (cfg.max_tokens_per_rank or 0) > bufs.max_tokens:
-            max_tokens = cfg.max_tokens_per_rank
-            if max_tokens is None:  # once, at the first dispatch: agree on the largest T
-                t = torch.tensor([x_TD.shape[0]], dtype=torch.int64, device=x_TD.device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-                max_tokens = int(t.item())
+            facts = {"dim": dim, "dtype": str(dtype), "max_tokens_per_rank": cfg.max_tokens_per_rank,
+                     "held_tokens": None if bufs is None else bufs.max_tokens}
+            gathered = checks.agree(self.group, "symm buffers", facts, local={"tokens": tokens})
+            max_tokens = cfg.max_tokens_per_rank or max(g["tokens"] for g in gathered)
             capacity = expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
-            rows = self._staging_rows(max_tokens, capacity, x_TD.shape[1], x_TD.dtype)
-            map_offset = token_map_offset(rows, x_TD.shape[1], x_TD.dtype)
+            rows = self._staging_rows(max_tokens, capacity, dim, dtype)
+            map_offset = token_map_offset(rows, dim, dtype)
             # The rows' bytes also hold the score gradients combine's backward returns
             # (``_return_row_dots``): fp32, one per expert-major row of every rank.
             assert not cfg.symm_combine_partial_sums or map_offset >= self.ep * capacity * 4
-            nbytes = staging_buffer_nbytes(rows, x_TD.shape[1], x_TD.dtype, capacity)
+            nbytes = staging_buffer_nbytes(rows, dim, dtype, capacity)
             bufs = _SymmBuffers(
-                # Per rank: its counts per expert, then its token count (checked by every rank).
-                counts=PeerBuffer(self.ep * (cfg.num_experts + 1) * 8, self.group, x_TD.device),
-                staging=(PeerBuffer(nbytes, self.group, x_TD.device), PeerBuffer(nbytes, self.group, x_TD.device)),
+                # Per rank: its counts per expert, its token count and its fault word
+                # (``checks.Fault``), checked by every rank.
+                counts=PeerBuffer(self.ep * (cfg.num_experts + 2) * 8, self.group, device),
+                staging=(PeerBuffer(nbytes, self.group, device), PeerBuffer(nbytes, self.group, device)),
                 staging_rows=rows,
                 max_tokens=max_tokens,
                 capacity=capacity,
@@ -111,24 +113,31 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         return staging_rows(self.ep, max_tokens, cfg.top_k, capacity, cfg.symm_combine_partial_sums,
                             staging_nbytes(1, dim, dtype))
 
-    def _routing(self, x_TD, counts_E):  # noqa: N803
-        W, E = self.ep, self.config.num_experts
-        bufs = self._buffers(x_TD)
-        # Every rank's token count travels with its expert counts, so that a rank with more
-        # tokens than the buffers hold fails on every rank instead of leaving its peers waiting
-        # in the next barrier: it raises here, after the count exchange; they assert on the device.
-        kernels = self.kernels(x_TD.device)
-        kernels.push_counts(counts_E, x_TD.shape[0], bufs.counts, self.rank)
+    def _routing(self, x_TD, checked, fault):  # noqa: ARG002, N803
+        W, E, device = self.ep, self.config.num_experts, checked.counts.device
+        dim, dtype = self._shape  # the tokens' shape the group agreed on (a faulty rank's x may have none)
+        tokens = checked.expert_ids.numel() // self.config.top_k
+        bufs = self._buffers(device, dim, dtype, tokens)
+        if fault is None and tokens > bufs.max_tokens:
+            error = ValueError(f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per "
+                               f"rank); raise TokenDispatcher.Config.max_tokens_per_rank (rank {self.rank} got {tokens})")
+            fault = checks.HostFault(checks.Fault.TOKENS, error)
+            checked = checks.host_fault_routing(E, fault.fault, device)
+        # Every rank's counts, token count and fault word into every rank's count table: a
+        # rank whose input failed a check fails every rank after this exchange instead of
+        # leaving its peers waiting in the next barrier. It raises its own error here; they
+        # fail the check of the exchanged table (on CUDA a device-side assert, no host sync,
+        # unless debug mode reads the table to name the rank and the check).
+        kernels = self.kernels(device)
+        kernels.push_counts(checked.counts, 0 if fault else tokens, bufs.counts, self.rank, checked.fault)
         bufs.counts.barrier()
-        table = bufs.counts.local[: W * (E + 1) * 8].view(torch.int64).view(W, E + 1)
-        message = (f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per rank); "
-                   f"raise TokenDispatcher.Config.max_tokens_per_rank")
-        if x_TD.shape[0] > bufs.max_tokens:
-            raise ValueError(f"{message} (rank {self.rank} got {x_TD.shape[0]})")
+        if fault is not None:
+            raise fault.error
+        table = bufs.counts.local[: W * (E + 2) * 8].view(torch.int64).view(W, E + 2)
         # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
         # only after this leg's staging barrier, which this rank reaches after these reads.
-        tables, within = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens)
-        _assert_on_device(within, message)
+        tables, ok = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens)
+        checks.assert_no_faults(table[:, E + 1], self.debug, E, ok=ok, where="symm dispatch")
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 
@@ -267,15 +276,5 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         return sent, rows, None
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
-        return _BUFFERS[self._buffer_key(src)]
-
-
-def _assert_on_device(ok: torch.Tensor, message: str) -> None:
-    """Fail when ``ok`` (a bool tensor) is False, without a host sync on CUDA: the device traps
-    and the process fails at its next synchronization ("device-side assert triggered") instead
-    of running on. Elsewhere (CPU processes) it raises ``ValueError`` at once."""
-    if ok.is_cuda:
-        torch._assert_async(ok, message)
-    elif not bool(ok):
-        raise ValueError(message)
+        return _BUFFERS[self._buffer_key(src.device, src.shape[1], src.dtype)]
 
