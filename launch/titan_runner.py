@@ -43,6 +43,10 @@ from launch.wandb_offline import find_runs
 
 __all__ = ["RecipeTrainer", "build_job_config", "run_training", "wandb_settings"]
 
+# Steps at the start of a run whose dispatches run every input check, those that need a host
+# sync too (``RecipeTrainer._set_input_checks``): a bad routing fails at once, naming its rank.
+CHECKED_STEPS = 3
+
 
 # --------------------------------------------------------------------------------------------
 # config translation
@@ -226,6 +230,7 @@ class RecipeTrainer(Trainer):
     def should_continue_training(self) -> bool:
         """Also asked at every step boundary, on every rank: did any rank get a stop signal?
         Then all stop here, with a checkpoint of this step when checkpointing is on."""
+        self._set_input_checks()
         if not super().should_continue_training():
             return False
         self.stopped_by = self.stop.agreed(self._stop_group)
@@ -235,6 +240,15 @@ class RecipeTrainer(Trainer):
         if ckpt.enable and self.step > self.start_step and self.step % ckpt.interval:
             self.checkpointer.save(self.step, last_step=True)
         return False
+
+    def _set_input_checks(self) -> None:
+        """The dispatcher's input checks that need a host sync per dispatch
+        (``mxfp8_ep.dispatcher.checks``: a bad routing on any rank named, with its rank, on
+        every rank) for the first ``CHECKED_STEPS`` steps of this run (also after a resume);
+        then the sync-free checks only, unless ``MXFP8_EP_DEBUG=1``."""
+        from mxfp8_ep.dispatcher import checks
+
+        checks.set_debug(True if self.step < self.start_step + CHECKED_STEPS else None)
 
     def summary(self) -> RunSummary:
         """This run's summary (rank 0); a resumed run's earlier losses come from the summary

@@ -245,3 +245,23 @@ def test_install_dispatcher_takes_a2a_tokens_and_shared_expert_overlap_from_the_
     assert seen["a2a"] == A2AConfig.preset("mxfp8")
     assert seen["max_tokens_per_rank"] == 4 * 64  # local batch x seq len
     assert seen["overlap_shared_experts"] is overlap
+
+
+def test_trainer_runs_the_synced_input_checks_for_its_first_steps(monkeypatch):
+    """The dispatcher's debug mode (checks that need a host sync) is on for the first
+    CHECKED_STEPS steps of a run, also of a resumed one, then off (the environment decides)."""
+    from types import SimpleNamespace
+
+    from launch.titan_runner import CHECKED_STEPS, RecipeTrainer
+    from mxfp8_ep.dispatcher import checks
+
+    monkeypatch.delenv(checks.DEBUG_ENV, raising=False)
+    try:
+        for start in (0, 40):  # a fresh run, a run resumed at step 40
+            on = []
+            for step in range(start, start + CHECKED_STEPS + 3):  # the step before each asks
+                RecipeTrainer._set_input_checks(SimpleNamespace(step=step, start_step=start))
+                on.append(checks.debug_mode())
+            assert on == [True] * CHECKED_STEPS + [False] * 3, start
+    finally:
+        checks.set_debug(None)
