@@ -16,7 +16,8 @@ each row times its score, with the score gradients' dot products against saved r
 against the token's own rows after combine's partial sums); the receive by row and through the
 token map (``receive_rows``); the way back row by row (``push_rows``, token-bound) and as one
 partial sum per token and rank (``push_partials``, plain and weighted); the top-k reduce of rows
-and of partial sums (``reduce_slots``).
+and of partial sums (``reduce_slots``); the dispatcher's device checks of the routing
+(``check_routing``: its Triton kernels, and their torch twin).
 
 Each kernel runs at its format's default launch shape (``mxfp8_ep.launch_shapes``) and at every
 shape ``--launch`` names for it (``KERNEL=BxW[xD[xSxP]],...``; ``KERNEL.FMT=`` for one format);
@@ -89,6 +90,7 @@ def peer_one_rows(peers, offset: int, capacity: int, dst_rank, world: int, token
 def sweep(shape, args, device, options) -> list[dict]:
     """One round: every kernel, variant, format and launch shape once."""
     from mxfp8_ep import symm_kernels as sk
+    from mxfp8_ep.dispatcher import checks
     from mxfp8_ep.peer_memory import OneProcessPeers
     from mxfp8_ep.staging import staging_buffer_nbytes, token_map_offset
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
@@ -168,6 +170,16 @@ def sweep(shape, args, device, options) -> list[dict]:
             "weighted, keeps rows": lambda s: sk.reduce_slots(*red, weight=weight, save=kept, shape=s),
             "weighted partials": lambda s: sk.reduce_slots(*red, weight=weight, stage_row=stage_row,
                                                            weigh_staged=False, shape=s)})
+    # The dispatcher's device checks of rank 0's routing (dispatch's forward, every transport):
+    # its Triton kernels and their torch twin.
+    ids = torch.empty(n, dtype=torch.int64, device=device)
+    ids[slot] = dst_rank * (shape.experts // world)  # the first expert of each slot's owner: a valid routing
+    counts = torch.zeros(shape.experts, dtype=torch.int64, device=device).scatter_add_(0, ids, torch.ones_like(ids))
+    for variant in ("triton", "torch"):
+        ms = statistics.median(sample_ms(lambda: checks.check_routing(ids, counts, shape.experts, variant),
+                                         args.iters, args.warmup, device, group=args.group))
+        found.append({**common, "kernel": "check_routing", "variant": variant, "fmt": None, "launch": None,
+                      "default_launch": True, "ms": ms})
     return found
 
 

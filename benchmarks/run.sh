@@ -157,8 +157,8 @@ titan030)
   bench 2 titan030
   ;;
 tests_1gpu)
-  tests tests_1gpu_kernels tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py \
-    tests/test_symm_kernels.py
+  tests tests_1gpu_kernels tests/test_triton_kernels.py tests/test_mxfp8.py tests/test_grouped_experts.py \
+    tests/test_symm_kernels.py tests/test_dispatch_checks.py
   tests tests_1gpu_ranks -s -k "sharing_one_gpu and not fuzz_against" tests/test_dispatcher_gpu.py
   ;;
 tests_1gpu_fuzz) tests tests_1gpu_fuzz -k "sharing_one_gpu and fuzz_against" tests/test_dispatcher_gpu.py ;;
