@@ -151,16 +151,24 @@ def test_repeated_expert_ids_match_nccl(world):
 
 
 def _repeated_ids_on_the_triton_kernels(rank, world):
-    """The symm transport's Triton kernels (the interpreter on CPU) against their torch twins,
-    bit for bit, on routings that repeat ids, through the partial sums and row by row."""
+    """The symm transport's Triton kernels (the interpreter on CPU) on routings that repeat
+    ids, through the partial sums and row by row: bf16 legs exact (dyadic values), and every
+    preset bit for bit equal to the torch twins."""
     setup_rank()
     g = torch.Generator().manual_seed(200 + rank)
     routings = [r for r in _repeated_routings(rank, world, 3, g) if r[0] != "expert 0 three times"]
     for name, num_experts, top_k, ids in routings:
         counts = _histogram(ids, num_experts)
         for preset, partial in (("bf16", True), ("mxfp8_all", True), ("bf16", False)):
-            x = torch.randn(ids.shape[0], 64, generator=g).to(torch.bfloat16)
-            scores = torch.rand(ids.shape[0], top_k, generator=g)
+            x, scores = _exact_inputs(ids.shape[0], 64, top_k, g)
+            if preset != "bf16":
+                x = torch.randn(ids.shape[0], 64, generator=g).to(torch.bfloat16)
+            else:
+                for value, ref, what in zip(round_trip(_build("symm", preset, num_experts=num_experts, top_k=top_k,
+                                                              partial_sums=partial, kernel="triton"),
+                                                       x, scores, ids, counts)[1:],
+                                            _expected(x, scores), ("out", "x grad", "score grad")):
+                    assert torch.equal(bits(value), bits(ref)), f"{what} not exact: rank {rank} {name} partial={partial}"
             got = {}
             for kernel in ("torch", "triton"):
                 dispatcher = _build("symm", preset, num_experts=num_experts, top_k=top_k, partial_sums=partial,
