@@ -5,6 +5,8 @@ experts."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -55,3 +57,17 @@ def round_trip(dispatcher, x, scores, ids, counts):
     out = dispatcher.combine(routed.clone(), meta)
     out.backward(torch.ones_like(out))
     return routed.detach()[: int(per_expert.sum())], out.detach(), x.grad, scores.grad
+
+
+def timed_dispatch(dispatcher, x, scores, ids, counts):
+    """``(the exception dispatch raised or None, seconds it took)``; on CUDA with the device
+    synchronized inside, where a device-side assert surfaces."""
+    start = time.monotonic()
+    try:
+        dispatcher.dispatch(x, scores, ids, counts)
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        raised = None
+    except Exception as e:  # noqa: BLE001  (which error, and how fast, is what callers check)
+        raised = e
+    return raised, time.monotonic() - start

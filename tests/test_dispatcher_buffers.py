@@ -27,7 +27,7 @@ from tests.moe_harness import (
     run_stack,
     setup_rank,
 )
-from tests.round_trips import MAX_TOKENS, build_dispatcher, rank_transports, round_trip, to_next_rank
+from tests.round_trips import MAX_TOKENS, build_dispatcher, rank_transports, round_trip, timed_dispatch, to_next_rank
 from tests.test_dispatcher import ORDER_TOL, QUANT_TOL
 
 
@@ -244,15 +244,7 @@ def _too_many_tokens(rank, world, debug=False):
     dispatcher = build_dispatcher("symm", check_inputs=debug)  # buffers for MAX_TOKENS per rank
     tokens = MAX_TOKENS + 1 if rank == 0 else 1  # rank 0 alone is over capacity
     x, scores, ids, counts = (t.to(device) for t in to_next_rank(rank, world, tokens, 64))
-    start = time.monotonic()
-    try:
-        dispatcher.dispatch(x, scores, ids, counts)
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # where a device-side assert surfaces
-        raised = None
-    except Exception as e:  # noqa: BLE001  (which error, and how fast, is the point)
-        raised = e
-    took = time.monotonic() - start
+    raised, took = timed_dispatch(dispatcher, x, scores, ids, counts)
     if rank == 0:  # stay out of collectives while the peers find out (or time out)
         time.sleep(OVERFLOW_TIMEOUT_S + 2)
     if device.type == "cuda" and rank != 0 and not debug:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
-from tests.round_trips import MAX_TOKENS, TRANSPORTS, round_trip, to_next_rank
+from tests.round_trips import MAX_TOKENS, TRANSPORTS, round_trip, timed_dispatch, to_next_rank
 
 # A rank that waits for a peer longer than this fails (gloo's collective timeout).
 TIMEOUT_S = 10
@@ -379,15 +379,7 @@ def _bad_id_on_one_rank(rank, world, debug=False):
     round_trip(dispatcher, x, scores, ids, counts)  # buffers allocated, shape agreed
     if rank == 1:
         ids = torch.full_like(ids, dispatcher.config.num_experts)
-    start = time.monotonic()
-    try:
-        dispatcher.dispatch(x, scores, ids, counts)
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # where a device-side assert surfaces
-        raised = None
-    except Exception as e:  # noqa: BLE001  (which error, and how fast, is the point)
-        raised = e
-    took = time.monotonic() - start
+    raised, took = timed_dispatch(dispatcher, x, scores, ids, counts)
     if device.type == "cuda" and not debug:
         expected = isinstance(raised, RuntimeError) and "device-side assert" in str(raised)
     else:
