@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from mxfp8_ep import numerics
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
 
@@ -131,3 +132,11 @@ class TokenDispatcher:
         if x_TD.dtype not in (torch.bfloat16, torch.float32):
             raise TypeError(f"dispatch takes bfloat16 or float32 tokens, got {x_TD.dtype}")
 
+    def _observe(self, leg: str, rows: torch.Tensor, row_source: torch.Tensor | None = None) -> None:
+        """Report an MXFP8 leg's rows to the numerics telemetry (``mxfp8_ep.numerics``; nothing
+        happens unless it is armed). ``row_source`` (expert-major rows): the rows with data are
+        those from a rank (>= 0), not padding or unused rows."""
+        a2a = self.config.a2a
+        if numerics.PROBE.armed and getattr(a2a, leg) == "mxfp8":
+            valid = None if row_source is None else row_source >= 0
+            numerics.PROBE.observe(self, leg, rows, a2a.scale_rounding, valid)

@@ -175,6 +175,7 @@ class PushTokenDispatcher(TokenDispatcher):
             raise NotImplementedError(f"{type(self).__name__} takes its score gradients on the token's rank")
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
+        self._observe(leg, src)
 
         def push(out, send, rows, only):
             kernels.push_rows(
@@ -192,6 +193,7 @@ class PushTokenDispatcher(TokenDispatcher):
         ``leg``: combine_fwd or dispatch_bwd."""
         kernels = self.kernels(src.device)
         fmt = getattr(self.config.a2a, leg)
+        self._observe(leg, src, meta.row_source)
         recv, rows, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(

@@ -200,6 +200,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         if dot_local is None:
             return super().to_experts(src, meta, leg, factor, dot_rows, dot_out)
         kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
+        self._observe(leg, src)
         out, recv, rows, stage_row, row_weight = self._push_to_experts(
             None, src, meta, leg, fmt, factor, None, dot_out, dot_local=dot_local,
         )
