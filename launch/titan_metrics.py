@@ -9,6 +9,8 @@ match stock torchtitan runs; the names are ``launch.run_summary``'s) and adds:
 * ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
   from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
+* ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
+  samples (``launch.numerics_log``), with a console line,
 * ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
 * a console line per log window (``launch.console.progress_line``) in ``<run dir>/console.log``,
 * a run history (``history``) the runner turns into the run's ``RunSummary``.
@@ -36,6 +38,7 @@ from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
+from launch import numerics_log
 from launch import run_summary as names
 from launch.console import format_eta, progress_line
 from mxfp8_ep import wire_stats
@@ -259,6 +262,9 @@ class RecipeMetricsProcessor(MetricsProcessor):
                 metrics[names.a2a_leg_metric(leg)] = value / steps_in_window
         if extra_metrics:
             metrics.update(extra_metrics)
+        # The quantization telemetry of the steps sampled since the last log (a collective then).
+        numerics = numerics_log.collect_metrics(self.model_parts or [])
+        metrics.update(numerics)
         self.logger.log(metrics, step)
 
         h = self.history
@@ -288,6 +294,9 @@ class RecipeMetricsProcessor(MetricsProcessor):
         )
         if self.console is not None:
             self.console.write(progress_line(step, self.total_steps, global_avg_loss, global_tps, eta) + "\n")
+            line = numerics_log.console_line(step, numerics)
+            if line:
+                self.console.write(line + "\n")
 
         self._last_logged_step = step
         self.ntokens_since_last_log = 0
