@@ -1,7 +1,7 @@
 """What the numerics telemetry costs a training step: the recipe's step time with
 ``logging.numerics_every=N`` against the same run with it off.
 
-    python benchmarks/numerics_overhead.py --every 50 --repeats 2 --out benchmarks/results/numerics -- \\
+    python -m benchmarks.numerics_overhead --every 50 --repeats 2 --out benchmarks/results/numerics -- \\
         model=dsv3_debugmodel parallelism=single a2a=mxfp8_all a2a.quantize_local_rows=true \\
         training.steps=300 training.seq_len=2048 training.local_batch_size=8 logging=none
 
@@ -22,12 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Run as a script: the repo root holds `benchmarks` and `launch`.
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.rows import ResultsFile, this_machine
+from launch.run_summary import RunSummary
 
-from benchmarks.rows import ResultsFile, this_machine  # noqa: E402
-from launch.run_summary import RunSummary  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BENCH = "numerics_overhead"
 

@@ -9,6 +9,15 @@ folder of them sorts by date and says at a glance what ran where.
 The commit is ``git rev-parse HEAD`` of the checkout, or ``$MXFP8EP_COMMIT`` where the checkout
 has no ``.git`` (a copied working tree on a GPU machine): set it to the commit that was copied.
 A checkout with uncommitted changes to tracked files is recorded as ``"dirty": true``.
+
+Rows migrated from before this format carry ``"commit_source"``: ``"recorded"`` when the commit
+came with the data, ``"inferred"`` when it was read from git history (the parent of the commit
+that added the data); their ``host_cpus`` and some versions are null where nothing recorded them.
+A run whose exchange crossed several links (NCCL forced onto NVLink, shared memory, sockets) names
+the machine's link in ``machine`` and each row's in its own ``link`` field.
+
+``python -m benchmarks.report`` turns the rows into docs/results.md; benchmarks/claims.yaml names
+the rows behind each claim.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMIT_ENV = "MXFP8EP_COMMIT"
 # Keys every row carries; a benchmark's own fields may not reuse them.
 PROVENANCE_KEYS = ("bench", "commit", "dirty", "date", "machine", "versions", "command")
+OPTIONAL_PROVENANCE_KEYS = ("commit_source",)  # migrated rows only (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,7 @@ class ResultsFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, **fields) -> dict:
-        clash = sorted(set(fields) & set(PROVENANCE_KEYS))
+        clash = sorted(set(fields) & set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS))
         if clash:
             raise ValueError(f"row fields {clash} would overwrite the row's provenance")
         row = {**self.provenance, **fields}

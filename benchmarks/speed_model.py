@@ -1,9 +1,10 @@
-"""A small time model of one EP exchange leg in bf16 and MXFP8, and its check against our
-measurements (docs/performance.md explains the model, its constants and where it is wrong).
+"""A small time model of one EP exchange leg in bf16 and MXFP8, a floor-plus-wire model of the
+whole layer, and their check against the measured rows in benchmarks/results/
+(docs/performance.md explains both, their constants and where they are wrong).
 
-    python benchmarks/speed_model.py                        # predicted speedups, links x shapes
-    python benchmarks/speed_model.py --bw 50 --rows 65536 --dim 7168 --ep 16 --design nccl
-    python benchmarks/speed_model.py --check benchmarks/results/*.json [--json out.json]
+    python -m benchmarks.speed_model                        # predicted speedups, links x shapes
+    python -m benchmarks.speed_model --bw 50 --rows 65536 --dim 7168 --ep 16 --design nccl
+    python -m benchmarks.speed_model --check [RUN.jsonl ...] [--json out.json]
 
 One leg per rank, even routing, EP degree W: ``rows`` routed rows (tokens x top-k) of ``dim``
 elements leave each rank, a fraction (W-1)/W of them to other ranks. Time of a format:
@@ -21,12 +22,12 @@ Designs (``Leg.design``):
   cost on dispatch and fitted extra passes on combine (unpermute, unsort, bmm reduction).
 * ``fused``: the symm transport (SM stores into the peer): quantize and dequantize ride in the
   gather and permute passes the leg makes anyway; no fixed costs.
-* ``unfused``: ``mxfp8_ep.all_to_all.all_to_all_v`` (``benchmarks/a2a.py``, ``NcclTokenDispatcher``
-  built directly, ``mxfp8_ep.titan030``'s nccl transport): MXFP8 adds a copy of the remote rows
-  out, a quantize pass, a dequantize pass and a copy of all rows back.
+* ``unfused``: ``mxfp8_ep.all_to_all.all_to_all_v`` (``NcclTokenDispatcher`` built directly,
+  ``mxfp8_ep.titan030``'s nccl transport): MXFP8 adds a copy of the remote rows out, a quantize
+  pass, a dequantize pass and a copy of all rows back.
 
-``staged=False`` is a bare all-to-all (``benchmarks/a2a.py``): no gather/permute passes and no
-fixed costs. Imports no torch.
+``staged=False`` is a bare all-to-all: no gather/permute passes and no fixed costs. Every fitted
+constant is read from the row it is fit to (``FITS``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import re
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional
+
+from benchmarks.rows import read_rows
 
 BYTES = {"bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}  # e4m3 + one e8m0 scale per 32 elements
 BYTE_RATIO = BYTES["bf16"] / BYTES["mxfp8"]  # 1.939..., the speedup limit on a slow link
@@ -65,59 +68,78 @@ class HbmParams:
     unfused_gbps: float  # the unfused MXFP8 extra passes (2 copies, quantize, dequantize)
 
 
-# bf16 all_to_all_single of 131072 x 5120 per rank (65536 rows remote) took 2.15 ms on NVLink:
-# 671 MB / 2.15 ms = 312 GB/s; e4m3 + scales 1.15 ms -> 0.04 ms over 346 MB / 312 GB/s.
-NVLINK = LinkParams("nvlink", 312.0, 0.04, "measured (NCCL all_to_all_single, bf16)")
-# The symm transport's SM stores into the peer: one SM copy of the remote bytes, 385 GB/s.
-NVLINK_SYMM = LinkParams("nvlink_symm", 385.0, 0.02, "measured (SM-store copy ceiling; barrier 0.02 ms)")
-# NCCL_P2P_DISABLE=1, (16, 8192, 5120) bf16 all-to-all 27.8 ms: 671 MB / (27.8 - 0.05) ms.
-SHM = LinkParams("shm", round(65536 * 5120 * 2 / (27.8 - 0.05) / 1e6, 2), 0.05,
-                 "measured (NCCL shm, bf16 27.8 ms; latency assumed)")
+# The measured rows the model's constants come from (benchmarks/results/, 2xH200): one row each,
+# or the median of a link's rows. ``RowRef`` names a run file and the fields that pick the row.
+@dataclass(frozen=True)
+class RowRef:
+    """One measured row: a run file in benchmarks/results/ and the field values that pick it."""
+
+    file: str
+    match: tuple  # ((field, value), ...)
+    key: str = "ms"
+
+    def rows(self) -> list[dict]:
+        return [r for r in run_rows(self.file) if all(r.get(k) == v for k, v in self.match)]
+
+    def value(self) -> float:
+        found = self.rows()
+        if len(found) != 1:
+            raise LookupError(f"{self.file}: {len(found)} rows match {dict(self.match)}, expected 1")
+        return float(found[0][self.key])
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LEGS_RUN = "2026-11-30_e51a1c7_h200x2_legs.jsonl"  # symm legs, 131072 routed rows x 5120
+LINKS_RUN = "2026-11-30_62a8d8c_h200x2_links.jsonl"  # nccl legs over NVLink and NCCL shm
+SOCKET_RUN = "2026-11-30_d7508cc_h200x2_links.jsonl"  # nccl legs over loopback sockets
+A2A_RUN = "2026-11-30_781f820_h200x2_a2a.jsonl"  # the unfused all_to_all_v, bare
+KERNELS_RUN = "2026-12-01_c051b53_h200x2_kernels.jsonl"  # each exchange kernel alone, with ceilings
+FIT_RUNS = (A2A_RUN, LEGS_RUN, LINKS_RUN, SOCKET_RUN)  # what --check compares with by default
+
+
+@functools.lru_cache(maxsize=None)
+def run_rows(name: str) -> list[dict]:
+    return read_rows(RESULTS / name)
+
+
+def _leg(arm: str, leg: str = "dispatch", link: str = "nvlink", run: str = LINKS_RUN) -> RowRef:
+    return RowRef(run, (("arm", arm), ("leg", leg), ("link", link), ("routing", "even"), ("pass", "fwd")))
+
+
+_A2A_EVEN = (("input_shape", [16, 8192, 5120]), ("routing", "even"), ("op", "dispatch"), ("pass", "fwd"))
+FITS = {
+    # a bare bf16 all_to_all_single over NVLink -> NVLINK.gbps (latency assumed)
+    "nvlink_bf16_a2a": RowRef(A2A_RUN, _A2A_EVEN, "bf16_ms"),
+    # one SM copy of the remote bytes into the peer, and the barrier -> NVLINK_SYMM
+    "symm_copy_gbps": RowRef(KERNELS_RUN, (("fmt", "bf16"), ("kernel", "p2p_copy")), "nvlink_GBps"),
+    "symm_barrier": RowRef(KERNELS_RUN, (("fmt", "bf16"), ("kernel", "barrier"))),
+    # bf16/symm dispatch leg -> HbmParams.pass_gbps. Its striped push overlaps the local rows'
+    # HBM copies with the wire, which this additive model books as a faster pass.
+    "symm_bf16_dispatch": _leg("bf16/symm", run=LEGS_RUN),
+    # the unfused MXFP8 all-to-all -> HbmParams.unfused_gbps
+    "unfused_mxfp8": RowRef(A2A_RUN, _A2A_EVEN, "mxfp8_ms"),
+    # torchtitan's math over NVLink -> NcclCosts.titan_dispatch_ms, titan_combine_bytes
+    "nccl_bf16_dispatch": _leg("bf16/nccl"),
+    "nccl_bf16_combine": _leg("bf16/nccl", "combine"),
+    # the fused MXFP8 dispatch -> NcclCosts.fused_dispatch_ms: the mean of the two presets' rows,
+    # which send the same bytes (their gap in one run is not explained)
+    "nccl_mxfp8_dispatch": _leg("mxfp8/nccl"),
+    "nccl_mxfp8_all_dispatch": _leg("mxfp8_all/nccl"),
+}
+FIT_LEG = (131072, 5120)  # rows, dim of the legs the fits use
+
+_BARE = 65536 * 5120 * 2  # remote bf16 bytes of the (16, 8192, 5120) all-to-all at EP 2
+NVLINK_LATENCY_MS = 0.04  # assumed: an e4m3 + scales all-to-all of the same rows took 1.15 ms
+NVLINK = LinkParams("nvlink", round(_BARE / (FITS["nvlink_bf16_a2a"].value() - NVLINK_LATENCY_MS) / 1e6, 1),
+                    NVLINK_LATENCY_MS, "fit: bare bf16 all_to_all_single (a2a run)")
+NVLINK_SYMM = LinkParams("nvlink_symm", FITS["symm_copy_gbps"].value(), round(FITS["symm_barrier"].value(), 3),
+                         "measured: SM copy into the peer and the barrier (kernels run)")
 IB50 = LinkParams("ib50", 50.0, 0.05, "assumed (400 Gb/s NIC per GPU)")
 IB25 = LinkParams("ib25", 25.0, 0.05, "assumed (200 Gb/s NIC per GPU)")
 HBM_LIKE = LinkParams("hbm_like", 4000.0, 0.0, "assumed (a link as fast as HBM)")
-
-# The measurements the fitted constants are fit to (2xH200, benchmarks/results/), one each:
-# leg 131072 routed rows x 5120, even, NVLink, dispatch fwd: bf16/symm
-# (dispatcher_h200x2_second_session.json).
-# Its striped push overlaps the local rows' HBM copies with the wire; this additive model books
-# that as a faster pass (an effective rate above H200's ~4.1 TB/s copy), docs/performance.md.
-FIT_SYMM_BF16_MS = 2.738  # bf16/symm -> HbmParams.pass_gbps
-# ... and nccl_links_h200x2.json, link nvlink:
-FIT_NCCL_BF16_DISPATCH_MS = 4.446  # bf16/nccl (torchtitan's math) -> NcclCosts.titan_dispatch_ms
-# mxfp8/nccl and mxfp8_all/nccl (fused) -> NcclCosts.fused_dispatch_ms. Both send the same
-# dispatch bytes yet measured 3.076 and 2.617 ms in one run (unexplained): the fit takes their mean.
-FIT_NCCL_MXFP8_DISPATCH_MS = (3.076 + 2.617) / 2
-# ... and combine fwd: bf16/nccl -> NcclCosts.titan_combine_bytes
-FIT_NCCL_BF16_COMBINE_MS = 11.641
-# a2a_h200x2_naive.json, (16, 8192, 5120) even dispatch fwd, mxfp8 (unfused) arm.
-FIT_UNFUSED_MXFP8_MS = 3.117
-FIT_LEG = (131072, 5120)  # rows, dim of the leg the nccl_links fits use
-# The files the constants were fit to and checked against: the code of the second session.
-# Later code measured faster fused pushes (dispatcher_h200x2.json, fifth session: the fused
-# nccl dispatch 2.41 ms where the fit takes 2.85 ms), which the model does not follow (not refit).
-FIT_FILES = ("a2a_h200x2_naive.json", "dispatcher_h200x2_second_session.json", "nccl_links_h200x2.json")
-
-
-# Measurements reported for links we have no raw rows of in the repo (2xH200, torch 2.11,
-# NCCL 2.28.9, benchmarks/a2a.py, even routing, both legs MXFP8, unfused); the rows of
-# benchmarks/results/nccl_links_h200x2.json, when present, are checked next to them.
-REPORTED = (
-    {"link": "shm", "input_shape": (16, 8192, 5120), "pass": "fwd", "bf16_ms": 27.8, "mxfp8_ms": 16.4},
-    {"link": "shm", "input_shape": (16, 8192, 5120), "pass": "fwd+bwd", "speedup": 1.68},
-    {"link": "shm", "input_shape": (4, 8192, 7168), "pass": "fwd", "speedup": (1.65, 1.69)},
-    {"link": "socket", "input_shape": (16, 8192, 5120), "pass": "fwd", "speedup": (1.8, 2.0)},
-)
-# Loopback sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1): nccl_links_h200x2.json, leg 131072 x
-# 5120, even, fwd, 5 samples each (noisy). Each row gives a bandwidth (its wire bytes over its
-# ms minus the modelled passes and fixed costs); the link is fit to their median. (arm, leg, ms)
-SOCKET_FIT_ROWS = (
-    ("torchtitan", "dispatch", 314.52), ("torchtitan", "combine", 340.61),
-    ("bf16/nccl", "dispatch", 372.572), ("bf16/nccl", "combine", 352.156),
-    ("mxfp8/nccl", "dispatch", 174.143),  # (its combine fwd is bf16 through the fused path: left out)
-    ("mxfp8_all/nccl", "dispatch", 188.283), ("mxfp8_all/nccl", "combine", 196.339),
-)
-SOCKET_LATENCY_MS = 0.1  # assumed
+# NCCL shm and loopback sockets: each even leg row of the link gives a bandwidth (its wire bytes
+# over its ms less the modelled passes and fixed costs); the link is fit to their median.
+SLOW_LINKS = {"shm": (LINKS_RUN, 0.05), "socket": (SOCKET_RUN, 0.1)}  # run, assumed latency ms
 
 
 @dataclass(frozen=True)
@@ -240,10 +262,10 @@ def fit_hbm() -> HbmParams:
     sym = Leg(131072, 5120, 2, "fused", staged=True)
     sym_wire = NVLINK_SYMM.latency_ms + wire_bytes(sym, "bf16") / (NVLINK_SYMM.gbps * GB) * 1e3
     probe = HbmParams(pass_gbps=1.0, unfused_gbps=1.0)  # ms at 1 GB/s = GB moved
-    pass_gbps = hbm_ms(sym, "bf16", probe) / (FIT_SYMM_BF16_MS - sym_wire)
+    pass_gbps = hbm_ms(sym, "bf16", probe) / (FITS["symm_bf16_dispatch"].value() - sym_wire)
     bare = Leg(131072, 5120, 2, "unfused", staged=False)
     bare_wire = NVLINK.latency_ms + wire_bytes(bare, "mxfp8") / (NVLINK.gbps * GB) * 1e3
-    unfused_gbps = hbm_ms(bare, "mxfp8", probe) / (FIT_UNFUSED_MXFP8_MS - bare_wire)
+    unfused_gbps = hbm_ms(bare, "mxfp8", probe) / (FITS["unfused_mxfp8"].value() - bare_wire)
     return HbmParams(pass_gbps=pass_gbps, unfused_gbps=unfused_gbps)
 
 
@@ -252,16 +274,20 @@ def default_hbm() -> HbmParams:
     return fit_hbm()
 
 
+def fused_dispatch_fit_ms() -> float:
+    return (FITS["nccl_mxfp8_dispatch"].value() + FITS["nccl_mxfp8_all_dispatch"].value()) / 2
+
+
 def fit_nccl(hbm: Optional[HbmParams] = None) -> NcclCosts:
     """Solve ``leg_ms`` of the nccl design for each fixed cost at its one NVLink measurement
-    (131072 x 5120, EP 2); the shm and socket rows of nccl_links_h200x2.json then check them."""
+    (131072 x 5120, EP 2); the shm and socket rows of the links runs then check them."""
     hbm = hbm or default_hbm()
     zero = NcclCosts(0.0, 0.0, 0.0)
     disp = Leg(*FIT_LEG, 2, "nccl", True, "dispatch")
     comb = Leg(*FIT_LEG, 2, "nccl", True, "combine")
-    fused = FIT_NCCL_MXFP8_DISPATCH_MS - leg_ms(disp, "mxfp8", NVLINK, hbm, zero)
-    titan = FIT_NCCL_BF16_DISPATCH_MS - leg_ms(disp, "bf16", NVLINK, hbm, zero)
-    extra_ms = FIT_NCCL_BF16_COMBINE_MS - leg_ms(comb, "bf16", NVLINK, hbm, zero)
+    fused = fused_dispatch_fit_ms() - leg_ms(disp, "mxfp8", NVLINK, hbm, zero)
+    titan = FITS["nccl_bf16_dispatch"].value() - leg_ms(disp, "bf16", NVLINK, hbm, zero)
+    extra_ms = FITS["nccl_bf16_combine"].value() - leg_ms(comb, "bf16", NVLINK, hbm, zero)
     return NcclCosts(fused_dispatch_ms=fused, titan_dispatch_ms=titan,
                      titan_combine_bytes=extra_ms / 1e3 * hbm.pass_gbps * GB / comb.elems)
 
@@ -271,28 +297,36 @@ def default_nccl() -> NcclCosts:
     return fit_nccl()
 
 
-def socket_bandwidths() -> list[float]:
-    """GB/s each SOCKET_FIT_ROWS row implies under the nccl design."""
+def link_fit_rows(name: str) -> list[dict]:
+    """The even leg rows a slow link is fit to (the ``mxfp8`` preset's combine: bf16 on the wire)."""
+    run, _ = SLOW_LINKS[name]
+    return [r for r in run_rows(run) if r["link"] == name and r["routing"] == "even" and ":" not in r["arm"]
+            and not (r["arm"].startswith("mxfp8/") and r["leg"] == "combine")]
+
+
+def link_bandwidths(name: str) -> list[float]:
+    """GB/s each fit row of a slow link implies under the nccl design."""
+    _, latency = SLOW_LINKS[name]
     out = []
-    for arm, kind, ms in SOCKET_FIT_ROWS:
-        fmt = "mxfp8" if arm.startswith("mxfp8") else "bf16"
-        leg = Leg(*FIT_LEG, 2, "nccl", True, kind)
-        rest = SOCKET_LATENCY_MS + hbm_ms(leg, fmt) + fixed_ms(leg, fmt)
-        out.append(wire_bytes(leg, fmt) / GB / ((ms - rest) / 1e3))
+    for r in link_fit_rows(name):
+        fmt = "mxfp8" if r["arm"].startswith("mxfp8") else "bf16"
+        leg = Leg(r["rows"], r["dim"], 2, "nccl", True, r["leg"])
+        rest = latency + hbm_ms(leg, fmt) + fixed_ms(leg, fmt)
+        out.append(wire_bytes(leg, fmt) / GB / ((r["ms"] - rest) / 1e3))
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def socket_link() -> LinkParams:
-    bw = sorted(socket_bandwidths())
+def slow_link(name: str) -> LinkParams:
+    bw = sorted(link_bandwidths(name))
     n = len(bw)
     median = bw[n // 2] if n % 2 else (bw[n // 2 - 1] + bw[n // 2]) / 2
-    return LinkParams("socket", round(median, 2), SOCKET_LATENCY_MS,
-                      f"fit: median of {n} loopback-socket leg rows ({bw[0]:.2f}-{bw[-1]:.2f} GB/s)")
+    return LinkParams(name, round(median, 2), SLOW_LINKS[name][1],
+                      f"fit: median of {n} leg rows ({bw[0]:.2f}-{bw[-1]:.2f} GB/s)")
 
 
 def links() -> dict[str, LinkParams]:
-    return {l.name: l for l in (NVLINK, NVLINK_SYMM, SHM, socket_link(), IB50, IB25, HBM_LIKE)}
+    return {l.name: l for l in (NVLINK, NVLINK_SYMM, slow_link("shm"), slow_link("socket"), IB50, IB25, HBM_LIKE)}
 
 
 def two_level_wire_ms(leg: Leg, fmt: str, gpus_per_node: int, intra: LinkParams,
@@ -377,156 +411,145 @@ def _check(source: str, what: str, link: LinkParams, leg: Leg, measured: float, 
             "measured_range": measured_range, "rel_err": pred / measured - 1, "role": role}
 
 
-def _a2a_rows(path: Path, report: dict) -> list[dict]:
-    link_name = report.get("env", {}).get("link", "nvlink")  # this file's run had no link field: NVLink
-    link = links().get(link_name, NVLINK)
+def _fit_sides(run: str, row: dict) -> list[str]:
+    """Which FITS pick this row (the constant's name), for a check row's role."""
+    return [name for name, ref in FITS.items() if ref.file == run and all(row.get(k) == v for k, v in ref.match)]
+
+
+def _role(run: str, link_name: str, sides: dict) -> str:
+    """``fit: ...`` when a constant was fit to one of the row's two times (the other stays a
+    prediction); ``check`` otherwise. ``sides``: {"bf16 ms": row, "mxfp8 ms": row}."""
+    if link_name in SLOW_LINKS:
+        return f"check ({link_name} GB/s: median fit)"
+    fitted = []
+    for side, (row, key) in sides.items():
+        names = [n for n in _fit_sides(run, row) if FITS[n].key == key]
+        if names:
+            fitted.append(side + (" (mean of both MXFP8 arms)" if "nccl_mxfp8_all_dispatch" in names
+                                  or "nccl_mxfp8_dispatch" in names else ""))
+    return "fit: " + " + ".join(fitted) if fitted else "check"
+
+
+def _a2a_checks(run: str, rows: list[dict]) -> list[dict]:
     out = []
-    for r in report["rows"]:
+    for r in rows:
         if r.get("routing") != "even":
             continue  # the model is for even routing (Zipf: the busiest rank sets the pace)
         b, s, d = r["input_shape"]
         leg = Leg(b * s, d, r.get("num_splits", 2), "unfused", staged=False)
-        legs = 2 if r["pass"] == "fwd+bwd" else 1
-        fit = (b * s, d, r["op"], r["pass"]) == (131072, 5120, "dispatch", "fwd")
-        out.append(_check(path.name, f"a2a {tuple(r['input_shape'])} {r['op']} {r['pass']}",
-                          link, leg, r["bf16_ms"] / r["mxfp8_ms"], legs,
-                          "fit: mxfp8 ms" if fit else "check", measured_ms=(r["bf16_ms"], r["mxfp8_ms"])))
+        link = links()[r.get("link", "nvlink")]
+        role = _role(run, link.name, {"bf16 ms": (r, "bf16_ms"), "mxfp8 ms": (r, "mxfp8_ms")})
+        out.append(_check(run, f"a2a {tuple(r['input_shape'])} {r['op']} {r['pass']}", link, leg,
+                          r["bf16_ms"] / r["mxfp8_ms"], 2 if r["pass"] == "fwd+bwd" else 1, role,
+                          measured_ms=(r["bf16_ms"], r["mxfp8_ms"])))
     return out
 
 
-_LEG_SHAPE = re.compile(r"(\d+) routed rows x (\d+)")
-_TUPLE_SHAPE = re.compile(r"\((\d+),\s*(\d+),\s*(\d+)\)")
-
-
-def _shape_of(shape) -> Optional[tuple[int, int]]:
-    """(rows, dim) from a row's shape field, or None (e.g. a whole MoE layer)."""
-    if isinstance(shape, (list, tuple)) and len(shape) == 3:
-        return shape[0] * shape[1], shape[2]
-    if not isinstance(shape, str):
-        return None
-    if m := _LEG_SHAPE.search(shape):
-        return int(m.group(1)), int(m.group(2))
-    if m := _TUPLE_SHAPE.search(shape):
-        return int(m.group(1)) * int(m.group(2)), int(m.group(3))
-    return None
-
-
-def _arm_rows(path: Path, rows: list[dict]) -> list[dict]:
-    """Rows shaped like dispatcher_h200x2.json / nccl_links_h200x2.json: {bench, shape, arm,
-    pass, ms, [link]}. Each MXFP8 arm is compared with the bf16 arm of its transport, same
-    bench/link/shape/pass: mxfp8*/symm with bf16/symm, mxfp8*/nccl (fused) with bf16/nccl
-    (torchtitan's math; ``torchtitan`` when there is no bf16/nccl row)."""
-    groups: dict[tuple, dict[str, float]] = {}
+def _leg_checks(run: str, rows: list[dict]) -> list[dict]:
+    """Each MXFP8 arm against the bf16 arm of its transport, same link, leg shape and pass:
+    mxfp8*/symm with bf16/symm, mxfp8*/nccl (fused) with bf16/nccl (torchtitan's math;
+    ``torchtitan`` when there is no bf16/nccl row). Arm variants (``arm:modifier``) are left out."""
+    groups: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        if not isinstance(r, dict) or "arm" not in r or "ms" not in r:
-            continue
-        if "zipf" in str(r.get("shape", "")):
-            continue
-        key = (r.get("bench", ""), r.get("link", "nvlink"), str(r.get("shape", "")), r.get("pass", ""))
-        groups.setdefault(key, {})[r["arm"]] = r["ms"]
+        if r.get("routing") == "even" and ":" not in r["arm"]:
+            key = (r["link"], r["rows"], r["dim"], r["leg"], r["pass"])
+            groups.setdefault(key, {})[r["arm"]] = r
     out = []
-    for (bench, link_name, shape, passes), arms in groups.items():
-        rows_dim = _shape_of(shape)
-        if bench not in ("leg", "a2a") or rows_dim is None:
-            continue  # whole layers: the model covers the exchange only
-        for arm, ms in arms.items():
+    for (link_name, n, dim, kind, passes), arms in groups.items():
+        for arm, r in arms.items():
             if not arm.startswith("mxfp8"):
                 continue
-            transport = arm.split("/")[-1] if "/" in arm else "nccl"
-            preset = arm.split("/")[0]
+            preset, transport = arm.split("/")
             base_arm = f"bf16/{transport}" if f"bf16/{transport}" in arms else \
                 ("torchtitan" if transport == "nccl" and "torchtitan" in arms else None)
-            if base_arm is None:
-                continue
-            if preset == "mxfp8" and "combine" in passes and "bwd" not in passes:
-                continue  # the mxfp8 preset sends combine forward in bf16: nothing to predict
-            if bench == "a2a":
-                design = "unfused"  # benchmarks/a2a.py: all_to_all_v
-            else:
-                design = "fused" if transport == "symm" else "nccl"
-            link = NVLINK_SYMM if (transport == "symm" and link_name == "nvlink") else links().get(link_name)
-            if link is None:
-                continue
-            kind = "combine" if "combine" in passes else "dispatch"
-            leg = Leg(rows_dim[0], rows_dim[1], 2, design, staged=(bench == "leg"), kind=kind)
-            legs = 2 if "fwd+bwd" in passes else 1
-            out.append(_check(path.name, f"{bench} {passes} {arm} vs {base_arm} "
-                              f"({shape.split(' per rank')[0]})", link, leg, arms[base_arm] / ms, legs,
-                              _arm_role(bench, link_name, rows_dim, passes, arm, base_arm),
-                              measured_ms=(arms[base_arm], ms)))
+            if base_arm is None or (preset == "mxfp8" and kind == "combine" and passes == "fwd"):
+                continue  # nothing to compare with; the mxfp8 preset's combine fwd is bf16 on the wire
+            link = NVLINK_SYMM if (transport == "symm" and link_name == "nvlink") else links()[link_name]
+            leg = Leg(n, dim, 2, "fused" if transport == "symm" else "nccl", True, kind)
+            base = arms[base_arm]
+            role = _role(run, link_name, {"bf16 ms": (base, "ms"), "mxfp8 ms": (r, "ms")})
+            out.append(_check(run, f"leg {kind} {passes} {arm} vs {base_arm} ({n} routed rows x {dim})",
+                              link, leg, base["ms"] / r["ms"], 2 if passes == "fwd+bwd" else 1, role,
+                              measured_ms=(base["ms"], r["ms"])))
     return out
 
 
-def _arm_role(bench: str, link_name: str, rows_dim, passes: str, arm: str, base_arm: str) -> str:
-    """Which of a row's two times a constant was fit to (the other stays a prediction)."""
-    if bench == "leg" and link_name == "socket":
-        return "check (socket GB/s: median fit)"
-    if bench != "leg" or link_name != "nvlink" or rows_dim != FIT_LEG or passes not in (
-            "dispatch fwd", "combine fwd"):
-        return "check"
-    fitted = []
-    if base_arm == "bf16/symm" and passes == "dispatch fwd":
-        fitted.append("bf16 ms")
-    if base_arm == "bf16/nccl":
-        fitted.append("bf16 ms")
-    if arm.endswith("/nccl") and passes == "dispatch fwd":
-        fitted.append("mxfp8 ms (mean of both MXFP8 arms)")
-    return "fit: " + " + ".join(fitted) if fitted else "check"
-
-
-def _dedupe(rows: list[dict]) -> list[dict]:
-    """One row per measurement: the same arm times in two files (dispatcher_h200x2_second_session.json holds
-    the nvlink rows of nccl_links_h200x2.json) become one row naming both files."""
-    seen: dict[tuple, dict] = {}
+def check_runs(runs: Iterable[str | Path]) -> list[dict]:
+    """Predicted-vs-measured rows for every run file given (a name in benchmarks/results/ or a
+    path); files that do not exist are skipped."""
     out = []
-    for r in rows:
-        key = (r["what"], r["link"], r["design"], r["bf16_ms"], r["mxfp8_ms"])
-        if r["bf16_ms"] is not None and key in seen:
-            seen[key]["source"] += " = " + r["source"]
-            continue
-        seen[key] = r
-        out.append(r)
-    return out
-
-
-def _reported_rows() -> list[dict]:
-    out = []
-    for r in REPORTED:
-        b, s, d = r["input_shape"]
-        leg = Leg(b * s, d, 2, "unfused", staged=False)
-        link = links()[r["link"]]
-        legs = 2 if r["pass"] == "fwd+bwd" else 1
-        meas = r.get("speedup") or r["bf16_ms"] / r["mxfp8_ms"]
-        rng = tuple(meas) if isinstance(meas, tuple) else None
-        mid = sum(rng) / 2 if rng else meas
-        role = "check"
-        if r["link"] == "shm" and "bf16_ms" in r:
-            role = "fit: link GB/s (bf16 ms)"
-        out.append(_check("reported", f"a2a {r['input_shape']} {r['pass']}", link, leg, mid, legs,
-                          role, rng, (r.get("bf16_ms"), r.get("mxfp8_ms"))))
-    # The wire alone: pre-quantized e4m3 + uint8 scales vs bf16, all_to_all_single, NVLink.
-    leg = Leg(131072, 5120, 2, "fused", staged=False)  # no passes: the wire and latency only
-    out.append(_check("reported", "wire only: e4m3+scales vs bf16, 131072 x 5120", NVLINK, leg,
-                      2.15 / 1.15, 1, "check", None, (2.15, 1.15)))
-    return out
-
-
-def check_files(paths: Iterable[Path]) -> list[dict]:
-    """Predicted-vs-measured rows for every result file we can read (missing files are
-    skipped, so nccl_links_h200x2.json is used once it exists), then the reported rows."""
-    out = []
-    for path in map(Path, paths):
+    for run in runs:
+        path = Path(run) if Path(run).exists() else RESULTS / str(run)
         if not path.exists():
             continue
-        data = json.loads(path.read_text())
-        rows = data.get("rows") if isinstance(data, dict) else data
-        if not isinstance(rows, list) or not rows:
-            continue
-        if isinstance(rows[0], dict) and "bf16_ms" in rows[0]:
-            out += _a2a_rows(path, data)
-        else:
-            out += _arm_rows(path, rows)
-    return _dedupe(out) + _reported_rows()
+        rows = read_rows(path)
+        out += _a2a_checks(path.name, [r for r in rows if "bf16_ms" in r])
+        out += _leg_checks(path.name, [r for r in rows if "leg" in r])
+    return out
+
+
+# ------------------------------------------------------------------- the layer: floor + wire
+# A whole EP layer priced as its no-wire floor (one rank's share of the layer on one GPU: every
+# row stays) plus the bytes its four legs put on the link at the SM-store ceiling, nothing
+# overlapped. Its inputs are rows: the floor run, torchtitan's EP=2 layer, the kernels run's ceiling.
+FLOOR_RUN = "2026-12-02_ece860a_h200x1_layer.jsonl"  # dsv3_rank: 128 experts, 8192 tokens, one GPU
+LAYER_RUN = "2026-12-01_4755761_h200x2_layer.jsonl"  # the DeepSeek-V3-like layer at EP=2
+LAYER_LEGS = ("dispatch_fwd", "combine_fwd", "combine_bwd", "dispatch_bwd")
+PRESET_MXFP8_LEGS = {"bf16": (), "mxfp8": ("dispatch_fwd", "combine_bwd"), "mxfp8_all": LAYER_LEGS}
+# How each leg crosses: once per (token, rank) it has an expert on ("token"), or once per routed
+# row ("row"). TOKEN_LAYOUT is the symm transport's default for top-k > 1 (partial sums on the
+# token-bound legs); ROW_LAYOUT_DISPATCH_ONCE is the layout of LAYER_RUN's code.
+TOKEN_LAYOUT = dict.fromkeys(LAYER_LEGS, "token")
+ROW_LAYOUT_DISPATCH_ONCE = {**dict.fromkeys(LAYER_LEGS, "row"), "dispatch_fwd": "token"}
+
+
+def peers_per_token(ep: int, experts: int, top_k: int) -> float:
+    """Expected other ranks that own at least one of a token's top-k experts (uniform routing)."""
+    per_rank = experts // ep
+    return (ep - 1) * (1 - math.comb(experts - per_rank, top_k) / math.comb(experts, top_k))
+
+
+def layer_wire_bytes(preset: str, ep: int, layout: dict, tokens: int = 8192, dim: int = 7168,
+                     experts: int = 256, top_k: int = 8) -> float:
+    """Bytes one rank sends in one forward+backward of the layer (four legs)."""
+    total = 0.0
+    for leg in LAYER_LEGS:
+        fmt = "mxfp8" if leg in PRESET_MXFP8_LEGS[preset] else "bf16"
+        rows = tokens * peers_per_token(ep, experts, top_k) if layout[leg] == "token" \
+            else tokens * top_k * (ep - 1) / ep
+        total += rows * dim * BYTES[fmt]
+    return total
+
+
+def _layer_ms(run: str, arm: str, shape: str) -> float:
+    return RowRef(run, (("shape", shape), ("arm", arm), ("pass", "fwd+bwd"))).value()
+
+
+def layer_model_rows(eps: tuple = (2, 8), layout: Optional[dict] = None) -> list[dict]:
+    """Predicted forward+backward ms of the DeepSeek-V3-like layer per preset and EP degree."""
+    layout = layout or TOKEN_LAYOUT
+    gbps = NVLINK_SYMM.gbps
+    titan = _layer_ms(LAYER_RUN, "torchtitan", "dsv3")
+    floor = {"bf16": _layer_ms(FLOOR_RUN, "bf16/symm", "dsv3_rank")}
+    floor["mxfp8"] = floor["mxfp8_all"] = _layer_ms(FLOOR_RUN, "mxfp8_all/symm", "dsv3_rank")  # no row quantized
+    out = []
+    for ep in eps:
+        bf16_ms = None
+        for preset in ("bf16", "mxfp8", "mxfp8_all"):
+            wire = layer_wire_bytes(preset, ep, layout)
+            ms = floor[preset] + wire / (gbps * GB) * 1e3
+            bf16_ms = bf16_ms or ms
+            out.append({"ep": ep, "arm": f"{preset}/symm", "floor_ms": floor[preset], "wire_mb": wire / 1e6,
+                        "wire_ms": wire / (gbps * GB) * 1e3, "predicted_ms": ms, "vs_bf16_symm": bf16_ms / ms,
+                        "vs_torchtitan_ep2": titan / ms if ep == 2 else None})
+    return out
+
+
+def layer_model_checks() -> list[dict]:
+    """The model against LAYER_RUN (the layout its code sent): what the measurement leaves over."""
+    measured = {r["arm"]: r["ms"] for r in run_rows(LAYER_RUN) if r["shape"] == "dsv3" and r["pass"] == "fwd+bwd"}
+    return [{**r, "measured_ms": measured[r["arm"]], "left_over_ms": measured[r["arm"]] - r["predicted_ms"]}
+            for r in layer_model_rows((2,), ROW_LAYOUT_DISPATCH_ONCE) if r["arm"] in measured]
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -569,10 +592,22 @@ def format_checks(rows: list[dict]) -> str:
                        "measured ms bf16 / mxfp8", "predicted", "measured", "error", "role"], body)
 
 
+def format_layer_model(rows: list[dict]) -> str:
+    ratio = lambda v: "-" if v is None else f"{v:.3f}x"  # noqa: E731
+    body = [[r["ep"], r["arm"], f"{r['floor_ms']:.2f}", f"{r['wire_mb']:,.0f}", f"{r['wire_ms']:.2f}",
+             f"{r['predicted_ms']:.2f}", ratio(r["vs_bf16_symm"]), ratio(r["vs_torchtitan_ep2"])]
+            + ([f"{r['measured_ms']:.2f}", f"{r['left_over_ms']:+.2f}"] if "measured_ms" in r else [])
+            for r in rows]
+    headers = ["EP", "arm", "floor ms", "wire MB", "wire ms", "floor + wire ms", "vs bf16/symm",
+               "vs torchtitan (EP=2)"]
+    return _fmt_table(headers + (["measured ms", "left over ms"] if rows and "measured_ms" in rows[0] else []), body)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", nargs="*", metavar="JSON", help="result files to compare with")
+    p.add_argument("--check", nargs="*", metavar="RUN",
+                   help="run files (benchmarks/results/*.jsonl) to compare with; default: FIT_RUNS")
     p.add_argument("--json", help="write predictions (and checks) here")
     p.add_argument("--ep", type=int, default=2)
     p.add_argument("--bw", type=float, help="one prediction: link GB/s per GPU and direction")
@@ -607,13 +642,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         multi = multinode_rows()
         print("\nOne DeepSeek-V3-like leg (65536 rows x 7168 per GPU) on 8-GPU nodes:")
         print(format_multinode(multi))
-        report["predictions"], report["multinode"] = preds, multi
+        layer = layer_model_rows()
+        print("\nThe DeepSeek-V3-like layer, floor + wire (every leg once per token and rank):")
+        print(format_layer_model(layer))
+        report["predictions"], report["multinode"], report["layer"] = preds, multi, layer
     if args.check is not None:
-        files = [Path(f) for f in args.check] or [Path(__file__).parent / "results" / f for f in FIT_FILES]
-        checks = check_files(files)
+        checks = check_runs(args.check or FIT_RUNS)
         print("\nPredicted vs measured (speedup = bf16 ms / MXFP8 ms):")
         print(format_checks(checks))
-        report["checks"] = checks
+        layer_checks = layer_model_checks()
+        print(f"\nThe layer model against {LAYER_RUN} (its code's layout):")
+        print(format_layer_model(layer_checks))
+        report["checks"], report["layer_checks"] = checks, layer_checks
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=list) + "\n")
     return 0

@@ -1,6 +1,9 @@
-"""Hydra callbacks of ``--multirun`` (``hydra.callbacks`` in ``conf/train.yaml``).
+"""Hydra callbacks (``hydra.callbacks`` in ``conf/train.yaml``).
 
-* :class:`CheckEverySweepPoint`: Hydra's basic sweeper composes all points up front (so typos
+* :class:`PrepareRun` (a single run): before Hydra creates the run dir, resolve
+  ``training.resume``, check the config and hand the job the config it launches with
+  (``launch.prepare.prepare_run``). A mistake is reported before any folder is made.
+* :class:`CheckEverySweepPoint` (``--multirun``): Hydra's basic sweeper composes all points up front (so typos
   fail early) but our validation would only run as each job starts: a sweep with one bad
   point (say ``parallelism.ep=16`` for a model with 8 experts) would train or submit the
   points before it and then stop. This validates every point before the first job starts.
@@ -9,11 +12,13 @@
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from launch.problems import ConfigError, reject
 
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
@@ -31,16 +36,50 @@ def sweep_points(sweep_config: Any) -> list[list[str]]:
     return points
 
 
+class PrepareRun(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra import compose
+
+        from launch import console, prepare
+
+        name = config.hydra.job.config_name
+        given = any(str(o).lstrip("+").startswith("hydra.run.dir=")
+                    for o in config.hydra.overrides.hydra)
+        try:
+            run_dir = str(config.hydra.run.dir)
+            cfg, warnings, line = prepare.prepare_run(
+                prepare.task_config(config), list(config.hydra.overrides.task), run_dir,
+                lambda overrides: compose(config_name=name, overrides=overrides), given)
+        except ConfigError as e:
+            reject(e)
+        if line:
+            print(line, flush=True)
+        for w in warnings:
+            console.warn(w)
+        prepare.replace_task_config(config, cfg)
+        prepare.mark_prepared(run_dir)
+
+
 class CheckEverySweepPoint(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
-        from launch.validate import ConfigError, validate
+        from launch.run_dir import RUN_CONFIG
+        from launch.validate import validate
 
+        problems: list[str] = []
+        if config.training.resume is not None:
+            problems.append(f"training.resume={config.training.resume} continues one run: drop "
+                            f"--multirun (or drop training.resume to sweep new runs)")
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if list(sweep_dir.glob(f"*/{RUN_CONFIG}")):
+            problems.append(f"hydra.sweep.dir={sweep_dir} already holds the runs of a sweep; "
+                            f"choose another (or leave it out: each sweep gets its own folder)")
         if config.hydra.sweeper.get("_target_") != _BASIC_SWEEPER:
+            if problems:
+                reject(ConfigError(problems))
             return
         points = sweep_points(config)
-        problems: list[str] = []
         for num, point in enumerate(points):
             try:
                 validate(compose(config_name=config.hydra.job.config_name, overrides=point))
@@ -48,10 +87,8 @@ class CheckEverySweepPoint(Callback):
                 shown = " ".join(o for o in point if not o.startswith("hydra."))
                 problems += [f"sweep job #{num} ({shown}): {p}" for p in e.problems]
         if problems:
-            error = ConfigError(problems + [f"nothing was started: fix or drop these points of "
-                                            f"the {len(points)}-job sweep"])
-            print(f"[mxfp8ep] {error}", file=sys.stderr, flush=True)
-            raise SystemExit(2)
+            reject(ConfigError(problems + [f"nothing was started: fix or drop these points of "
+                                           f"the {len(points)}-job sweep"]))
 
 
 class PrintCompareCommand(Callback):

@@ -76,17 +76,17 @@ def format_summary(s: RunSummary) -> str:
     )
 
 
-def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str) -> str:
-    """The one line printed when a signal stops a run."""
+def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str, resume_command: str) -> str:
+    """The one line printed when a signal stopped a run; ``resume_command`` continues it."""
     import signal
 
     name = signal.Signals(signum).name
     if summary is None or summary.steps == summary.start_step:
         return f"[mxfp8ep] stopped by {name} before a step was trained; nothing new to resume ({run_dir})"
     saved = (f"checkpoint {summary.checkpoint}" if summary.checkpoint
-             else "no checkpoint (training.checkpoint_enable=false)")
+             else "no checkpoint (training.checkpoint_enable=false), so it cannot be resumed")
     wandb = f", wandb run {summary.wandb_run_id} finished" if summary.wandb_run_id else ""
-    again = f"; continue with training.resume={run_dir}" if summary.checkpoint else ""
+    again = f"; continue with: {resume_command}" if summary.checkpoint else ""
     return f"[mxfp8ep] stopped by {name} at step {summary.steps}/{summary.target_steps}: {saved}{wandb}{again}"
 
 

@@ -1,26 +1,54 @@
-"""What a launcher is: the class a ``conf/launcher/<name>.yaml`` names in ``_target_`` (as
-Hydra's submitit launcher plugin does).
+"""What a launcher is, and the one place that finds the launcher a config names.
 
-A new launcher is one Python file with such a class and one yaml::
+A launcher is a class with a nested ``Config`` dataclass (its ``launcher.*`` fields, derived
+from :class:`LauncherConfig`, ``_target_`` naming the class), the way hydra-submitit-launcher
+types its queues. ``conf/launcher/<name>.yaml`` picks it with ``_target_`` and sets the
+fields' values. A new launcher is one Python file and one yaml::
+
+    # launch/mine.py
+    @dataclass
+    class MyLauncherConfig(LauncherConfig):
+        _target_: str = "launch.mine.MyLauncher"
+        name: str = "mine"
+        host: Optional[str] = None
+
+    class MyLauncher:
+        Config = MyLauncherConfig
+        def target(self, cfg, machine): ...
+        def check(self, cfg, machine, report): ...
+        def launch(self, cfg, run_dir): ...
 
     # conf/launcher/mine.yaml
     _target_: launch.mine.MyLauncher
     name: mine
 
-``launch/train.py`` and ``launch/validate.py`` only go through this interface: they never ask
-which launcher it is. Importing the class must stay cheap (no torch at module level): the
-checks before launch use it.
+``launch/train.py`` and ``launch/validate.py`` only go through this interface; they never ask
+which launcher it is. Importing a launcher's module must stay cheap (no torch at module
+level): the checks before launch use it.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
 
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict, read_write
+
 if TYPE_CHECKING:
     from launch.machine import Machine
+    from launch.problems import Report
     from launch.run_summary import RunSummary
-    from launch.validate import Report
+
+
+@dataclass
+class LauncherConfig:
+    """Fields every launcher has; each launcher's ``Config`` derives from it."""
+
+    # The launcher class, "module.Class" (Hydra's convention for what a config builds).
+    _target_: str = MISSING
+    # The config-group option (conf/launcher/<name>.yaml): how messages and run summaries name it.
+    name: str = MISSING
 
 
 @dataclass(frozen=True)
@@ -39,8 +67,8 @@ class Target:
 
 
 class Launcher(Protocol):
-    # The ``launcher.*`` fields this launcher reads; set ones it does not read draw a warning.
-    reads: ClassVar[frozenset[str]]
+    # The dataclass of this launcher's ``launcher.*`` fields.
+    Config: ClassVar[type[LauncherConfig]]
 
     def target(self, cfg: Any, machine: "Machine") -> Target:
         """Where the processes will run (for the device and memory checks)."""
@@ -50,7 +78,8 @@ class Launcher(Protocol):
 
     def launch(self, cfg: Any, run_dir: str) -> Optional["RunSummary"]:
         """Run (or submit) the training; the run's summary when it is known here.
-        Raises :class:`RunStopped` when a signal stopped it."""
+        Raises :class:`RunStopped` when a signal stopped it, :class:`RunFailed` when it
+        failed, :class:`RunRefused` when it could not be started."""
 
 
 class RunStopped(Exception):
@@ -66,8 +95,34 @@ class RunFailed(Exception):
     """The run failed; the message says where and names the full log."""
 
 
-def launcher_for(cfg: Any) -> Launcher:
-    """An instance of the class ``cfg.launcher._target_`` names."""
+class RunRefused(Exception):
+    """The run could not be started (say, SLURM refused the job) for a reason fixed in the
+    config or the environment; the message names what to change. Nothing was started."""
+
+
+def launcher_class(cfg: Any) -> type[Launcher]:
+    """The class ``cfg.launcher._target_`` names (ImportError / AttributeError if none)."""
     from hydra.utils import get_class
 
-    return get_class(cfg.launcher._target_)()
+    return get_class(cfg.launcher._target_)
+
+
+def launcher_for(cfg: Any) -> Launcher:
+    """An instance of the class ``cfg.launcher._target_`` names."""
+    return launcher_class(cfg)()
+
+
+def typed_launcher(cls: type[Launcher], node: Any) -> DictConfig:
+    """``node`` (the composed ``launcher`` group) typed by ``cls.Config``, every field filled
+    with its default. Raises omegaconf's errors for an unknown key or a wrong type."""
+    return OmegaConf.merge(OmegaConf.structured(cls.Config), node)
+
+
+def with_typed_launcher(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` whose ``launcher`` node is typed by its launcher's ``Config``
+    (``launch.validate.validate`` reports, key by key, what stops that)."""
+    out = copy.deepcopy(cfg)
+    node = typed_launcher(launcher_class(cfg), cfg.launcher)
+    with read_write(out), open_dict(out):
+        out.launcher = node
+    return out

@@ -8,20 +8,30 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from launch import console
-from launch.launcher import RunFailed, RunStopped, Target
+from launch.launcher import LauncherConfig, RunFailed, RunStopped, Target
 from launch.machine import Machine
 from launch.run_dir import CONSOLE_LOG, WORKER_LOGS
 from launch.run_summary import RunSummary
+
+
+@dataclass
+class LocalLauncherConfig(LauncherConfig):
+    """``launcher=local`` has no fields of its own: the parallelism group says how many
+    processes to start."""
+
+    _target_: str = "launch.local.LocalLauncher"
+    name: str = "local"
 
 
 class LocalLauncher:
     """One node: ``parallelism.procs_per_node`` processes, one per GPU, or CPU processes
     talking over gloo on a machine without GPUs. Waits for the run and returns its summary."""
 
-    reads: ClassVar[frozenset[str]] = frozenset()
+    Config = LocalLauncherConfig
 
     def target(self, cfg: Any, machine: Machine) -> Target:
         if machine.gpus:
@@ -40,9 +50,8 @@ class LocalLauncher:
             )
         if machine.gpus and p.procs_per_node > machine.gpus:
             report.error(
-                f"parallelism.procs_per_node={p.procs_per_node} but this machine has "
-                f"{machine.gpus} GPU(s) (one process per GPU); use a smaller parallelism "
-                f"(e.g. parallelism=ep2) or launcher=slurm"
+                f"parallelism={p.name} starts {p.procs_per_node} processes, one per GPU, but this "
+                f"machine has {machine.gpus} GPU(s); {_fits(machine.gpus)}, or launcher=slurm"
             )
         elif not machine.gpus and p.procs_per_node > machine.cpu_count:
             report.warn(f"no GPU: {p.procs_per_node} CPU worker processes on {machine.cpu_count} "
@@ -77,6 +86,15 @@ class LocalLauncher:
             raise RunFailed(f"rank {rank} failed: {reason[-1] if reason else '?'}; its full output: "
                             f"{log_dir}/stderr.log and stdout.log") from None
         return RunSummary.read(run_dir)
+
+
+def _fits(gpus: int) -> str:
+    """What to run on a machine with ``gpus`` GPUs."""
+    if gpus == 1:
+        return ("use parallelism=single (one process; EP 1 sends nothing over the wire, so "
+                "bf16 and MXFP8 cost the same there)")
+    return (f"use parallelism.procs_per_node={gpus} with parallelism.ep={gpus} (or a divisor "
+            f"of it)")
 
 
 def worker_entrypoint(cfg_yaml: str, run_dir: str) -> None:

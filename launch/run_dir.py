@@ -4,8 +4,8 @@ A run dir (``hydra.run.dir``, one per sweep point under ``hydra.sweep.dir``) col
 run writes: ``train_config.yaml`` (the composed config the workers got), ``console.log`` (the
 console lines of rank 0), ``summary.json`` (``launch.run_summary.RunSummary``), ``train.log``
 (the launching process's log), ``worker_logs/`` (local) or ``slurm/`` (SLURM) with every
-process's full output, ``wandb/`` and the torchtitan checkpoints. Launching into a run dir
-that has a checkpoint continues that run: from its newest checkpoint, in the same wandb run.
+process's full output, ``wandb/`` and the torchtitan checkpoints. Its folder name says what
+the run trains (:func:`run_name`); ``training.resume=<run dir>`` continues it (launch/resume.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 RUN_CONFIG = "train_config.yaml"
 CONSOLE_LOG = "console.log"
@@ -21,6 +21,33 @@ SUMMARY = "summary.json"
 WORKER_LOGS = "worker_logs"
 
 _STEP_DIR = re.compile(r"step-(\d+)$")
+
+# Override keys (and the groups / fields under them) that say where and how a run is launched,
+# logged, checked or resumed, not what it trains: run names and folder names leave them out.
+NOT_IN_RUN_NAME = ("launcher", "logging", "validate", "hydra", "recipe", "experiment",
+                   "training.resume")
+# Longest run name a folder gets (file names stop at 255 bytes; the prefix adds a time stamp).
+_MAX_FOLDER_NAME = 180
+
+
+def run_name(overrides: Iterable[str], a2a: str, for_path: bool = False) -> str:
+    """What a run trains, from its command-line overrides: ``a2a=mxfp8,training.steps=50``.
+
+    The overrides of :data:`NOT_IN_RUN_NAME` are left out; the a2a preset is always named so
+    the runs of a comparison tell themselves apart. ``for_path``: a folder name (``/`` in values
+    becomes ``_``; cut to a length file systems take)."""
+    kept = []
+    for o in overrides:
+        key = str(o).lstrip("+~").split("=", 1)[0]
+        if not any(key == k or key.startswith(k + ".") for k in NOT_IN_RUN_NAME):
+            kept.append(str(o))
+    kept.sort()
+    if not any(o.lstrip("+").startswith("a2a=") for o in kept):
+        kept.insert(0, f"a2a={a2a}")
+    name = ",".join(kept)
+    if for_path:
+        name = name.replace("/", "_")[:_MAX_FOLDER_NAME]
+    return name
 
 
 def checkpoint_steps(run_dir: str | Path, checkpoint_folder: str) -> list[int]:
@@ -35,17 +62,18 @@ def checkpoint_steps(run_dir: str | Path, checkpoint_folder: str) -> list[int]:
     return sorted(steps)
 
 
-def resolve_run_dir(base: str, stamp: str, resume: Optional[str], checkpoint_folder: str) -> str:
-    """``hydra.run.dir`` for ``training.resume``: None -> ``<base>/<stamp>`` (a new run);
+def resolve_run_dir(base: str, new: str, resume: Optional[str], checkpoint_folder: str) -> str:
+    """``hydra.run.dir`` for ``training.resume``: None -> ``<base>/<new>`` (a new run);
     "auto" -> the run under ``base`` with the newest checkpoint (a new run when none has
     one); anything else is the run dir to continue."""
     if resume is None:
-        return f"{base}/{stamp}"
+        return f"{base}/{new}"
     if resume != "auto":
         return resume
-    runs = [d for d in Path(base).glob("*") if d.is_dir() and checkpoint_steps(d, checkpoint_folder)]
+    runs = [d for d in Path(base).glob("*")
+            if (d / RUN_CONFIG).is_file() and checkpoint_steps(d, checkpoint_folder)]
     if not runs:
-        return f"{base}/{stamp}"
+        return f"{base}/{new}"
 
     def newest_checkpoint_time(d: Path) -> float:
         step = checkpoint_steps(d, checkpoint_folder)[-1]

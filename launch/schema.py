@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from launch.launcher import LauncherConfig  # noqa: F401  (re-exported)
 from mxfp8_ep.config import A2AConfig
 
 
@@ -60,39 +61,6 @@ A2ASchema = _a2a_schema()
 
 
 @dataclass
-class LauncherConfig:
-    # What launches the run: a class in launch/ with check() and launch() (launch/local.py,
-    # launch/slurm.py). A new launcher is one such file plus conf/launcher/<name>.yaml naming it.
-    _target_: str = MISSING
-    name: str = MISSING
-    # --- read by launcher=slurm (its class lists them in `reads`); others warn when set ---
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    time_min: int = 60
-    cpus_per_task: Optional[int] = None
-    mem_gb: Optional[int] = None
-    constraint: Optional[str] = None
-    exclusive: bool = False
-    # GPUs to request per node; None = one per process (parallelism.procs_per_node); 0 on a
-    # CPU-only cluster.
-    gpus_per_node: Optional[int] = None
-    # pyxis/enroot container image (srun --container-image); None = run on the host.
-    container_image: Optional[str] = None
-    container_mounts: Optional[str] = None
-    # Extra arguments for the srun that starts the tasks (after the pyxis ones).
-    srun_args: list[str] = field(default_factory=list)
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
-    setup: list[str] = field(default_factory=list)
-    # sbatch --job-name; None = "mxfp8ep-<experiment>".
-    job_name: Optional[str] = None
-    # Block until the job ends and report its state (tests; `launcher.wait=true`).
-    wait: bool = False
-    # Requeue on preemption / time limit, resuming from the last checkpoint.
-    max_num_timeout: int = 3
-
-
-@dataclass
 class LoggingConfig:
     name: str = MISSING
     # offline (default: nothing leaves the machine) | online | disabled
@@ -104,8 +72,7 @@ class LoggingConfig:
     tags: list[str] = field(default_factory=list)
     # Run name; default = the overrides that change what is trained (e.g. "a2a=mxfp8,model=dsv3_16b").
     run_name: Optional[str] = None
-    # wandb run id; default = the one this run dir already has (a resumed run appends to the
-    # same wandb run), else a new one.
+    # wandb run id; default = a new one (a resumed run keeps its own: launch/resume.py).
     run_id: Optional[str] = None
     log_freq: int = 1
     # Every this many steps, the quantization telemetry of the MXFP8 legs (launch/numerics_log.py:
@@ -134,14 +101,14 @@ class TrainingConfig:
     checkpoint_enable: bool = False
     checkpoint_interval: int = 10
     checkpoint_folder: str = "checkpoint"
-    # null: a new run dir (a run dir that has a checkpoint always continues from it);
-    # "auto": continue the newest run of this experiment that has a checkpoint;
-    # a run dir: continue that run.
+    # null: a new run in a new run dir; a run dir: continue that run from its newest checkpoint,
+    # with its saved config (overrides on the same command line apply on top); "auto": the
+    # newest run of this experiment that has a checkpoint, or a new run (launch/resume.py).
     resume: Optional[str] = None
     compile: bool = False
     activation_checkpoint: str = "none"  # none | full | selective
     # Every this many steps, torchtitan's profiler writes one step's Chrome trace per rank to
-    # <run dir>/profile_traces/iteration_<step>/ (benchmarks/step_profile.py sums them up);
+    # <run dir>/profile_traces/iteration_<step>/ (`python -m benchmarks.train RUNS --step-profile` sums them up);
     # 0: off. It records one step after PROFILER_WARMUP_STEPS warm-up steps, so at least 4.
     profile_freq: int = 0
     # Data: null = the tiny tokenizer and text shipped in launch/assets/ (no download).
@@ -162,7 +129,9 @@ class TrainConfig:
     model: ModelConfig = MISSING
     parallelism: ParallelismConfig = MISSING
     a2a: A2ASchema = MISSING  # type: ignore[valid-type]
-    launcher: LauncherConfig = MISSING
+    # Typed by the chosen launcher's own Config (a LauncherConfig; launch/launcher.py), which
+    # launch/validate.py applies: each launcher has its own fields.
+    launcher: Any = MISSING
     logging: LoggingConfig = MISSING
     training: TrainingConfig = field(default_factory=TrainingConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)

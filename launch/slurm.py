@@ -10,21 +10,59 @@ in the same wandb run. ``scancel`` (SIGTERM) stops it the same way, without requ
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import io
 import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
-from launch import console
-from launch.launcher import RunFailed, RunStopped, Target
+from launch import console, slurm_cluster
+from launch.launcher import LauncherConfig, RunFailed, RunRefused, RunStopped, Target
 from launch.machine import GIB, Machine
 from launch.run_dir import CONSOLE_LOG
 from launch.run_summary import RunSummary
-from launch.schema import LauncherConfig
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """``launcher=slurm``: what the job asks SLURM for. Nodes and tasks per node come from the
+    parallelism group."""
+
+    _target_: str = "launch.slurm.SlurmLauncher"
+    name: str = "slurm"
+    # sbatch --partition / --account / --qos; None = SLURM's default.
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    # Wall-clock limit of one job (minutes).
+    time_min: int = 60
+    # Requeue on preemption / time limit, resuming from the last checkpoint, up to this often.
+    max_num_timeout: int = 3
+    # None = SLURM's default for the partition.
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[int] = None
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    # GPUs to request per node; None = one per process (parallelism.procs_per_node); 0 on a
+    # CPU-only cluster.
+    gpus_per_node: Optional[int] = None
+    # pyxis/enroot container image (srun --container-image); None = run on the host.
+    container_image: Optional[str] = None
+    container_mounts: Optional[str] = None
+    # Extra arguments for the srun that starts the tasks (after the pyxis ones).
+    srun_args: list[str] = field(default_factory=list)
+    # Extra #SBATCH lines as {key: value}.
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # Shell lines run in the batch script before srun.
+    setup: list[str] = field(default_factory=list)
+    # sbatch --job-name; None = "mxfp8ep-<experiment>".
+    job_name: Optional[str] = None
+    # Block until the job ends and report its state.
+    wait: bool = False
 
 
 class SlurmLauncher:
@@ -32,7 +70,7 @@ class SlurmLauncher:
     submission unless ``launcher.wait=true``, which follows the job's console lines and
     returns its summary."""
 
-    reads: ClassVar[frozenset[str]] = frozenset(f.name for f in dataclasses.fields(LauncherConfig))
+    Config = SlurmLauncherConfig
 
     def target(self, cfg: Any, machine: Machine) -> Target:
         lc = cfg.launcher
@@ -63,6 +101,7 @@ class SlurmLauncher:
                 "launcher=slurm requeues a preempted or timed-out job, but training.checkpoint_enable="
                 "false: a requeued job starts again from step 0"
             )
+        slurm_cluster.check_request(cfg, job_gpus_per_node(cfg), report)
 
     def launch(self, cfg: Any, run_dir: str) -> Optional[RunSummary]:
         sub = submit(cfg, run_dir)
@@ -83,7 +122,7 @@ def slurm_executor_params(cfg: Any, workdir: Path | str | None = None) -> dict[s
         # Task 0's stdout and stderr in one file: the log path we print.
         "stderr_to_stdout": True,
     }
-    gpus = p.procs_per_node if lc.gpus_per_node is None else lc.gpus_per_node
+    gpus = job_gpus_per_node(cfg)
     if gpus:  # 0 (CPU cluster): no GPU request at all
         params["gpus_per_node"] = gpus
     if lc.cpus_per_task:
@@ -114,6 +153,12 @@ def slurm_executor_params(cfg: Any, workdir: Path | str | None = None) -> dict[s
     if lc.additional_parameters:
         params["slurm_additional_parameters"] = dict(lc.additional_parameters)
     return params
+
+
+def job_gpus_per_node(cfg: Any) -> int:
+    """GPUs the job asks for on each node: ``launcher.gpus_per_node``, or one per process."""
+    lc = cfg.launcher
+    return cfg.parallelism.procs_per_node if lc.gpus_per_node is None else lc.gpus_per_node
 
 
 def slurm_executor_kwargs(cfg: Any) -> dict[str, Any]:
@@ -183,9 +228,10 @@ class SlurmSubmission:
 
 
 def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
-    """Submit the run; with ``launcher.wait`` block until it ends and report its final state."""
+    """Submit the run; with ``launcher.wait`` block until it ends and report its final state.
+    Raises :class:`RunRefused` when SLURM (or submitit) does not take the job."""
     if shutil.which("sbatch") is None:
-        raise RuntimeError(
+        raise RunRefused(
             "launcher=slurm needs the SLURM client (sbatch) on PATH: run from a SLURM login node, "
             "or use launcher=local"
         )
@@ -194,10 +240,18 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
     from launch.worker import config_to_yaml
 
     folder = os.path.join(run_dir, "slurm")
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **slurm_executor_kwargs(cfg))
-    executor.update_parameters(**slurm_executor_params(cfg))
+    try:
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **slurm_executor_kwargs(cfg))
+    except RuntimeError as e:  # submitit's own check of the SLURM client (srun)
+        raise RunRefused(f"submitit cannot submit from here ({e}); run from a SLURM login node "
+                         f"(sbatch and srun on PATH), or use launcher=local") from e
+    try:
+        executor.update_parameters(**slurm_executor_params(cfg))
+    except (NameError, ValueError, TypeError) as e:  # a parameter submitit does not take
+        raise RunRefused(f"submitit rejected the job's parameters ({str(e).splitlines()[0]}); check "
+                         f"launcher.additional_parameters and launcher.srun_args") from e
     Path(run_dir, CONSOLE_LOG).write_text("")  # this submission's lines only
-    job = executor.submit(SlurmTrainJob(config_to_yaml(cfg), run_dir))
+    job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
     sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder)
     print(f"[mxfp8ep] submitted SLURM job {sub.job_id}\n"
           f"[mxfp8ep]   log (task 0): {sub.log_path}\n"
@@ -205,6 +259,27 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
     if not cfg.launcher.wait:
         return sub
     return _wait(job, sub, run_dir)
+
+
+def _submit(executor: Any, fn: Any, cfg: Any) -> Any:
+    """``executor.submit(fn)``; a refusal becomes one :class:`RunRefused` that names the
+    option to change. submitit prints sbatch's stderr itself before raising: that goes into the
+    message instead."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            return executor.submit(fn)
+    except FailedJobError as e:  # sbatch exited non-zero; its stderr is the message
+        raise RunRefused(slurm_cluster.explain_refusal(str(e) or printed.getvalue(), cfg,
+                                                       job_gpus_per_node(cfg))) from e
+    except FailedSubmissionError as e:  # sbatch said something without a job id
+        raise RunRefused(f"sbatch did not return a job id ({str(e).splitlines()[0]}); check the "
+                         f"launcher.* options and `sbatch --version`") from e
+    except OSError as e:  # sbatch could not be run at all
+        raise RunRefused(f"could not run sbatch ({e}); run from a SLURM login node, or use "
+                         f"launcher=local") from e
 
 
 def _wait(job: Any, sub: SlurmSubmission, run_dir: str) -> SlurmSubmission:

@@ -3,86 +3,149 @@
     python launch/train.py                                  # tiny Llama4, 2 processes, bf16
     python launch/train.py a2a=mxfp8                        # same, tokens sent as MXFP8
     python launch/train.py --multirun a2a=bf16,mxfp8        # both, one after the other
+    python launch/train.py training.resume=<run dir>        # continue a stopped run
     python launch/train.py --help                           # groups, options, examples
 
 Config groups live in conf/ (see conf/train.yaml); recipes in recipes/. Everything that can be
-checked is checked before any process starts (launch/validate.py); a run prints a header, one
+checked is checked before any process starts or any folder is made (launch/prepare.py); every
+config mistake is one message and exit code 2 (launch/problems.py). A run prints a header, one
 line per log window and a summary (launch/console.py); Ctrl-C / SIGTERM stop it cleanly.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shlex
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from launch import config_store  # noqa: F401  (registers the schemas and resolvers)
-from launch import console
-from launch.launcher import RunFailed, RunStopped, launcher_for
-from launch.run_dir import RUN_CONFIG, earlier_logging
+from launch import console, prepare
+from launch.launcher import RunFailed, RunRefused, RunStopped, launcher_for
+from launch.problems import ConfigError, reject
+from launch.run_dir import RUN_CONFIG
 from launch.run_summary import RunSummary
-from launch.validate import ConfigError, validate
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
-def finalize(cfg: DictConfig, run_dir: str, override_dirname: str) -> DictConfig:
-    """Fill the fields whose defaults depend on the rest of the config or the run dir."""
-    OmegaConf.set_readonly(cfg, False)
-    lg = cfg.logging
-    if not lg.group:
-        lg.group = cfg.experiment
-    run_id, run_name = earlier_logging(run_dir)  # a resumed run keeps its wandb run
-    lg.run_id = lg.run_id or run_id
-    lg.run_name = lg.run_name or run_name
-    if not lg.run_name:
-        # Hydra's override_dirname leaves out launcher/logging keys (conf/train.yaml); the
-        # a2a preset is always named so the runs of a comparison tell themselves apart.
-        parts = [p for p in override_dirname.split(",") if p]
-        if not any(p.lstrip("+").startswith("a2a=") for p in parts):
-            parts.insert(0, f"a2a={cfg.a2a.name}")
-        lg.run_name = ",".join(parts)
-    return cfg
+def resume_command(run_dir: str) -> str:
+    """The command that continues the run in ``run_dir``, as this one was started."""
+    return f"python {shlex.quote(sys.argv[0])} training.resume={shlex.quote(run_dir)}"
 
 
-def run(cfg: DictConfig, run_dir: str, override_dirname: str) -> Optional[RunSummary]:
-    console.route_logging(verbose=cfg.logging.verbose)
-    cfg = finalize(cfg, run_dir, override_dirname)
-    try:
-        warnings = validate(cfg)
-    except ConfigError as e:
-        print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    for w in warnings:
-        console.warn(w)
+def launch(cfg: DictConfig, run_dir: str) -> Optional[RunSummary]:
+    """Write the run's config and hand it to its launcher; map how it ended to an exit code."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     try:
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
-        print(console.stop_line(e.signum, e.summary, run_dir), file=sys.stderr, flush=True)
+        print(console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
+              file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     except RunFailed as e:
         print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except RunRefused as e:
+        if cfg.logging.verbose:
+            traceback.print_exc()
+        reject(str(e))
     if summary is not None:
         print(console.format_summary(summary), flush=True)
     return summary
 
 
+def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSummary]:
+    """Check and launch a composed config (what a sweep's job does)."""
+    console.route_logging(verbose=cfg.logging.verbose)
+    try:
+        cfg, warnings = prepare.prepare(cfg, overrides)
+    except ConfigError as e:
+        reject(e)
+    for w in warnings:
+        console.warn(w)
+    return launch(cfg, run_dir)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> Optional[RunSummary]:
     hc = HydraConfig.get()
-    return run(cfg, hc.runtime.output_dir, hc.job.override_dirname)
+    run_dir = hc.runtime.output_dir
+    if hc.mode == RunMode.RUN and prepare.was_prepared(run_dir):  # by launch.callbacks.PrepareRun
+        console.route_logging(verbose=cfg.logging.verbose)
+        return launch(cfg, run_dir)
+    return run(cfg, run_dir, list(hc.overrides.task))
 
 
-if __name__ == "__main__":
+def _launcher_fields() -> dict[str, list[str]]:
+    """Every launcher option's fields (conf/launcher/*.yaml), for messages about a launcher.*
+    key the chosen launcher does not have."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from launch.launcher import launcher_class
+
+    GlobalHydra.instance().clear()
+    out = {}
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for path in sorted((CONF / "launcher").glob("*.yaml")):
+            try:
+                cfg = compose("train", overrides=[f"launcher={path.stem}"])
+                out[path.stem] = [f.name for f in dataclasses.fields(launcher_class(cfg).Config)]
+            except Exception:  # noqa: BLE001 - a broken option only loses its hint
+                continue
+    return out
+
+
+# Overrides whose value is a folder, taken as written: run folder names hold "=" and ",", which
+# Hydra's override grammar reads as syntax unless the value is quoted.
+PATH_KEYS = ("training.resume", "hydra.run.dir", "hydra.sweep.dir")
+
+
+def literal_paths(args: list[str]) -> list[str]:
+    """``args`` with the values of :data:`PATH_KEYS` quoted for Hydra (unless already quoted)."""
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in PATH_KEYS and value and value[0] not in "'\"":
+            quote = "'" if "'" not in value else '"'
+            if quote not in value:
+                arg = f"{key}={quote}{value}{quote}"
+        out.append(arg)
+    return out
+
+
+def cli() -> None:
+    """``python launch/train.py``: Hydra's app, with every config mistake Hydra finds while
+    composing reported as ours (launch/hydra_errors.py) and exit code 2."""
+    from launch.hydra_errors import explain
+
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
+    # Hydra prints its own errors and exits 1 unless HYDRA_FULL_ERROR is set: then they come here.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    sys.argv[1:] = literal_paths(sys.argv[1:])
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C before a launcher took over (nothing was started)
         print("[mxfp8ep] interrupted (SIGINT) before anything was started", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
+    except Exception as e:  # noqa: BLE001 - translated when it is a config mistake
+        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
+        error = explain(e, overrides, _launcher_fields)
+        if error is None:
+            raise
+        reject(error)
+
+
+if __name__ == "__main__":
+    cli()

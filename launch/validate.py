@@ -15,19 +15,20 @@ as warnings.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from launch import model_facts
-from launch.launcher import Launcher, Target, launcher_for
+from launch.launcher import Launcher, Target, launcher_class, typed_launcher
 from launch.machine import GIB, Machine
 from launch.memory import estimate
 from launch.model_facts import ModelFacts
+from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
+                             unknown_key_problem)
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
 from launch.titan_data import DATASET_PATHS, TOKENIZER_DIR, TOKENIZER_FILES
 from mxfp8_ep.config import BLOCK_SIZE, KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
@@ -39,27 +40,6 @@ MEMORY_CHECK = ("error", "warn")
 CUSTOM_A2A = "custom"
 
 
-class ConfigError(ValueError):
-    """One or more problems in a training config; ``problems`` lists them."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the training config:\n{lines}")
-
-
-@dataclass
-class Report:
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def error(self, msg: str) -> None:
-        self.errors.append(msg)
-
-    def warn(self, msg: str) -> None:
-        self.warnings.append(msg)
-
-
 def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
     """Raise :class:`ConfigError` listing every problem in ``cfg``; return the warnings.
 
@@ -68,8 +48,11 @@ def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
     """
     machine = machine or Machine.probe()
     r = Report()
-    if not _check_keys(cfg, r):
+    launcher = _launcher(cfg, r)
+    if not _check_keys(cfg, r, launcher):
         raise ConfigError(r.errors)  # the checks below read the schema's keys
+    if launcher is not None:
+        cfg = _with_launcher_types(cfg, launcher, r)
     _check_training(cfg, r)
     world = _check_parallelism(cfg, r)
     quantized = _check_a2a(cfg, r)
@@ -78,11 +61,10 @@ def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
         _check_model_vs_parallelism(cfg, r, facts, quantized)
     _check_data(cfg, r)
     _check_logging(cfg, r)
-    launcher = _launcher(cfg, r)
-    if launcher is not None:
-        _check_launcher_fields(cfg, launcher, r)
-        launcher.check(cfg, machine, r)
-        target = launcher.target(cfg, machine)
+    if launcher is not None and not r.errors:
+        machine_launcher = launcher()
+        machine_launcher.check(cfg, machine, r)
+        target = machine_launcher.target(cfg, machine)
         _check_device(cfg, r, target, facts)
         if facts is not None and world is not None:
             _check_memory(cfg, r, target, facts, world)
@@ -92,30 +74,48 @@ def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- keys
-def _check_keys(cfg: Any, r: Report) -> bool:
+def _check_keys(cfg: Any, r: Report, launcher: Optional[type[Launcher]]) -> bool:
     """Keys the schema does not know: Hydra rejects ``training.stepz=3`` but lets
-    ``+training.stepz=3`` (its own suggestion) add one."""
+    ``+training.stepz=3`` add one. The ``launcher`` group is checked against the chosen
+    launcher's own ``Config``."""
     before = len(r.errors)
     _unknown_keys(cfg, TrainConfig, "", r)
+    if launcher is not None and isinstance(cfg.get("launcher"), DictConfig):
+        _unknown_keys(cfg.launcher, launcher.Config, "launcher.", r,
+                      owner=f"launcher={cfg.launcher.get('name')}")
     return len(r.errors) == before
 
 
-def _unknown_keys(node: Any, schema: type, prefix: str, r: Report) -> None:
+def _unknown_keys(node: Any, schema: type, prefix: str, r: Report, owner: Optional[str] = None) -> None:
     known = {f.name: f for f in dataclasses.fields(schema)}
     for key in node.keys() if isinstance(node, DictConfig) else ():
         if key == "hydra" and not prefix:
             continue
         if key not in known:
-            names = sorted(k for k in known if not k.startswith("_"))
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            r.error(f"unknown key {prefix}{key}: {hint}{prefix.rstrip('.') or 'the config'} has "
-                    f"{', '.join(names)}")
+            r.error(unknown_key_problem(f"{prefix}{key}", known, owner))
             continue
         child = node._get_node(key)
         child_schema = OmegaConf.get_type(child) if isinstance(child, DictConfig) else None
         if child_schema is not None and dataclasses.is_dataclass(child_schema):
             _unknown_keys(child, child_schema, f"{prefix}{key}.", r)
+
+
+def _with_launcher_types(cfg: Any, launcher: type[Launcher], r: Report) -> Any:
+    """``cfg`` with its ``launcher`` node typed (a copy); a wrong type is a problem."""
+    import copy
+
+    try:
+        node = typed_launcher(launcher, cfg.launcher)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "key", None)
+        value = cfg.launcher.get(key) if key else None
+        r.error(type_problem(f"launcher.{key}", value, str(e)) if key else f"launcher: {e}")
+        return cfg
+    out = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(out, False)
+    with open_dict(out):
+        out.launcher = node
+    return out
 
 
 # --------------------------------------------------------------------------- training
@@ -138,10 +138,8 @@ def _check_training(cfg: Any, r: Report) -> None:
     if t.checkpoint_enable and t.checkpoint_interval <= 0:
         r.error(f"training.checkpoint_interval={t.checkpoint_interval} must be > 0")
     if t.activation_checkpoint not in ACTIVATION_CHECKPOINT:
-        r.error(
-            f"training.activation_checkpoint={t.activation_checkpoint!r}: use one of "
-            f"{list(ACTIVATION_CHECKPOINT)}"
-        )
+        r.error(choice_problem("training.activation_checkpoint", t.activation_checkpoint,
+                               ACTIVATION_CHECKPOINT))
     warmup_and_active = PROFILER_WARMUP_STEPS + 1
     if t.profile_freq != 0 and t.profile_freq < warmup_and_active:
         r.error(
@@ -149,7 +147,7 @@ def _check_training(cfg: Any, r: Report) -> None:
             f"profiler warms up {PROFILER_WARMUP_STEPS} steps before the step it records)"
         )
     if cfg.validate.memory not in MEMORY_CHECK:
-        r.error(f"validate.memory={cfg.validate.memory!r}: use one of {list(MEMORY_CHECK)}")
+        r.error(choice_problem("validate.memory", cfg.validate.memory, MEMORY_CHECK))
 
 
 # ------------------------------------------------------------------------ parallelism
@@ -205,14 +203,14 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
     a = cfg.a2a
     if a.name not in PRESETS and a.name != CUSTOM_A2A:
         r.error(
-            f"a2a.name={a.name!r} is not a preset; use a2a=<one of {sorted(PRESETS)}>, or "
-            f"a2a.name={CUSTOM_A2A} with the legs set by hand"
+            f"a2a.name={a.name!r} is not a preset; {did_you_mean(a.name, PRESETS, 'a2a={}')}use "
+            f"a2a=<one of {sorted(PRESETS)}>, or a2a.name={CUSTOM_A2A} with the legs set by hand"
         )
     for key, allowed in [(leg, LEG_FORMATS) for leg in LEGS] + [
         ("scale_rounding", SCALE_ROUNDINGS), ("kernel", KERNELS), ("transport", TRANSPORTS)
     ]:
         if a[key] not in allowed:
-            r.error(f"a2a.{key}={a[key]!r}: use one of {list(allowed)}")
+            r.error(choice_problem(f"a2a.{key}", a[key], allowed))
     if a.quantize_local_rows and not any(a[leg] == "mxfp8" for leg in LEGS):
         r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the MXFP8 "
                 f"legs, but a2a={a.name} sends every leg as bf16; use a2a=mxfp8 or a2a=mxfp8_all with it, "
@@ -232,9 +230,12 @@ def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
     m = cfg.model
     try:
         return model_facts.facts(m.family, m.flavor)
-    except model_facts.UnknownModelError as e:
-        key = "model.family" if m.family not in model_facts.FAMILIES else "model.flavor"
-        r.error(f"model={m.name} ({key}={m[key.split('.')[1]]!r}): {e}")
+    except model_facts.UnknownModelError:
+        if m.family not in model_facts.FAMILIES:
+            r.error(f"model={m.name}: {choice_problem('model.family', m.family, model_facts.FAMILIES)}")
+        else:
+            flavors = sorted(f for fam, f in model_facts.MODELS if fam == m.family)
+            r.error(f"model={m.name}: {choice_problem('model.flavor', m.flavor, flavors)}")
         return None
 
 
@@ -273,7 +274,7 @@ def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantize
 def _check_data(cfg: Any, r: Report) -> None:
     t = cfg.training
     if t.dataset not in DATASET_PATHS:
-        r.error(f"training.dataset={t.dataset!r}: use one of {sorted(DATASET_PATHS)} (with "
+        r.error(f"{choice_problem('training.dataset', t.dataset, sorted(DATASET_PATHS))} (with "
                 f"training.dataset_path=<local copy> for c4)")
     else:
         path = t.dataset_path or DATASET_PATHS[t.dataset]
@@ -296,7 +297,7 @@ def _check_data(cfg: Any, r: Report) -> None:
 def _check_logging(cfg: Any, r: Report) -> None:
     lg = cfg.logging
     if lg.wandb_mode not in WANDB_MODES:
-        r.error(f"logging.wandb_mode={lg.wandb_mode!r}: use one of {list(WANDB_MODES)}")
+        r.error(choice_problem("logging.wandb_mode", lg.wandb_mode, WANDB_MODES))
     if lg.log_freq < 1:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
     if lg.numerics_every < 0:
@@ -311,34 +312,19 @@ def _check_logging(cfg: Any, r: Report) -> None:
 
 
 # --------------------------------------------------------------------------- launcher
-def _launcher(cfg: Any, r: Report) -> Optional[Launcher]:
+def _launcher(cfg: Any, r: Report) -> Optional[type[Launcher]]:
     try:
-        return launcher_for(cfg)
+        cls = launcher_class(cfg)
     except Exception as e:  # noqa: BLE001 - a bad _target_ is a config problem
-        r.error(f"launcher={cfg.launcher.name}: launcher._target_={cfg.launcher._target_!r} does "
-                f"not name a launcher class ({e}); use launcher=local or launcher=slurm")
+        r.error(f"launcher={cfg.launcher.get('name')}: launcher._target_="
+                f"{cfg.launcher.get('_target_')!r} does not name a launcher class ({e}); use "
+                f"launcher=local or launcher=slurm")
         return None
-
-
-def _schema_default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
-
-
-def _check_launcher_fields(cfg: Any, launcher: Launcher, r: Report) -> None:
-    """Fields of ``launcher`` set on the command line or in a yaml that the chosen launcher
-    does not read (e.g. ``launcher.partition`` with ``launcher=local``)."""
-    from launch.schema import LauncherConfig
-
-    values = OmegaConf.to_container(cfg.launcher, resolve=True)
-    for f in dataclasses.fields(LauncherConfig):
-        if f.name in ("_target_", "name") or f.name in launcher.reads:
-            continue
-        value = values[f.name]
-        if value != _schema_default(f):
-            r.warn(f"launcher.{f.name}={value} is not read by launcher={cfg.launcher.name} "
-                   f"(only by launchers that use it, such as launcher=slurm): ignored")
+    if not dataclasses.is_dataclass(getattr(cls, "Config", None)):
+        r.error(f"launcher._target_={cfg.launcher._target_}: the class has no Config dataclass "
+                f"of its launcher.* fields (launch/launcher.py says what a launcher is)")
+        return None
+    return cls
 
 
 # ----------------------------------------------------------------------------- device

@@ -49,6 +49,7 @@ from torchtitan.models.moe import moe as titan_moe
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 from mxfp8_ep.grouped_experts import grouped_swiglu_experts
+from mxfp8_ep.launch_shapes import KernelShapes
 
 _ORIGINAL: dict = {}
 
@@ -61,6 +62,7 @@ class ExpertParallelPlan:
     a2a: A2AConfig
     max_tokens_per_rank: int | None
     overlap_shared_experts: bool = False
+    launch_shapes: dict[str, KernelShapes] | None = None  # TokenDispatcher.Config.launch_shapes
 
 
 class CapacityGroupedExperts(titan_moe.GroupedExperts):
@@ -86,6 +88,7 @@ class DispatcherExpertParallel(ExpertParallel):
         a2a: A2AConfig | None = None,
         max_tokens_per_rank: int | None = None,
         overlap_shared_experts: bool | None = None,
+        launch_shapes: dict[str, KernelShapes] | None = None,
     ):
         super().__init__()
         self.a2a = a2a if a2a is not None else self.default_a2a
@@ -93,11 +96,12 @@ class DispatcherExpertParallel(ExpertParallel):
         self.overlap_shared_experts = (
             self.default_overlap_shared_experts if overlap_shared_experts is None else overlap_shared_experts
         )
+        self.launch_shapes = launch_shapes
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         group = device_mesh.get_group()
         module.expert_parallel_plan = ExpertParallelPlan(
-            group, self.a2a, self.max_tokens_per_rank, self.overlap_shared_experts
+            group, self.a2a, self.max_tokens_per_rank, self.overlap_shared_experts, self.launch_shapes
         )
         transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
         if transport == "symm" and type(module) is titan_moe.GroupedExperts:
@@ -122,6 +126,7 @@ def token_dispatcher_for(moe: nn.Module, device: torch.device) -> TokenDispatche
             score_before_experts=moe.score_before_experts,
             pad_multiple=TOKEN_GROUP_ALIGN_SIZE_M,
             max_tokens_per_rank=plan.max_tokens_per_rank,
+            launch_shapes=plan.launch_shapes,
         )
         dispatcher = config.build(plan.group, device)
         moe.token_dispatcher = dispatcher

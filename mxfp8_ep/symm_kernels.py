@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from mxfp8_ep.format import BLOCK_SIZE
+from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from mxfp8_ep.routing import RoutingTables
 from mxfp8_ep.symm_reference import push_only_index, row_weights, staging_views, token_map
 from mxfp8_ep.triton_kernels import (
@@ -44,41 +45,6 @@ from mxfp8_ep.triton_kernels import (
 )
 
 _RCEIL, _FLOOR = 0, 1
-# Launch shapes (rows per program, warps), tuned on 2xH200 (benchmarks/profile_dispatcher.py).
-PUSH_BLOCK_M, PUSH_WARPS = 4, 4
-# push_rows visits its row blocks in this many interleaved stripes: programs that run at the
-# same time then hold rows bound for every rank (the expert-sorted rows come grouped by owner),
-# so the rows that stay (HBM copies) overlap the rows that cross NVLink instead of preceding or
-# following them, and no two ranks push into the same peer at once.
-PUSH_STRIPES = 8
-# Software-pipelining stages of push_rows' column loop (1: none).
-PUSH_STAGES = 1
-# (rows per program, warps) of receive_rows per leg format: dequantizing reads half the bytes
-# per row, so MXFP8 takes more rows per program (0.36 vs 0.44 ms on the profile's leg).
-RECEIVE_SHAPES = {"bf16": (4, 4), "mxfp8": (8, 8)}
-# (tokens per program, warps, widest column tile) of reduce_slots per leg format. 2xH200, the
-# kernel alone (benchmarks/profile_dispatcher.py --skip-layer): bf16 takes 512-column tiles
-# (0.398 vs 0.464 ms on the DeepSeek-V3-like leg of 65536 rows x 7168, 0.499 vs 0.537 ms on
-# 131072 x 5120), MXFP8 1024 (0.466 vs 0.575 ms; dequantizing wants more columns per load).
-REDUCE_SHAPES = {"bf16": (1, 4, 512), "mxfp8": (1, 4, 1024)}
-# (tokens per program, warps, widest column tile) of push_tokens per leg format: one token per
-# program, with 16-byte stores into the peer (st.global.v4, checked by
-# tests/triton_compile_check.py): 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2 warps.
-# One H200, the peers buffers on the same GPU, the DeepSeek-V3-like leg (8192 tokens x 7168,
-# top-8 of 256; benchmarks/push_sweep.py --world 2 / 8, results/h200_one_gpu_fifteenth_session),
-# against (2, 4, 1024) before: weighted (combine's backward) 14-23% faster at EP=8 and 7-16% at
-# EP=2 in both formats; unweighted (dispatch's forward) at EP=8 bf16 10%, MXFP8 17% faster, at
-# EP=2 the same within the runs' spread. MXFP8 at (1, 4, 1024) stores 8 bytes and is slower.
-PUSH_TOKENS_SHAPES = {"bf16": (1, 4, 1024), "mxfp8": (1, 2, 1024)}
-# (token slots per program, warps, widest column tile) of push_partials: one slot per program,
-# with 16-byte stores into the peer (st.global.v4, checked by tests/triton_compile_check.py):
-# 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2 warps (one slot at 4 warps: 8 bytes, at
-# 1024 columns). One H200, the peers buffers on the same GPU, the DeepSeek-V3-like leg
-# (benchmarks/push_sweep.py --world 2 / 8 --push-partials-shapes,
-# results/h200_one_gpu_fourteenth_session/push_partials_shapes): at EP=8, bf16 0.46-0.48 ms
-# against 0.58-0.59 at (2, 4, 512), MXFP8 0.52 against 0.67-0.68 at (2, 4, 1024), weighted
-# 19-26% faster; at EP=2 the same within the runs' spread.
-PUSH_PARTIALS_SHAPES = {"bf16": (1, 4, 1024), "mxfp8": (1, 2, 1024)}
 ROUTING_BLOCK = 1024
 
 
@@ -568,14 +534,15 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", shape: LaunchShape | None = None,
 ) -> None:
     num = dst_rank.numel()
     if num == 0:
         return
     dim = src.shape[1]
     only_index = push_only_index(only)
-    block_m, stripes = PUSH_BLOCK_M, PUSH_STRIPES
+    shape = shape or KernelShapes.default(fmt).push_rows
+    block_m, stripes = shape.block, shape.stripes
     no_fp32 = _no_fp32(src.device)
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     _push_rows_kernel[(stripes * triton.cdiv(triton.cdiv(num, block_m), stripes),)](
@@ -586,24 +553,25 @@ def push_rows(
         num, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
         HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim),
-        ONLY=only_index, STRIPES=stripes, STAGES=PUSH_STAGES, num_warps=PUSH_WARPS,
+        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim, shape.block_d),
+        ONLY=only_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
     )
 
 
 def push_tokens(
     src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
     top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None, carry=None, dot_local=None,
+    shape: LaunchShape | None = None,
 ) -> None:
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
-    block_t, warps, block_d = PUSH_TOKENS_SHAPES[fmt]
+    shape = shape or KernelShapes.default(fmt).push_tokens
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
     no_fp32 = _no_fp32(src.device)
     weights = factor if factor is not None else carry
     dots = dot_rows if dot_rows is not None else dot_local
-    _push_tokens_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _push_tokens_kernel[(triton.cdiv(num_tokens, shape.block),)](
         _bits(src), inv, dst_rank, dst_row, _bits(local_out), stage, staging.element_offsets(stage.element_size()),
         token_map(staging.local, map_offset, map_rows), staging.element_offsets(8),
         row_weights(staging.local, map_offset, map_rows), staging.element_offsets(4),
@@ -613,54 +581,57 @@ def push_tokens(
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
         IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
         HAS_FACTOR=weights is not None, WEIGH_LOCAL=factor is not None, HAS_DOT=dots is not None,
-        DOT_LOCAL=dot_local is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
+        DOT_LOCAL=dot_local is not None, BLOCK_T=shape.block, BLOCK_D=_block_d(dim, shape.block_d),
+        num_warps=shape.warps,
     )
 
 
 def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
-                  weight=None) -> None:
+                  weight=None, shape: LaunchShape | None = None) -> None:
     num_slots, dim = start.numel() - 1, src.shape[1]
     if num_slots == 0 or src.shape[0] == 0:
         return
-    block_s, warps, block_d = PUSH_PARTIALS_SHAPES[fmt]
+    shape = shape or KernelShapes.default(fmt).push_partials
     stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
-    _push_partials_kernel[(triton.cdiv(num_slots, block_s),)](
+    _push_partials_kernel[(triton.cdiv(num_slots, shape.block),)](
         _bits(src), order, start, weight if weight is not None else _no_fp32(src.device), stage,
         staging.element_offsets(stage.element_size()), sent, num_slots, rank, max_tokens,
         D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, HAS_WEIGHT=weight is not None, BLOCK_S=block_s,
-        BLOCK_D=_block_d(dim, block_d), num_warps=warps,
+        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
+        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )
 
 
 def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None, dot_with=None,
-                 dot_out=None) -> None:
+                 dot_out=None, shape: LaunchShape | None = None) -> None:
     rows, dim = out.shape
     if rows == 0:
         return
-    block_m, warps = RECEIVE_SHAPES[fmt]
-    _receive_rows_kernel[(triton.cdiv(rows, block_m),)](
+    shape = shape or KernelShapes.default(fmt).receive_rows
+    _receive_rows_kernel[(triton.cdiv(rows, shape.block),)](
         _bits(out), source, _stage(staging.local, staging_rows, dim, out.dtype, fmt),
         stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
         _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
         rows, rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
-        HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=block_m, BLOCK_D=_block_d(dim), num_warps=warps,
+        HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=shape.block,
+        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
     )
 
 
 def reduce_slots(
     out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
     weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
+    shape: LaunchShape | None = None,
 ) -> None:
     num_tokens, dim = out.shape
     if num_tokens == 0:
         return
-    block_t, warps, block_d = REDUCE_SHAPES[fmt]
+    shape = shape or KernelShapes.default(fmt).reduce_slots
     no_fp32 = _no_fp32(out.device)
-    _reduce_slots_kernel[(triton.cdiv(num_tokens, block_t),)](
+    _reduce_slots_kernel[(triton.cdiv(num_tokens, shape.block),)](
         _bits(out), inv, row_rank, local_row, _bits(local_src), _stage(staging.local, staging_rows, dim, out.dtype, fmt),
         stage_row if stage_row is not None else inv,
         weight if weight is not None else no_fp32, _bits(save if save is not None else out),
@@ -668,7 +639,8 @@ def reduce_slots(
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
-        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=block_t, BLOCK_D=_block_d(dim, block_d), num_warps=warps,
+        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=shape.block,
+        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )

@@ -1,5 +1,5 @@
-"""Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments, same
-arithmetic, same bytes. They run wherever torch runs (CPU emulation of peers in CI, or on CUDA
+"""Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments (a
+kernel's launch ``shape`` is taken and ignored), same arithmetic, same bytes. They run wherever torch runs (CPU emulation of peers in CI, or on CUDA
 peer memory to check the Triton kernels on the GPU machine).
 
 A *staging* buffer is a byte buffer of rows, indexed by row: the one a rank receives pushed
@@ -144,7 +144,7 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all",
+    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", shape=None,  # noqa: ARG001
 ) -> None:
     """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``factor[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
@@ -177,6 +177,7 @@ def push_rows(
 def push_tokens(
     src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
     top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None, carry=None, dot_local=None,
+    shape=None,  # noqa: ARG001
 ) -> None:
     """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
     (``inv[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
@@ -245,7 +246,7 @@ def partial_slots(row_slot: torch.Tensor, num_slots: int) -> tuple[torch.Tensor,
 
 
 def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
-                  weight=None) -> None:
+                  weight=None, shape=None) -> None:  # noqa: ARG001
     """The token-bound push with one row per token and rank: for every slot ``s`` of another
     rank's token (``s // max_tokens``) with rows here (``partial_slots``; at most
     ``max_rows``), the fp32 sum of its rows of ``src`` in ``order``, rounded to the activation
@@ -293,7 +294,7 @@ def partial_stage_rows(inv: torch.Tensor, dst_rank: torch.Tensor, rank: int, top
 
 
 def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None, dot_with=None,
-                 dot_out=None) -> None:
+                 dot_out=None, shape=None) -> None:  # noqa: ARG001
     """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
     buffer, row ``stage_row[i]`` (or ``i``), times ``weight[i]`` when given (fp32 multiply, one
     rounding). Padding rows (-1): zeros. This rank's own rows and unused rows: as is. With
@@ -315,6 +316,7 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
 def reduce_slots(
     out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
     weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
+    shape=None,  # noqa: ARG001
 ) -> None:
     """``out[t] = sum_k weight[t*K+k] * v(inv[t*K+k])`` in fp32 (k ascending), where ``v(n)``
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else

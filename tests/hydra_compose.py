@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 from hydra import compose, initialize_config_dir
@@ -22,3 +24,13 @@ def compose_cfg(*overrides: str, hydra_node: bool = False) -> DictConfig:
 def options(group: str) -> list[str]:
     """Option names of a config group (its YAML files; the ConfigStore schemas aside)."""
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def no_slurm_cluster(monkeypatch):
+    """What sinfo would list: nothing (not a SLURM login node), so checks of a launcher=slurm
+    config do not depend on whether a cluster is up on this machine. Tests that want a
+    cluster's partitions pass a ``ClusterView`` or patch ``partitions`` themselves."""
+    from launch import slurm_cluster
+
+    monkeypatch.setattr(slurm_cluster, "partitions", lambda: None)

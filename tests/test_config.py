@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.hydra_compose import CONF, GROUPS, REPO, compose_cfg, options
+from tests.hydra_compose import CONF, GROUPS, REPO, compose_cfg, no_slurm_cluster, options  # noqa: F401
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import dataclasses
 
-from launch.config_store import not_in_run_name
-from launch.local import LocalLauncher
+from launch.launcher import LauncherConfig, with_typed_launcher
+from launch.local import LocalLauncher, LocalLauncherConfig
 from launch.machine import GIB, Machine
-from launch.schema import A2ASchema, LauncherConfig, ModelConfig, TrainConfig
+from launch.run_dir import NOT_IN_RUN_NAME
+from launch.schema import A2ASchema, ModelConfig, TrainConfig
 from launch.slurm import SlurmLauncher
 from launch.titan_models import model_args
 from launch.validate import validate
@@ -32,8 +33,9 @@ def test_defaults():
     assert (cfg.parallelism.name, cfg.parallelism.nodes, cfg.parallelism.procs_per_node) == ("ep2", 1, 2)
     assert cfg.parallelism.ep == 2
     assert cfg.a2a.name == "bf16"
-    assert cfg.launcher.name == "local" and OmegaConf.get_type(cfg.launcher) is LauncherConfig
-    assert cfg.launcher._target_ == "launch.local.LocalLauncher"
+    assert cfg.launcher.name == "local" and cfg.launcher._target_ == "launch.local.LocalLauncher"
+    # the launcher group is typed by the launcher's own Config once chosen
+    assert OmegaConf.get_type(with_typed_launcher(cfg).launcher) is LocalLauncherConfig
     assert cfg.logging.name == "wandb_offline" and cfg.logging.wandb_mode == "offline"
     assert cfg.training.steps > 0
     assert not OmegaConf.missing_keys(cfg)
@@ -124,8 +126,26 @@ def test_each_launcher_names_its_class():
     assert isinstance(launcher_for(slurm), SlurmLauncher)
     assert isinstance(launcher_for(compose_cfg()), LocalLauncher)
     assert slurm.launcher.gpus_per_node is None and slurm.launcher.srun_args == []
-    # SLURM fields are typed for every launcher; launcher=local warns that it ignores them
-    assert compose_cfg("launcher.gpus_per_node=0").launcher.gpus_per_node == 0
+    # each launcher has its own fields: launcher=local has no SLURM ones
+    with pytest.raises(ConfigCompositionException, match="launcher.gpus_per_node"):
+        compose_cfg("launcher.gpus_per_node=0")
+
+
+@pytest.mark.parametrize("option", options("launcher"))
+def test_launcher_configs_are_a_base_and_one_dataclass_per_launcher(option):
+    """As hydra-submitit-launcher's queues: every launcher's Config derives from LauncherConfig
+    and names its class in _target_; its yaml spells out every field with the Config's default
+    (so `launcher.<field>=...` works without +, and the defaults live in one place)."""
+    from launch.launcher import launcher_class
+
+    cfg = compose_cfg(f"launcher={option}")
+    cls = launcher_class(cfg)
+    assert issubclass(cls.Config, LauncherConfig) and cls.Config is not LauncherConfig
+    defaults = OmegaConf.to_container(OmegaConf.structured(cls.Config))
+    assert defaults["_target_"] == cfg.launcher._target_ == f"{cls.__module__}.{cls.__name__}"
+    assert defaults["name"] == option
+    assert OmegaConf.to_container(cfg.launcher) == defaults
+    assert [f.name for f in dataclasses.fields(LauncherConfig)] == ["_target_", "name"]
 
 
 @pytest.mark.parametrize(
@@ -171,12 +191,9 @@ def test_typo_inside_a_group_file_fails(tmp_path):
 def test_hydra_settings():
     cfg = compose_cfg(hydra_node=True)
     assert cfg.hydra.job.chdir is False
-    exclude = list(cfg.hydra.job.config.override_dirname.exclude_keys)
-    assert exclude == not_in_run_name()
-    assert {"recipe", "launcher", "logging", "training.resume"} <= set(exclude)
-    # every field of the launcher: its overrides never reach run or sweep folder names
-    assert {f"launcher.{f.name}" for f in dataclasses.fields(LauncherConfig)} <= set(exclude)
-    assert not any(k.startswith(("training.steps", "a2a", "model", "parallelism")) for k in exclude)
+    assert {"recipe", "launcher", "logging", "validate", "training.resume"} <= set(NOT_IN_RUN_NAME)
+    assert not any(k.startswith(("training.steps", "a2a", "model", "parallelism"))
+                   for k in NOT_IN_RUN_NAME)
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -259,13 +276,22 @@ def test_schema_defaults_match_group_files():
 
 # ------------------------------------------------------------------------ launchers
 NEW_LAUNCHER = '''
-from launch.launcher import Target
+from dataclasses import dataclass
+
+from launch.launcher import LauncherConfig, Target
 
 CALLS = []
 
 
+@dataclass
+class PrintLauncherConfig(LauncherConfig):
+    _target_: str = "printer_launcher.PrintLauncher"
+    name: str = "printer"
+    partition: str = "plain"
+
+
 class PrintLauncher:
-    reads = frozenset({"partition"})
+    Config = PrintLauncherConfig
 
     def target(self, cfg, machine):
         return Target("cpu", 1 << 40, "the printer's RAM", "it prints")
@@ -282,7 +308,7 @@ class PrintLauncher:
 
 def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
     """No Python file of the recipe changes: train.py and validate.py go through the class
-    the yaml names, its checks run and the fields it reads draw no warning."""
+    the yaml names, its Config types its fields and its checks run."""
     import importlib
     import shutil
     import sys
@@ -297,7 +323,7 @@ def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf, symlinks=True)
     (conf / "launcher" / "printer.yaml").write_text(
-        "_target_: printer_launcher.PrintLauncher\nname: printer\n")
+        "_target_: printer_launcher.PrintLauncher\nname: printer\npartition: plain\n")
 
     def cfg(*overrides):
         with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
@@ -306,11 +332,11 @@ def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="launcher=printer needs launcher.partition=paper"):
         validate(cfg())
     assert validate(cfg("launcher.partition=paper")) == []
-    assert any("launcher.account=x is not read by launcher=printer" in w
-               for w in validate(cfg("launcher.partition=paper", "launcher.account=x")))
+    with pytest.raises(ConfigError, match="unknown key launcher.account: launcher=printer has"):
+        validate(cfg("launcher.partition=paper", "+launcher.account=x"))
 
     monkeypatch.setattr(console, "route_logging", lambda verbose: None)
-    train.run(cfg("launcher.partition=paper"), str(tmp_path / "run"), "")
+    train.run(cfg("launcher.partition=paper"), str(tmp_path / "run"), [])
     assert importlib.import_module("printer_launcher").CALLS == [str(tmp_path / "run")]
     assert (tmp_path / "run" / "train_config.yaml").is_file()
     sys.modules.pop("printer_launcher")

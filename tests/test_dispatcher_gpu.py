@@ -16,7 +16,7 @@ for-loop experts and the row-wise twin) read their counts on the host, in their 
 outside the check.
 The CPU suite (tests/test_dispatcher*.py, tests/test_symm_kernels.py) runs the same kernels
 under the Triton interpreter over shared-memory peers; these need 2 GPUs, so CI (CPU) skips
-them and the GPU machine runs them (benchmarks/gpu_evidence.sh).
+them and the GPU machine runs them (``benchmarks/run.sh tests_2gpu``, ``tests_1gpu``, ``tests_1gpu_fuzz``).
 
 On a machine with one GPU the symm checks run with ranks sharing it (``[sharing_one_gpu]`` and
 ``*_sharing_one_gpu``,

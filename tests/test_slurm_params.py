@@ -3,13 +3,18 @@ the sbatch script submitit would submit; the job object's requeue contract."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
 import pytest
 import submitit
-from tests.hydra_compose import compose_cfg
+from tests.hydra_compose import compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
 
+from launch import slurm_cluster
+from launch.launcher import RunRefused
+from launch.machine import GIB, Machine
+from launch.problems import Report
 from launch.slurm import SlurmTrainJob, slurm_executor_kwargs, slurm_executor_params
 from launch.worker import config_from_yaml, config_to_yaml
 
@@ -144,8 +149,174 @@ def test_submit_without_sbatch_says_what_to_do(monkeypatch, tmp_path):
     import launch.slurm as slurm
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
-    with pytest.raises(RuntimeError, match="needs the SLURM client"):
+    with pytest.raises(RunRefused, match="needs the SLURM client"):
         slurm.submit(compose_cfg("launcher=slurm"), str(tmp_path))
+
+
+# ------------------------------------------------------------- what SLURM says
+# What sinfo -h -o '%P|%D|%G|%l' prints: the local test cluster (no GPUs), and a GPU site.
+SINFO_CPU = "debug*|2|(null)|infinite\nshort|2|(null)|5:00\n"
+SINFO_GPU = ("cpu*|40|(null)|1-00:00:00\ngpu|12|gpu:h200:8(S:0-1)|2-00:00:00\n"
+             "gpu|4|gpu:h200:8(S:0-1),nvme:1|2-00:00:00\ndev|2|gpu:2|30:00\n")
+
+
+def test_sinfo_partitions_are_read():
+    cpu = slurm_cluster.parse_sinfo(SINFO_CPU)
+    assert cpu["debug"] == slurm_cluster.Partition("debug", True, 2, 0, None)
+    assert cpu["short"].time_limit_min == 5 and not cpu["short"].default
+    gpu = slurm_cluster.parse_sinfo(SINFO_GPU)
+    assert gpu["gpu"] == slurm_cluster.Partition("gpu", False, 16, 8, 2 * 24 * 60)
+    assert gpu["dev"].gpus_per_node == 2 and gpu["dev"].time_limit_min == 30
+    assert slurm_cluster.parse_time_min("1:30:00") == 90
+    assert slurm_cluster.parse_time_min("UNLIMITED") is None
+
+
+def cluster_problems(sinfo: str, *overrides: str) -> Report:
+    cfg = compose_cfg("launcher=slurm", "training.checkpoint_enable=true", *overrides)
+    report = Report()
+    view = slurm_cluster.ClusterView(slurm_cluster.parse_sinfo(sinfo))
+    slurm_cluster.check_request(cfg, slurm_executor_params(cfg).get("gpus_per_node", 0), report, view)
+    return report
+
+
+def test_gpus_asked_on_a_cluster_without_gpus_name_the_option():
+    (msg,) = cluster_problems(SINFO_CPU).errors  # launcher=slurm, nothing else
+    assert msg == ("the job asks for 2 GPUs per node (launcher.gpus_per_node=null: one per process "
+                   "of parallelism=ep2), but partition debug (SLURM's default) has no GPUs (sinfo "
+                   "lists no gres/gpu); set launcher.gpus_per_node=0 to run CPU processes (gloo) on "
+                   "a cluster without GPUs")
+    assert cluster_problems(SINFO_CPU, "launcher.gpus_per_node=0").errors == []
+    (msg,) = cluster_problems(SINFO_GPU, "launcher.partition=cpu").errors
+    assert "launcher.partition=<one with GPUs: dev, gpu>" in msg
+
+
+def test_partition_gpus_nodes_and_time_against_sinfo():
+    (msg,) = cluster_problems(SINFO_CPU, "launcher.partition=nosuch").errors
+    assert msg == ("launcher.partition='nosuch': use one of ['debug', 'short'] (the partitions sinfo "
+                   "lists)")
+    (msg,) = cluster_problems(SINFO_GPU, "launcher.partition=gpus").errors
+    assert "did you mean launcher.partition=gpu?" in msg
+    assert cluster_problems(SINFO_GPU, "launcher.partition=gpu", "parallelism=2nodes_8gpus",
+                            "model=dsv3_16b").errors == []
+    (msg,) = cluster_problems(SINFO_GPU, "launcher.partition=dev", "launcher.time_min=30",
+                              "parallelism=ep8", "model=llama4_debugmodel").errors
+    assert "at most 2" in msg and "parallelism.procs_per_node" in msg
+    found = cluster_problems(SINFO_CPU, "launcher.gpus_per_node=0", "launcher.partition=short",
+                             "parallelism.nodes=3", "parallelism.ep=2").errors
+    assert any("parallelism.nodes=3, but partition short has 2 node(s)" in p for p in found)
+    assert any("launcher.time_min=60 exceeds the time limit of partition short (5 min)" in p
+               for p in found)
+
+
+def test_a_cluster_that_does_not_answer():
+    cfg = compose_cfg("launcher=slurm", "launcher.gpus_per_node=0")
+    report = Report()
+    down = slurm_cluster.ClusterView({}, "slurm_load_partitions: Unable to contact slurm controller")
+    slurm_cluster.check_request(cfg, 0, report, down)
+    (msg,) = report.errors
+    assert "SLURM does not answer" in msg and "scontrol ping" in msg
+    report = Report()
+    slurm_cluster.check_request(cfg, 0, report, slurm_cluster.ClusterView({}, "slow", timed_out=True))
+    assert report.errors == [] and "checked only when sbatch submits" in report.warnings[0]
+
+
+def test_validation_asks_sinfo_for_launcher_slurm(monkeypatch):
+    from launch.validate import ConfigError, validate
+
+    view = slurm_cluster.ClusterView(slurm_cluster.parse_sinfo(SINFO_CPU))
+    monkeypatch.setattr(slurm_cluster, "partitions", lambda: view)
+    with pytest.raises(ConfigError, match="launcher.gpus_per_node=0"):
+        validate(compose_cfg("launcher=slurm"), machine=Machine(24 * GIB, 2))
+    validate(compose_cfg("launcher=slurm", "launcher.gpus_per_node=0"), machine=Machine(24 * GIB, 2))
+
+
+# sbatch's own words (SLURM 22.05), as submitit raises them.
+@pytest.mark.parametrize("stderr,option", [
+    ("sbatch: error: Invalid generic resource (gres) specification",
+     "launcher.gpus_per_node: the job asks for 2 GPUs per node (launcher.gpus_per_node=null"),
+    ("sbatch: error: invalid partition specified: nosuch\nsbatch: error: Batch job submission "
+     "failed: Invalid partition name specified", "launcher.partition"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition "
+     "combination specified", "launcher.account"),
+    ("sbatch: error: Batch job submission failed: Invalid qos specification", "launcher.qos"),
+    ("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or "
+     "exceeds some limit)", "launcher.time_min"),
+    ("sbatch: error: Batch job submission failed: Node count specification invalid",
+     "parallelism.nodes"),
+    ("sbatch: error: Batch job submission failed: Invalid feature specification",
+     "launcher.constraint"),
+    ("sbatch: error: Memory specification can not be satisfied\nsbatch: error: Batch job "
+     "submission failed: Requested node configuration is not available", "launcher.mem_gb"),
+    ("sbatch: error: Batch job submission failed: More processors requested than permitted",
+     "launcher.cpus_per_task"),
+])
+def test_sbatch_refusals_name_the_option(stderr, option):
+    msg = slurm_cluster.explain_refusal(stderr, compose_cfg("launcher=slurm"), 2)
+    last = stderr.splitlines()[-1]
+    assert msg.startswith(f"SLURM refused the job: {last}. Change {option}"), msg
+    assert "\n" not in msg
+
+
+FAKE_SBATCH = """#!/bin/sh
+echo "sbatch: error: Invalid generic resource (gres) specification" >&2
+exit 1
+"""
+
+
+@pytest.fixture
+def refusing_sbatch(tmp_path, monkeypatch):
+    """PATH with an sbatch that refuses every job as a cluster without GPUs does, an srun (what
+    submitit looks for) and no sinfo (so nothing is checked before submitting)."""
+    import stat
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("sbatch", FAKE_SBATCH), ("srun", "#!/bin/sh\nexit 0\n")):
+        exe = bin_dir / name
+        exe.write_text(text)
+        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}")
+    return bin_dir
+
+
+def test_an_sbatch_refusal_is_one_message(refusing_sbatch, tmp_path, capsys):
+    import launch.slurm as slurm
+
+    with pytest.raises(RunRefused) as e:
+        slurm.submit(compose_cfg("launcher=slurm"), str(tmp_path))
+    assert str(e.value).startswith("SLURM refused the job: sbatch: error: Invalid generic resource "
+                                   "(gres) specification. Change launcher.gpus_per_node")
+    assert capsys.readouterr().err == ""  # submitit's own print of sbatch's stderr is not shown
+
+
+def test_submitit_errors_are_one_message(refusing_sbatch, tmp_path, monkeypatch):
+    import launch.slurm as slurm
+
+    (refusing_sbatch / "srun").unlink()
+    with pytest.raises(RunRefused, match="submitit cannot submit from here .*srun.*launcher=local"):
+        slurm.submit(compose_cfg("launcher=slurm"), str(tmp_path))
+    (refusing_sbatch / "srun").write_text("#!/bin/sh\n")
+    (refusing_sbatch / "srun").chmod(0o755)
+    params = slurm.slurm_executor_params  # one submitit does not know, as a newer key would be
+    monkeypatch.setattr(slurm, "slurm_executor_params", lambda cfg: {**params(cfg), "slurm_no_such": 1})
+    with pytest.raises(RunRefused, match="submitit rejected the job.s parameters .*slurm_no_such"):
+        slurm.submit(compose_cfg("launcher=slurm"), str(tmp_path))
+
+
+def test_cli_sbatch_refusal_exits_2_without_a_traceback(refusing_sbatch, tmp_path):
+    from tests.train_cli import run_train
+
+    proc = run_train(tmp_path, "launcher=slurm", "logging=none", PATH=os.environ["PATH"],
+                     timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("[mxfp8ep] SLURM refused the job: sbatch: error: Invalid generic "
+                                "resource (gres) specification. Change launcher.gpus_per_node")
+    assert "Traceback" not in proc.stderr
+    proc = run_train(tmp_path, "launcher=slurm", "logging=none", "logging.verbose=true",
+                     PATH=os.environ["PATH"], timeout=120)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr  # asked for: the whole story
 
 
 def test_site_launcher_file_built_on_the_slurm_one(tmp_path):

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import itertools
 import os
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep.config import PRESETS, SCALE_ROUNDINGS, A2AConfig
+from mxfp8_ep.config import LEG_FORMATS, PRESETS, SCALE_ROUNDINGS, A2AConfig
+from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from mxfp8_ep.peer_memory import OneProcessPeers
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, run_forked
@@ -82,7 +84,8 @@ def _cases(world: int) -> list[dict]:
             for j, c in enumerate(picked)]
     # push_rows visits its row blocks in interleaved stripes: one row per block and 3 stripes
     # (top_k 3: >= 6 rows, so every stripe holds >= 2 blocks) must still push every row once,
-    # quantizing (an MXFP8 preset) on both transports.
+    # quantizing (an MXFP8 preset) on both transports. The shape reaches the kernels through
+    # the dispatcher's config (``TokenDispatcher.Config.launch_shapes``).
     striped = [dict(quantized[0], top_k=3, kind="random", transport=t, push_launch=(1, 3), seed=50 + j)
                for j, t in enumerate(("symm", "nccl"))] if world == 2 else []
     return symm + nccl + striped
@@ -118,6 +121,7 @@ def _run(case: dict, kernel: str, rank: int, world: int):
         pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
         a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel,
                              transport=case["transport"]),
+        launch_shapes=_launch_shapes(case),
     )
     dispatcher = config.build(dist.group.WORLD, device)
     assert type(dispatcher) is {"symm": SymmTokenDispatcher, "nccl": FusedNcclTokenDispatcher}[case["transport"]]
@@ -139,18 +143,23 @@ def _run(case: dict, kernel: str, rank: int, world: int):
     )
 
 
+def _launch_shapes(case: dict):
+    """The case's push_rows launch (rows per program, stripes) for every leg format, or None."""
+    if "push_launch" not in case:
+        return None
+    block, stripes = case["push_launch"]
+    return {fmt: replace(KernelShapes.default(fmt), push_rows=LaunchShape(block=block, warps=4, stripes=stripes))
+            for fmt in LEG_FORMATS}
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit, except that any NaN equals any NaN."""
     return bool(((bits(a) == bits(b)) | (a.isnan() & b.isnan())).all()) and a.shape == b.shape
 
 
 def _check(rank, world, cases):
-    from mxfp8_ep import symm_kernels
-
     torch.set_num_threads(1)
-    default_launch = symm_kernels.PUSH_BLOCK_M, symm_kernels.PUSH_STRIPES
     for case in cases:
-        symm_kernels.PUSH_BLOCK_M, symm_kernels.PUSH_STRIPES = case.get("push_launch", default_launch)
         ref = _run(case, "torch", rank, world)
         got = _run(case, "triton", rank, world)
         where = f"rank {rank}/{world}: {case}"

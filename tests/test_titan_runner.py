@@ -194,7 +194,7 @@ def test_deepseek_v3_ep2_resumes_from_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
 def test_mxfp8_a2a_config_trains(tmp_path: Path, family: str) -> None:
-    from benchmarks.step_profile import newest_traces, summarize
+    from benchmarks.train import newest_traces, summarize
 
     cfg = make_cfg(family, a2a="mxfp8", steps=6, wandb_mode="disabled")
     cfg.training.profile_freq = 5  # torchtitan's profiler: 3 warm-up steps, then step 5 traced

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -19,11 +20,12 @@ from pathlib import Path
 
 import pytest
 from tests.hydra_compose import REPO
-from tests.train_cli import run_train, train_cmd, train_env
+from tests.train_cli import TRAIN, run_train, train_cmd, train_env
 
 from launch.compare_runs import main as compare_main
+from launch.run_dir import run_name
 from launch.run_summary import A2A_BYTES, LOSS, TOKENS_PER_S_GLOBAL, RunSummary
-from launch.wandb_offline import find_runs, read_runs
+from launch.wandb_offline import find_runs, read_run, read_runs
 
 # What the console used to be full of: torchtitan's log, library warnings, wandb's banner,
 # torch elastic's per-rank prefixes and its own log lines, the model dump.
@@ -70,9 +72,12 @@ def check_run(run_dir: Path, steps: int, a2a: str) -> RunSummary:
 @pytest.fixture(scope="module")
 def readme_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     cwd = tmp_path_factory.mktemp("readme")
-    proc = run_train(cwd, *readme_first_command())
+    args = readme_first_command()
+    proc = run_train(cwd, *args)
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     (run_dir,) = (cwd / "outputs" / "default").iterdir()
+    # the folder says what was trained, as a sweep's folders do: <time>_a2a=bf16[,overrides]
+    assert run_dir.name.endswith("_" + run_name(args, "bf16", for_path=True)), run_dir.name
     return run_dir, proc
 
 
@@ -176,19 +181,24 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
     assert (run_dir / "checkpoint" / f"step-{s.steps}" / ".metadata").is_file()
     assert err.splitlines() == [
         f"[mxfp8ep] stopped by SIGINT at step {s.steps}/200: checkpoint {s.checkpoint}, wandb run "
-        f"{s.wandb_run_id} finished; continue with training.resume={run_dir}"
+        f"{s.wandb_run_id} finished; continue with: python {TRAIN} training.resume={run_dir}"
     ]
+    hint = shlex.split(err.split("continue with: ")[1])
     assert not [line for line in out.splitlines() if NOISE.search(line)]
     # no logged step lost: wandb has every step up to the stop, and was finished
     (run,) = read_runs(str(run_dir))
     assert [row["_step"] for row in run.history] == list(range(1, s.steps + 1))
     assert run.exit_code == 0
 
-    # Resume: same run dir, newest checkpoint, same wandb run with the history appended.
+    # Resume with the printed command (two more steps, not the run's 200): its saved config
+    # (checkpointing on), its newest checkpoint, the same wandb run with the history appended.
     steps = s.steps + 2
-    proc = run_train(tmp_path, f"training.steps={steps}", "training.checkpoint_enable=true",
-                     f"training.resume={run_dir}")
+    assert hint[:2] == ["python", str(TRAIN)]
+    proc = run_train(tmp_path, *hint[2:], f"training.steps={steps}")
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    assert proc.stdout.splitlines()[0] == (
+        f"[mxfp8ep] resuming {run_dir} from step {s.steps} (its newest checkpoint) with its saved "
+        f"config; changed on the command line: training.steps={steps}")
     assert f"run dir {run_dir}" in proc.stdout
     resumed = RunSummary.read(run_dir)
     assert resumed.start_step == s.steps and resumed.steps == steps
@@ -197,6 +207,8 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
     (run,) = read_runs(str(run_dir))
     assert len(run.paths) == 2 and run.run_id == s.wandb_run_id
     assert [row["_step"] for row in run.history] == list(range(1, steps + 1))
+    # what wandb sync uploads, launch after launch: no step logged twice, none lost
+    assert [row["_step"] for p in run.paths for row in read_run(p).history] == list(range(1, steps + 1))
     assert run.series(LOSS)[: s.steps] == pytest.approx(s.losses)
     assert not list(tmp_path.glob("outputs"))  # no new run dir was made
 
@@ -212,7 +224,7 @@ def test_sigterm_to_the_launcher_stops_the_workers(tmp_path):
     assert s.stopped_by == "SIGTERM" and s.checkpoint is None
     assert err.splitlines() == [
         f"[mxfp8ep] stopped by SIGTERM at step {s.steps}/200: no checkpoint "
-        f"(training.checkpoint_enable=false)"
+        f"(training.checkpoint_enable=false), so it cannot be resumed"
     ]
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from tests.hydra_compose import REPO, compose_cfg
+from tests.hydra_compose import REPO, compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
 from tests.train_cli import run_train, train_env
 
 from launch.machine import GIB, Machine
@@ -73,6 +73,22 @@ def test_appended_unknown_key_is_rejected_with_the_known_fields(override):
     assert f"unknown key {key}" in msg
     if key == "training.stepz":
         assert "did you mean training.steps?" in msg and "local_batch_size" in msg
+    if key == "experimentt":
+        assert "did you mean experiment?" in msg
+
+
+def test_launcher_keys_are_the_chosen_launchers():
+    """launcher=local has no SLURM fields: one added with + is an unknown key of launcher=local;
+    a typo of a launcher=slurm field gets its correction."""
+    msg = one_problem("+launcher.partition=gpu")
+    assert msg.startswith("unknown key launcher.partition: launcher=local has name"), msg
+    msg = one_problem("launcher=slurm", "+launcher.partitoin=gpu")
+    assert "did you mean launcher.partition?" in msg and "launcher=slurm has account" in msg
+
+
+def test_a_launcher_value_of_the_wrong_type():
+    assert one_problem("launcher=slurm", "launcher.exclusive=maybe") == (
+        "launcher.exclusive=maybe: expected true or false")
 
 
 def test_free_form_dict_fields_take_any_key():
@@ -175,9 +191,10 @@ def test_preset_with_changed_leg_warns():
 
 @pytest.mark.parametrize("leg", ["dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd"])
 def test_unknown_leg_value(leg):
-    assert f"a2a.{leg}='fp8': use one of ['bf16', 'mxfp8']" in one_problem(
-        "a2a.name=custom", f"a2a.{leg}=fp8"
-    )
+    assert one_problem("a2a.name=custom", f"a2a.{leg}=fp8") == (
+        f"a2a.{leg}='fp8': did you mean a2a.{leg}=mxfp8? use one of ['bf16', 'mxfp8']")
+    assert one_problem("a2a.name=custom", f"a2a.{leg}=nvfp4").startswith(
+        f"a2a.{leg}='nvfp4': use one of")  # nothing close: no guess
 
 
 def test_unknown_scale_rounding_kernel_transport():
@@ -185,6 +202,8 @@ def test_unknown_scale_rounding_kernel_transport():
     assert any("a2a.scale_rounding='nearest'" in p for p in found)
     assert any("a2a.kernel='cuda'" in p for p in found)
     assert any("a2a.transport='nvshmem'" in p and "'symm'" in p for p in found)
+    assert "did you mean a2a.kernel=triton?" in one_problem("a2a.kernel=tritn")
+    assert "did you mean a2a.transport=symm?" in one_problem("a2a.transport=sym")
 
 
 # --------------------------------------------------------------------- device
@@ -224,10 +243,12 @@ def test_flex_attention_model_cannot_train_on_cpu():
 def test_unknown_flavor_lists_known_ones():
     msg = one_problem("model.flavor=huge")
     assert "model.flavor='huge'" in msg and "17bx16e" in msg
+    assert "did you mean model.flavor=tiny?" in one_problem("model.flavor=tinny")
 
 
 def test_unknown_family():
     assert "model.family='gpt'" in one_problem("model.family=gpt")
+    assert "did you mean model.family=llama4?" in one_problem("model.family=lama4")
 
 
 def test_flavor_case_does_not_matter():
@@ -319,6 +340,9 @@ def test_default_run_fits_a_small_laptop():
         ("training.warmup_steps=-1", "training.warmup_steps=-1 must be >= 0"),
         ("training.max_norm=0", "training.max_norm=0.0 must be > 0"),
         ("training.activation_checkpoint=some", "training.activation_checkpoint='some'"),
+        ("training.activation_checkpoint=ful", "did you mean training.activation_checkpoint=full?"),
+        ("logging.wandb_mode=ofline", "did you mean logging.wandb_mode=offline?"),
+        ("training.dataset=mxfp8ep_tinny", "did you mean training.dataset=mxfp8ep_tiny?"),
         ("training.profile_freq=3", "training.profile_freq=3: 0 (off) or >= 4"),
         ("logging.log_freq=0", "logging.log_freq=0 must be >= 1"),
         ("logging.wandb_mode=cloud", "logging.wandb_mode='cloud'"),
@@ -347,7 +371,37 @@ def test_local_launcher_is_one_node():
 def test_local_launcher_needs_a_gpu_per_process():
     msg = one_problem("parallelism=ep8", "model=llama4_debugmodel",
                       machine=Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,) * 2))
-    assert "procs_per_node=8 but this machine has 2 GPU(s)" in msg
+    assert "parallelism=ep8 starts 8 processes, one per GPU, but this machine has 2 GPU(s)" in msg
+    assert "parallelism.procs_per_node=2 with parallelism.ep=2" in msg
+
+
+ONE_GPU = Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,))
+
+
+def test_one_gpu_machine_names_the_parallelism_that_fits():
+    """The default (parallelism=ep2) on a one-GPU machine: the way out is parallelism=single,
+    not the option that just failed."""
+    msg = one_problem(machine=ONE_GPU)
+    assert "parallelism=ep2 starts 2 processes, one per GPU, but this machine has 1 GPU(s)" in msg
+    assert "use parallelism=single" in msg and "EP 1 sends nothing over the wire" in msg
+    assert "parallelism=ep2 (" not in msg and "e.g. parallelism=ep2" not in msg
+    check("parallelism=single", machine=ONE_GPU)  # and what it names passes
+
+
+def test_cli_on_a_one_gpu_machine(tmp_path):
+    """The same from the command line, the GPU count faked by an nvidia-smi on PATH."""
+    import os
+    import stat
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 81559\n")  # --query-gpu=memory.total in MiB: one H100
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    proc = run_train(tmp_path, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "this machine has 1 GPU(s); use parallelism=single" in proc.stderr
+    assert not (tmp_path / "outputs").exists()  # nothing was made
 
 
 def test_local_cpu_oversubscription_only_warns():
@@ -355,15 +409,13 @@ def test_local_cpu_oversubscription_only_warns():
                                                           "parallelism.ep=4"))
 
 
-def test_slurm_fields_under_the_local_launcher_warn():
-    warnings = check("launcher.partition=gpu", "launcher.gpus_per_node=0")
-    assert any("launcher.partition=gpu is not read by launcher=local" in w for w in warnings)
-    assert any("launcher.gpus_per_node=0 is not read" in w for w in warnings)
+def test_slurm_fields_need_launcher_slurm():
     assert check("launcher=slurm", "launcher.partition=gpu", "training.checkpoint_enable=true") == []
 
 
 def test_launcher_target_must_name_a_class():
     assert "does not name a launcher class" in one_problem("launcher._target_=launch.nope.Launcher")
+    assert "has no Config dataclass" in one_problem("launcher._target_=launch.machine.Machine")
 
 
 def test_slurm_launcher_checks():
@@ -405,6 +457,8 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
         "import sys, time\n"
         "t0 = time.perf_counter()\n"
         "from tests.hydra_compose import compose_cfg\n"
+        "from launch import slurm_cluster\n"
+        "slurm_cluster.partitions = lambda: None  # sinfo's own time is SLURM's\n"
         "from launch.validate import validate\n"
         "validate(compose_cfg('a2a=mxfp8', 'model=dsv3_16b', 'parallelism=2nodes_8gpus', "
         "'launcher=slurm', 'training.checkpoint_enable=true'))\n"
@@ -421,6 +475,13 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
     "override,text",
     [
         ("+training.stepz=3", "unknown key training.stepz"),
+        ("training.stepz=3", "unknown key training.stepz: did you mean training.steps?"),
+        ("a2a=mxfp9", "a2a=mxfp9: no such option; did you mean a2a=mxfp8? a2a has bf16, mxfp8"),
+        ("training.steps=abc", "training.steps=abc: expected a whole number"),
+        ("+training.steps=3", "training.steps already exists, so drop the + (training.steps=3)"),
+        ("launcher.partition=gpu", "launcher=local has name (launcher.partition is a field of "
+                                   "launcher=slurm)"),
+        ("a2a.kernel=tritn", "did you mean a2a.kernel=triton?"),
         ("training.seq_len=7", "training.seq_len=7: torchtitan needs a multiple of 2"),
         ("a2a.kernel=triton", "a2a.kernel=triton needs CUDA GPUs"),
         ("training.tokenizer_path=/nonexistent", "no such directory"),
@@ -433,7 +494,8 @@ def test_cli_rejects_before_starting_anything(tmp_path, override, text):
     elapsed = time.monotonic() - t0
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert text in proc.stderr
-    assert not (tmp_path / "run" / "worker_logs").exists()
+    assert "Traceback" not in proc.stderr and "To append to your config" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # rejected before Hydra made the run dir
     assert elapsed < 10, f"validation took {elapsed:.1f}s"  # ~1 s; slack for a busy CI box
     print(f"{override}: rejected in {elapsed:.2f}s")
 

@@ -17,6 +17,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from mxfp8_ep import grouped_experts as ge  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep import triton_kernels as tk  # noqa: E402
+from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape  # noqa: E402
 
 QUANT = {"x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "M": "i32", "K": "i32",
          "IN_BF16": "constexpr", "ROUNDING": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
@@ -42,20 +43,23 @@ ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "
 
 
 # The launch shapes the wrappers use (warps are a compile option: vector widths depend on them).
-def push_launch(dim: int) -> dict:
-    return dict(BLOCK_M=sk.PUSH_BLOCK_M, BLOCK_D=sk._block_d(dim), STRIPES=sk.PUSH_STRIPES, STAGES=sk.PUSH_STAGES,
-                num_warps=sk.PUSH_WARPS)
+def launch(block: str, shape: LaunchShape, dim: int) -> dict:
+    """A launch shape as the wrappers pass it: ``block`` per program, the tile ``_block_d``
+    picks for ``dim``, the warps."""
+    return {block: shape.block, "BLOCK_D": sk._block_d(dim, shape.block_d), "num_warps": shape.warps}
 
 
-def tiled_launch(block: str, shape: tuple[int, int, int], dim: int = 7168) -> dict:
-    """A (rows or tokens per program, warps, widest column tile) launch shape as the wrappers
-    pass it: ``block`` per program, the tile ``_block_d`` picks for ``dim``, the warps."""
-    return {block: shape[0], "BLOCK_D": sk._block_d(dim, shape[2]), "num_warps": shape[1]}
+def push_launch(dim: int, fmt: str = "mxfp8") -> dict:
+    shape = KernelShapes.default(fmt).push_rows
+    return dict(launch("BLOCK_M", shape, dim), STRIPES=shape.stripes, STAGES=shape.stages)
+
+
+def tiled_launch(block: str, kernel: str, fmt: str, dim: int = 7168) -> dict:
+    return launch(block, getattr(KernelShapes.default(fmt), kernel), dim)
 
 
 def receive_launch(fmt: str, dim: int) -> dict:
-    rows, warps = sk.RECEIVE_SHAPES[fmt]
-    return dict(BLOCK_M=rows, BLOCK_D=sk._block_d(dim), num_warps=warps)
+    return launch("BLOCK_M", KernelShapes.default(fmt).receive_rows, dim)
 
 
 SYMM = {
@@ -63,18 +67,18 @@ SYMM = {
                                                     IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, **push_launch(7168))),
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
                   dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
-                       ROUNDING=0, ONLY=0, **push_launch(5120))),
+                       ROUNDING=0, ONLY=0, **push_launch(5120, "bf16"))),
     # symm: expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8): dispatch's
     # forward (unweighted) and combine's backward (scores left for the receiver, dot products).
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
         sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
         dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0, HAS_FACTOR=weighted,
-             HAS_DOT=weighted, **tiled_launch("BLOCK_T", sk.PUSH_TOKENS_SHAPES[fmt])))
+             HAS_DOT=weighted, **tiled_launch("BLOCK_T", "push_tokens", fmt)))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
     **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                 dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
-                                     **tiled_launch("BLOCK_S", sk.PUSH_PARTIALS_SHAPES[fmt])))
+                                     **tiled_launch("BLOCK_S", "push_partials", fmt)))
        for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
@@ -92,16 +96,16 @@ SYMM = {
        for tag, weighted in (("", False), ("_weighted", True))},
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
                               dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
-                                   HAS_DOT=True, HAS_STAGE_ROW=staged, **tiled_launch("BLOCK_T", sk.REDUCE_SHAPES["mxfp8"])))
+                                   HAS_DOT=True, HAS_STAGE_ROW=staged, **tiled_launch("BLOCK_T", "reduce_slots", "mxfp8")))
        for tag, staged in (("", False), ("_stage_row", True))},
     "reduce_bf16": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
                     dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=True, HAS_SAVE=True,
-                         HAS_DOT=False, HAS_STAGE_ROW=False, **tiled_launch("BLOCK_T", sk.REDUCE_SHAPES["bf16"]))),
+                         HAS_DOT=False, HAS_STAGE_ROW=False, **tiled_launch("BLOCK_T", "reduce_slots", "bf16"))),
     # after push_partials: plain sum, partials read through stage_row (-1: nothing to add).
     **{f"reduce_{fmt}_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                   dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=fmt == "mxfp8", HAS_WEIGHT=False,
                                        HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True,
-                                       **tiled_launch("BLOCK_T", sk.REDUCE_SHAPES[fmt])))
+                                       **tiled_launch("BLOCK_T", "reduce_slots", fmt)))
        for fmt in ("bf16", "mxfp8")},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",

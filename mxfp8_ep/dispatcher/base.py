@@ -13,6 +13,7 @@ import torch.distributed as dist
 from mxfp8_ep import numerics
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.format import BLOCK_SIZE
+from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
 
 
 def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup) -> str:
@@ -51,6 +52,13 @@ class TokenDispatcher:
         # symm: receive buffers are sized for this many tokens per rank (None: the largest
         # token count of the first dispatch, over the EP group).
         max_tokens_per_rank: int | None = None
+        # Push transports (symm, nccl with an MXFP8 leg): the Triton kernels' launch shapes per
+        # leg format (None, or a format left out: ``KernelShapes.default(fmt)``).
+        launch_shapes: dict[str, KernelShapes] | None = None
+
+        def kernel_shapes(self, fmt: str) -> KernelShapes:
+            """The launch shapes of the kernels that move a leg in format ``fmt``."""
+            return kernel_shapes(self.launch_shapes, fmt)
 
         @property
         def symm_partial_sums(self) -> bool:

@@ -175,17 +175,19 @@ class PushTokenDispatcher(TokenDispatcher):
             raise NotImplementedError(f"{type(self).__name__} takes its score gradients on the token's rank")
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
+        shapes = self.config.kernel_shapes(fmt)
         self._observe(leg, src)
 
         def push(out, send, rows, only):
             kernels.push_rows(
                 src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
                 slot=meta.slot, top_k=self.config.top_k, factor=factor, dot_rows=dot_rows, dot_out=dot_out,
-                only=only,
+                only=only, shape=shapes.push_rows,
             )
 
         out, recv, rows, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, factor, dot_rows, dot_out)
-        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row, weight=row_weight)
+        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row, weight=row_weight,
+                             shape=shapes.receive_rows)
         return out
 
     def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
@@ -199,7 +201,7 @@ class PushTokenDispatcher(TokenDispatcher):
         kernels.reduce_slots(
             out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
             self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
-            stage_row=stage_row, weigh_staged=not staged_weighted,
+            stage_row=stage_row, weigh_staged=not staged_weighted, shape=self.config.kernel_shapes(fmt).reduce_slots,
         )
         return out
 
@@ -211,6 +213,7 @@ class PushTokenDispatcher(TokenDispatcher):
         send, rows = self._send_buffer(src, meta, leg, fmt)
         self.kernels(src.device).push_rows(
             src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
+            shape=self.config.kernel_shapes(fmt).push_rows,
         )
         return (*self._exchange(send, rows, src, meta, fmt), False)
 

@@ -163,6 +163,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
                 bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
                 factor=factor, dot_rows=dot_rows, dot_out=dot_out, carry=carry, dot_local=dot_local,
+                shape=self.config.kernel_shapes(fmt).push_tokens,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
             stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
@@ -206,7 +207,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         )
         row_dots = torch.zeros(meta.capacity, dtype=torch.float32, device=src.device)
         kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row,
-                             weight=row_weight, dot_with=dot_local, dot_out=row_dots)
+                             weight=row_weight, dot_with=dot_local, dot_out=row_dots,
+                             shape=self.config.kernel_shapes(fmt).receive_rows)
         self._return_row_dots(row_dots, meta, dot_out, src)
         return out
 
@@ -253,7 +255,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         kernels.push_partials(
             src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
             min(self.config.top_k, self.num_local_experts), meta.slot_tokens, sent,
-            weight=meta.row_score if weighted else None,
+            weight=meta.row_score if weighted else None, shape=self.config.kernel_shapes(fmt).push_partials,
         )
         wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         stage_row = partial_stage_rows(meta.inv, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)

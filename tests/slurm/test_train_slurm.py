@@ -215,6 +215,70 @@ def test_invalid_config_is_rejected_before_submission(train, tmp_path, override,
     assert not (run_dir / "slurm").exists()
 
 
+# What a user types first (issue 29): each is one message naming the option to change, exit 2,
+# no traceback, nothing submitted, no run folder. The cluster has no GPUs and partitions
+# debug (default) and short.
+README_TWO_NODES = ["parallelism=2nodes_8gpus", "model=dsv3_16b", "a2a=mxfp8",
+                    "launcher.partition=gpu", "launcher.account=myproj"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([], "the job asks for 2 GPUs per node (launcher.gpus_per_node=null: one per process of "
+         "parallelism=ep2), but partition debug (SLURM's default) has no GPUs (sinfo lists no "
+         "gres/gpu); set launcher.gpus_per_node=0"),
+    (README_TWO_NODES, "launcher.partition='gpu': use one of ['debug', 'short'] (the partitions "
+                       "sinfo lists)"),
+    (["launcher.partition=nosuch"], "launcher.partition='nosuch': use one of ['debug', 'short']"),
+    (["launcher.partition=shrt", "launcher.gpus_per_node=0", "launcher.time_min=10"],
+     "did you mean launcher.partition=short?"),
+    (["launcher.partition=short", "launcher.gpus_per_node=0", "launcher.time_min=10"],
+     "launcher.time_min=10 exceeds the time limit of partition short (5 min)"),
+], ids=["no_options", "readme_two_nodes", "no_such_partition", "partition_typo", "time_limit"])
+def test_what_the_cluster_cannot_run_is_refused_before_sbatch(train, tmp_path, overrides, message):
+    run_dir = tmp_path / "run"
+    next_id = _next_job_id()
+    proc, out = train(["launcher=slurm", "logging=none", *overrides, f"hydra.run.dir={run_dir}"],
+                      timeout=120)
+    assert proc.returncode == 2, out[-3000:]
+    assert proc.stderr.splitlines() == ["[mxfp8ep] 1 problem(s) in the training config:",
+                                        proc.stderr.splitlines()[1]]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert _next_job_id() == next_id  # sbatch was never called
+    assert not run_dir.exists()
+
+
+@pytest.fixture
+def without_sinfo(tmp_path) -> dict[str, str]:
+    """PATH with the SLURM clients but sinfo: what the validator cannot check, sbatch refuses."""
+    import shutil
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "srun", "squeue", "sacct", "scancel", "scontrol"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}"}
+
+
+@pytest.mark.parametrize("overrides, said, option", [
+    ([], "sbatch: error: Invalid generic resource (gres) specification",
+     "Change launcher.gpus_per_node: the job asks for 2 GPUs per node"),
+    (["launcher.gpus_per_node=0", "launcher.partition=nosuch"],
+     "Invalid partition name specified", "Change launcher.partition"),
+    (["launcher.gpus_per_node=0", "launcher.partition=short", "launcher.time_min=10"],
+     "Requested time limit is invalid", "Change launcher.time_min"),
+], ids=["gpus", "partition", "time_limit"])
+def test_sbatch_refusals_are_one_message(train, tmp_path, without_sinfo, overrides, said, option):
+    run_dir = tmp_path / "run"
+    next_id = _next_job_id()
+    proc, out = train(["launcher=slurm", "logging=none", "training.checkpoint_enable=true",
+                       *overrides, f"hydra.run.dir={run_dir}"], timeout=120, extra_env=without_sinfo)
+    assert proc.returncode == 2, out[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("[mxfp8ep] SLURM refused the job: ") and said in line and option in line
+    assert _next_job_id() == next_id  # refused: no job id was used
+
+
 def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):
     run_dir = tmp_path / "run"
     steps = 10

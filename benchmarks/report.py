@@ -1,0 +1,491 @@
+"""The results report: the rows in benchmarks/results/ and the claims in benchmarks/claims.yaml,
+written as docs/results.md and as the README's results block.
+
+    python -m benchmarks.report            # rewrite docs/results.md and the README block
+    python -m benchmarks.report --check    # exit 1 with a diff when either differs from what it makes
+
+A run measured on a commit older than the last change to the code its bench measures (the bench's
+``paths``) is shown as STALE: some commit between the run's commit and HEAD touched those paths.
+Its numbers stay in the report; they describe the commit they were measured on. The output is a
+function of the committed rows, the claims and the git history only (no clock), so CI can check it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from benchmarks import speed_model
+from benchmarks.rows import OPTIONAL_PROVENANCE_KEYS, PROVENANCE_KEYS, read_rows
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+CLAIMS = REPO / "benchmarks" / "claims.yaml"
+REPORT = REPO / "docs" / "results.md"
+README = REPO / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+README_MAX_CLAIMS = 15
+LIBRARY = ("mxfp8_ep/",)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """How one bench's rows read: what it measures, which code its figures depend on (``paths``),
+    the fields that make rows comparable (``group``), and the arms the other arms are set against."""
+
+    title: str
+    paths: tuple = LIBRARY
+    group: tuple = ()
+    baselines: tuple = ()
+    key: str = "ms"
+    better: str = "lower"
+    hide: tuple = ()
+
+
+LEG_GROUP = ("link", "routing", "rows", "dim", "leg", "pass")
+TRAIN = dict(paths=LIBRARY + ("launch/", "conf/"), group=("call",), baselines=("bf16/nccl", "bf16/symm"),
+             key="tokens_per_s", better="higher", hide=("losses", "model", "a2a", "transport"))
+BENCHES = {
+    "layer": Bench("One torchtitan 0.2.2 MoE layer (router, experts, shared expert), ms per call, "
+                   "median of the slowest rank", group=("shape", "pass"), baselines=("torchtitan",),
+                   hide=("shape_desc",)),
+    "legs": Bench("One exchange leg alone (dispatch or combine), ms", group=LEG_GROUP,
+                  baselines=("torchtitan",)),
+    "links": Bench("One exchange leg over NCCL's NVLink, shared-memory and socket transports, ms",
+                   group=LEG_GROUP, baselines=("torchtitan",)),
+    "a2a": Bench("The unfused MXFP8 all-to-all (`all_to_all_v`: quantize, exchange, dequantize) "
+                 "against bf16, ms"),
+    "power": Bench("The DeepSeek-V3-like layer back to back with the GPUs sampled: SM clock, power, "
+                   "energy per pass", group=("round", "rank"), baselines=("torchtitan",),
+                   hide=("shape_desc",)),
+    "kernels": Bench("Kernels alone: the exchange kernels, the routed experts, launch-shape sweeps",
+                     hide=("shape_desc",)),
+    "profile": Bench("Where a training step's GPU time goes (torch profiler, one step), ms",
+                     paths=LIBRARY + ("launch/", "conf/")),
+    "train": Bench("Training `model=dsv3_ep_bench` (two DeepSeek-V3 MoE layers, EP=2), 50 steps, "
+                   "tokens/s of all ranks", **TRAIN),
+    "train_shm": Bench("Training as in `train`, NCCL forced onto shared memory (`NCCL_P2P_DISABLE=1`)",
+                       **TRAIN),
+    "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
+                      group=("shape", "pass"), baselines=("alltoall", "minimal_async_ep"),
+                      hide=("shape_desc",)),
+}
+HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
+LINKS = {"nvlink": "NVLink", "nccl-shm": "NCCL shm", "nccl-socket": "NCCL sockets", "shm": "NCCL shm",
+         "socket": "NCCL sockets", "gloo": "gloo", "pcie": "PCIe", "none": None}
+
+
+# ------------------------------------------------------------------------------ git history
+class History:
+    """Whether a run's commit is older than the last change to some paths, from git."""
+
+    def __init__(self, repo: Path = REPO):
+        self.repo = repo
+        self.problem = None
+        inside = self._git("rev-parse", "--is-inside-work-tree")
+        if inside != "true":
+            self.problem = "this copy of the repository has no git history: staleness is not judged"
+        elif self._git("rev-parse", "--is-shallow-repository") == "true":
+            self.problem = ("this clone is shallow (`git fetch --unshallow` gets the history): runs whose "
+                            "commit it lacks show `unknown`")
+        self._cache: dict = {}
+
+    def _git(self, *args) -> str | None:
+        try:
+            proc = subprocess.run(["git", "-C", str(self.repo), *args], capture_output=True, text=True)
+        except OSError:
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def status(self, commit: str, paths: tuple) -> str:
+        """``current``, ``STALE`` or ``unknown`` (no history, or the commit is not in it)."""
+        key = (commit, paths)
+        if key not in self._cache:
+            if self.problem and "no git history" in self.problem:
+                self._cache[key] = "unknown"
+            elif self._git("cat-file", "-e", f"{commit}^{{commit}}") is None:
+                self._cache[key] = "unknown"
+            else:
+                later = self._git("log", "-1", "--format=%H", f"{commit}..HEAD", "--", *paths)
+                self._cache[key] = "STALE" if later else "current"
+        return self._cache[key]
+
+
+# ------------------------------------------------------------------------------ runs and rows
+@dataclass
+class Run:
+    name: str
+    rows: list
+
+    @property
+    def first(self) -> dict:
+        return self.rows[0]
+
+    @property
+    def bench(self) -> Bench:
+        return BENCHES.get(self.first["bench"], Bench(self.first["bench"]))
+
+    def hardware(self, row: dict | None = None) -> str:
+        m = self.first["machine"]
+        gpu = "CPU" if m["gpu"] == "cpu" else m["gpu"].replace("NVIDIA ", "")
+        link = LINKS.get((row or {}).get("link") or m["link"], (row or {}).get("link") or m["link"])
+        return f"{m['count']}× {gpu}" + (f", {link}" if link else "")
+
+
+def load_runs(results: Path = RESULTS) -> dict[str, Run]:
+    runs = {}
+    for path in sorted(results.glob("*.jsonl")):
+        rows = read_rows(path)
+        if rows:
+            runs[path.name] = Run(path.name, rows)
+    return runs
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.1f}" if abs(v) >= 100 else f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return "(" + ", ".join(_fmt(x) for x in v) + ")"
+    return str(v).replace("|", "\\|")
+
+
+def _table(headers: list, body: list) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + \
+        ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c.replace("|", "\\|") for c in row) + " |"
+         for row in body]
+
+
+def _matches(row: dict, sel: dict) -> bool:
+    return all(row.get(k) == v for k, v in (sel or {}).items())
+
+
+def _ratio(value: float, base: float, better: str) -> float:
+    return base / value if better == "lower" else value / base
+
+
+def run_table(run: Run) -> list[str]:
+    bench = run.bench
+    if run.first["bench"] == "profile":
+        return profile_table(run)
+    hide = HIDDEN | set(bench.hide)
+    cols: list = []
+    for r in run.rows:
+        cols += [k for k in r if k not in hide and k not in cols]
+    same = [c for c in cols if len(run.rows) > 1 and all(r.get(c) == run.first.get(c) for r in run.rows)
+            and c not in ("arm", bench.key)]
+    cols = [c for c in cols if c not in same]
+    ratio_cols = []
+    groups: dict = {}
+    for r in run.rows:
+        if "arm" in r:
+            groups.setdefault(tuple(r.get(k) for k in bench.group), {}).setdefault(r["arm"], r)  # first wins
+    for base in bench.baselines:
+        if any(base in g for g in groups.values()):
+            ratio_cols.append(base)
+    loss_cols = [b for b in ratio_cols if "losses" in run.first]
+    body = []
+    for r in run.rows:
+        cells = [r.get(c) for c in cols]
+        arms = groups.get(tuple(r.get(k) for k in bench.group), {})
+        for base in ratio_cols:
+            b = arms.get(base)
+            ok = b is not None and isinstance(r.get(bench.key), (int, float)) and b.get(bench.key)
+            cells.append(f"{_ratio(r[bench.key], b[bench.key], bench.better):.3f}×" if ok else "")
+        for base in loss_cols:
+            b = arms.get(base)
+            cells.append(f"{mean_abs_loss_delta(r['losses'], b['losses']):.3f}" if b and b is not r else "")
+        body.append(cells)
+    lead = [f"Every row: {'; '.join(f'{c} {_fmt(run.first[c])}' for c in same)}.", ""] if same else []
+    if loss_cols:
+        lead += [f"`Δloss vs <arm>`: mean absolute loss difference from that arm over steps {LOSS_FROM}-"
+                 f"{len(run.first['losses'])} (same seed and data).", ""]
+    return lead + _table(cols + [f"vs {b}" for b in ratio_cols] + [f"Δloss vs {b}" for b in loss_cols], body)
+
+
+LOSS_FROM = 11  # the first steps of a 50-step run are warm-up; their losses swing by whole units
+
+
+def mean_abs_loss_delta(losses: list, base: list) -> float:
+    pairs = list(zip(losses, base))[LOSS_FROM - 1:]
+    return sum(abs(a - b) for a, b in pairs) / len(pairs)
+
+
+def profile_table(run: Run) -> list[str]:
+    """Categories down, (arm, rank) across."""
+    heads = [f"{r['arm']} rank {r['rank']}" for r in run.rows]
+    cats: list = []
+    for r in run.rows:
+        cats += [c for c in r["categories_ms"] if c not in cats]
+    body = [["step span", *[r["span_ms"] for r in run.rows]], ["idle in the span", *[r["idle_ms"] for r in run.rows]]]
+    body += [[c, *[r["categories_ms"].get(c) for r in run.rows]] for c in cats]
+    return _table(["ms of the step", *heads], body)
+
+
+def run_header(run: Run, history: History) -> list[str]:
+    f = run.first
+    v = f.get("versions") or {}
+    soft = ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "triton", "nccl", "torchtitan", "torchao") if v.get(k))
+    source = " (inferred from git history)" if f.get("commit_source") == "inferred" else ""
+    status = history.status(f["commit"], run.bench.paths)
+    paths = ", ".join(f"`{p}`" for p in run.bench.paths)
+    mark = {"STALE": f"**STALE** ({paths} changed since)", "unknown": "status unknown", "current": "current"}[status]
+    commands = []
+    for r in run.rows:
+        if r["command"] not in commands:
+            commands.append(r["command"])
+    return [f"### `{run.name}`", "",
+            f"- commit `{f['commit'][:7]}`{source}{' (dirty tree)' if f.get('dirty') else ''}, {f['date'][:10]}: "
+            f"{mark}",
+            f"- {run.hardware()}; {soft}", "- command:", "", *[f"      {c}" for c in commands], ""]
+
+
+# ------------------------------------------------------------------------------ claims
+@dataclass
+class Claim:
+    spec: dict
+    value: float | None = None
+    run: Run | None = None
+    row: dict = field(default_factory=dict)
+    error: str | None = None
+    inputs: list = field(default_factory=list)  # the runs a model claim is computed from
+
+    @property
+    def id(self) -> str:
+        return self.spec["id"]
+
+    def figure(self) -> str:
+        if self.value is None:
+            return f"n/a ({self.error})"
+        if self.spec.get("compare") == "difference":
+            unit = {"peak_gib": " GiB", "ms": " ms", "energy_j": " J"}.get(self.spec["key"], "")
+            return f"{self.value:+.2f}{unit}"
+        return f"{self.value:.3f}×"
+
+    def met(self) -> str:
+        t = self.spec.get("target")
+        return "" if t is None or self.value is None else ("yes" if self.value >= t else "no")
+
+
+def _one(rows: list, sel: dict, what: str) -> dict:
+    found = [r for r in rows if _matches(r, sel)]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} rows match {what} {sel}")
+    return found[0]
+
+
+def evaluate(spec: dict, runs: dict[str, Run]) -> Claim:
+    claim = Claim(spec)
+    try:
+        if spec.get("model") == "layer":
+            row = _one(speed_model.layer_model_rows(), spec["row"], "row")
+            claim.row, claim.value = row, row[spec["key"]]
+            claim.inputs = [runs[n] for n in (speed_model.FLOOR_RUN, speed_model.LAYER_RUN, speed_model.KERNELS_RUN)
+                            if n in runs]
+            return claim
+        run = runs.get(spec["run"])
+        if run is None:
+            raise LookupError(f"no run file {spec['run']}")
+        claim.run = run
+        rows = [r for r in run.rows if _matches(r, spec.get("where"))]
+        row = _one(rows, spec["row"], "row")
+        base = _one(rows, spec["baseline"], "baseline") if "baseline" in spec else row
+        v, b = row[spec["key"]], base[spec.get("baseline_key", spec["key"])]
+        claim.row = row
+        claim.value = v - b if spec.get("compare") == "difference" else _ratio(v, b, spec.get("better", "lower"))
+    except (LookupError, KeyError) as e:
+        claim.error = str(e).strip("'\"")
+    return claim
+
+
+def load_claims(path: Path = CLAIMS) -> list[dict]:
+    claims = yaml.safe_load(path.read_text())["claims"]
+    ids = [c["id"] for c in claims]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"{path}: claim ids used twice: {dupes}")
+    if sum(bool(c.get("readme")) for c in claims) > README_MAX_CLAIMS:
+        raise ValueError(f"{path}: at most {README_MAX_CLAIMS} claims may have readme: true")
+    return claims
+
+
+def claim_status(claim: Claim, history: History) -> str:
+    """A measured claim has its run's status; a model claim is STALE when any run it reads is."""
+    runs = [claim.run] if claim.run else claim.inputs
+    states = {history.status(r.first["commit"], r.bench.paths) for r in runs}
+    return next((s for s in ("STALE", "unknown") if s in states), "current")
+
+
+def claims_table(claims: list[Claim], history: History, link_prefix: str) -> list[str]:
+    body = []
+    for c in claims:
+        status = claim_status(c, history)
+        figure = c.figure() + (" **STALE**" if status == "STALE" else "")
+        target = f"≥{c.spec['target']}×" if "target" in c.spec else ""
+        if c.run:
+            where = f"[{c.run.first['bench']}]({link_prefix}#{c.run.first['bench']})"
+            hw = c.run.hardware(c.row)
+            when = f"`{c.run.first['commit'][:7]}` {c.run.first['date'][:10]}"
+        else:
+            where, hw, when = f"[model]({link_prefix}#layer-model)", "model of H200 rows", ""
+        body.append([c.spec["claim"], figure, target, c.met(), hw, when, where])
+    return _table(["claim", "measured", "target", "met", "hardware", "commit, date", "data"], body)
+
+
+# ------------------------------------------------------------------------------ the documents
+def render_report(runs: dict[str, Run], claims: list[Claim], history: History) -> str:
+    out = ["# Results", "",
+           "Generated by `python -m benchmarks.report` from the rows in `benchmarks/results/` and the claims",
+           "in `benchmarks/claims.yaml`; edit those, not this file. **STALE** marks a run measured on a commit",
+           "older than the last change to the code its bench measures: its figures hold for that commit, not",
+           "for the code in front of you. Ratios are speed-ups (> 1: faster than the baseline). Each",
+           "benchmark run writes one `<date>_<commit7>_<machine>_<bench>.jsonl` file through",
+           "`benchmarks/rows.py`; after adding rows, or merging code they measure, rerun the report.", ""]
+    if history.problem:
+        out += [f"> Note: {history.problem}.", ""]
+    out += ["## Claims", ""] + claims_table(claims, history, "") + [""]
+    out += ["## Runs", ""]
+    body = [[f"`{r.name}`", r.first["bench"], f"`{r.first['commit'][:7]}`", r.first["date"][:10], r.hardware(),
+             history.status(r.first["commit"], r.bench.paths)] for r in runs.values()]
+    out += _table(["run", "bench", "commit", "date", "machine", "status"], body) + [""]
+    by_bench: dict[str, list[Run]] = {}
+    for r in runs.values():
+        by_bench.setdefault(r.first["bench"], []).append(r)
+    order = [b for b in BENCHES if b in by_bench] + sorted(b for b in by_bench if b not in BENCHES)
+    for name in order:
+        bench = by_bench[name][0].bench
+        out += [f"## {name}", "", f"{bench.title}. Measures: {', '.join(f'`{p}`' for p in bench.paths)}.", ""]
+        if bench.baselines:
+            ratio = f"its {bench.key} / this {bench.key}" if bench.better == "lower" else \
+                f"this {bench.key} / its {bench.key}"
+            out += [f"`vs <arm>`: speed-up over that arm ({ratio}) among rows with the same "
+                    f"{', '.join(bench.group)}.", ""]
+        for run in reversed(by_bench[name]):  # newest first
+            out += run_header(run, history) + run_table(run) + [""]
+    out += model_sections()
+    return "\n".join(out).rstrip() + "\n"
+
+
+def model_sections() -> list[str]:
+    sm = speed_model
+    out = ["## layer model", "",
+           "`benchmarks/speed_model.py`: the DeepSeek-V3-like layer priced as its no-wire floor (one rank's",
+           f"share on one GPU, `{sm.FLOOR_RUN}`) plus its four legs' bytes at the SM-store ceiling",
+           f"({sm.NVLINK_SYMM.gbps:g} GB/s, `{sm.KERNELS_RUN}`), every leg once per token and rank;",
+           f"torchtitan's EP=2 time from `{sm.LAYER_RUN}`. A model, not a measurement (docs/performance.md).", ""]
+    out += sm.format_layer_model(sm.layer_model_rows()).splitlines()
+    out += ["", f"Checked against `{sm.LAYER_RUN}` in the layout its code sent (dispatch's forward once per",
+            "token and rank, the other legs row by row):", ""]
+    out += sm.format_layer_model(sm.layer_model_checks()).splitlines()
+    out += ["", "## leg model", "",
+            "The exchange-leg model of `benchmarks/speed_model.py`. Its constants, each read from the rows",
+            "named in `speed_model.FITS` or assumed:", ""]
+    body = [[l.name, l.gbps, l.latency_ms, l.source] for l in sm.links().values()]
+    out += _table(["link", "GB/s", "latency ms", "from"], body) + [""]
+    h, n = sm.default_hbm(), sm.default_nccl()
+    out += _table(["fitted", "value"], [
+        ["HBM passes (gather, permute, push, receive)", f"{h.pass_gbps:,.0f} GB/s"],
+        ["HBM, the unfused MXFP8 extra passes", f"{h.unfused_gbps:,.0f} GB/s"],
+        ["fused nccl dispatch, fixed", f"{n.fused_dispatch_ms:.2f} ms"],
+        ["torchtitan dispatch, fixed", f"{n.titan_dispatch_ms:.2f} ms"],
+        ["torchtitan combine, extra HBM passes", f"{n.titan_combine_bytes:.1f} B/element"]]) + [""]
+    out += ["Predicted against the runs its constants are fit to (role `fit`: one of the row's two times was",
+            "fit; the other is still a prediction):", ""]
+    out += sm.format_checks(sm.check_runs(sm.FIT_RUNS)).splitlines()
+    out += ["", "Predicted MXFP8 speed-up over bf16, one leg, EP=2, even routing:", ""]
+    out += sm.format_predictions(sm.prediction_rows(2)).splitlines()
+    out += ["", "One DeepSeek-V3-like leg (65536 rows x 7168 per GPU) on 8-GPU nodes:", ""]
+    out += sm.format_multinode(sm.multinode_rows()).splitlines()
+    return out + [""]
+
+
+def render_readme_block(claims: list[Claim], history: History) -> str:
+    shown = [c for c in claims if c.spec.get("readme")]
+    body, refs = [], {}
+    for c in shown:
+        status = claim_status(c, history)
+        figure = c.figure() + (" (stale)" if status == "STALE" else "")
+        target = f"≥{c.spec['target']}×" if "target" in c.spec else ""
+        bench = c.run.first["bench"] if c.run else "layer-model"
+        refs[bench] = f"docs/results.md#{bench}"
+        hardware = c.run.hardware(c.row).replace("× ", "×").replace(", ", " ") if c.run else ""
+        body.append([c.spec.get("short", c.spec["claim"]), figure, target, hardware, f"[{bench}]"])
+    lines = _table(["result", "measured", "target", "hardware", "data"], body)
+    note = ["", "(stale): measured on a commit older than the last change to the code it measures.",
+            "[docs/results.md](docs/results.md) has every run with its commit, date, versions and command.", ""]
+    return "\n".join([BEGIN, *lines, *note, *(f"[{k}]: {v}" for k, v in refs.items()), END])
+
+
+def splice_readme(text: str, block: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return head + block + tail
+
+
+def build(history: History | None = None) -> tuple[str, str]:
+    """(docs/results.md, the README with its block rewritten)."""
+    history = history or History()
+    runs = load_runs()
+    claims = [evaluate(spec, runs) for spec in load_claims()]
+    broken = [f"{c.id}: {c.error}" for c in claims if c.error]
+    if broken:
+        raise ValueError("claims that no row backs:\n  " + "\n  ".join(broken))
+    return render_report(runs, claims, history), splice_readme(README.read_text(), render_readme_block(claims, history))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
+    args = p.parse_args(argv)
+    history = History()
+    if history.problem:
+        print(f"note: {history.problem}", file=sys.stderr)
+    try:
+        report, readme = build(history)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    targets = ((REPORT, report), (README, readme))
+    if not args.check:
+        for path, text in targets:
+            path.write_text(text)
+        print(f"wrote {REPORT.relative_to(REPO)} and the results block of {README.relative_to(REPO)}")
+        return 0
+    differ = False
+    for path, text in targets:
+        old = path.read_text() if path.exists() else ""
+        if old != text:
+            differ = True
+            rel = str(path.relative_to(REPO))
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                       f"{rel} (committed)", f"{rel} (generated)"))
+    if differ:
+        if history.problem:
+            print(f"\nThe report differs, but {history.problem}; the STALE marks cannot be judged without"
+                  " the history.", file=sys.stderr)
+        else:
+            print("\nThe committed report is not what `python -m benchmarks.report` makes of the committed rows"
+                  " and history: run it and commit the result.", file=sys.stderr)
+        return 1
+    print("docs/results.md and the README's results block are current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Recipe training runs as rows: each run's throughput against the baseline arm's in the same
+sweep, and where one step's GPU time goes (torchtitan's profiler traces).
+
+    python launch/train.py --multirun model=dsv3_ep_bench a2a=bf16,mxfp8 ... hydra.sweep.dir=RUNS
+    python -m benchmarks.train RUNS --out OUT [--bench train] [--link shm]
+    python -m benchmarks.train RUNS --out OUT --step-profile      # runs with training.profile_freq
+
+Each run dir's ``summary.json`` (``launch.run_summary.RunSummary``: steady means over the
+logged windows after the first) and ``train_config.yaml`` give one row: its arm
+(``<preset>/<transport>``, ``:overlap`` with ``parallelism.overlap_shared_experts``), tokens/s
+(all ranks), step time, the loss at every logged step, all-to-all bytes per step, peak reserved
+memory; and against the ``--baseline`` arm's run of the same model: ``speedup_vs_<baseline>``
+(tokens/s over the baseline's) and ``loss_delta_vs_<baseline>`` (final loss minus the baseline's).
+
+``--step-profile``: ``training.profile_freq=N`` has torchtitan write one step's Chrome trace per
+rank every ``N`` steps (``<run>/profile_traces/iteration_<step>/rank<r>_trace.json``). The newest
+iteration's traces give a row per rank: the step's GPU span, busy time (union over streams),
+idle time, and each category's kernel time: by kernel name (GEMMs, attention, NCCL, this repo's
+Triton kernels), else by the CPU region that launched it (the optimizer step, FSDP), else other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.harness import LINKS, Results, key_of
+
+REPO = Path(__file__).resolve().parents[1]
+COLUMNS = ("model", "arm", "tokens_per_s", "speedup_vs_bf16_nccl", "step_time_s", "final_loss", "loss_delta_vs_bf16_nccl",
+           "a2a_bytes_per_step")
+
+
+def run_rows(paths: list[str], baseline: str) -> list[dict]:
+    """One row per finished run under ``paths`` (run dirs or sweep dirs)."""
+    from omegaconf import OmegaConf
+
+    from launch.compare_runs import collect
+    from launch.run_dir import RUN_CONFIG
+
+    rows = []
+    for c in collect(paths):
+        s = c.run
+        config_file = Path(c.path) / RUN_CONFIG
+        cfg = OmegaConf.load(config_file) if config_file.is_file() else OmegaConf.create({})
+        overlap = bool(OmegaConf.select(cfg, "parallelism.overlap_shared_experts", default=False))
+        transport = s.a2a_legs.get("transport", "?")
+        rows.append({
+            "model": s.model, "arm": f"{s.a2a}/{transport}" + (":overlap" if overlap else ""), "ep": s.ep,
+            "world_size": s.world_size, "steps": s.steps, "seq_len": OmegaConf.select(cfg, "training.seq_len"),
+            "local_batch_size": OmegaConf.select(cfg, "training.local_batch_size"),
+            "tokens_per_s": s.tokens_per_s_global, "tokens_per_s_per_rank": s.tokens_per_s,
+            "step_time_s": s.step_time_s, "final_loss": s.final_loss, "a2a_bytes_per_step": s.a2a_bytes_per_step,
+            "max_memory_gib": s.max_memory_gib, "mfu_pct": s.mfu_pct, "run_name": s.run_name,
+            "logged_steps": s.logged_steps, "losses": s.losses,
+        })
+    add_throughput_ratios(rows, baseline)
+    return sorted(rows, key=lambda r: (r["model"], r["arm"] != baseline, r["arm"]))
+
+
+def add_throughput_ratios(rows: list[dict], baseline: str) -> None:
+    """``speedup_vs_<baseline>`` (tokens/s over the baseline run's, same model) and
+    ``loss_delta_vs_<baseline>`` on every row; None where the sweep has no baseline run."""
+    base = {r["model"]: r for r in rows if r["arm"] == baseline}
+    name = key_of(baseline)
+    for r in rows:
+        b = base.get(r["model"])
+        ok = b is not None and r["tokens_per_s"] and b["tokens_per_s"]
+        r[f"speedup_vs_{name}"] = round(r["tokens_per_s"] / b["tokens_per_s"], 3) if ok else None
+        ok = b is not None and r["final_loss"] is not None and b["final_loss"] is not None
+        r[f"loss_delta_vs_{name}"] = round(r["final_loss"] - b["final_loss"], 4) if ok else None
+
+
+# ---------------------------------------------------------------------- one step's GPU time
+
+# The Triton kernels of this repo, by module: their names are the `def` names in the source.
+_OUR_KERNEL_MODULES = {
+    "dispatcher (mxfp8_ep Triton)": ("symm_kernels.py", "triton_kernels.py"),
+    "expert activation (mxfp8_ep Triton)": ("grouped_experts.py",),
+}
+# Kernel-name rules, first match wins (after this repo's kernels).
+_NAME_RULES = (
+    ("attention", re.compile(r"flash|fmha|attn|attention|cudnn", re.I)),
+    ("expert GEMMs (grouped)", re.compile(r"cutlass|grouped_?gemm|grouped_?mm", re.I)),
+    ("dense GEMMs", re.compile(r"nvjet|gemm|xmma|cublas|sm90_", re.I)),
+    ("NCCL all-to-all", re.compile(r"nccl.*(SendRecv|AllToAll|Send|Recv)", re.I)),
+    ("NCCL FSDP / other collectives", re.compile(r"nccl", re.I)),
+    ("symmetric-memory barrier", re.compile(r"symmetric_memory|barrier_kernel", re.I)),
+)
+# Launch-region rules for what the names leave: CPU annotations that enclose the launch.
+_REGION_RULES = (
+    ("optimizer step", re.compile(r"^Optimizer\.step")),
+    ("FSDP copies / casts", re.compile(r"^FSDP::")),
+)
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+
+
+def our_kernel_names() -> dict[str, str]:
+    """Kernel name -> category for this repo's Triton kernels."""
+    names = {}
+    for category, files in _OUR_KERNEL_MODULES.items():
+        for file in files:
+            text = (REPO / "mxfp8_ep" / file).read_text()
+            for name in re.findall(r"^def (\w+_kernel)\(", text, flags=re.M):
+                names[name] = category
+    return names
+
+
+@dataclass
+class StepProfile:
+    trace: str
+    span_ms: float  # first GPU event start -> last GPU event end
+    busy_ms: float  # union of GPU events over all streams
+    idle_ms: float
+    categories_ms: dict[str, float] = field(default_factory=dict)  # sum of event durations
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+class _Regions:
+    """CPU annotations per thread, to find the region a launch happened in."""
+
+    def __init__(self, events: list[dict]):
+        self._by_thread: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op"):
+                category = next((c for c, rule in _REGION_RULES if rule.search(e["name"])), None)
+                if category is not None:
+                    self._by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e["dur"], category))
+        self._starts = {}
+        for key, spans in self._by_thread.items():
+            spans.sort()
+            self._starts[key] = [s for s, _, _ in spans]
+
+    def category(self, launch: dict | None) -> str | None:
+        if launch is None:
+            return None
+        key = (launch.get("pid"), launch.get("tid"))
+        spans = self._by_thread.get(key)
+        if not spans:
+            return None
+        # Regions do not interleave within a thread; scan the ones that start before the launch.
+        i = bisect.bisect_right(self._starts[key], launch["ts"])
+        for start, stop, category in reversed(spans[:i]):
+            if start <= launch["ts"] <= stop:
+                return category
+        return None
+
+
+def categorize(name: str, launch: dict | None, regions: _Regions, ours: dict[str, str]) -> str:
+    if name in ours:
+        return ours[name]
+    for category, rule in _NAME_RULES:
+        if rule.search(name):
+            return category
+    region = regions.category(launch)
+    if region is not None:
+        return region
+    if "multi_tensor_apply" in name:
+        return "foreach kernels outside the optimizer (grad norm, clipping)"
+    return "other (elementwise, copies, reductions)"
+
+
+def summarize(trace_path: Path) -> StepProfile:
+    events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    ours = our_kernel_names()
+    launches = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e
+    regions = _Regions(events)
+    per_category: dict[str, float] = defaultdict(float)
+    intervals = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in GPU_CATEGORIES:
+            continue
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        name = e["name"] if e["cat"] == "kernel" else e["cat"]
+        per_category[categorize(name, launch, regions, ours)] += e["dur"]
+        intervals.append((e["ts"], e["ts"] + e["dur"]))
+    if not intervals:
+        raise ValueError(f"{trace_path}: no GPU events (a CPU run, or profiling was off)")
+    span = max(b for _, b in intervals) - min(a for a, _ in intervals)
+    busy = _union_us(intervals)
+    return StepProfile(
+        trace=str(trace_path), span_ms=span / 1e3, busy_ms=busy / 1e3, idle_ms=(span - busy) / 1e3,
+        categories_ms={k: v / 1e3 for k, v in sorted(per_category.items(), key=lambda kv: -kv[1])},
+    )
+
+
+def newest_traces(path: Path) -> list[Path]:
+    """A trace file itself, or the rank traces of the newest ``iteration_<step>`` under ``path``."""
+    if path.is_file():
+        return [path]
+    iterations = sorted(path.glob("iteration_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not iterations:
+        raise FileNotFoundError(f"no iteration_<step> folders under {path} (training.profile_freq > 0?)")
+    return sorted(iterations[-1].glob("rank*_trace.json"))
+
+
+def step_profile_rows(paths: list[str]) -> list[dict]:
+    """A row per rank trace of each run under ``paths`` that has ``profile_traces``."""
+    rows = []
+    for run_dir in _run_dirs(paths):
+        traces = run_dir / "profile_traces"
+        if not traces.is_dir():
+            continue
+        (run,) = run_rows([str(run_dir)], baseline="")
+        for trace in newest_traces(traces):
+            profile = asdict(summarize(trace))
+            del profile["trace"]
+            rows.append({"model": run["model"], "arm": run["arm"], "world_size": run["world_size"],
+                         "iteration": int(trace.parent.name.split("_")[1]),
+                         "rank": int(trace.name.split("_")[0].removeprefix("rank")), **profile})
+    return rows
+
+
+def _run_dirs(paths: list[str]) -> list[Path]:
+    from launch.run_dir import SUMMARY
+
+    return sorted({f.parent for p in paths for f in Path(p).rglob(SUMMARY)})
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="run or sweep directories")
+    parser.add_argument("--out", required=True, help="folder of the results file (JSON Lines)")
+    parser.add_argument("--bench", default=None, help="the results' bench name (default: train, or step_profile)")
+    parser.add_argument("--baseline", default="bf16/nccl", help="the arm every run is compared with")
+    parser.add_argument("--link", choices=sorted(LINKS), default=None, help="the link NCCL crossed in these runs")
+    parser.add_argument("--step-profile", action="store_true", help="one step's GPU time by category, per rank")
+    args = parser.parse_args(argv)
+    if args.step_profile:
+        rows = step_profile_rows(args.paths)
+        columns = ("arm", "rank", "span_ms", "busy_ms", "idle_ms")
+    else:
+        rows = run_rows(args.paths, args.baseline)
+        columns = COLUMNS
+    if not rows:
+        raise SystemExit(f"no finished runs{' with profile traces' if args.step_profile else ''} under {args.paths}")
+    count = max(r["world_size"] or 1 for r in rows)
+    Results(args.bench or ("step_profile" if args.step_profile else "train"), args.out, link=args.link,
+            count=count).write(rows, columns)
+    if args.step_profile:
+        for r in rows:
+            print(f"{r['arm']} rank {r['rank']}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["categories_ms"].items()))
+
+
+if __name__ == "__main__":
+    main()

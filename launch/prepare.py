@@ -1,0 +1,95 @@
+"""From what Hydra composed to the config a run launches with, before anything is started.
+
+:func:`prepare_run` (a single run; ``launch.callbacks.PrepareRun`` calls it before Hydra creates
+the run dir): resolve ``training.resume`` (``launch.resume``), then :func:`prepare`. A sweep's
+jobs go through :func:`prepare` alone (``launch/train.py``), after
+``launch.callbacks.CheckEverySweepPoint`` checked every point.
+
+:func:`prepare`: fill the fields whose defaults depend on the rest (wandb group, run id and
+name), check everything (``launch.validate``) and type the launcher's fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import uuid
+from typing import Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from launch.launcher import with_typed_launcher
+from launch.problems import ConfigError
+from launch.resume import AUTO, Resume, check_new_run_dir, check_resumable, resumed_config
+from launch.run_dir import run_name
+from launch.validate import validate
+
+# The run dir PrepareRun prepared the config for: train.py does not prepare it again.
+_prepared: Optional[str] = None
+
+
+def finalize(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """Fill the fields whose defaults depend on the rest of the config (a copy)."""
+    cfg = copy.deepcopy(cfg)
+    with read_write(cfg):
+        lg = cfg.logging
+        lg.group = lg.group or cfg.experiment
+        lg.run_id = lg.run_id or uuid.uuid4().hex[:8]
+        lg.run_name = lg.run_name or run_name(overrides, cfg.a2a.name)
+    return cfg
+
+
+def prepare(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """The launch config and the warnings; raises :class:`ConfigError` with every problem."""
+    cfg = finalize(cfg, overrides)
+    warnings = validate(cfg)
+    return with_typed_launcher(cfg), warnings
+
+
+def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
+                compose: Callable[[list[str]], DictConfig],
+                run_dir_given: bool = False) -> tuple[DictConfig, list[str], Optional[str]]:
+    """A single run: the launch config, the warnings and the line that says what
+    ``training.resume`` does (None without it). ``composed``: Hydra's config without its own
+    node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line."""
+    asked = composed.training.resume
+    line = None
+    cfg = composed
+    if asked is None:
+        check_new_run_dir(run_dir)
+    else:
+        if run_dir_given and asked != AUTO and os.path.abspath(asked) != os.path.abspath(run_dir):
+            raise ConfigError([f"training.resume={asked} and hydra.run.dir={run_dir} name two "
+                               f"folders: give training.resume alone (the run stays in its folder)"])
+        step = check_resumable(asked, run_dir, composed.training.checkpoint_folder)
+        resume = Resume(run_dir)
+        if step is not None:
+            cfg, resume = resumed_config(composed, overrides, run_dir, step, compose)
+        line = resume.line(asked)
+    cfg, warnings = prepare(cfg, overrides)
+    return cfg, warnings, line
+
+
+def mark_prepared(run_dir: str) -> None:
+    global _prepared
+    _prepared = os.path.abspath(run_dir)
+
+
+def was_prepared(run_dir: str) -> bool:
+    return _prepared == os.path.abspath(run_dir)
+
+
+def replace_task_config(config: DictConfig, cfg: DictConfig) -> None:
+    """Put ``cfg`` in place of the task part of Hydra's ``config`` (its ``hydra`` node stays):
+    what the job, and ``.hydra/config.yaml``, get."""
+    with read_write(config), open_dict(config):
+        for key in list(config.keys()):
+            if key != "hydra" and key not in cfg:
+                del config[key]
+        for key in cfg.keys():
+            config[key] = cfg[key]
+
+
+def task_config(config: DictConfig) -> DictConfig:
+    """Hydra's ``config`` without its own node."""
+    return OmegaConf.masked_copy(config, [k for k in config.keys() if k != "hydra"])

@@ -1,0 +1,61 @@
+"""benchmarks/run.sh: its suites and usage errors, the commit it needs where there is no git, a
+failing step failing the suite, and a suite run end to end on CPU (one process, tiny shape)
+whose rows record the command that made them."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = {"layer", "layer_rank", "legs", "links", "train", "train_shm", "train_debug", "step_profile", "kernels",
+          "profile", "power", "titan030", "tests_1gpu", "tests_1gpu_fuzz", "tests_2gpu"}
+
+
+def run_sh(*args, cwd=REPO, **env):
+    return subprocess.run(["bash", str(Path(cwd) / "benchmarks/run.sh"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **env})
+
+
+def test_usage_lists_every_suite_and_unknown_suites_fail():
+    proc = run_sh()
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: bash benchmarks/run.sh SUITE OUT")
+    listed = {line.split()[0] for line in proc.stderr.splitlines()[2:]}
+    assert listed == SUITES
+    assert all(("1 GPU" in line) == (line.split()[0] in {"layer_rank", "kernels", "tests_1gpu", "tests_1gpu_fuzz"})
+               for line in proc.stderr.splitlines()[2:])
+    proc = run_sh("gpu_everything", "/tmp/unused")
+    assert proc.returncode == 2 and "unknown suite 'gpu_everything'" in proc.stderr
+    assert run_sh("layer").returncode == 2
+
+
+def test_a_copied_tree_without_git_needs_the_commit(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(REPO / "benchmarks/run.sh", tmp_path / "benchmarks/run.sh")
+    proc = run_sh("layer", str(tmp_path / "out"), cwd=tmp_path, GIT_CEILING_DIRECTORIES=str(tmp_path.parent))
+    assert proc.returncode == 2 and "set MXFP8EP_COMMIT" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_step_fails_the_suite(tmp_path):
+    proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS="--no-such-option")
+    assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stdout
+    assert "layer_rank done" not in proc.stdout
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
+def test_a_suite_writes_rows_that_name_their_command(tmp_path):
+    small = "--shapes tiny --arms bf16/symm --iters 1 --warmup 0 --group 1 --rounds 1"  # BENCH_ARGS come last
+    proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS=small)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*_cpux1_layer.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["arm"], r["pass"], r["shape"]) for r in rows] == [
+        (arm, p, "tiny") for arm in ("torchtitan", "bf16/symm") for p in ("fwd", "fwd+bwd")]
+    command = rows[0]["command"]
+    assert command.startswith("torchrun --nproc_per_node=1 -m benchmarks.layer --out ")
+    assert command.endswith("--shapes dsv3_rank --arms torchtitan,bf16/symm,mxfp8/symm,mxfp8_all/symm " + small)
+    assert all(r["command"] == command for r in rows)
+    log = (tmp_path / "layer_rank.log").read_text()
+    assert "+ " + command in log and "layer_rank done" in log

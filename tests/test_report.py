@@ -1,0 +1,172 @@
+"""benchmarks/report.py: the committed docs/results.md and README block are what the generator makes
+of the committed rows (CI's check), staleness follows git history, claims pick exactly one row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
+                          env=env).stdout.strip()
+
+
+def _shallow_or_no_git() -> bool:
+    proc = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"],
+                          capture_output=True, text=True)
+    return proc.returncode != 0 or proc.stdout.strip() == "true"
+
+
+@pytest.mark.skipif(_shallow_or_no_git(), reason="the report's STALE marks need the full git history")
+def test_committed_report_is_current():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.report", "--check"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+
+
+def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch, capsys):
+    readme, results = tmp_path / "README.md", tmp_path / "results.md"
+    readme.write_text("# x\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nrest\n")
+    monkeypatch.setattr(report, "README", readme)
+    monkeypatch.setattr(report, "REPORT", results)
+    monkeypatch.setattr(report, "REPO", tmp_path)
+    assert report.main(["--check"]) == 1  # neither file is what the generator makes
+    assert "results.md (generated)" in capsys.readouterr().out
+    assert report.main([]) == 0
+    text = readme.read_text()
+    assert text.startswith("# x\n\n<!-- results:begin -->\n| result |") and text.endswith("<!-- results:end -->\n\nrest\n")
+    assert report.main(["--check"]) == 0
+    results.write_text(results.read_text().replace("1.349×", "1.50×"))  # a hand-edited figure
+    assert report.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "-| DeepSeek-V3-like MoE layer, fwd+bwd, mxfp8/symm vs torchtitan | 1.50×" in out
+    readme.write_text("# no markers\n")
+    assert report.main([]) == 2
+
+
+def test_output_has_no_clock_and_every_run_appears(monkeypatch):
+    one, readme_one = report.build()
+    two, readme_two = report.build()
+    assert (one, readme_one) == (two, readme_two)
+    runs = sorted(p.name for p in report.RESULTS.glob("*.jsonl"))
+    assert runs and all(f"### `{name}`" in one for name in runs)
+    assert one.count("- command:") == len(runs)
+
+
+def _repo_with_history(tmp_path: Path) -> tuple[Path, dict]:
+    repo = tmp_path / "repo"
+    (repo / "mxfp8_ep").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    commits = {}
+    for name, path in (("a", "mxfp8_ep/x.py"), ("b", "mxfp8_ep/x.py"), ("c", "docs/y.md")):
+        (repo / path).parent.mkdir(exist_ok=True)
+        (repo / path).write_text(name)
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", name)
+        commits[name] = _git(repo, "rev-parse", "HEAD")
+    return repo, commits
+
+
+def test_stale_when_a_later_commit_touched_the_measured_paths(tmp_path):
+    repo, c = _repo_with_history(tmp_path)
+    h = report.History(repo)
+    assert h.problem is None
+    assert h.status(c["a"], ("mxfp8_ep/",)) == "STALE"  # b changed mxfp8_ep/ after a
+    assert h.status(c["b"], ("mxfp8_ep/",)) == "current"  # c touched docs/ only
+    assert h.status(c["b"], ("mxfp8_ep/", "docs/")) == "STALE"
+    assert h.status(c["c"], ("mxfp8_ep/",)) == "current"
+    assert h.status("0" * 40, ("mxfp8_ep/",)) == "unknown"  # not in this history
+
+
+def test_without_history_status_is_unknown_and_said(tmp_path):
+    plain = tmp_path / "copy"
+    plain.mkdir()
+    h = report.History(plain)
+    assert h.problem and "no git history" in h.problem
+    assert h.status("a" * 40, ("mxfp8_ep/",)) == "unknown"
+
+
+def test_shallow_clone_is_named(tmp_path):
+    repo, c = _repo_with_history(tmp_path)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo}", str(clone)], check=True,
+                   capture_output=True)
+    h = report.History(clone)
+    assert h.problem and "shallow" in h.problem
+    assert h.status(c["a"], ("mxfp8_ep/",)) == "unknown"  # the clone lacks that commit
+    assert h.status(c["c"], ("mxfp8_ep/",)) == "current"
+
+
+def _run(tmp_path: Path, rows: list[dict]) -> dict:
+    path = tmp_path / "2026-01-01_abcdef0_h200x2_layer.jsonl"
+    prov = {"bench": "layer", "commit": "abcdef0" * 5 + "ab", "dirty": False, "date": "2026-01-01T00:00:00Z",
+            "machine": {"gpu": "NVIDIA H200", "count": 2, "link": "nvlink", "host_cpus": 16},
+            "versions": {"torch": "2.11"}, "command": "x"}
+    path.write_text("".join(json.dumps({**prov, **r}) + "\n" for r in rows))
+    return report.load_runs(tmp_path)
+
+
+def test_claims_compute_ratios_and_differences(tmp_path):
+    runs = _run(tmp_path, [
+        {"shape": "dsv3", "pass": "fwd+bwd", "arm": "torchtitan", "ms": 60.0, "peak_gib": 50.0, "tok": 100.0},
+        {"shape": "dsv3", "pass": "fwd+bwd", "arm": "mxfp8/symm", "ms": 40.0, "peak_gib": 51.5, "tok": 150.0},
+        {"shape": "dsv3", "pass": "fwd", "arm": "mxfp8/symm", "ms": 10.0},
+    ])
+    base = {"id": "x", "claim": "c", "run": "2026-01-01_abcdef0_h200x2_layer.jsonl",
+            "where": {"shape": "dsv3", "pass": "fwd+bwd"}, "row": {"arm": "mxfp8/symm"},
+            "baseline": {"arm": "torchtitan"}}
+    lower = report.evaluate({**base, "key": "ms", "better": "lower", "target": 1.42}, runs)
+    assert lower.value == pytest.approx(1.5) and lower.met() == "yes" and lower.figure() == "1.500×"
+    higher = report.evaluate({**base, "key": "tok", "better": "higher", "target": 1.6}, runs)
+    assert higher.value == pytest.approx(1.5) and higher.met() == "no"
+    diff = report.evaluate({**base, "key": "peak_gib", "compare": "difference"}, runs)
+    assert diff.figure() == "+1.50 GiB"
+    assert "2 rows match" in report.evaluate({**base, "where": {}}, runs).error  # fwd and fwd+bwd
+    assert "0 rows match" in report.evaluate({**base, "row": {"arm": "bf16/symm"}}, runs).error
+    assert "no run file" in report.evaluate({**base, "run": "absent.jsonl"}, runs).error
+    assert report.Run("r", runs[base["run"]].rows).hardware() == "2× H200, NVLink"
+
+
+def test_claims_file_limits_the_readme_table(tmp_path):
+    claims = [{"id": f"c{i}", "claim": "c", "readme": True} for i in range(16)]
+    path = tmp_path / "claims.yaml"
+    path.write_text(json.dumps({"claims": claims}))  # JSON is YAML
+    with pytest.raises(ValueError, match="at most 15"):
+        report.load_claims(path)
+    path.write_text(json.dumps({"claims": [{"id": "a"}, {"id": "a"}]}))
+    with pytest.raises(ValueError, match="used twice"):
+        report.load_claims(path)
+    committed = report.load_claims()
+    assert 0 < sum(bool(c.get("readme")) for c in committed) <= 15
+    assert all("target" in c for c in committed if c.get("readme"))
+
+
+def test_every_committed_row_names_its_provenance():
+    """Each row: commit, date, machine, versions and command; the file name says the same."""
+    from benchmarks.rows import PROVENANCE_KEYS, Machine
+
+    files = sorted(report.RESULTS.glob("*.jsonl"))
+    assert files
+    for path in files:
+        for row in report.read_rows(path):
+            assert set(PROVENANCE_KEYS) <= set(row), (path.name, sorted(set(PROVENANCE_KEYS) - set(row)))
+            assert len(row["commit"]) == 40 and int(row["commit"], 16) >= 0, path.name
+            assert row.get("commit_source", "recorded") in ("recorded", "inferred"), path.name
+            machine = Machine(**row["machine"])
+            assert machine.gpu and machine.count >= 1 and machine.link, path.name
+            assert row["versions"].get("torch") and row["command"].strip(), path.name
+            expect = f"{row['date'][:10]}_{row['commit'][:7]}_{machine.slug}_{row['bench']}.jsonl"
+            assert path.name == expect, (path.name, expect)
