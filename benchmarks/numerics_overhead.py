@@ -20,6 +20,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from benchmarks.rows import ResultsFile, this_machine
@@ -52,11 +53,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.every <= 0:
         parser.error("--every must be > 0 (the arm with the telemetry)")
     out = Path(args.out).resolve()
+    runs = out / "runs" / time.strftime("%Y-%m-%d_%H-%M-%S")  # a fresh folder per call: runs are never reused
     results = None
     times: dict[int, list[float]] = {0: [], args.every: []}
     for repeat in range(args.repeats):
         for every in (0, args.every):
-            s = run_arm(args.overrides, every, out / "runs" / f"numerics_every_{every}_{repeat}")
+            s = run_arm(args.overrides, every, runs / f"numerics_every_{every}_{repeat}")
             if results is None:
                 results = ResultsFile(BENCH, out, machine=this_machine(count=s.world_size))
             times[every].append(s.step_time_s)
