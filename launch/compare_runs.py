@@ -9,10 +9,22 @@ Each argument may be a run directory (with ``summary.json`` and/or ``wandb/``), 
 directory holding run directories, an ``offline-run-*`` directory or a ``.wandb`` file.
 Runs are read as ``launch.run_summary.RunSummary``: from their ``summary.json`` when they
 have one, otherwise from their offline wandb run(s), so SLURM runs that never wrote one are
-compared too. Every run is compared with the bf16 run of the same sweep point (else of the
-same model, world size and EP degree). Next to the JSON (``<dir>/comparison.json`` for one
-directory) go ``comparison_loss.png`` (loss per step, one line per run) and
-``comparison_throughput.png`` (tokens/s and all-to-all bytes per step, one bar per run).
+compared too.
+
+Every run is compared with its baseline: the bf16 run of the same sweep point (its name
+without the ``a2a`` and ``training.seed`` parts), the one with the lowest seed when there are
+several, else the first bf16 run of the same model, world size and EP degree. Further bf16
+runs of the point with other seeds measure the seed-to-seed spread, against which each arm's
+difference is judged: one verdict line per arm, e.g.
+
+    mxfp8_all: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
+
+Next to the JSON (``<dir>/comparison.json`` for one directory) go ``comparison_loss.png``
+(training loss, its difference to the baseline smoothed, with the seed spread as a band;
+validation loss and its difference when the runs have one) and ``comparison_throughput.png``
+(tokens/s and all-to-all bytes per step, values on the bars). The JSON holds the series
+behind every panel (``plots``), the verdicts and, when runs logged MXFP8 numerics telemetry
+(``numerics/...``), its worst layer per leg and statistic.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -27,30 +40,63 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import RUN_CONFIG, SUMMARY
-from launch.run_summary import RunSummary
+from launch.run_summary import NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric
 from launch.wandb_offline import OfflineRun, read_run, read_runs
 
 BASELINE = "bf16"
+# An arm is at parity when |its final loss - the baseline's| <= max(bf16 seed spread, this
+# share of the baseline's loss).
+PARITY_SHARE = 0.005
+CPU_NOTE = "CPU run: throughput is not a speed claim"
+# Smoothing of the loss-difference panels: a trailing mean over this share of the points.
+SMOOTH_SHARE = 1 / 30
+# How the worst layer is picked for each numerics statistic: (stat of a layer's samples, worst).
+NUMERICS_WORST = {
+    "rel_l2_err": ("mean", max),
+    "saturated_block_frac": ("max", max),
+    "flushed_frac": ("max", max),
+    "scale_exp_min": ("min", min),
+    "scale_exp_max": ("max", max),
+}
+assert set(NUMERICS_WORST) == set(NUMERICS_STATS)
 
 
 @dataclass
 class Compared:
-    """A run, where it was read from, and its ratios to its bf16 baseline."""
+    """A run, where it was read from, and its differences to its bf16 baseline."""
 
     run: RunSummary
     path: str
     source: str  # "summary" | "wandb"
     vs_baseline: dict[str, Any] = field(default_factory=dict)
+    baseline: Optional["Compared"] = field(default=None, repr=False)
+    # bf16 runs of this run's sweep point with other seeds than the baseline's
+    seed_replicas: list["Compared"] = field(default_factory=list, repr=False)
+    show_seed: bool = False  # the sweep point has runs of this a2a with several seeds
 
     @property
     def group_key(self) -> tuple:
         return (self.run.model, self.run.world_size, self.run.ep)
 
     @property
+    def point(self) -> str:
+        """The run name without its a2a and seed parts: what the sweep point varies."""
+        return ",".join(t for t in self.run.run_name.split(",")
+                        if not t.startswith(("a2a=", "a2a.", "training.seed=")))
+
+    @property
     def pair_key(self) -> tuple:
-        """group_key + the run name without its a2a part: the runs of one sweep point."""
-        rest = ",".join(t for t in self.run.run_name.split(",") if not t.startswith(("a2a=", "a2a.")))
-        return self.group_key + (rest,)
+        return self.group_key + (self.point,)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.baseline is None and self.run.a2a == BASELINE
+
+    @property
+    def label(self) -> str:
+        """Short name: the a2a preset, plus the seed where the point has runs of the preset
+        with several."""
+        return f"{self.run.a2a} seed {self.run.seed}" if self.show_seed else self.run.a2a
 
 
 def _recipe_config(run: OfflineRun) -> dict:
@@ -64,6 +110,14 @@ def _recipe_config(run: OfflineRun) -> dict:
             from omegaconf import OmegaConf
 
             return OmegaConf.to_container(OmegaConf.load(candidate), resolve=True)  # type: ignore[return-value]
+    return {}
+
+
+def _numerics_logged_to_wandb(s: RunSummary, run_dir: Path) -> dict[str, dict[str, float]]:
+    """The numerics telemetry of a run whose summary has none, from its offline wandb run."""
+    for run in read_runs(str(run_dir)):
+        if run.run_id == s.wandb_run_id:
+            return numerics_from_wandb(run)
     return {}
 
 
@@ -90,36 +144,95 @@ def collect(paths: list[str]) -> list[Compared]:
             if s is None:  # unreadable: its wandb run, if any, stands in below
                 continue
             seen.update(os.path.realpath(d) for d in s.wandb_dirs)
+            if not s.numerics and "mxfp8" in s.a2a_legs.values():
+                s.numerics = _numerics_logged_to_wandb(s, summary_file.parent)
             found.append(Compared(s, str(summary_file.parent), "summary"))
         for run in read_runs(str(p)):
             add_wandb(run)
     return found
 
 
+# ------------------------------------------------------------------------------ numbers
 def _ratio(x: Any, base: Any) -> Optional[float]:
     if x is None or base in (None, 0):
         return None
     return float(x) / float(base)
 
 
+def _delta(x: Optional[float], base: Optional[float]) -> Optional[float]:
+    return None if x is None or base is None else x - base
+
+
+def smooth_window(n: int) -> int:
+    return max(1, round(n * SMOOTH_SHARE))
+
+
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def aligned_delta(steps: list[int], values: list[float], base_steps: list[int],
+                  base_values: list[float]) -> tuple[list[int], list[float]]:
+    """``values - base_values`` at the steps both logged."""
+    base = dict(zip(base_steps, base_values))
+    pairs = [(s, v - base[s]) for s, v in zip(steps, values) if s in base]
+    return [s for s, _ in pairs], [d for _, d in pairs]
+
+
+def end_loss(run: RunSummary) -> tuple[Optional[float], str]:
+    """The number a verdict compares: the final validation loss, else the mean training loss
+    over the last logged window of the smoothing length."""
+    if run.final_val_loss is not None:
+        return run.final_val_loss, "final val loss"
+    if not run.losses:
+        return None, "final loss"
+    w = smooth_window(len(run.losses))
+    return sum(run.losses[-w:]) / w, f"train loss (mean of last {w} logged steps)"
+
+
+def _seed_order(c: Compared) -> tuple:
+    return (c.run.seed is None, c.run.seed if c.run.seed is not None else 0, c.run.run_name)
+
+
 def compare(runs: list[Compared]) -> list[Compared]:
-    """Fill ``vs_baseline`` of each run from its bf16 run: the one whose name differs only in
-    the a2a part, else the first bf16 run of the same model, world size and EP."""
-    pairs: dict[tuple, Compared] = {}
-    groups: dict[tuple, Compared] = {}
+    """Give each run its baseline (module doc), seed replicas and ``vs_baseline``."""
+    pairs: dict[tuple, list[Compared]] = {}
+    groups: dict[tuple, list[Compared]] = {}
+    seeds: dict[tuple, set] = {}
     for c in runs:
+        seeds.setdefault(c.pair_key + (c.run.a2a,), set()).add(c.run.seed)
+    for c in runs:
+        c.show_seed = len(seeds[c.pair_key + (c.run.a2a,)]) > 1
+    for c in sorted(runs, key=_seed_order):
         if c.run.a2a == BASELINE:
-            pairs.setdefault(c.pair_key, c)
-            groups.setdefault(c.group_key, c)
+            pairs.setdefault(c.pair_key, []).append(c)
+            groups.setdefault(c.group_key, []).append(c)
+    for bf16 in pairs.values():
+        first = bf16[0]
+        first.seed_replicas = [c for c in bf16[1:] if c.run.seed != first.run.seed]
     for c in runs:
-        base = pairs.get(c.pair_key) or groups.get(c.group_key)
-        if base is None:
+        candidates = pairs.get(c.pair_key) or groups.get(c.group_key) or []
+        base = candidates[0] if candidates else None
+        if base is None or base is c:
             continue
+        c.baseline = base
         m, b = c.run, base.run
+        mine, what = end_loss(m)
+        theirs, _ = end_loss(b)
         c.vs_baseline = {
             "baseline": b.run_name,
-            "loss_delta": None if m.final_loss is None or b.final_loss is None
-            else m.final_loss - b.final_loss,
+            "loss_delta": _delta(m.final_loss, b.final_loss),
+            "val_loss_delta": _delta(m.final_val_loss, b.final_val_loss),
+            "end_loss": mine,
+            "end_loss_delta": _delta(mine, theirs),
+            "end_loss_is": what,
             "tokens_per_s_ratio": _ratio(m.tokens_per_s_global, b.tokens_per_s_global),
             "step_time_ratio": _ratio(m.step_time_s, b.step_time_s),
             "bytes_ratio": _ratio(m.a2a_bytes_per_step, b.a2a_bytes_per_step),
@@ -127,28 +240,91 @@ def compare(runs: list[Compared]) -> list[Compared]:
     return runs
 
 
+def seed_spread(base: Compared) -> Optional[float]:
+    """Largest |end loss of another-seed bf16 run - the baseline's| (None without one)."""
+    ref, _ = end_loss(base.run)
+    spreads = [abs(x - ref) for x in (end_loss(r.run)[0] for r in base.seed_replicas)
+               if x is not None and ref is not None]
+    return max(spreads) if spreads else None
+
+
+def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
+    """One verdict per run that has a baseline, seed replicas included (their line is the
+    spread itself)."""
+    out = []
+    for c in ordered(runs):
+        base = c.baseline
+        if base is None or c.vs_baseline.get("end_loss_delta") is None:
+            continue
+        d, what = c.vs_baseline["end_loss_delta"], c.vs_baseline["end_loss_is"]
+        ref, _ = end_loss(base.run)
+        spread = seed_spread(base)
+        tol = max(spread or 0.0, PARITY_SHARE * abs(ref))
+        replica = c in base.seed_replicas
+        within = abs(d) <= tol
+        text = (f"{c.label}: {what} {d:+.4f} ({100 * d / ref:+.2f}%) vs {base.label}; "
+                + (f"bf16 seed spread {spread:.4f}" if spread is not None else "no second bf16 seed")
+                + ("" if replica else
+                   f" -> {'within' if within else 'outside'} max(seed spread, {100 * PARITY_SHARE:g}% of "
+                   f"loss) = {tol:.4f}"))
+        point = f"[{c.point}] " if c.point else ""
+        out.append({"run": c.run.run_name, "baseline": base.run.run_name, "delta": d, "measure": what,
+                    "seed_spread": spread, "tolerance": tol, "within": None if replica else within,
+                    "text": point + text})
+    return out
+
+
+def numerics_summary(run: RunSummary) -> dict[str, dict[str, dict[str, Any]]]:
+    """leg -> stat -> {"value", "layer", "layers"}: the worst MoE layer of each numerics
+    statistic (``NUMERICS_WORST``) from the run's per-layer series statistics; the model-wide
+    series (``layer`` None) where a leg has no per-layer ones."""
+    per: dict[tuple[str, str], list[tuple[float, Optional[int]]]] = {}
+    for name, stats in run.numerics.items():
+        parsed = parse_numerics_metric(name)
+        if parsed is None or not stats or parsed[2] not in NUMERICS_WORST:
+            continue
+        layer, leg, stat = parsed
+        per.setdefault((leg, stat), []).append((stats[NUMERICS_WORST[stat][0]], layer))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (leg, stat), values in sorted(per.items()):
+        layered = [v for v in values if v[1] is not None] or values
+        value, layer = NUMERICS_WORST[stat][1](layered, key=lambda v: v[0])
+        out.setdefault(leg, {})[stat] = {"value": value, "layer": layer,
+                                         "layers": len(layered) if layer is not None else 0}
+    return out
+
+
+# ------------------------------------------------------------------------------ table
 def _f(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
 def ordered(runs: list[Compared]) -> list[Compared]:
-    """Sweep point by sweep point, bf16 first."""
-    return sorted(runs, key=lambda c: (repr(c.pair_key), c.run.a2a != BASELINE, c.run.a2a, c.run.run_name))
+    """Sweep point by sweep point, bf16 first (lowest seed first)."""
+    return sorted(runs, key=lambda c: (repr(c.pair_key), c.run.a2a != BASELINE, c.run.a2a,
+                                       *_seed_order(c)))
+
+
+def on_cpu(runs: list[Compared]) -> bool:
+    return any(c.run.device == "cpu" for c in runs)
 
 
 def format_table(runs: list[Compared]) -> str:
-    header = ("run", "a2a", "model", "world/ep", "final loss", "Δloss", "tokens/s", "×bf16",
-              "step s", "a2a MiB/step", "×bf16")
+    header = ("run", "a2a", "model", "world/ep", "device", "final loss", "Δloss", "val loss", "Δval",
+              "tokens/s", "×bf16", "step s", "a2a MiB/step", "×bf16")
     rows = [header]
     for c in ordered(runs):
-        s, v, base = c.run, c.vs_baseline, c.run.a2a == BASELINE
+        s, v, base = c.run, c.vs_baseline, c.baseline is None
         rows.append((
             s.run_name,
             s.a2a,
             s.model,
             f"{s.world_size or '?'}/{s.ep or '?'}",
+            s.device,
             _f(s.final_loss, ".4f"),
             "" if base else _f(v.get("loss_delta"), "+.4f"),
+            _f(s.final_val_loss, ".4f"),
+            "" if base else _f(v.get("val_loss_delta"), "+.4f"),
             _f(s.tokens_per_s_global, ",.0f"),
             "" if base else _f(v.get("tokens_per_s_ratio"), ".3f"),
             _f(s.step_time_s, ".4f"),
@@ -156,56 +332,226 @@ def format_table(runs: list[Compared]) -> str:
             "" if base else _f(v.get("bytes_ratio"), ".3f"),
         ))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) if i < 4 else str(c).rjust(w)
+    lines = ["  ".join(str(c).ljust(w) if i < 5 else str(c).rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if on_cpu(runs):
+        lines.append(f"* {CPU_NOTE}: tokens/s and step times of CPU (gloo) runs say nothing about GPUs.")
     return "\n".join(lines)
 
 
-def to_json(runs: list[Compared]) -> dict[str, Any]:
-    return {"baseline": BASELINE, "runs": [
-        {"path": c.path, "source": c.source, "vs_baseline": c.vs_baseline, **dataclasses.asdict(c.run)}
-        for c in ordered(runs)
-    ]}
+def _where(layer: Optional[int]) -> str:
+    return "all layers" if layer is None else f"layer {layer}"
 
 
-def write_plots(runs: list[Compared], out_dir: Path) -> list[Path]:
-    """``comparison_loss.png`` and ``comparison_throughput.png`` in ``out_dir``."""
-    import matplotlib
+def format_numerics(runs: list[Compared]) -> str:
+    """The numerics telemetry's worst layer per leg, one line per run and leg ('' if none)."""
+    lines = []
+    for c in ordered(runs):
+        for leg, stats in numerics_summary(c.run).items():
+            parts = [f"{stat} {v['value']:.4g} ({_where(v['layer'])})" for stat, v in stats.items()]
+            lines.append(f"  {c.run.run_name}  {leg}: " + ", ".join(parts))
+    return ("MXFP8 numerics, worst layer per leg:\n" + "\n".join(lines)) if lines else ""
 
-    matplotlib.use("Agg")  # files only, no display
+
+# ------------------------------------------------------------------------------ plots
+def plot_labels(runs: list[Compared], width: int = 48) -> dict[str, str]:
+    """Legend / axis name per run: the short label, with the sweep point when the runs come
+    from several points, cut to ``width`` characters."""
+    several = len({c.pair_key for c in runs}) > 1
+    out = {}
+    for c in runs:
+        text = f"{c.label} [{c.point}]" if several and c.point else c.label
+        out[c.run.run_name] = text if len(text) <= width else text[: width - 1] + "…"
+    return out
+
+
+_COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+           "tab:olive", "tab:cyan")
+_DASHES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def line_styles(runs: list[Compared]) -> dict[str, dict[str, Any]]:
+    """Per run: baselines solid, thick, black-ish and drawn on top (half transparent, so a
+    line right under one still shows); seed replicas solid grey; every other arm its own
+    colour and dash pattern."""
+    styles, k = {}, 0
+    for c in ordered(runs):
+        if c.is_baseline:
+            styles[c.run.run_name] = {"color": "black", "linestyle": "-", "linewidth": 2.4,
+                                      "alpha": 0.55, "zorder": 4}
+        elif c.baseline is not None and c in c.baseline.seed_replicas:
+            styles[c.run.run_name] = {"color": "0.45", "linestyle": "-", "linewidth": 1.6,
+                                      "alpha": 0.9, "zorder": 3}
+        else:
+            styles[c.run.run_name] = {"color": _COLORS[k % len(_COLORS)],
+                                      "linestyle": _DASHES[k % len(_DASHES)], "linewidth": 1.8,
+                                      "alpha": 0.95, "zorder": 3}
+            k += 1
+    return styles
+
+
+def _shown_ticks(ax: Any) -> list[float]:
+    """The x ticks inside the axis range (after the figure is drawn)."""
+    lo, hi = ax.get_xlim()
+    return [float(t) for t in ax.get_xticks() if lo <= t <= hi]
+
+
+def _panel_series(runs: list[Compared], which: str) -> dict[str, Any]:
+    """The data one loss panel draws: ``which`` is train | train_delta | val | val_delta."""
+    val = which.startswith("val")
+    names = plot_labels(runs)
+    series, band = [], None
+    for c in ordered(runs):
+        steps = c.run.val_logged_steps if val else c.run.logged_steps
+        values = c.run.val_losses if val else c.run.losses
+        if not steps:
+            continue
+        if which.endswith("delta"):
+            if c.baseline is None:
+                continue
+            b = c.baseline.run
+            steps, values = aligned_delta(steps, values, b.val_logged_steps if val else b.logged_steps,
+                                          b.val_losses if val else b.losses)
+        window = 1 if val else smooth_window(len(values))
+        series.append({"run": c.run.run_name, "label": names[c.run.run_name], "steps": list(steps),
+                       "raw": list(values), "values": trailing_mean(list(values), window),
+                       "window": window})
+    if which.endswith("delta"):
+        replicas = {c.run.run_name for c in runs if c.baseline is not None and c in c.baseline.seed_replicas}
+        spread = [s for s in series if s["run"] in replicas]
+        if spread:
+            steps = spread[0]["steps"]
+            width = [max(abs(s["values"][i]) for s in spread if i < len(s["values"])) for i in range(len(steps))]
+            band = {"steps": steps, "low": [-w for w in width], "high": width,
+                    "label": "bf16 seed-to-seed spread"}
+    return {"series": series, "band": band}
+
+
+_PANELS = {
+    "train": ("Training loss", "loss (global average)"),
+    "train_delta": ("Training loss minus the bf16 baseline's", "Δ loss"),
+    "val": ("Validation loss (fixed held-out batches)", "val loss"),
+    "val_delta": ("Validation loss minus the bf16 baseline's", "Δ val loss"),
+}
+
+
+def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dict[str, Any]:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    styles = line_styles(runs)
+    has_val = any(c.run.val_logged_steps for c in runs)
+    has_base = any(c.baseline is not None for c in runs)
+    names = ["train"] + (["train_delta"] if has_base else []) + (["val"] if has_val else []) \
+        + (["val_delta"] if has_val and has_base else [])
+    ncols = 2 if len(names) > 1 else 1
+    nrows = math.ceil(len(names) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4 * nrows + 0.3 * len(verdict_lines) + 0.4),
+                             squeeze=False)
+    panels = {}
+    for ax, name in zip(axes.flat, names):
+        data = _panel_series(runs, name)
+        title, ylabel = _PANELS[name]
+        delta = name.endswith("delta")
+        if delta:
+            ax.axhline(0.0, color="black", linewidth=0.8, alpha=0.6)
+        if data["band"]:
+            b = data["band"]
+            ax.fill_between(b["steps"], b["low"], b["high"], color="0.6", alpha=0.3, linewidth=0,
+                            label=b["label"], zorder=1)
+        for s in data["series"]:
+            st = styles[s["run"]]
+            if name == "train" and s["window"] > 1:
+                ax.plot(s["steps"], s["raw"], color=st["color"], linewidth=0.6, alpha=0.2, zorder=1)
+            few = len(s["steps"]) <= 40
+            ax.plot(s["steps"], s["values"], label=s["label"], marker="o" if few else None,
+                    markersize=3.5, **st)
+        windows = {s["window"] for s in data["series"]}
+        if name.startswith("train") and windows != {1}:
+            ylabel += f" (trailing mean of {max(windows)} logged steps)"
+        ax.set(xlabel="step", ylabel=ylabel, title=title)
+        ax.grid(alpha=0.3)
+        if data["series"]:
+            ax.legend(fontsize="small")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        panels[name] = data
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    texts = list(verdict_lines)
+    if texts:
+        fig.text(0.01, 0.01, "\n".join(texts), fontsize="small", family="monospace", va="bottom")
+    fig.tight_layout(rect=(0, 0.3 * len(texts) / (4 * nrows + 0.3 * len(texts) + 0.4) + 0.01, 1, 1))
+    fig.savefig(path, dpi=110, metadata={"Comment": "\n".join(texts)})
+    for ax, name in zip(axes.flat, names):
+        panels[name]["xticks"] = _shown_ticks(ax)
+    plt.close(fig)
+    return {"file": path.name, "panels": panels, "texts": texts,
+            "styles": {k: {kk: (list(vv) if isinstance(vv, tuple) else vv) for kk, vv in v.items()}
+                       for k, v in styles.items()}}
+
+
+def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     runs = ordered(runs)
-    labels = [c.run.run_name for c in runs]
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for c, label in zip(runs, labels):
-        ax.plot(c.run.logged_steps, c.run.losses, marker="." if len(c.run.losses) < 50 else None,
-                linestyle="-" if c.run.a2a == BASELINE else "--", label=label)
-    ax.set(xlabel="step", ylabel="loss (global average)", title="Loss per step")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    loss = out_dir / "comparison_loss.png"
-    fig.tight_layout()
-    fig.savefig(loss, dpi=120)
-    plt.close(fig)
-
-    fig, (tps, wire) = plt.subplots(1, 2, figsize=(10, 0.5 * len(runs) + 2.5))
-    ys = range(len(runs))
-    colors = ["tab:blue" if c.run.a2a == BASELINE else "tab:orange" for c in runs]
-    tps.barh(ys, [c.run.tokens_per_s_global or 0 for c in runs], color=colors)
-    tps.set(yticks=list(ys), yticklabels=labels, xlabel="tokens/s (all ranks)", title="Throughput")
-    wire.barh(ys, [(c.run.a2a_bytes_per_step or 0) / 2**20 for c in runs], color=colors)
-    wire.set(yticks=list(ys), yticklabels=[], xlabel="MiB per step", title="All-to-all bytes")
-    for ax in (tps, wire):
+    names = plot_labels(runs)
+    labels = [names[c.run.run_name] for c in runs]
+    cpu = on_cpu(runs)
+    fig, (tps, wire) = plt.subplots(1, 2, figsize=(11, 0.5 * len(runs) + 2.8))
+    ys = list(range(len(runs)))
+    colors = ["0.3" if c.baseline is None else "tab:orange" for c in runs]
+    tokens = [c.run.tokens_per_s_global or 0.0 for c in runs]
+    mib = [(c.run.a2a_bytes_per_step or 0.0) / 2**20 for c in runs]
+    value_labels = {"tokens_per_s": [f"{v:,.0f}" for v in tokens], "a2a_mib_per_step": [f"{v:,.2f}" for v in mib]}
+    bars = tps.barh(ys, tokens, color=colors)
+    tps.bar_label(bars, labels=value_labels["tokens_per_s"], padding=3, fontsize="small")
+    tps.set(yticks=ys, yticklabels=labels, xlabel="tokens/s (all ranks)",
+            title="Throughput" + (" (CPU: not a speed claim)" if cpu else ""))
+    bars = wire.barh(ys, mib, color=colors)
+    wire.bar_label(bars, labels=value_labels["a2a_mib_per_step"], padding=3, fontsize="small")
+    wire.set(yticks=ys, yticklabels=[], xlabel="MiB per step", title="All-to-all bytes")
+    for ax, values in ((tps, tokens), (wire, mib)):
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
-    throughput = out_dir / "comparison_throughput.png"
-    fig.tight_layout()
-    fig.savefig(throughput, dpi=120)
+        ax.set_xlim(0, max(values + [1e-9]) * 1.25)  # room for the value labels
+    texts = []
+    if cpu:
+        texts.append(f"{CPU_NOTE}: tokens/s of CPU processes over gloo say nothing about GPUs")
+        fig.text(0.5, 0.01, texts[0], ha="center", va="bottom", color="tab:red", fontsize="medium",
+                 weight="bold")
+    fig.tight_layout(rect=(0, 0.07 if cpu else 0, 1, 1))
+    fig.savefig(path, dpi=110, metadata={"Comment": "\n".join(texts)})
     plt.close(fig)
-    return [loss, throughput]
+    return {"file": path.name, "labels": labels, "tokens_per_s": tokens, "a2a_mib_per_step": mib,
+            "value_labels": value_labels, "texts": texts, "titles": [tps.get_title(), wire.get_title()]}
+
+
+def write_plots(runs: list[Compared], out_dir: Path,
+                verdict_list: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+    """``comparison_loss.png`` and ``comparison_throughput.png`` in ``out_dir``; returns what
+    each shows (series, ticks, texts) for ``comparison.json``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    lines = [v["text"] for v in (verdict_list if verdict_list is not None else verdicts(runs))]
+    return {"loss": plot_loss(runs, out_dir / "comparison_loss.png", lines),
+            "throughput": plot_throughput(runs, out_dir / "comparison_throughput.png")}
+
+
+# ------------------------------------------------------------------------------ output
+def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] = None,
+            plots: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    return {
+        "baseline": BASELINE,
+        "parity_rule": f"|Δ end loss| <= max(bf16 seed spread, {PARITY_SHARE:g} × baseline loss)",
+        "notes": [CPU_NOTE] if on_cpu(runs) else [],
+        "verdicts": verdict_list if verdict_list is not None else verdicts(runs),
+        "runs": [{"path": c.path, "source": c.source, "vs_baseline": c.vs_baseline,
+                  "numerics_worst": numerics_summary(c.run), **dataclasses.asdict(c.run)}
+                 for c in ordered(runs)],
+        "plots": plots or {},
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -224,14 +570,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("compare_runs: no runs found (no summary.json or .wandb file) under "
               + ", ".join(args.paths), file=sys.stderr)
         return 1
+    verdict_list = verdicts(runs)
     print(format_table(runs))
+    if verdict_list:
+        print("\n" + "\n".join(v["text"] for v in verdict_list))
+    numerics = format_numerics(runs)
+    if numerics:
+        print("\n" + numerics)
     if args.out is None:
         only = Path(args.paths[0])
         args.out = str(only / "comparison.json") if len(args.paths) == 1 and only.is_dir() else "comparison.json"
     out = Path(args.out)
-    out.write_text(json.dumps(to_json(runs), indent=2))
-    plots = write_plots(runs, out.parent)
-    print(f"\nwrote {out}, " + ", ".join(str(p) for p in plots))
+    plots = write_plots(runs, out.parent, verdict_list)
+    out.write_text(json.dumps(to_json(runs, verdict_list, plots), indent=2))
+    print(f"\nwrote {out}, " + ", ".join(str(out.parent / p["file"]) for p in plots.values()))
     return 0
 
 

@@ -52,6 +52,11 @@ def progress_line(step: int, steps: int, loss: float, tokens_per_s: float, eta_s
             f"  eta {format_eta(eta_s)}")
 
 
+def validation_line(step: int, steps: int, loss: float) -> str:
+    width = len(str(steps))
+    return f"step {step:>{width}}/{steps}  val loss {loss:.4f}"
+
+
 def format_summary(s: RunSummary) -> str:
     wandb = ", ".join(s.wandb_dirs) if s.wandb_dirs else "none"
     if s.wandb_dirs and s.wandb_mode == "offline":
@@ -65,7 +70,9 @@ def format_summary(s: RunSummary) -> str:
         f"(world {s.world_size}, ep {s.ep})\n"
         f"  steps           {s.steps}/{s.target_steps}{resumed}{stopped}\n"
         f"  final loss      {_num(s.final_loss, '.4f')}\n"
-        f"  tokens/s        {_num(s.tokens_per_s_global, ',.0f')} all ranks, "
+        + (f"  val loss        {_num(s.final_val_loss, '.4f')} at step {s.val_logged_steps[-1]}\n"
+           if s.val_logged_steps else "")
+        + f"  tokens/s        {_num(s.tokens_per_s_global, ',.0f')} all ranks, "
         f"{_num(s.tokens_per_s, ',.0f')} per rank\n"
         f"  step time (s)   {_num(s.step_time_s, '.4f')}\n"
         f"  TFLOPS, MFU     {_num(s.tflops, ',.2f')}, {_num(s.mfu_pct, '.2f')}"

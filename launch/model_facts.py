@@ -58,6 +58,7 @@ _DS_DEBUG = ModelFacts(256, 6, 5, 16, 16, 2048, 8, 2, 3, 256, 1024, 33_014_016, 
 
 MODELS: dict[tuple[str, str], ModelFacts] = {
     ("llama4", "tiny"): ModelFacts(128, 2, 2, 4, 2, 512, 4, 1, 1, 192, 0, 968_320, 589_824, "sdpa"),
+    ("llama4", "parity"): ModelFacts(512, 6, 6, 8, 2, 16384, 16, 1, 1, 768, 0, 141_089_280, 113_246_208, "sdpa"),
     ("llama4", "debugmodel"): _L4_DEBUG,
     ("llama4", "debugmodel_irope"): _flex(_L4_DEBUG),
     ("llama4", "17bx16e"): _L4_16E,
@@ -65,6 +66,8 @@ MODELS: dict[tuple[str, str], ModelFacts] = {
     ("llama4", "17bx128e"): _L4_128E,
     ("llama4", "17bx128e_irope"): _flex(_L4_128E),
     ("deepseek_v3", "tiny"): ModelFacts(128, 2, 2, 4, 4, 512, 8, 1, 2, 64, 0, 731_904, 393_216, "sdpa"),
+    ("deepseek_v3", "parity"): ModelFacts(512, 8, 7, 8, 8, 16384, 32, 1, 4, 256, 1536, 117_040_640, 88_080_384, "sdpa"),
+    ("deepseek_v3", "parity_tiny"): ModelFacts(128, 3, 2, 4, 4, 16384, 16, 1, 4, 64, 384, 5_416_000, 786_432, "sdpa"),
     ("deepseek_v3", "ep_bench"): ModelFacts(7168, 2, 2, 16, 16, 512, 64, 1, 8, 2048, 0, 5_819_371_520, 5_637_144_576, "sdpa"),
     ("deepseek_v3", "debugmodel"): _DS_DEBUG,
     ("deepseek_v3", "debugmodel_flex_attn"): _flex(_DS_DEBUG),

@@ -31,6 +31,20 @@ A2A_BYTES = "a2a/bytes_per_step"
 TFLOPS = "tflops"
 MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
+VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan_validation)
+
+# MXFP8 numerics telemetry (logging.numerics_every): per MoE layer, all-to-all leg
+# (mxfp8_ep.config.LEGS) and statistic, "numerics/layer<i>/<leg>/<stat>" (i: torchtitan's
+# block index), and model-wide "numerics/<leg>/<stat>". RunSummary keeps summary statistics
+# of each (numerics); compare_runs sums them up per run.
+NUMERICS_PREFIX = "numerics/"
+NUMERICS_STATS = (
+    "rel_l2_err",  # ||dequant(quant(x)) - x|| / ||x|| over the sampled rows
+    "saturated_block_frac",  # share of 32-element blocks with an e4m3 element at 448
+    "flushed_frac",  # share of nonzero elements that dequantize to zero
+    "scale_exp_min",  # smallest unbiased e8m0 exponent among the sampled blocks
+    "scale_exp_max",  # largest one
+)
 
 # RunSummary field <- wandb metric whose steady mean it is.
 MEAN_OF = {
@@ -48,6 +62,24 @@ def a2a_leg_metric(leg: str) -> str:
     return f"a2a/{leg}_bytes_per_step"
 
 
+def numerics_metric(leg: str, stat: str, layer: Optional[int] = None) -> str:
+    """wandb name of a numerics statistic of one leg: of MoE block ``layer``, or model-wide."""
+    return f"{NUMERICS_PREFIX}{'' if layer is None else f'layer{layer}/'}{leg}/{stat}"
+
+
+def parse_numerics_metric(name: str) -> Optional[tuple[Optional[int], str, str]]:
+    """(layer or None for model-wide, leg, stat) of a :func:`numerics_metric` name; None for
+    other names."""
+    if not name.startswith(NUMERICS_PREFIX):
+        return None
+    parts = name[len(NUMERICS_PREFIX):].split("/")
+    if len(parts) == 2:
+        return None, parts[0], parts[1]
+    if len(parts) == 3 and parts[0].startswith("layer") and parts[0][len("layer"):].isdigit():
+        return int(parts[0][len("layer"):]), parts[1], parts[2]
+    return None
+
+
 # The metrics whose wandb run summary is RunSummary's number (set at the end of the run)
 # rather than wandb's default, the last logged value.
 SUMMARY_METRICS = tuple(MEAN_OF.values()) + tuple(a2a_leg_metric(leg) for leg in LEGS + ("other",))
@@ -59,6 +91,21 @@ def _finite(x: Any) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
+
+
+def series_stats(values: list[Any]) -> dict[str, float]:
+    """``n``, ``mean``, ``min``, ``max`` and ``last`` of the finite values (empty when none)."""
+    vals = [v for v in (_finite(x) for x in values) if v is not None]
+    if not vals:
+        return {}
+    return {"n": len(vals), "mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
+            "last": vals[-1]}
+
+
+def numerics_from_wandb(run: Any) -> dict[str, dict[str, float]]:
+    """``series_stats`` of every numerics metric in an offline wandb run's history."""
+    keys = sorted({k for row in run.history for k in row if k.startswith(NUMERICS_PREFIX)})
+    return {k: series_stats(run.series(k)) for k in keys}
 
 
 def steady_mean(values: list[Any]) -> Optional[float]:
@@ -91,12 +138,17 @@ class RunSummary:
     start_step: int = 0  # the checkpoint step this launch resumed from
     stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "SIGUSR2" when stopped early
     checkpoint: Optional[str] = None  # newest checkpoint folder, when checkpointing is on
+    seed: Optional[int] = None  # training.seed
     # every logged step of the run (earlier launches of a resumed run included)
     logged_steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    # every validation of the run (training.val_every), same convention
+    val_logged_steps: list[int] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
     # headline numbers of this launch (steady means); None where they mean nothing (TFLOPS
     # and MFU on CPU) or were not measured
     final_loss: Optional[float] = None
+    final_val_loss: Optional[float] = None
     tokens_per_s: Optional[float] = None  # per rank
     tokens_per_s_global: Optional[float] = None
     step_time_s: Optional[float] = None
@@ -105,6 +157,8 @@ class RunSummary:
     tflops: Optional[float] = None
     mfu_pct: Optional[float] = None
     max_memory_gib: Optional[float] = None
+    # numerics telemetry of this launch: metric name -> series_stats of its samples
+    numerics: dict[str, dict[str, float]] = field(default_factory=dict)
     # wandb
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
@@ -137,6 +191,7 @@ class RunSummary:
         """The headline numbers under their wandb metric names (for the wandb run summary)."""
         out = {metric: getattr(self, name) for name, metric in MEAN_OF.items()}
         out[LOSS] = self.final_loss
+        out[VAL_LOSS] = self.final_val_loss
         out.update({a2a_leg_metric(leg): v for leg, v in self.a2a_bytes_per_step_by_leg.items()})
         return {k: v for k, v in out.items() if v is not None}
 
@@ -150,6 +205,8 @@ class RunSummary:
         a2a = recipe.get("a2a", {})
         rows = [row for row in run.history if LOSS in row]
         losses = [float(row[LOSS]) for row in rows]
+        val_rows = [row for row in run.history if VAL_LOSS in row]
+        val_losses = [float(row[VAL_LOSS]) for row in val_rows]
         summary = cls(
             run_name=run.name or os.path.basename(path),
             experiment=recipe.get("experiment", run.group),
@@ -161,13 +218,18 @@ class RunSummary:
             world_size=par.get("nodes", 0) * par.get("procs_per_node", 0),
             ep=par.get("ep", 0),
             launcher=recipe.get("launcher", {}).get("name", "?"),
-            device="?",
+            device=str(run.config.get("device", "?")),
             run_dir=path,
             steps=int(rows[-1]["_step"]) if rows else 0,
             target_steps=recipe.get("training", {}).get("steps", 0),
+            seed=recipe.get("training", {}).get("seed"),
             logged_steps=[int(row["_step"]) for row in rows],
             losses=losses,
+            val_logged_steps=[int(row["_step"]) for row in val_rows],
+            val_losses=val_losses,
             final_loss=losses[-1] if losses else None,
+            final_val_loss=val_losses[-1] if val_losses else None,
+            numerics=numerics_from_wandb(run),
             wandb_mode="offline",
             wandb_run_id=run.run_id,
             wandb_dirs=list(run.paths),

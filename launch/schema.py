@@ -111,10 +111,19 @@ class TrainingConfig:
     # <run dir>/profile_traces/iteration_<step>/ (`python -m benchmarks.train RUNS --step-profile` sums them up);
     # 0: off. It records one step after PROFILER_WARMUP_STEPS warm-up steps, so at least 4.
     profile_freq: int = 0
-    # Data: null = the tiny tokenizer and text shipped in launch/assets/ (no download).
+    # Checkpoints kept on disk, newest first (torchtitan's keep_latest_k); 0 keeps all.
+    checkpoint_keep: int = 10
+    # Data (launch/titan_data.py): mxfp8ep_tiny = the tiny text and tokenizer shipped in
+    # launch/assets/; debian_docs = the corpus folder scripts/build_corpus.py writes
+    # (dataset_path, default data/corpus; its tokenizer unless tokenizer_path is set).
     dataset: str = "mxfp8ep_tiny"
     dataset_path: Optional[str] = None
     tokenizer_path: Optional[str] = None
+    # Validation loss on the dataset's held-out split every val_every steps and at the last
+    # step (0: off): val_batches batches of the training batch shape, the same tokens every
+    # time and in every run with that global batch shape.
+    val_every: int = 0
+    val_batches: int = 8
 
 
 @dataclass

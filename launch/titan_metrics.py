@@ -10,8 +10,12 @@ match stock torchtitan runs; the names are ``launch.run_summary``'s) and adds:
   from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
 * ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
-  samples (``launch.numerics_log``), with a console line,
+  samples (``launch.numerics_log``; names in ``launch.run_summary``), with a console line,
 * ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
+* ``val/loss``: the validation loss (``launch.titan_validation``), with its own console line,
+* any further metrics a component hands to :meth:`RecipeMetricsProcessor.log_metrics` or
+  through ``extra_metrics``, passed to wandb as they are (``numerics/...`` ones also kept for
+  the run's summary),
 * a console line per log window (``launch.console.progress_line``) in ``<run dir>/console.log``,
 * a run history (``history``) the runner turns into the run's ``RunSummary``.
 
@@ -40,7 +44,7 @@ from torchtitan.tools.logging import logger
 
 from launch import numerics_log
 from launch import run_summary as names
-from launch.console import format_eta, progress_line
+from launch.console import format_eta, progress_line, validation_line
 from mxfp8_ep import wire_stats
 from mxfp8_ep.config import LEGS
 
@@ -64,6 +68,15 @@ class RunHistory:
     tflops: list[float] = field(default_factory=list)
     mfu: list[float] = field(default_factory=list)
     max_reserved_gib: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    # numerics telemetry: metric name -> its values, in step order
+    numerics: dict[str, list[float]] = field(default_factory=dict)
+
+    def record_numerics(self, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            if key.startswith(names.NUMERICS_PREFIX):
+                self.numerics.setdefault(key, []).append(float(value))
 
 
 @dataclass(frozen=True)
@@ -120,10 +133,10 @@ class RecipeWandBLogger(BaseLogger):
         self.run.summary.update(values)
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the wandb run. Training is over by now: a lost connection to wandb's own
-        service process while it finishes (seen on a loaded 2-core CI machine:
-        ``ConnectionResetError`` from its telemetry flush) is a warning, not a failed job; what
-        was logged is already in the run directory (offline) or queued for sync."""
+        """Finish the wandb run. Training is over by then: a lost connection to wandb's own
+        service process while it finishes (e.g. ``ConnectionResetError`` from its telemetry
+        flush on a loaded machine) is a warning, not a failed job; what was logged is already
+        in the run directory (offline) or queued for sync."""
         if self.wandb.run is None:
             return
         try:
@@ -262,9 +275,11 @@ class RecipeMetricsProcessor(MetricsProcessor):
                 metrics[names.a2a_leg_metric(leg)] = value / steps_in_window
         if extra_metrics:
             metrics.update(extra_metrics)
+            self.history.record_numerics(extra_metrics)
         # The quantization telemetry of the steps sampled since the last log (a collective then).
         numerics = numerics_log.collect_metrics(self.model_parts or [])
         metrics.update(numerics)
+        self.history.record_numerics(numerics)
         self.logger.log(metrics, step)
 
         h = self.history
@@ -303,6 +318,27 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self.data_loading_times.clear()
         self.time_last_log = time.perf_counter()
         self.device_memory_monitor.reset_peak_stats()
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None,
+                       seconds: float = 0.0) -> None:
+        """The validation loss at ``step`` (every rank calls it; rank 0 has the loggers).
+        ``seconds``: how long validation took, left out of the next training window's step
+        time and throughput."""
+        self.time_last_log += seconds
+        self.log_metrics(step, {names.VAL_LOSS: loss, **(extra_metrics or {})})
+        self.history.val_steps.append(step)
+        self.history.val_losses.append(float(loss))
+        c = self.color
+        logger.info(f"{c.red}step: {step:2}/{self.total_steps}  {c.yellow}validation loss: "
+                    f"{loss:8.5f}  {c.white}({seconds:.2f}s){c.reset}")
+        if self.console is not None:
+            self.console.write(validation_line(step, self.total_steps, loss) + "\n")
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log ``metrics`` at ``step`` to the loggers (wandb) as they are; ``numerics/...``
+        values are also kept for the run's summary."""
+        self.history.record_numerics(metrics)
+        self.logger.log(metrics, step)
 
     def close(self) -> None:
         super().close()  # the loggers: wandb finishes here (exit code 0)

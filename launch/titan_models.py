@@ -1,15 +1,22 @@
-"""Model flavors for the recipe: torchtitan 0.2.2's own MoE flavors plus tiny CPU ones.
+"""Model flavors for the recipe: torchtitan 0.2.2's own MoE flavors plus ours.
 
 Our config names a model by ``family`` + ``flavor`` (``launch/schema.py::ModelConfig``).
 ``family`` is a torchtitan model name (``llama4`` / ``deepseek_v3``); ``flavor`` is either one of
-torchtitan's flavors in that family (``debugmodel``, ``17bx16e``, ``16B``, ...) or one of ours
-(``tiny``), which :func:`register_tiny_flavors` adds to torchtitan's flavor dicts so torchtitan's
-``Trainer`` finds them by name.
+torchtitan's flavors in that family (``debugmodel``, ``17bx16e``, ``16B``, ...) or one of ours,
+which :func:`register_tiny_flavors` adds to torchtitan's flavor dicts so torchtitan's ``Trainer``
+finds them by name:
 
-The tiny flavors exist so CI can train real Llama4 / DeepSeek-V3 MoE blocks with EP=2 on two CPU
-processes in seconds: dim 128, 2 layers, MoE on every layer, vocab 512 (our tokenizer in
-``launch/assets/tokenizer``). Every width the EP all-to-all sends (the model dim) and every expert
-hidden dim is a multiple of 32, the MXFP8 block size, so the MXFP8 path sees whole blocks.
+* ``tiny`` (both families): CI trains real Llama4 / DeepSeek-V3 MoE blocks with EP=2 on two CPU
+  processes in seconds: dim 128, 2 layers, MoE on every layer, vocab 512 (our tokenizer in
+  ``launch/assets/tokenizer``).
+* ``parity`` (both families): the bf16-vs-MXFP8 parity study's models, ~120-140M parameters
+  (mostly routed experts), small enough per step that several runs share one GPU; vocab
+  ``CORPUS_VOCAB_SIZE``, the tokenizer ``scripts/build_corpus.py`` trains.
+* ``parity_tiny`` (deepseek_v3): the same study's DeepSeek-V3 shape shrunk for CPU/gloo.
+* ``ep_bench`` (deepseek_v3): full-width DeepSeek-V3 MoE layers for exchange benchmarks.
+
+Every width the EP all-to-all sends (the model dim) and every expert hidden dim is a multiple
+of 32, the MXFP8 block size, so the MXFP8 path sees whole blocks.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 from launch.model_facts import FAMILIES, ModelFacts, UnknownModelError, resolve
 
 __all__ = [
+    "CORPUS_VOCAB_SIZE",
     "TINY_VOCAB_SIZE",
     "UnknownModelError",
     "facts_from_torchtitan",
@@ -31,6 +39,8 @@ __all__ = [
 
 # The tokenizer in launch/assets/tokenizer has at most this many ids (build_tiny_assets.py).
 TINY_VOCAB_SIZE = 512
+# The tokenizer scripts/build_corpus.py trains by default has this many ids.
+CORPUS_VOCAB_SIZE = 16384
 
 
 def _tiny_llama4() -> Any:
@@ -117,10 +127,101 @@ def _ep_bench_deepseek_v3() -> Any:
     )
 
 
+def _parity_deepseek_v3() -> Any:
+    """DeepSeek-V3's layout at dim 512: MLA attention, a dense first layer, then MoE layers
+    with 32 fine-grained routed experts (hidden 256), top-4 sigmoid routing with normalised
+    and scaled weights, one shared expert, auxiliary-loss-free load balancing (expert bias).
+    8 layers, ~117M parameters of which ~88M routed experts; ~32M used per token."""
+    from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
+    from torchtitan.models.moe import MoEArgs
+
+    return DeepSeekV3ModelArgs(
+        vocab_size=CORPUS_VOCAB_SIZE,
+        dim=512,
+        inter_dim=1536,
+        moe_inter_dim=256,
+        n_layers=8,
+        n_dense_layers=1,
+        n_heads=8,
+        max_seq_len=4096,
+        moe_args=MoEArgs(
+            num_experts=32,
+            num_shared_experts=1,
+            top_k=4,
+            score_func="sigmoid",
+            route_norm=True,
+            route_scale=2.5,
+            score_before_experts=False,
+        ),
+        q_lora_rank=0,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+    )
+
+
+def _parity_llama4() -> Any:
+    """Llama 4 Scout's layout at dim 512: grouped-query attention, MoE on every layer with 16
+    routed experts, top-1 sigmoid routing applied before the experts, one shared expert
+    (expert hidden 768, torchtitan's auto-scaled SwiGLU width). 6 layers, ~141M parameters
+    of which ~113M routed experts; ~27M used per token."""
+    from torchtitan.models.llama4 import TransformerModelArgs
+    from torchtitan.models.moe import MoEArgs
+
+    return TransformerModelArgs(
+        dim=512,
+        n_layers=6,
+        n_heads=8,
+        n_kv_heads=2,
+        vocab_size=CORPUS_VOCAB_SIZE,
+        multiple_of=256,
+        rope_theta=500000,
+        max_seq_len=4096,
+        interleave_moe_layer_step=1,
+        moe_args=MoEArgs(num_experts=16, num_shared_experts=1, top_k=1),
+    )
+
+
+def _parity_tiny_deepseek_v3() -> Any:
+    """The parity DeepSeek-V3 shape for CPU/gloo: dim 128, a dense first layer and two MoE
+    layers of 16 routed experts (hidden 64), top-4, one shared expert; the corpus vocab."""
+    from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
+    from torchtitan.models.moe import MoEArgs
+
+    return DeepSeekV3ModelArgs(
+        vocab_size=CORPUS_VOCAB_SIZE,
+        dim=128,
+        inter_dim=384,
+        moe_inter_dim=64,
+        n_layers=3,
+        n_dense_layers=1,
+        n_heads=4,
+        max_seq_len=2048,
+        moe_args=MoEArgs(
+            num_experts=16,
+            num_shared_experts=1,
+            top_k=4,
+            score_func="sigmoid",
+            route_norm=True,
+            route_scale=2.5,
+            score_before_experts=False,
+        ),
+        q_lora_rank=0,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=32,
+        v_head_dim=32,
+    )
+
+
 # The recipe's own flavors, added to torchtitan's flavor dicts by register_tiny_flavors.
 _TINY_BUILDERS = {
     ("llama4", "tiny"): _tiny_llama4,
+    ("llama4", "parity"): _parity_llama4,
     ("deepseek_v3", "tiny"): _tiny_deepseek_v3,
+    ("deepseek_v3", "parity"): _parity_deepseek_v3,
+    ("deepseek_v3", "parity_tiny"): _parity_tiny_deepseek_v3,
     ("deepseek_v3", "ep_bench"): _ep_bench_deepseek_v3,
 }
 

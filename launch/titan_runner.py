@@ -7,14 +7,14 @@ MASTER_PORT) and call :func:`run_training` with the composed config. It:
 1. notes stop signals from here on (``launch.stop``: Ctrl-C, SIGTERM, SLURM's SIGUSR2);
 2. on a machine without CUDA, patches torchtitan's CPU gaps (``launch.titan_cpu_compat``);
    the process group is then gloo (torchtitan maps device type "cpu" to gloo);
-3. registers our tiny model flavors and the tiny dataset (``launch.titan_models`` /
-   ``launch.titan_data``);
+3. registers our model flavors and datasets (``launch.titan_models`` / ``launch.titan_data``);
 4. installs the EP all-to-all from ``cfg.a2a`` (``mxfp8_ep.install_expert_parallel``);
 5. translates the config into torchtitan's ``JobConfig`` (:func:`build_job_config`);
 6. runs torchtitan's ``Trainer`` (resuming from the newest checkpoint in the run's checkpoint
    folder when checkpointing is on), with :class:`~launch.titan_metrics.RecipeMetricsProcessor`
-   for metrics (console lines, wandb and the history on rank 0). After a stop signal all ranks
-   stop at the same step boundary and save a checkpoint;
+   for metrics (console lines, wandb and the history on rank 0) and, with
+   ``training.val_every``, :class:`~launch.titan_validation.HeldOutLoss` for the validation
+   loss. After a stop signal all ranks stop at the same step boundary and save a checkpoint;
 7. on rank 0 writes the run's ``RunSummary`` (``summary.json``, and the wandb run summary),
    finishes wandb and returns the summary (``None`` on other ranks).
 """
@@ -26,6 +26,7 @@ import gc
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -35,7 +36,7 @@ from torchtitan.train import Trainer
 
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
-from launch.run_summary import RunSummary, steady_mean
+from launch.run_summary import RunSummary, series_stats, steady_mean
 from launch.schema import PROFILER_WARMUP_STEPS
 from launch.stop import Stopped, StopSignals, signal_name
 from launch.titan_metrics import WandbSettings
@@ -66,25 +67,28 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
       (no optimizer, no step count). We always save full state.
     * metrics loggers are off in torchtitan's config: ``RecipeMetricsProcessor`` attaches our
       wandb logger (it writes under ``run_dir`` and logs the full recipe config).
+    * ``validation`` mirrors ``training.val_every`` / ``val_batches``; the validator itself is
+      ours (``RecipeTrainer``).
     """
     from torchtitan.config import JobConfig
 
-    from launch.titan_data import TOKENIZER_DIR
+    from launch.titan_data import data_source
     from launch.titan_models import resolve
 
     cfg = _as_dictconfig(cfg)
     t, p = cfg.training, cfg.parallelism
     cpu = not torch.cuda.is_available()
+    data = data_source(t.dataset, t.dataset_path, t.tokenizer_path)
 
     jc = JobConfig()
     jc.job.dump_folder = run_dir
     jc.job.description = f"mxfp8-ep {cfg.experiment}: {cfg.model.family}/{cfg.model.flavor}, a2a={cfg.a2a.name}"
 
     jc.model.name, jc.model.flavor = resolve(cfg.model.family, cfg.model.flavor)
-    jc.model.hf_assets_path = str(t.tokenizer_path or TOKENIZER_DIR)
+    jc.model.hf_assets_path = str(data.tokenizer)
 
     jc.training.dataset = t.dataset
-    jc.training.dataset_path = t.dataset_path
+    jc.training.dataset_path = data.path
     jc.training.local_batch_size = int(t.local_batch_size)
     jc.training.seq_len = int(t.seq_len)
     jc.training.steps = int(t.steps)
@@ -102,6 +106,15 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
     jc.checkpoint.interval = int(t.checkpoint_interval)
     jc.checkpoint.folder = str(t.checkpoint_folder)
     jc.checkpoint.last_save_model_only = False
+    jc.checkpoint.keep_latest_k = int(t.checkpoint_keep)
+
+    jc.validation.enable = int(t.val_every) > 0
+    if jc.validation.enable:
+        jc.validation.freq = int(t.val_every)
+        jc.validation.steps = int(t.val_batches)
+        jc.validation.local_batch_size = int(t.local_batch_size)
+        jc.validation.seq_len = int(t.seq_len)
+        jc.validation.dataset_path = str(data.validation)
 
     jc.compile.enable = bool(t.compile)
     jc.activation_checkpoint.mode = t.activation_checkpoint
@@ -176,8 +189,19 @@ class RecipeTrainer(Trainer):
     def train_spec(self, spec: Any) -> None:
         self._titan_parallelize = spec.parallelize_fn
         self._train_spec = dataclasses.replace(
-            spec, build_metrics_processor_fn=self._build_metrics_processor, parallelize_fn=self._parallelize
+            spec,
+            build_metrics_processor_fn=self._build_metrics_processor,
+            build_validator_fn=self._build_validator,
+            parallelize_fn=self._parallelize,
         )
+
+    def _build_validator(self, job_config: Any, **_: Any) -> Any:
+        """Called by ``Trainer.__init__`` when ``job_config.validation.enable`` (after the
+        model, tokenizer, loss and metrics processor exist)."""
+        from launch.titan_validation import HeldOutLoss
+
+        return HeldOutLoss(self, Path(job_config.validation.dataset_path),
+                           every=job_config.validation.freq, batches=job_config.validation.steps)
 
     def _parallelize(self, model: Any, parallel_dims: Any, job_config: Any) -> Any:
         """torchtitan's parallelize; then, without EP and with ``a2a.quantize_local_rows``, every
@@ -210,7 +234,8 @@ class RecipeTrainer(Trainer):
             tag,
             a2a_name=str(self.cfg.a2a.name),
             wandb_settings=wandb_settings(self.cfg, self.run_dir),
-            wandb_config={"recipe": recipe, "torchtitan": job_config.to_dict()},
+            wandb_config={"recipe": recipe, "torchtitan": job_config.to_dict(),
+                          "device": "cuda" if torch.cuda.is_available() else "cpu"},
             console_path=os.path.join(self.run_dir, CONSOLE_LOG),
         )
 
@@ -239,10 +264,12 @@ class RecipeTrainer(Trainer):
         h = self.metrics_processor.history
         cfg, jc = self.cfg, self.job_config
         steps, losses = list(h.steps), list(h.losses)
+        val_steps, val_losses = list(h.val_steps), list(h.val_losses)
         earlier = RunSummary.read(self.run_dir) if self.start_step else None
         if earlier is not None:
-            kept = [(s, x) for s, x in zip(earlier.logged_steps, earlier.losses) if s <= self.start_step]
-            steps, losses = [s for s, _ in kept] + steps, [x for _, x in kept] + losses
+            steps, losses = _continue(earlier.logged_steps, earlier.losses, self.start_step, steps, losses)
+            val_steps, val_losses = _continue(earlier.val_logged_steps, earlier.val_losses,
+                                              self.start_step, val_steps, val_losses)
         legs = h.a2a_leg_bytes_per_step
         saved = checkpoint_steps(self.run_dir, jc.checkpoint.folder) if jc.checkpoint.enable else []
         return RunSummary(
@@ -264,9 +291,13 @@ class RecipeTrainer(Trainer):
             stopped_by=signal_name(self.stopped_by),
             checkpoint=(os.path.join(os.path.abspath(self.run_dir), jc.checkpoint.folder,
                                      f"step-{saved[-1]}") if saved else None),
+            seed=int(cfg.training.seed),
             logged_steps=steps,
             losses=losses,
+            val_logged_steps=val_steps,
+            val_losses=val_losses,
             final_loss=losses[-1] if losses else None,
+            final_val_loss=val_losses[-1] if val_losses else None,
             tokens_per_s=steady_mean(h.tps),
             tokens_per_s_global=steady_mean(h.global_tps),
             step_time_s=steady_mean(h.step_times),
@@ -277,6 +308,7 @@ class RecipeTrainer(Trainer):
             tflops=steady_mean(h.tflops),
             mfu_pct=steady_mean(h.mfu),
             max_memory_gib=max(h.max_reserved_gib) if h.max_reserved_gib else None,
+            numerics={k: series_stats(v) for k, v in h.numerics.items()},
             wandb_mode=str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
         )
@@ -294,6 +326,14 @@ class RecipeTrainer(Trainer):
             summary.wandb_dirs = find_runs(os.path.join(self.run_dir, "wandb"))
             summary.write(self.run_dir)
         return summary
+
+
+def _continue(earlier_steps: list[int], earlier_values: list[float], start: int,
+              steps: list[int], values: list[float]) -> tuple[list[int], list[float]]:
+    """A resumed run's series: the earlier launch's points up to the resumed step, then this
+    launch's."""
+    kept = [(s, x) for s, x in zip(earlier_steps, earlier_values) if s <= start]
+    return [s for s, _ in kept] + steps, [x for _, x in kept] + values
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,7 +393,7 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
         launch.stop.Stopped: on every rank, after a clean stop by a signal.
     """
     from launch.titan_cpu_compat import apply_cpu_compat
-    from launch.titan_data import register_tiny_dataset
+    from launch.titan_data import register_datasets
     from launch.titan_models import register_tiny_flavors
 
     cfg = _as_dictconfig(cfg)
@@ -365,7 +405,7 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
         os.makedirs(run_dir, exist_ok=True)
 
         register_tiny_flavors()
-        register_tiny_dataset()
+        register_datasets()
         install_dispatcher(cfg)
 
         owns_process_group = not dist.is_initialized()

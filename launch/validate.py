@@ -15,8 +15,6 @@ as warnings.
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -30,7 +28,7 @@ from launch.model_facts import ModelFacts
 from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                              unknown_key_problem)
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
-from launch.titan_data import DATASET_PATHS, TOKENIZER_DIR, TOKENIZER_FILES
+from launch.titan_data import check_data
 from mxfp8_ep.config import BLOCK_SIZE, KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -59,7 +57,7 @@ def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
     facts = _check_model(cfg, r)
     if facts is not None:
         _check_model_vs_parallelism(cfg, r, facts, quantized)
-    _check_data(cfg, r)
+    _check_data(cfg, r, facts, world)
     _check_logging(cfg, r)
     if launcher is not None and not r.errors:
         machine_launcher = launcher()
@@ -137,6 +135,9 @@ def _check_training(cfg: Any, r: Report) -> None:
         r.error(f"training.max_norm={t.max_norm} must be > 0")
     if t.checkpoint_enable and t.checkpoint_interval <= 0:
         r.error(f"training.checkpoint_interval={t.checkpoint_interval} must be > 0")
+    if t.checkpoint_keep == 1 or t.checkpoint_keep < 0:
+        r.error(f"training.checkpoint_keep={t.checkpoint_keep}: 0 (keep all) or >= 2 (torchtitan "
+                f"keeps the one being written besides the newest complete one)")
     if t.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         r.error(choice_problem("training.activation_checkpoint", t.activation_checkpoint,
                                ACTIVATION_CHECKPOINT))
@@ -271,26 +272,15 @@ def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantize
 
 
 # ------------------------------------------------------------------------------- data
-def _check_data(cfg: Any, r: Report) -> None:
-    t = cfg.training
-    if t.dataset not in DATASET_PATHS:
-        r.error(f"{choice_problem('training.dataset', t.dataset, sorted(DATASET_PATHS))} (with "
-                f"training.dataset_path=<local copy> for c4)")
-    else:
-        path = t.dataset_path or DATASET_PATHS[t.dataset]
-        if path.startswith("allenai/"):
-            r.warn(f"training.dataset={t.dataset} without training.dataset_path downloads {path} "
-                   f"from the Hugging Face hub at start; set training.dataset_path to a local copy")
-        elif not os.path.exists(path):
-            r.error(f"training.dataset_path={path}: no such file or directory (training.dataset="
-                    f"{t.dataset})")
-    tokenizer = Path(t.tokenizer_path or TOKENIZER_DIR)
-    if not tokenizer.is_dir():
-        r.error(f"training.tokenizer_path={tokenizer}: no such directory (point it at the model's "
-                f"Hugging Face tokenizer files)")
-    elif not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
-        r.error(f"training.tokenizer_path={tokenizer} has none of {list(TOKENIZER_FILES)}, which "
-                f"torchtitan's tokenizer loads")
+def _check_data(cfg: Any, r: Report, facts: Optional[ModelFacts], world: Optional[int]) -> None:
+    tp = cfg.parallelism.tp
+    dp = world // tp if world and tp >= 1 and world % tp == 0 else None
+    errors, warnings = check_data(cfg.training, model_vocab=facts.vocab_size if facts else None,
+                                  dp_degree=dp)
+    for e in errors:
+        r.error(e)
+    for w in warnings:
+        r.warn(w)
 
 
 # ---------------------------------------------------------------------------- logging

@@ -3,6 +3,8 @@ launch/compare_runs.py (pairing, the table, the plots), on runs written here –
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -30,6 +32,9 @@ for step in range(first, int(n) + 1):
     wandb.log({"loss_metrics/global_avg_loss": float(loss0) / step, "throughput(tps)": 100.0,
                "throughput/global_tps": 200.0, "time_metrics/end_to_end(s)": 0.5,
                "a2a/bytes_per_step": float(nbytes), "note": "y" * (step % 500)}, step=step)
+    if step % 500 == 0:
+        wandb.log({"val/loss": float(loss0) / step + 0.5,
+                   "numerics/layer1/dispatch_fwd/rel_l2_err": 0.01 * step / 500}, step=step)
 wandb.finish()
 """
 
@@ -108,6 +113,11 @@ def test_compare_from_wandb_runs(sweep, tmp_path, capsys):
     assert v["tokens_per_s_ratio"] == pytest.approx(1.0)
     bf16 = by["bf16"].run
     assert bf16.tokens_per_s_global == 200.0 and bf16.logged_steps == list(range(1, 1501))
+    # validation loss and numerics telemetry, read back from wandb
+    assert bf16.val_logged_steps == [500, 1000, 1500] and bf16.final_val_loss == pytest.approx(6.0 / 1500 + 0.5)
+    assert bf16.numerics["numerics/layer1/dispatch_fwd/rel_l2_err"] == pytest.approx(
+        {"n": 3, "mean": 0.02, "min": 0.01, "max": 0.03, "last": 0.03})
+    assert v["val_loss_delta"] == pytest.approx(0.3 / 1500)
     assert bf16.world_size == 2 and bf16.model == "tiny_llama4"
     table = format_table(found)
     assert "a2a MiB/step" in table and "0.760" in table
@@ -146,6 +156,155 @@ def test_pairs_by_sweep_point(tmp_path):
     assert (tmp_path / "comparison_loss.png").is_file()
 
 
+def test_numerics_only_in_wandb_are_read_from_there(tmp_path):
+    """A run whose summary.json has no numerics statistics (telemetry logged to wandb only)."""
+    write_wandb_run(tmp_path / "r", "a2a=mxfp8", "mxfp8", 1000, 6.0, 760.0, run_id="num12345")
+    RunSummary(run_name="a2a=mxfp8", experiment="e", a2a="mxfp8", a2a_legs={"dispatch_fwd": "mxfp8"},
+               model="m", model_flavor="f/f", parallelism="ep2", world_size=2, ep=2, launcher="local",
+               device="cpu", run_dir="/elsewhere/r", steps=1000, target_steps=1000,
+               wandb_run_id="num12345", wandb_dirs=find_runs(str(tmp_path / "r"))).write(tmp_path / "r")
+    (c,) = collect([str(tmp_path)])
+    assert c.source == "summary"
+    assert c.run.numerics["numerics/layer1/dispatch_fwd/rel_l2_err"]["max"] == pytest.approx(0.02)
+
+
 def test_cli_errors(tmp_path):
     assert compare_main([str(tmp_path / "missing")]) == 2
     assert compare_main([str(tmp_path)]) == 1  # exists, but no runs in it
+
+
+# ------------------------------------------------------------------------------ long runs
+def write_summary(root: Path, d: str, a2a: str, *, seed: int = 0, offset: float = 0.0,
+                  steps: list[int], val_every: int = 0, device: str = "cuda",
+                  numerics: dict | None = None) -> None:
+    """A run whose loss is a smooth curve plus ``offset`` (and a wiggle that averages out)."""
+    losses = [3.0 + 5.0 / s ** 0.5 + offset + 0.01 * (-1) ** s for s in steps]
+    val_steps = [s for s in steps if val_every and s % val_every == 0]
+    val = [3.2 + 5.0 / s ** 0.5 + offset for s in val_steps]
+    name = f"a2a={a2a},training.seed={seed}"
+    RunSummary(
+        run_name=name, experiment="e", a2a=a2a, a2a_legs={}, model="m", model_flavor="f/f",
+        parallelism="single", world_size=1, ep=1, launcher="local", device=device,
+        run_dir=str(root / d), steps=steps[-1], target_steps=steps[-1], seed=seed,
+        logged_steps=steps, losses=losses, val_logged_steps=val_steps, val_losses=val,
+        final_loss=losses[-1], final_val_loss=val[-1] if val else None, tokens_per_s_global=1234.5,
+        step_time_s=0.1, a2a_bytes_per_step=1000.0 if a2a == "bf16" else 760.0, numerics=numerics or {},
+    ).write((root / d).mkdir(parents=True) or root / d)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> tuple[Path, dict]:
+    """The GPU parity study's shape: bf16 at two seeds, mxfp8, mxfp8_all; 3,000 steps logged
+    every 10, validation every 100."""
+    root = tmp_path_factory.mktemp("study")
+    steps = list(range(10, 3001, 10))
+    write_summary(root, "bf16_seed0", "bf16", steps=steps, val_every=100)
+    write_summary(root, "bf16_seed1", "bf16", seed=1, offset=0.004, steps=steps, val_every=100)
+    write_summary(root, "mxfp8", "mxfp8", offset=0.002, steps=steps, val_every=100, numerics={
+        "numerics/layer1/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.02, "min": 0.01, "max": 0.04, "last": 0.02},
+        "numerics/layer2/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.03, "min": 0.02, "max": 0.03, "last": 0.03},
+        "numerics/layer2/dispatch_fwd/scale_exp_min": {"n": 3, "mean": -9, "min": -12, "max": -8, "last": -9},
+        "numerics/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.025, "min": 0.02, "max": 0.03, "last": 0.025},
+        "numerics/combine_fwd/flushed_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.002, "last": 0.0},
+        "numerics/layer1/combine_bwd/saturated_block_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.001, "last": 0.0},
+    })
+    write_summary(root, "mxfp8_all", "mxfp8_all", offset=0.03, steps=steps, val_every=100)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert compare_main([str(root)]) == 0
+    cmp = json.loads((root / "comparison.json").read_text())
+    return root, {**cmp, "printed": printed.getvalue()}
+
+
+def test_verdict_per_arm_against_the_seed_spread(study):
+    root, cmp = study
+    by_run = {v["run"].split(",")[0]: v for v in cmp["verdicts"]}
+    assert set(by_run) == {"a2a=bf16", "a2a=mxfp8", "a2a=mxfp8_all"}
+    base_val = 3.2 + 5.0 / 3000 ** 0.5
+    mx = by_run["a2a=mxfp8"]
+    assert mx["baseline"] == "a2a=bf16,training.seed=0" and mx["measure"] == "final val loss"
+    assert mx["delta"] == pytest.approx(0.002) and mx["seed_spread"] == pytest.approx(0.004)
+    assert mx["tolerance"] == pytest.approx(max(0.004, 0.005 * base_val)) and mx["within"] is True
+    assert by_run["a2a=mxfp8_all"]["within"] is False
+    assert by_run["a2a=bf16"]["within"] is None  # the second seed: the spread itself
+    assert mx["text"] == (f"mxfp8: final val loss +0.0020 ({100 * 0.002 / base_val:+.2f}%) vs "
+                          f"bf16 seed 0; bf16 seed spread 0.0040 -> within max(seed spread, 0.5% of loss) = "
+                          f"{max(0.004, 0.005 * base_val):.4f}")
+    assert by_run["a2a=mxfp8_all"]["text"].startswith("mxfp8_all: final val loss +0.0300")
+    assert by_run["a2a=bf16"]["text"].startswith("bf16 seed 1: final val loss +0.0040")
+    # printed under the table, and written on the loss figure
+    assert mx["text"] in cmp["printed"].split("\n\n")[1]
+    assert cmp["plots"]["loss"]["texts"] == [v["text"] for v in cmp["verdicts"]]
+
+
+def test_delta_panels_and_seed_band(study):
+    root, cmp = study
+    panels = cmp["plots"]["loss"]["panels"]
+    assert set(panels) == {"train", "train_delta", "val", "val_delta"}
+    delta = {s["run"].split(",")[0]: s for s in panels["train_delta"]["series"]}
+    assert set(delta) == {"a2a=bf16", "a2a=mxfp8", "a2a=mxfp8_all"}  # every arm but the baseline
+    mx = delta["a2a=mxfp8"]
+    assert mx["steps"] == list(range(10, 3001, 10)) and mx["window"] == 10  # 300 points / 30
+    assert mx["values"] == pytest.approx([0.002] * 300, abs=1e-9)  # the wiggle cancels, smoothed
+    band = panels["train_delta"]["band"]
+    assert band["high"] == pytest.approx([0.004] * 300) and band["low"] == pytest.approx([-0.004] * 300)
+    val = {s["run"].split(",")[0]: s for s in panels["val_delta"]["series"]}
+    assert val["a2a=mxfp8_all"]["values"] == pytest.approx([0.03] * 30)
+    assert panels["val_delta"]["band"]["high"] == pytest.approx([0.004] * 30)
+    for name, panel in panels.items():
+        assert panel["xticks"] and all(t == int(t) for t in panel["xticks"]), (name, panel["xticks"])
+    assert (root / "comparison_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lines_tell_apart(study):
+    _, cmp = study
+    styles = {k.split(",")[0] + k.split(",")[1][-2:]: v for k, v in cmp["plots"]["loss"]["styles"].items()}
+    base, replica = styles["a2a=bf16=0"], styles["a2a=bf16=1"]
+    arms = [styles["a2a=mxfp8=0"], styles["a2a=mxfp8_all=0"]]
+    assert base["linestyle"] == "-" and base["zorder"] > max(a["zorder"] for a in arms + [replica])
+    assert base["alpha"] < 1  # on top, and what lies under it still shows
+    assert arms[0]["color"] != arms[1]["color"] and arms[0]["linestyle"] != arms[1]["linestyle"]
+    assert replica["color"] not in (base["color"], arms[0]["color"], arms[1]["color"])
+
+
+def test_numerics_summed_up_per_leg(study):
+    root, cmp = study
+    (mx,) = [r for r in cmp["runs"] if r["a2a"] == "mxfp8"]
+    worst = mx["numerics_worst"]
+    assert worst["dispatch_fwd"]["rel_l2_err"] == {"value": 0.03, "layer": 2, "layers": 2}
+    assert worst["dispatch_fwd"]["scale_exp_min"] == {"value": -12, "layer": 2, "layers": 1}
+    # a leg with model-wide series only
+    assert worst["combine_fwd"]["flushed_frac"] == {"value": 0.002, "layer": None, "layers": 0}
+    assert worst["combine_bwd"]["saturated_block_frac"] == {"value": 0.001, "layer": 1, "layers": 1}
+    assert all(not r["numerics_worst"] for r in cmp["runs"] if r["a2a"] != "mxfp8")
+    assert "dispatch_fwd: rel_l2_err 0.03 (layer 2), scale_exp_min -12 (layer 2)" in cmp["printed"]
+    assert "combine_fwd: flushed_frac 0.002 (all layers)" in cmp["printed"]
+
+
+def test_short_cpu_run_integer_ticks_and_cpu_note(tmp_path, capsys):
+    from PIL import Image
+
+    for a2a in ("bf16", "mxfp8"):
+        write_summary(tmp_path, a2a, a2a, steps=[1, 2, 3, 4], device="cpu")
+    assert compare_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[0]
+    assert "CPU run: throughput is not a speed claim" in table
+    cmp = json.loads((tmp_path / "comparison.json").read_text())
+    assert cmp["notes"] == ["CPU run: throughput is not a speed claim"]
+    ticks = cmp["plots"]["loss"]["panels"]["train"]["xticks"]
+    assert ticks == [1.0, 2.0, 3.0, 4.0], ticks  # not 1.5, 2.5, ...
+    tp = cmp["plots"]["throughput"]
+    assert any("CPU run: throughput is not a speed claim" in t for t in tp["texts"])
+    assert "CPU" in tp["titles"][0]
+    assert tp["value_labels"]["tokens_per_s"] == ["1,234", "1,234"] or tp["value_labels"]["tokens_per_s"] == ["1,235", "1,235"]
+    assert tp["value_labels"]["a2a_mib_per_step"] == ["0.00", "0.00"]
+    png = Image.open(tmp_path / "comparison_throughput.png")
+    assert "CPU run: throughput is not a speed claim" in png.text["Comment"]
+    # a GPU comparison carries no such note
+    gpu = tmp_path / "gpu"
+    for a2a in ("bf16", "mxfp8"):
+        write_summary(gpu, a2a, a2a, steps=list(range(1, 11)))
+    assert compare_main([str(gpu)]) == 0
+    assert "CPU run" not in capsys.readouterr().out
+    assert json.loads((gpu / "comparison.json").read_text())["plots"]["throughput"]["texts"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.corpus_files import sample_texts, write_corpus
 from tests.hydra_compose import CONF, GROUPS, REPO, compose_cfg, no_slurm_cluster, options  # noqa: F401
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
@@ -18,6 +19,7 @@ from launch.machine import GIB, Machine
 from launch.run_dir import NOT_IN_RUN_NAME
 from launch.schema import A2ASchema, ModelConfig, TrainConfig
 from launch.slurm import SlurmLauncher
+from launch.titan_data import CORPUS_DATASET
 from launch.titan_models import model_args
 from launch.validate import validate
 from mxfp8_ep.config import BLOCK_SIZE, LEGS, PRESETS, A2AConfig
@@ -205,18 +207,24 @@ def test_recipes_exist():
     assert (CONF / "recipe").resolve() == (REPO / "recipes").resolve()
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A stand-in for data/corpus (scripts/build_corpus.py), for the recipes that read it."""
+    return write_corpus(tmp_path_factory.mktemp("corpus"), sample_texts(200), sample_texts(200, offset=500))
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_composes_validates_and_sweeps_a2a(recipe):
+def test_recipe_composes_validates_and_sweeps_a2a(recipe, corpus):
     cfg = compose_cfg(f"+recipe={recipe}", hydra_node=True)
     assert cfg.experiment == recipe
-    sweep = cfg.hydra.sweeper.params
-    assert "bf16" in sweep["a2a"].split(",") and "mxfp8" in sweep["a2a"].split(",")
-    # Valid as composed (a GPU box with 8 GPUs for the local GPU recipes).
-    validate(compose_cfg(f"+recipe={recipe}"), machine=GPU_BOX)
-    # ... and for every sweep point.
-    for value in sweep["a2a"].split(","):
-        point = compose_cfg(f"+recipe={recipe}", f"a2a={value}")
-        validate(point, machine=GPU_BOX)
+    sweep = cfg.hydra.sweeper.params["a2a"].split(",")
+    assert "bf16" in sweep and any(v.startswith("mxfp8") for v in sweep)
+    data = [f"training.dataset_path={corpus}"] if cfg.training.dataset == CORPUS_DATASET else []
+    # Valid as composed (a GPU box with 8 GPUs for the local GPU recipes), and for every
+    # sweep point.
+    validate(compose_cfg(f"+recipe={recipe}", *data), machine=GPU_BOX)
+    for value in sweep:
+        validate(compose_cfg(f"+recipe={recipe}", f"a2a={value}", *data), machine=GPU_BOX)
 
 
 def test_recipe_sweeps_ep_across_nodes():

@@ -19,9 +19,10 @@ from launch.titan_data import (
     TINY_TEXT,
     TOKENIZER_DIR,
     TOKENIZER_FILES,
-    register_tiny_dataset,
+    register_datasets,
 )
 from launch.titan_models import (
+    CORPUS_VOCAB_SIZE,
     TINY_VOCAB_SIZE,
     UnknownModelError,
     facts_from_torchtitan,
@@ -71,7 +72,7 @@ def test_model_facts_table_is_what_torchtitan_builds() -> None:
 def test_dataset_names_and_paths_are_torchtitans() -> None:
     from torchtitan.hf_datasets.text_datasets import DATASETS
 
-    register_tiny_dataset()
+    register_datasets()
     assert {name: config.path for name, config in DATASETS.items()} == DATASET_PATHS
     assert any((TOKENIZER_DIR / name).is_file() for name in TOKENIZER_FILES)
 
@@ -88,6 +89,21 @@ def test_tiny_flavor_shapes(family: str) -> None:
         assert args.interleave_moe_layer_step == 1  # MoE on every layer
     else:
         assert args.n_dense_layers == 0 and args.moe_inter_dim % 32 == 0
+
+
+@pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
+def test_parity_flavors_are_the_studys_models(family: str) -> None:
+    """The parity study's models: >= 100M parameters, most of them routed experts, >= 16
+    experts, a shared expert, top-k >= 4 for DeepSeek-V3 (Llama4 routes top-1), widths whole
+    MXFP8 blocks, the corpus tokenizer's vocabulary."""
+    facts = MODELS[family, "parity"]
+    assert facts.params >= 100_000_000 and facts.expert_params > facts.params / 2
+    assert facts.num_experts >= 16 and facts.num_shared_experts == 1
+    assert facts.top_k >= (4 if family == "deepseek_v3" else 1)
+    assert facts.dim % 32 == 0 and facts.moe_hidden_dim % 32 == 0
+    assert facts.vocab_size == CORPUS_VOCAB_SIZE and facts.attention == "sdpa"
+    tiny = MODELS["deepseek_v3", "parity_tiny"]
+    assert tiny.vocab_size == CORPUS_VOCAB_SIZE and tiny.num_experts % 2 == 0 and tiny.top_k >= 4
 
 
 def test_model_args_is_a_private_copy() -> None:
@@ -137,7 +153,7 @@ def test_tokenizer_assets_load_in_torchtitan() -> None:
 def test_tiny_dataset_registered_and_small() -> None:
     from torchtitan.hf_datasets.text_datasets import DATASETS
 
-    register_tiny_dataset()
+    register_datasets()
     config = DATASETS[TINY_DATASET]
     assert Path(config.path) == TINY_TEXT
     assert TINY_TEXT.stat().st_size < 400 * 1024
