@@ -19,6 +19,9 @@ from dataclasses import dataclass, fields
 # ``a2a`` config, the keys of ``mxfp8_ep.wire_stats``).
 LEGS = ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
 LEG_FORMATS = ("bf16", "mxfp8")
+# The numerics telemetry's statistics of an MXFP8 leg (``mxfp8_ep.numerics`` defines them), the
+# last part of the recipe's ``numerics/`` metric names.
+NUMERICS_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
 # MXFP8: one e8m0 scale per this many consecutive elements of the last dim (a token's width
 # must be a multiple of it).
 BLOCK_SIZE = 32

@@ -9,7 +9,7 @@ and adds their statistics to device tensors (``LegStats``), still without a host
 loop then takes them (``collect``), sums them over ranks (``reduce_over_ranks``) and reads
 them on the host (``LegStats.summary``): the one sync, once per sampled step.
 
-Statistics of one (layer, leg), over its sampled elements (``STATS``):
+Statistics of one (layer, leg), over its sampled elements (``mxfp8_ep.config.NUMERICS_STATS``):
 
 * ``rel_l2_err``: ``||dequant(quant(x)) - x|| / ||x||`` (L2 over all sampled elements, the
   round trip in the activation dtype, as the receiving pass writes it);
@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mxfp8_ep.config import NUMERICS_STATS
 from mxfp8_ep.format import BLOCK_SIZE, E4M3_MAX, E8M0_BIAS, E8M0_NAN, dequantize_reference, quantize_reference
 
-# The statistics of one (layer, leg), in the order they are reported.
-STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
 # Rows sampled per leg call: at a 7168-wide model, 64 rows are 14,336 blocks.
 SAMPLE_ROWS = 64
 
@@ -100,11 +99,11 @@ class LegStats:
         self.values = torch.cat([self.values[:n] + other.values[:n], torch.maximum(self.values[n:], other.values[n:])])
 
     def summary(self) -> dict[str, float | int | None]:
-        """``STATS`` on the host (a device-to-host copy): None where nothing was sampled (no
+        """``NUMERICS_STATS`` on the host (a device-to-host copy): None where nothing was sampled (no
         rows; no block with a value for the exponents)."""
         sq_err, sq_ref, blocks, saturated, nonzero, flushed, neg_min, exp_max = self.values.tolist()
         if blocks == 0:
-            return dict.fromkeys(STATS)
+            return dict.fromkeys(NUMERICS_STATS)
         return {
             "rel_l2_err": math.sqrt(sq_err / sq_ref) if sq_ref > 0 else 0.0 if sq_err == 0 else math.inf,
             "saturated_block_frac": saturated / blocks,

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mxfp8_ep.numerics import PROBE, SAMPLE_ROWS, STATS, LegStats, NumericsProbe, reduce_over_ranks, sample_rows
+from mxfp8_ep.config import NUMERICS_STATS
+from mxfp8_ep.numerics import PROBE, SAMPLE_ROWS, LegStats, NumericsProbe, reduce_over_ranks, sample_rows
 from tests.moe_harness import preload, run_forked, setup_rank
 from tests.round_trips import build_dispatcher, rank_transports
 
@@ -62,7 +63,7 @@ def test_rows_without_data_take_no_part():
 
 
 def test_nothing_sampled_and_nothing_nonzero():
-    assert LegStats.of_rows(torch.zeros(0, 32), "rceil").summary() == dict.fromkeys(STATS)
+    assert LegStats.of_rows(torch.zeros(0, 32), "rceil").summary() == dict.fromkeys(NUMERICS_STATS)
     zeros = LegStats.of_rows(torch.zeros(3, 32), "rceil").summary()
     assert zeros == dict(rel_l2_err=0.0, saturated_block_frac=0.0, flushed_frac=0.0,
                          scale_exp_min=None, scale_exp_max=None)
@@ -125,7 +126,7 @@ def _reduce(rank, world):
     empty = LegStats.of_rows(torch.zeros(0, 64).bfloat16(), "floor")
     reduced, nothing = reduce_over_ranks([mine, empty])
     assert torch.equal(reduced.values, LegStats.of_rows(crafted_rows(), "floor").values)
-    assert nothing.summary() == dict.fromkeys(STATS)
+    assert nothing.summary() == dict.fromkeys(NUMERICS_STATS)
 
 
 def _dispatcher_reports(rank, world):

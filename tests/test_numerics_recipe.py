@@ -9,30 +9,17 @@ import pytest
 import torch.nn as nn
 from tests.train_cli import run_train
 
-from launch.numerics_log import console_line, layer_labels, metrics_of, numerics_metric, parse_numerics_metric
-from launch.run_summary import RunSummary
+from launch.numerics_log import console_line, layer_indices, metrics_of
+from launch.run_summary import RunSummary, parse_numerics_metric
 from launch.wandb_offline import read_runs
-from mxfp8_ep.config import LEGS
-from mxfp8_ep.numerics import STATS
-
-
-def test_metric_names_parse_back():
-    assert numerics_metric("combine_bwd", "flushed_frac", "layer3") == "numerics/layer3/combine_bwd/flushed_frac"
-    assert numerics_metric("dispatch_fwd", "rel_l2_err") == "numerics/dispatch_fwd/rel_l2_err"
-    for leg in LEGS:
-        for stat in STATS:
-            assert parse_numerics_metric(numerics_metric(leg, stat, "layer12")) == ("layer12", leg, stat)
-            assert parse_numerics_metric(numerics_metric(leg, stat)) == (None, leg, stat)
-    for other in ("loss_metrics/global_avg_loss", "numerics/layer1/dispatch_fwd/other", "numerics/x/y/z/rel_l2_err"):
-        assert parse_numerics_metric(other) is None
+from mxfp8_ep.config import LEGS, NUMERICS_STATS
 
 
 def test_model_wide_values_are_layer_means_and_the_exponent_range():
     layer = dict(rel_l2_err=0.02, saturated_block_frac=0.1, flushed_frac=0.0, scale_exp_min=-9, scale_exp_max=2)
     other = dict(rel_l2_err=0.04, saturated_block_frac=0.3, flushed_frac=0.5, scale_exp_min=-4, scale_exp_max=7)
-    empty = dict.fromkeys(STATS)
-    metrics = metrics_of({("layer1", "dispatch_fwd"): layer, ("layer2", "dispatch_fwd"): other,
-                          ("layer1", "combine_fwd"): empty})
+    empty = dict.fromkeys(NUMERICS_STATS)
+    metrics = metrics_of({(1, "dispatch_fwd"): layer, (2, "dispatch_fwd"): other, (1, "combine_fwd"): empty})
     assert metrics["numerics/layer2/dispatch_fwd/scale_exp_max"] == 7
     assert metrics["numerics/dispatch_fwd/rel_l2_err"] == pytest.approx(0.03)
     assert metrics["numerics/dispatch_fwd/saturated_block_frac"] == pytest.approx(0.2)
@@ -50,7 +37,7 @@ def test_layers_are_named_by_their_block():
     model = nn.Module()
     model.layers = nn.ModuleDict({"0": nn.Module(), "7": nn.Module()})
     model.layers["7"].moe = moe
-    assert layer_labels([model]) == {moe.token_dispatcher: "layer7"}
+    assert layer_indices([model]) == {moe.token_dispatcher: 7}
 
 
 def test_ep1_run_logs_every_mxfp8_leg_of_the_sampled_steps(tmp_path):
@@ -64,11 +51,11 @@ def test_ep1_run_logs_every_mxfp8_leg_of_the_sampled_steps(tmp_path):
     keys = {row["_step"]: {k for k in row if k.startswith("numerics/")} for row in run.history}
     assert keys[1] == keys[3] == set() and keys[2] == keys[4]
     parsed = [parse_numerics_metric(k) for k in keys[2]]
-    assert None not in parsed
-    layers = {layer for layer, _, _ in parsed if layer}
-    assert layers and all(layer.startswith("layer") for layer in layers)
+    assert None not in parsed and {(leg, stat) for _, leg, stat in parsed} == {
+        (leg, stat) for leg in LEGS for stat in NUMERICS_STATS}
+    layers = {layer for layer, _, _ in parsed if layer is not None}
     # every leg of every MoE layer, and the model-wide values
-    assert len(parsed) == (len(layers) + 1) * len(LEGS) * len(STATS)
+    assert layers and len(parsed) == (len(layers) + 1) * len(LEGS) * len(NUMERICS_STATS)
     row = next(r for r in run.history if r["_step"] == 4)
     assert 0 < row["numerics/dispatch_fwd/rel_l2_err"] < 0.1  # e4m3's error, not a wrong row
     assert row["numerics/dispatch_fwd/scale_exp_min"] <= row["numerics/dispatch_fwd/scale_exp_max"]
