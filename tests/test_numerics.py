@@ -122,6 +122,7 @@ def test_unarmed_probe_does_nothing_and_armed_probe_never_syncs():
 
 def _reduce(rank, world):
     """Rank r holds crafted row r: summed over ranks they are both rows; the range widens."""
+    setup_rank()
     mine = LegStats.of_rows(crafted_rows()[rank : rank + 1], "floor")
     empty = LegStats.of_rows(torch.zeros(0, 64).bfloat16(), "floor")
     reduced, nothing = reduce_over_ranks([mine, empty])
