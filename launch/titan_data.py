@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from launch.problems import choice_problem
+
 __all__ = [
     "ASSETS_DIR",
     "CORPUS_DATASET",
@@ -160,7 +162,7 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
     errors: list[str] = []
     warnings: list[str] = []
     if t.dataset not in DATASET_PATHS:
-        errors.append(f"training.dataset={t.dataset!r}: use one of {sorted(DATASET_PATHS)} (with "
+        errors.append(f"{choice_problem('training.dataset', t.dataset, sorted(DATASET_PATHS))} (with "
                       f"training.dataset_path=<local copy> for c4)")
         return errors, warnings
     src = data_source(t.dataset, t.dataset_path, t.tokenizer_path)

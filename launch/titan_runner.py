@@ -209,7 +209,7 @@ class RecipeTrainer(Trainer):
         quantizes nothing)."""
         model = self._titan_parallelize(model, parallel_dims, job_config)
         if self.cfg.a2a.quantize_local_rows and not parallel_dims.ep_enabled:
-            from mxfp8_ep.expert_parallel import dispatch_without_expert_parallel
+            from mxfp8_ep.titan022 import dispatch_without_expert_parallel
 
             dispatch_without_expert_parallel(model, a2a_config(self.cfg),
                                              bool(self.cfg.parallelism.overlap_shared_experts))

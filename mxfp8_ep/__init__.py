@@ -12,7 +12,7 @@ def install_expert_parallel(
     a2a: A2AConfig, max_tokens_per_rank: int | None = None, overlap_shared_experts: bool = False
 ) -> None:
     """Make torchtitan 0.2.2's Llama4 / DeepSeek-V3 parallelization run every EP MoE layer
-    through our token dispatcher (``mxfp8_ep.expert_parallel``)."""
-    from mxfp8_ep.expert_parallel import install_expert_parallel as _install
+    through our token dispatcher (``mxfp8_ep.titan022``)."""
+    from mxfp8_ep.titan022 import install_expert_parallel as _install
 
     _install(a2a, max_tokens_per_rank, overlap_shared_experts)

@@ -18,9 +18,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import wire_stats
-from mxfp8_ep.config import LEG_FORMATS
-from mxfp8_ep.format import MXFP8Tensor, check_quantizable
+from mxfp8_ep.mxfp8 import MXFP8Tensor, check_quantizable
 from mxfp8_ep.quantize import dequantize, quantize
+from mxfp8_ep.wire_format import WireFormat, wire_format
 
 
 def _check_splits(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> None:
@@ -58,9 +58,10 @@ def exchange(
     goes to rank ``i``; the result stacks the blocks received from each rank in rank order."""
     output_splits, input_splits = [int(s) for s in output_splits], [int(s) for s in input_splits]
     _check_splits(x, output_splits, input_splits, group)
-    if fmt not in LEG_FORMATS:
-        raise ValueError(f"leg format must be one of {LEG_FORMATS}, got {fmt!r}")
-    if fmt == "mxfp8":
+    wire = wire_format(fmt)
+    if wire.quantized and wire is not WireFormat.MXFP8:
+        raise ValueError(f"all_to_all_v sends bf16 or MXFP8 rows, not {wire}")
+    if wire.quantized:
         # Fail on every rank before any collective starts: no rank is left waiting.
         check_quantizable(x)
     x = x.contiguous()
@@ -68,7 +69,7 @@ def exchange(
     remote_rows = sum(input_splits) - input_splits[rank]
     wire_stats.record(leg, remote_rows * wire_stats.row_bytes(math.prod(x.shape[1:]), x.element_size(), fmt))
 
-    if fmt == "bf16":
+    if not wire.quantized:
         out = funcol.all_to_all_single(x, output_splits, input_splits, group)
         return funcol.wait_tensor(out)
 

@@ -7,24 +7,27 @@ An MoE layer under expert parallelism makes four all-to-all exchanges per step:
 * ``combine_fwd``   – expert outputs back to the tokens' home ranks (forward),
 * ``combine_bwd``   – the gradient of that exchange (backward of combine).
 
-Each leg is sent either in the tensor's own dtype (``"bf16"``: what torchtitan does today) or
-as MXFP8 (``"mxfp8"``: e4m3 values + one e8m0 scale per 32 elements).
+Each leg travels in one of the wire formats of ``mxfp8_ep.wire_format``: in the tensor's own
+dtype (``"bf16"``: what torchtitan does) or as MXFP8 (``"mxfp8"``: e4m3 values + one e8m0 scale
+per 32 elements).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
+
 # The four exchanges, in the order above (the field names of A2AConfig and of the recipe's
 # ``a2a`` config, the keys of ``mxfp8_ep.wire_stats``).
 LEGS = ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
-LEG_FORMATS = ("bf16", "mxfp8")
+LEG_FORMATS = WIRE_FORMATS
 # The numerics telemetry's statistics of an MXFP8 leg (``mxfp8_ep.numerics`` defines them), the
 # last part of the recipe's ``numerics/`` metric names.
 NUMERICS_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
 # MXFP8: one e8m0 scale per this many consecutive elements of the last dim (a token's width
-# must be a multiple of it).
-BLOCK_SIZE = 32
+# must be a multiple of it; the recipe's validation reads it here).
+BLOCK_SIZE = WireFormat.MXFP8.block_size
 SCALE_ROUNDINGS = ("rceil", "floor")
 KERNELS = ("auto", "triton", "torch")
 # How token rows travel between EP ranks (see mxfp8_ep.dispatcher):
@@ -92,9 +95,13 @@ class A2AConfig:
     def legs() -> tuple[str, str, str, str]:
         return LEGS
 
+    def wire_format(self, leg: str) -> WireFormat:
+        """The format ``leg`` travels in."""
+        return WireFormat(getattr(self, leg))
+
     @property
     def any_quantized(self) -> bool:
-        return any(getattr(self, leg) == "mxfp8" for leg in LEGS)
+        return any(self.wire_format(leg).quantized for leg in LEGS)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "A2AConfig":

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.symm_kernels import _block_d
+from mxfp8_ep.launch_shapes import column_tile
 from mxfp8_ep.triton_kernels import _load_fp32, _round_to_activation, _store_fp32
 
 
@@ -81,9 +81,8 @@ class _ForkRows(torch.autograd.Function):
 # Elementwise work over the rows inside the offsets. Triton on CUDA (or under the interpreter),
 # torch over all rows elsewhere (identical values on the rows that matter).
 
-# Rows per block and persistent programs per SM, from a sweep on one H200 (benchmarks/
-# expert_rows.py --sweep-rows-kernel; DeepSeek-V3-like rows, EP 2 and 8): the three ops take
-# 1.32 / 1.28 ms against 1.42 / 1.35 ms at (4 rows, 8 per SM).
+# Rows per block and persistent programs per SM: the fastest of a sweep over DeepSeek-V3-like
+# rows at EP 2 and 8 (benchmarks/).
 _BLOCK_M = 2
 _PROGRAMS_PER_SM = 32
 # Under the Triton interpreter (CPU tests) each program runs in Python: fewer, larger ones.
@@ -118,8 +117,8 @@ def _rows_kernel(
 
     Persistent: the programs stride over the row blocks inside the offsets (``valid``, read on
     the device), so the grid does not grow with the buffer's capacity (at EP=8 eight times the
-    rows an even routing fills, where programs that only found themselves past the offsets used
-    to cost more than the useful work: 2.66 vs 1.20 ms per forward+backward)."""
+    rows an even routing fills: programs that found themselves past the offsets would cost more
+    than the useful work)."""
     valid = tl.load(valid_ptr)
     block = tl.program_id(0)
     # A while loop: the Triton interpreter cannot take a range bound loaded from memory.
@@ -154,7 +153,7 @@ def _launch(op, a, b, c, out1, out2, offsets):
     if rows == 0:
         return
     bits = (lambda t: t.view(torch.int16)) if a.dtype == torch.bfloat16 else (lambda t: t)
-    block_n = _block_d(n)
+    block_n = column_tile(n)
     block_m = _BLOCK_M if a.is_cuda else _INTERPRETER_BLOCK_M
     grid = (min(triton.cdiv(rows, block_m), _programs(a.device)),)
     _rows_kernel[grid](

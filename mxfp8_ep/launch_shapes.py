@@ -6,7 +6,7 @@ dispatcher takes a mapping from leg format to ``KernelShapes`` in its config
 shapes beside another at the defaults. The torch twins (``symm_reference``) take the same
 argument and ignore it.
 
-The defaults are the fastest shapes measured on H200 (``benchmarks/``). Where a default stores
+The defaults are the fastest shapes of the kernel sweeps in ``benchmarks/``. Where a default stores
 into a peer, it keeps those stores 16-byte vectors (``st.global.v4``, checked by
 ``tests/triton_compile_check.py``): 8 bf16 values per thread at 4 warps, 16 e4m3 bytes at 2.
 """
@@ -15,6 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+
+from mxfp8_ep.wire_format import WireFormat, wire_format
+
+
+def column_tile(dim: int, widest: int = 512, group: int = 32) -> int:
+    """Columns per tile (a multiple of ``group``): the largest power of two <= ``widest`` that
+    divides ``dim`` (unmasked, vector loads and stores), else a masked tile covering ``dim``."""
+    block = widest
+    while block >= group:
+        if dim % block == 0:
+            return block
+        block //= 2
+    return max(group, min(widest, 1 << max(dim - 1, 0).bit_length()))
 
 
 def _power_of_two(value: int) -> bool:
@@ -48,6 +61,10 @@ class LaunchShape:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"LaunchShape.{name}={value!r}: expected an integer >= 1")
 
+    def tile(self, dim: int, group: int) -> int:
+        """Columns per tile for rows of ``dim`` elements (``column_tile``)."""
+        return column_tile(dim, self.block_d, group)
+
 
 @dataclass(frozen=True)
 class KernelShapes:
@@ -69,11 +86,8 @@ class KernelShapes:
 
     @staticmethod
     def default(fmt: str) -> KernelShapes:
-        """The shapes the kernels run at for a leg in format ``fmt``."""
-        try:
-            return _DEFAULTS[fmt]
-        except KeyError:
-            raise ValueError(f"no launch shapes for leg format {fmt!r}; known: {sorted(_DEFAULTS)}") from None
+        """The shapes the kernels run at for a leg in wire format ``fmt``."""
+        return _DEFAULTS[wire_format(fmt)]
 
 
 def kernel_shapes(overrides: Mapping[str, KernelShapes] | None, fmt: str) -> KernelShapes:
@@ -89,14 +103,14 @@ def kernel_shapes(overrides: Mapping[str, KernelShapes] | None, fmt: str) -> Ker
 # per program, at the warps that keep the stores into peers 16-byte vectors.
 _PUSH_ROWS = LaunchShape(block=4, warps=4, stripes=8)
 _DEFAULTS = {
-    "bf16": KernelShapes(
+    WireFormat.BF16: KernelShapes(
         push_rows=_PUSH_ROWS,
         push_tokens=LaunchShape(block=1, warps=4, block_d=1024),
         push_partials=LaunchShape(block=1, warps=4, block_d=1024),
         receive_rows=LaunchShape(block=4, warps=4),
         reduce_slots=LaunchShape(block=1, warps=4, block_d=512),
     ),
-    "mxfp8": KernelShapes(
+    WireFormat.MXFP8: KernelShapes(
         push_rows=_PUSH_ROWS,
         push_tokens=LaunchShape(block=1, warps=2, block_d=1024),
         push_partials=LaunchShape(block=1, warps=2, block_d=1024),

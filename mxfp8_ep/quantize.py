@@ -8,7 +8,7 @@ import os
 import torch
 
 from mxfp8_ep.config import KERNELS
-from mxfp8_ep.format import (
+from mxfp8_ep.mxfp8 import (
     BLOCK_SIZE,
     MXFP8Tensor,
     check_quantizable,
@@ -45,7 +45,7 @@ def _quantize_op(x: torch.Tensor, rounding: str, kernel: str) -> tuple[torch.Ten
 
 
 @_quantize_op.register_fake
-def _(x: torch.Tensor, rounding: str, kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _(x: torch.Tensor, rounding: str, kernel: str) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ARG001 (the op's)
     data = torch.empty_like(x, dtype=torch.float8_e4m3fn)
     scale = x.new_empty((*x.shape[:-1], x.shape[-1] // BLOCK_SIZE), dtype=torch.uint8)
     return data, scale
@@ -64,7 +64,7 @@ def _dequantize_op(
 
 
 @_dequantize_op.register_fake
-def _(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, kernel: str) -> torch.Tensor:
+def _(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, kernel: str) -> torch.Tensor:  # noqa: ARG001 (the op's)
     return torch.empty_like(data, dtype=dtype)
 
 

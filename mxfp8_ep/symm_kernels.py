@@ -1,6 +1,8 @@
 """Triton kernels of the symm transport. Each has a torch twin of the same name and arguments
-in ``symm_reference.py`` (read its docstring for the staging layout and the arithmetic); the
-two give the same bits. Peers' buffers arrive as an int64 tensor of addresses.
+in ``symm_reference.py`` (read its docstring for the arithmetic, ``staging.py``'s for the staging
+layout); the two give the same bits. Peers' buffers arrive as an int64 tensor of addresses. A
+leg's wire format reaches the kernels as its constants (``WireFormat.kernel_constants``), its
+launch shape as an argument (``launch_shapes``).
 
 * ``push_rows``: one pass per leg on the sending side. Each row is read once (gathered by
   token for the expert-bound legs), optionally weighted, and stored either into this rank's
@@ -32,19 +34,24 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from mxfp8_ep.routing import RoutingTables
-from mxfp8_ep.symm_reference import push_only_index, row_weights, staging_views, token_map
+from mxfp8_ep.staging import row_weights, staging_views, token_map
+from mxfp8_ep.symm_reference import pushed_rows_index
 from mxfp8_ep.triton_kernels import (
-    _dequantize_groups,
+    _encode_groups,
+    _load_decoded,
     _load_fp32,
-    _quantize_groups,
+    _packed_offsets,
     _round_to_activation,
+    _store_encoded,
     _store_fp32,
+    rounding_code,
 )
+from mxfp8_ep.wire_format import ELEMENT_ACTIVATION, WireFormat
 
-_RCEIL, _FLOOR = 0, 1
+# A leg whose rows travel as they are (``WireFormat.kernel_constants``' ELEMENT).
+_ACTIVATION = tl.constexpr(ELEMENT_ACTIVATION)
 ROUTING_BLOCK = 1024
 
 
@@ -107,23 +114,24 @@ def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
     tl.store(out_ptr + 2 * E + 3 * S + L, within.to(tl.int64))
 
 
-# Tiles are [rows, BLOCK_D // 32, 32]: one MXFP8 block per innermost row, so quantizing and
-# dequantizing need no layout change, and the innermost 32 elements are contiguous in memory.
+# Tiles are [rows, BLOCK_D // GROUP, GROUP] (GROUP: the wire format's, ``WireFormat.kernel_constants``):
+# one scale block per innermost row, so encoding and decoding need no layout change, and the
+# innermost GROUP elements are contiguous in memory.
 
 
 @triton.jit
-def _cols(start, BLOCK_D: tl.constexpr):
-    """[1, BLOCK_D // 32, 32] column indices of the tile that starts at column ``start``."""
-    groups = tl.arange(0, BLOCK_D // 32)
-    return start + groups[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+def _cols(start, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[1, BLOCK_D // GROUP, GROUP] column indices of the tile that starts at column ``start``."""
+    groups = tl.arange(0, BLOCK_D // GROUP)
+    return start + groups[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
 
 
 @triton.jit
-def _mask(row_ok, cols, D: tl.constexpr, BLOCK_D: tl.constexpr):
+def _mask(row_ok, cols, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
     """Tile mask. When BLOCK_D divides D the columns need no mask: the mask is then constant
     along each row, which lets loads and stores use 16-byte vectors."""
     if D % BLOCK_D == 0:
-        mask = row_ok[:, None, None] & tl.full((1, BLOCK_D // 32, 32), 1, tl.int1)
+        mask = row_ok[:, None, None] & tl.full((1, BLOCK_D // GROUP, GROUP), 1, tl.int1)
     else:
         mask = row_ok[:, None, None] & (cols < D)
     return mask
@@ -140,39 +148,30 @@ def _store_tile(ptr, rows, cols, value, mask, D: tl.constexpr, IN_BF16: tl.const
 
 
 @triton.jit
-def _packed_offsets(rows, cols, start, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Byte offsets of a tile in a packed MXFP8 staging buffer (row = D e4m3 bytes, then its
-    D // 32 scale bytes): the e4m3 bytes [rows, BLOCK_D // 32, 32], the scale bytes
-    [rows, BLOCK_D // 32], and which scales exist."""
-    base = rows.to(tl.int64) * (D + D // 32)
-    groups = start // 32 + tl.arange(0, BLOCK_D // 32)
-    return base[:, None, None] + cols, base[:, None] + D + groups[None, :], (groups < D // 32)[None, :]
-
-
-@triton.jit
 def _store_staged_tile(stage_ptr, peer, rows, row_ok, cols, start, value, D: tl.constexpr, IN_BF16: tl.constexpr,
-                       QUANT: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_D: tl.constexpr):
+                       ELEMENT: tl.constexpr, SCALE: tl.constexpr, ROUNDING: tl.constexpr, GROUP: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
     """A tile of ``rows`` (where ``row_ok``) into the staging buffers of each row's peer
-    (``stage_ptr + peer``, element offsets): in the activation dtype, or quantized to MXFP8
-    (e4m3 bytes, then the row's scale bytes)."""
-    mask = _mask(row_ok, cols, D, BLOCK_D)
-    if QUANT:
-        e4m3, byte = _quantize_groups(value, ROUNDING)
-        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, BLOCK_D)
-        tl.store(stage_ptr + peer[:, None, None] + doffs, e4m3.to(tl.uint8), mask=mask)
-        tl.store(stage_ptr + peer[:, None] + soffs, byte.to(tl.uint8), mask=row_ok[:, None] & sok)
+    (``stage_ptr + peer``, element offsets): in the activation dtype, or encoded in the wire
+    format (element bytes, then the row's scale bytes)."""
+    mask = _mask(row_ok, cols, D, GROUP, BLOCK_D)
+    if ELEMENT != _ACTIVATION:
+        elements, scales = _encode_groups(value, ELEMENT, SCALE, ROUNDING)
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
+        _store_encoded(stage_ptr, peer[:, None, None], peer[:, None], doffs, soffs, elements, scales, mask,
+                       row_ok[:, None] & sok, ELEMENT, SCALE)
     else:
         _store_tile(stage_ptr + peer[:, None, None], rows, cols, value, mask, D, IN_BF16)
 
 
 @triton.jit
 def _push_rows_kernel(
-    src_ptr, slot_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
+    src_ptr, slot_ptr, weight_ptr, dot_with_ptr, dot_out_ptr,
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
     M, rank,
-    D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_FACTOR: tl.constexpr,
-    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, ROUNDING: tl.constexpr,
-    ONLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
+    D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr,
+    PUSHED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     # Program p takes block (p % STRIPES) * per_stripe + p // STRIPES (the grid is a multiple
@@ -181,9 +180,9 @@ def _push_rows_kernel(
     block = (pid % STRIPES) * (tl.num_programs(0) // STRIPES) + pid // STRIPES
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     dst_rank = tl.load(dst_rank_ptr + rows, mask=rows < M, other=-1)
-    if ONLY == 1:  # the rows that stay
+    if PUSHED == 1:  # the rows that stay
         dst_rank = tl.where(dst_rank == rank, dst_rank, -1)
-    elif ONLY == 2:  # the rows that leave
+    elif PUSHED == 2:  # the rows that leave
         dst_rank = tl.where(dst_rank != rank, dst_rank, -1)
     active = dst_rank >= 0
     if tl.max(active.to(tl.int32), axis=0) == 0:
@@ -200,8 +199,8 @@ def _push_rows_kernel(
     # A peer's staging buffer = this rank's staging pointer + an element offset. Allocations are
     # 16-byte aligned; saying so lets the stores to peers use 16-byte vectors.
     peer = tl.multiple_of(tl.load(peer_delta_ptr + dst_rank, mask=remote, other=0), 16)
-    if HAS_FACTOR:
-        factor = tl.load(factor_ptr + slot, mask=active, other=0.0)
+    if HAS_WEIGHT:
+        weight = tl.load(weight_ptr + slot, mask=active, other=0.0)
     # The expert-sorted rows come grouped by owner, so most blocks hold only rows that stay or
     # only rows that leave: each path (the local store; the quantize and the peer store) runs
     # only in blocks that have rows for it.
@@ -209,38 +208,39 @@ def _push_rows_kernel(
     any_remote = tl.max(remote.to(tl.int32), axis=0) > 0
     dot = tl.zeros((BLOCK_M,), tl.float32)
     for start in tl.range(0, D, BLOCK_D, num_stages=STAGES):
-        cols = _cols(start, BLOCK_D)
-        x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
+        cols = _cols(start, GROUP, BLOCK_D)
+        x = _load_tile(src_ptr, src_row, cols, _mask(active, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if HAS_DOT:
-            other = _load_tile(dot_rows_ptr, rows, cols, _mask(active, cols, D, BLOCK_D), D, IN_BF16)
+            other = _load_tile(dot_with_ptr, rows, cols, _mask(active, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             dot += tl.sum(tl.sum(other * x, axis=2), axis=1)
-        if HAS_FACTOR:
-            x = _round_to_activation(x * factor[:, None, None], IN_BF16)
+        if HAS_WEIGHT:
+            x = _round_to_activation(x * weight[:, None, None], IN_BF16)
         if any_local:
-            _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+            _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if any_remote:
-            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
+            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
 
 
 @triton.jit
 def _push_tokens_kernel(
-    src_ptr, inv_ptr, dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, stage_delta_ptr,
-    map_ptr, map_delta_ptr, weight_map_ptr, weight_delta_ptr, factor_ptr, dot_rows_ptr, dot_out_ptr,
+    src_ptr, sorted_row_ptr, dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, stage_delta_ptr,
+    map_ptr, map_delta_ptr, weight_map_ptr, weight_delta_ptr, weight_ptr, dot_with_ptr, dot_out_ptr,
     sent_ptr, T, rank, max_tokens,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, IN_BF16: tl.constexpr,
-    QUANT: tl.constexpr, ROUNDING: tl.constexpr, HAS_FACTOR: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
-    HAS_DOT: tl.constexpr, DOT_LOCAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
+    HAS_DOT: tl.constexpr, DOT_EXPERT_ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # HAS_FACTOR: per-slot weights go to the owners' row weights; WEIGH_LOCAL: they also
+    # HAS_WEIGHT: per-slot weights go to the owners' row weights; WEIGH_LOCAL: they also
     # multiply the rows that stay (else they are only carried). HAS_DOT: dot products per slot,
-    # against a sorted row (DOT_LOCAL False) or, for the rows that stay, their expert row.
+    # against a sorted row (DOT_EXPERT_ROWS False) or, for the rows that stay, their expert row.
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < T
     kk = tl.arange(0, KP)
     slot_ok = tok_ok[:, None] & (kk < TOP_K)[None, :]
-    n = tl.load(inv_ptr + toks[:, None] * TOP_K + kk[None, :], mask=slot_ok, other=0)
+    n = tl.load(sorted_row_ptr + toks[:, None] * TOP_K + kk[None, :], mask=slot_ok, other=0)
     owner = tl.load(dst_rank_ptr + n, mask=slot_ok, other=-1)  # [tokens, K]
     row = tl.load(dst_row_ptr + n, mask=slot_ok, other=0)
     staged = rank * max_tokens + toks.to(tl.int64)  # the token's row in every peer's staging
@@ -249,8 +249,8 @@ def _push_tokens_kernel(
     bound = slot_ok & (owner != rank) & (owner >= 0)
     map_delta = tl.load(map_delta_ptr + owner, mask=bound, other=0)
     tl.store(map_ptr + map_delta + row, staged[:, None] + tl.zeros((BLOCK_T, KP), tl.int64), mask=bound)
-    if HAS_FACTOR:
-        weight = tl.load(factor_ptr + toks[:, None] * TOP_K + kk[None, :], mask=bound, other=0.0)
+    if HAS_WEIGHT:
+        weight = tl.load(weight_ptr + toks[:, None] * TOP_K + kk[None, :], mask=bound, other=0.0)
         weight_delta = tl.load(weight_delta_ptr + owner, mask=bound, other=0)
         tl.store(weight_map_ptr + weight_delta + row, weight, mask=bound)
     sent = 0
@@ -259,55 +259,55 @@ def _push_tokens_kernel(
     if sent > 0:
         tl.atomic_add(sent_ptr, sent.to(tl.int64))
     any_local = tl.max(tl.max((slot_ok & (owner == rank)).to(tl.int32), axis=1), axis=0) > 0
-    # Dot products: per slot, one partial sum per 32-column group (a reduction within each
+    # Dot products: per slot, one partial sum per column group (a reduction within each
     # thread's group), summed over the groups once at the end.
-    dots = tl.zeros((BLOCK_T, KP, BLOCK_D // 32), tl.float32)
+    dots = tl.zeros((BLOCK_T, KP, BLOCK_D // GROUP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
-        if any_local or (HAS_DOT and not DOT_LOCAL):
+        cols = _cols(start, GROUP, BLOCK_D)
+        x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, GROUP, BLOCK_D), D, IN_BF16)
+        if any_local or (HAS_DOT and not DOT_EXPERT_ROWS):
             for k in tl.static_range(TOP_K):
                 slot = toks * TOP_K + k
-                n_k = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
-                if HAS_DOT and not DOT_LOCAL:
-                    other = _load_tile(dot_rows_ptr, n_k, cols, _mask(tok_ok, cols, D, BLOCK_D), D, IN_BF16)
+                n_k = tl.load(sorted_row_ptr + slot, mask=tok_ok, other=0)
+                if HAS_DOT and not DOT_EXPERT_ROWS:
+                    other = _load_tile(dot_with_ptr, n_k, cols, _mask(tok_ok, cols, D, GROUP, BLOCK_D), D, IN_BF16)
                     part = tl.sum(other * x, axis=2)
                     dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                 if any_local:
                     is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
                     row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
-                    if HAS_DOT and DOT_LOCAL:
-                        other = _load_tile(dot_rows_ptr, row_k, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+                    if HAS_DOT and DOT_EXPERT_ROWS:
+                        other = _load_tile(dot_with_ptr, row_k, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
                         part = tl.sum(other * x, axis=2)
                         dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                     x_k = x
-                    if HAS_FACTOR and WEIGH_LOCAL:
-                        f_k = tl.load(factor_ptr + slot, mask=is_local, other=0.0)
+                    if HAS_WEIGHT and WEIGH_LOCAL:
+                        f_k = tl.load(weight_ptr + slot, mask=is_local, other=0.0)
                         x_k = _round_to_activation(x * f_k[:, None, None], IN_BF16)
-                    _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+                    _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if sent > 0:
-            if QUANT:
-                e4m3, byte = _quantize_groups(x, ROUNDING)
-                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, BLOCK_D)
+            if ELEMENT != _ACTIVATION:
+                elements, scales = _encode_groups(x, ELEMENT, SCALE, ROUNDING)
+                doffs, soffs, sok = _packed_offsets(staged, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
             for d in tl.static_range(W):
                 need = tok_ok & (tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)
                 if tl.max(need.to(tl.int32), axis=0) > 0:
                     # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
                     delta = tl.multiple_of(tl.load(stage_delta_ptr + d), 16)
-                    if QUANT:
-                        tl.store(stage_ptr + delta + doffs, e4m3.to(tl.uint8), mask=_mask(need, cols, D, BLOCK_D))
-                        tl.store(stage_ptr + delta + soffs, byte.to(tl.uint8), mask=need[:, None] & sok)
+                    if ELEMENT != _ACTIVATION:
+                        _store_encoded(stage_ptr, delta, delta, doffs, soffs, elements, scales,
+                                       _mask(need, cols, D, GROUP, BLOCK_D), need[:, None] & sok, ELEMENT, SCALE)
                     else:
-                        _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, BLOCK_D), D, IN_BF16)
+                        _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, GROUP, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
-        dot_ok = slot_ok & (owner == rank) if DOT_LOCAL else slot_ok
+        dot_ok = slot_ok & (owner == rank) if DOT_EXPERT_ROWS else slot_ok
         tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], tl.sum(dots, axis=2), mask=dot_ok)
 
 
 @triton.jit
 def _push_partials_kernel(
     src_ptr, order_ptr, start_ptr, weight_ptr, stage_ptr, peer_delta_ptr, sent_ptr, S, rank, max_tokens,
-    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
+    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
     ROUNDING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -324,17 +324,17 @@ def _push_partials_kernel(
     # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
     peer = tl.multiple_of(tl.load(peer_delta_ptr + dest, mask=active, other=0), 16)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        acc = tl.zeros((BLOCK_S, BLOCK_D // 32, 32), tl.float32)
+        cols = _cols(start, GROUP, BLOCK_D)
+        acc = tl.zeros((BLOCK_S, BLOCK_D // GROUP, GROUP), tl.float32)
         for j in tl.static_range(MAX_ROWS):
             has = active & (j < count)
             row = tl.load(order_ptr + first + j, mask=has, other=0)
-            value = _load_tile(src_ptr, row, cols, _mask(has, cols, D, BLOCK_D), D, IN_BF16)
+            value = _load_tile(src_ptr, row, cols, _mask(has, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             if HAS_WEIGHT:
                 value = value * tl.load(weight_ptr + row, mask=has, other=0.0)[:, None, None]
             acc = acc + value
         value = _round_to_activation(acc, IN_BF16)
-        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, QUANT, ROUNDING, BLOCK_D)
+        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
 
 
 @triton.jit
@@ -349,14 +349,13 @@ def _staged_rows(stage_row_ptr, rows, row_ok, HAS_STAGE_ROW: tl.constexpr):
 
 @triton.jit
 def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_BF16: tl.constexpr,
-                      QUANT: tl.constexpr, BLOCK_D: tl.constexpr):
+                      ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows of this rank's staging buffer, decoded to fp32 values of the activation dtype."""
-    mask = _mask(row_ok, cols, D, BLOCK_D)
-    if QUANT:
-        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, BLOCK_D)
-        data = tl.load(stage_ptr + doffs, mask=mask, other=0).to(tl.int32)
-        byte = tl.load(stage_ptr + soffs, mask=row_ok[:, None] & sok, other=127).to(tl.int32)
-        value = _round_to_activation(_dequantize_groups(data, byte), IN_BF16)
+    mask = _mask(row_ok, cols, D, GROUP, BLOCK_D)
+    if ELEMENT != _ACTIVATION:
+        doffs, soffs, sok = _packed_offsets(rows, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
+        decoded = _load_decoded(stage_ptr, doffs, soffs, mask, row_ok[:, None] & sok, ELEMENT, SCALE)
+        value = _round_to_activation(decoded, IN_BF16)
     else:
         value = _load_tile(stage_ptr, rows, cols, mask, D, IN_BF16)
     return value
@@ -365,7 +364,7 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
 @triton.jit
 def _receive_rows_kernel(
     out_ptr, source_ptr, stage_ptr, stage_row_ptr, weight_ptr, dot_with_ptr, dot_out_ptr, R, rank,
-    D: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
+    D: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -377,27 +376,27 @@ def _receive_rows_kernel(
     staged = _staged_rows(stage_row_ptr, rows, remote, HAS_STAGE_ROW)
     if HAS_WEIGHT:
         weight = tl.load(weight_ptr + rows, mask=remote, other=0.0)
-    # Dot products: one partial sum per row and 32-column group, summed once at the end.
-    dots = tl.zeros((BLOCK_M, BLOCK_D // 32), tl.float32)
+    # Dot products: one partial sum per row and column group, summed once at the end.
+    dots = tl.zeros((BLOCK_M, BLOCK_D // GROUP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+        cols = _cols(start, GROUP, BLOCK_D)
+        value = _load_staged_tile(stage_ptr, staged, remote, cols, start, D, IN_BF16, ELEMENT, SCALE, GROUP, BLOCK_D)
         if HAS_DOT:
-            other = _load_tile(dot_with_ptr, rows, cols, _mask(remote, cols, D, BLOCK_D), D, IN_BF16)
+            other = _load_tile(dot_with_ptr, rows, cols, _mask(remote, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             dots += tl.sum(other * value, axis=2)
         if HAS_WEIGHT:
             value = _round_to_activation(value * weight[:, None, None], IN_BF16)
         value = tl.where(pad[:, None, None], 0.0, value)
-        _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, BLOCK_D), D, IN_BF16)
+        _store_tile(out_ptr, rows, cols, value, _mask(remote | pad, cols, D, GROUP, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
         tl.store(dot_out_ptr + rows, tl.sum(dots, axis=1), mask=remote)
 
 
 @triton.jit
 def _reduce_slots_kernel(
-    out_ptr, inv_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_ptr, stage_row_ptr,
+    out_ptr, sorted_row_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_ptr, stage_row_ptr,
     weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
-    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, QUANT: tl.constexpr,
+    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, WEIGH_STAGED: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
     HAS_STAGE_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -406,29 +405,27 @@ def _reduce_slots_kernel(
     kk = tl.arange(0, KP)
     dots = tl.zeros((BLOCK_T, KP), tl.float32)
     for start in range(0, D, BLOCK_D):
-        cols = _cols(start, BLOCK_D)
-        mask = _mask(tok_ok, cols, D, BLOCK_D)
-        acc = tl.zeros((BLOCK_T, BLOCK_D // 32, 32), tl.float32)
+        cols = _cols(start, GROUP, BLOCK_D)
+        mask = _mask(tok_ok, cols, D, GROUP, BLOCK_D)
+        acc = tl.zeros((BLOCK_T, BLOCK_D // GROUP, GROUP), tl.float32)
         if HAS_DOT:
             xrow = _load_tile(dot_with_ptr, toks, cols, mask, D, IN_BF16)
         for k in tl.static_range(TOP_K):
             slot = toks * TOP_K + k
-            n = tl.load(inv_ptr + slot, mask=tok_ok, other=0)
+            n = tl.load(sorted_row_ptr + slot, mask=tok_ok, other=0)
             owner = tl.load(row_rank_ptr + n, mask=tok_ok, other=-1)
             is_local = tok_ok & (owner == rank)
             is_remote = tok_ok & (owner != rank)
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
-            value = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, BLOCK_D), D, IN_BF16)
+            value = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             staged = _staged_rows(stage_row_ptr, n, is_remote, HAS_STAGE_ROW)
             if HAS_STAGE_ROW:  # -1: nothing to add (push_partials sent the token's sum once)
                 is_remote = is_remote & (staged >= 0)
             # Most slots read no staged row (partial sums arrive once per token and peer; rows
             # that stayed are the rest): where no token of the block reads one, skip the masked
-            # staged load, whose MXFP8 decode would still run for every slot. One H200
-            # (RESULTS.md, thirteenth session): it cost the MXFP8 arms of a one-rank layer,
-            # where no row is staged, 0.26-0.61 ms over bf16's; 0.05 ms with the skip.
+            # staged load, whose decode would still run for every slot.
             if tl.max(is_remote.to(tl.int32), axis=0) > 0:
-                remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, QUANT, BLOCK_D)
+                remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, ELEMENT, SCALE, GROUP, BLOCK_D)
                 value = tl.where(is_local[:, None, None], value, remote_val)
             if HAS_SAVE:
                 _store_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
@@ -448,7 +445,7 @@ def _reduce_slots_kernel(
 
 
 @triton.jit
-def _sorted_rows_kernel(slot_ptr, ids_ptr, dst_base_ptr, first_row_ptr, dst_rank_ptr, dst_row_ptr, inv_ptr,
+def _sorted_rows_kernel(slot_ptr, ids_ptr, dst_base_ptr, first_row_ptr, dst_rank_ptr, dst_row_ptr, sorted_row_ptr,
                         N, L: tl.constexpr, BLOCK: tl.constexpr):
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = j < N
@@ -457,7 +454,7 @@ def _sorted_rows_kernel(slot_ptr, ids_ptr, dst_base_ptr, first_row_ptr, dst_rank
     tl.store(dst_rank_ptr + j, expert // L, mask=ok)
     row = tl.load(dst_base_ptr + expert, mask=ok, other=0) + j - tl.load(first_row_ptr + expert, mask=ok, other=0)
     tl.store(dst_row_ptr + j, row, mask=ok)
-    tl.store(inv_ptr + slot, j.to(tl.int64), mask=ok)
+    tl.store(sorted_row_ptr + slot, j.to(tl.int64), mask=ok)
 
 
 @triton.jit
@@ -487,7 +484,7 @@ def _expert_rows_kernel(seg_end_ptr, seg_len_ptr, seg_origin_ptr, source_ptr, re
     tl.store(return_row_ptr + i, tl.where(source >= 0, row, 0), mask=ok)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def _kernel_arg(t: torch.Tensor) -> torch.Tensor:
     """bf16 tensors travel through the kernels as their int16 bits (exact on every backend)."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
@@ -497,21 +494,17 @@ def _no_fp32(device: torch.device) -> torch.Tensor:
     return torch.empty(1, dtype=torch.float32, device=device)
 
 
-def _block_d(dim: int, largest: int = 512) -> int:
-    """Columns per tile (a multiple of 32): the largest power of two <= ``largest`` that divides
-    ``dim`` (unmasked, vector loads and stores), else a masked tile covering ``dim``."""
-    block = largest
-    while block >= BLOCK_SIZE:
-        if dim % block == 0:
-            return block
-        block //= 2
-    return max(BLOCK_SIZE, min(largest, triton.next_power_of_2(dim)))
+def _format_constants(fmt: str, dim: int, shape: LaunchShape) -> dict[str, int]:
+    """A tile kernel's constants for a leg in format ``fmt``: the format's own
+    (``WireFormat.kernel_constants``) and the column tile ``BLOCK_D`` for rows of ``dim``."""
+    constants = WireFormat(fmt).kernel_constants()
+    return {**constants, "BLOCK_D": shape.tile(dim, constants["GROUP"])}
 
 
-def _stage(buf, staging_rows, dim, dtype, fmt):
+def _staging_arg(buf, staging_rows, dim, dtype, fmt):
     """A staging byte buffer as the kernels take it: its bytes (MXFP8: packed rows) or its
     values (bf16 as int16 bits)."""
-    return _bits(staging_views(buf, staging_rows, dim, dtype, fmt)[0])
+    return _kernel_arg(staging_views(buf, staging_rows, dim, dtype, fmt)[0])
 
 
 def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int) -> None:
@@ -534,54 +527,52 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", shape: LaunchShape | None = None,
+    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", shape: LaunchShape | None = None,
 ) -> None:
     num = dst_rank.numel()
     if num == 0:
         return
     dim = src.shape[1]
-    only_index = push_only_index(only)
+    pushed_index = pushed_rows_index(pushed)
     shape = shape or KernelShapes.default(fmt).push_rows
     block_m, stripes = shape.block, shape.stripes
     no_fp32 = _no_fp32(src.device)
-    stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
+    stage = _staging_arg(staging.local, staging_rows, dim, src.dtype, fmt)
     _push_rows_kernel[(stripes * triton.cdiv(triton.cdiv(num, block_m), stripes),)](
-        _bits(src), slot if slot is not None else dst_rank, factor if factor is not None else no_fp32,
-        _bits(dot_rows if dot_rows is not None else src), dot_out if dot_out is not None else no_fp32,
-        dst_rank, dst_row, _bits(local_out if local_out is not None else src), stage,
+        _kernel_arg(src), slot if slot is not None else dst_rank, weight if weight is not None else no_fp32,
+        _kernel_arg(dot_with if dot_with is not None else src), dot_out if dot_out is not None else no_fp32,
+        dst_rank, dst_row, _kernel_arg(local_out if local_out is not None else src), stage,
         staging.element_offsets(stage.element_size()),
         num, rank,
-        D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_FACTOR=factor is not None,
-        HAS_DOT=dot_rows is not None, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_D=_block_d(dim, shape.block_d),
-        ONLY=only_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
+        D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_WEIGHT=weight is not None,
+        HAS_DOT=dot_with is not None, IN_BF16=src.dtype == torch.bfloat16,
+        ROUNDING=rounding_code(rounding), BLOCK_M=block_m, **_format_constants(fmt, dim, shape),
+        PUSHED=pushed_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
     )
 
 
 def push_tokens(
-    src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None, carry=None, dot_local=None,
+    src, sorted_row, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
+    top_k, max_tokens, sent, weight=None, weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False,
     shape: LaunchShape | None = None,
 ) -> None:
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
     shape = shape or KernelShapes.default(fmt).push_tokens
-    stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
+    stage = _staging_arg(staging.local, staging_rows, dim, src.dtype, fmt)
     no_fp32 = _no_fp32(src.device)
-    weights = factor if factor is not None else carry
-    dots = dot_rows if dot_rows is not None else dot_local
     _push_tokens_kernel[(triton.cdiv(num_tokens, shape.block),)](
-        _bits(src), inv, dst_rank, dst_row, _bits(local_out), stage, staging.element_offsets(stage.element_size()),
+        _kernel_arg(src), sorted_row, dst_rank, dst_row, _kernel_arg(local_out), stage, staging.element_offsets(stage.element_size()),
         token_map(staging.local, map_offset, map_rows), staging.element_offsets(8),
         row_weights(staging.local, map_offset, map_rows), staging.element_offsets(4),
-        weights if weights is not None else no_fp32, _bits(dots if dots is not None else src),
+        weight if weight is not None else no_fp32, _kernel_arg(dot_with if dot_with is not None else src),
         dot_out if dot_out is not None else no_fp32, sent,
         num_tokens, rank, max_tokens,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
-        IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR,
-        HAS_FACTOR=weights is not None, WEIGH_LOCAL=factor is not None, HAS_DOT=dots is not None,
-        DOT_LOCAL=dot_local is not None, BLOCK_T=shape.block, BLOCK_D=_block_d(dim, shape.block_d),
+        IN_BF16=src.dtype == torch.bfloat16, ROUNDING=rounding_code(rounding),
+        HAS_WEIGHT=weight is not None, WEIGH_LOCAL=weight is not None and weigh_local, HAS_DOT=dot_with is not None,
+        DOT_EXPERT_ROWS=dot_with_expert_rows, BLOCK_T=shape.block, **_format_constants(fmt, dim, shape),
         num_warps=shape.warps,
     )
 
@@ -592,13 +583,13 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
     if num_slots == 0 or src.shape[0] == 0:
         return
     shape = shape or KernelShapes.default(fmt).push_partials
-    stage = _stage(staging.local, staging_rows, dim, src.dtype, fmt)
+    stage = _staging_arg(staging.local, staging_rows, dim, src.dtype, fmt)
     _push_partials_kernel[(triton.cdiv(num_slots, shape.block),)](
-        _bits(src), order, start, weight if weight is not None else _no_fp32(src.device), stage,
+        _kernel_arg(src), order, start, weight if weight is not None else _no_fp32(src.device), stage,
         staging.element_offsets(stage.element_size()), sent, num_slots, rank, max_tokens,
-        D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16, QUANT=fmt == "mxfp8",
-        ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
-        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
+        D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16,
+        ROUNDING=rounding_code(rounding), HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
+        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )
@@ -611,18 +602,18 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
         return
     shape = shape or KernelShapes.default(fmt).receive_rows
     _receive_rows_kernel[(triton.cdiv(rows, shape.block),)](
-        _bits(out), source, _stage(staging.local, staging_rows, dim, out.dtype, fmt),
+        _kernel_arg(out), source, _staging_arg(staging.local, staging_rows, dim, out.dtype, fmt),
         stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
-        _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
+        _kernel_arg(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
         rows, rank,
-        D=dim, IN_BF16=out.dtype == torch.bfloat16, QUANT=fmt == "mxfp8", HAS_STAGE_ROW=stage_row is not None,
+        D=dim, IN_BF16=out.dtype == torch.bfloat16, HAS_STAGE_ROW=stage_row is not None,
         HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=shape.block,
-        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
+        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
     )
 
 
 def reduce_slots(
-    out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
+    out, sorted_row, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
     weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
     shape: LaunchShape | None = None,
 ) -> None:
@@ -632,15 +623,15 @@ def reduce_slots(
     shape = shape or KernelShapes.default(fmt).reduce_slots
     no_fp32 = _no_fp32(out.device)
     _reduce_slots_kernel[(triton.cdiv(num_tokens, shape.block),)](
-        _bits(out), inv, row_rank, local_row, _bits(local_src), _stage(staging.local, staging_rows, dim, out.dtype, fmt),
-        stage_row if stage_row is not None else inv,
-        weight if weight is not None else no_fp32, _bits(save if save is not None else out),
-        _bits(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
+        _kernel_arg(out), sorted_row, row_rank, local_row, _kernel_arg(local_src),
+        _staging_arg(staging.local, staging_rows, dim, out.dtype, fmt), stage_row if stage_row is not None else sorted_row,
+        weight if weight is not None else no_fp32, _kernel_arg(save if save is not None else out),
+        _kernel_arg(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
-        QUANT=fmt == "mxfp8", HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
+        HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
         HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=shape.block,
-        BLOCK_D=_block_d(dim, shape.block_d), num_warps=shape.warps,
+        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )
@@ -648,13 +639,13 @@ def reduce_slots(
 
 def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     num = slot.numel()
-    dst_rank, dst_row, inv = torch.empty_like(slot), torch.empty_like(slot), torch.empty_like(slot)
+    dst_rank, dst_row, sorted_row = torch.empty_like(slot), torch.empty_like(slot), torch.empty_like(slot)
     if num:
         _sorted_rows_kernel[(triton.cdiv(num, ROUTING_BLOCK),)](
-            slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, inv, num,
+            slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, sorted_row, num,
             L=num_local_experts, BLOCK=ROUTING_BLOCK,
         )
-    return dst_rank, dst_row, inv
+    return dst_rank, dst_row, sorted_row
 
 
 def expert_row_routing(tables, rank, world, capacity):

@@ -1,20 +1,9 @@
 """Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments (a
-kernel's launch ``shape`` is taken and ignored), same arithmetic, same bytes. They run wherever torch runs (CPU emulation of peers in CI, or on CUDA
-peer memory to check the Triton kernels on the GPU machine).
+kernel's launch ``shape`` is taken and ignored), same arithmetic, same bytes. They run wherever
+torch runs (CPU emulation of peers in CI, or on CUDA peer memory to check the Triton kernels on
+the GPU machine).
 
-A *staging* buffer is a byte buffer of rows, indexed by row: the one a rank receives pushed
-rows in (symm: peers write into it), or the send / receive buffer of an all-to-all (nccl: a
-``peer_memory.LocalBuffer``, whose every peer is itself). A row takes
-``wire_stats.row_bytes`` bytes: in the activation's own dtype (leg format ``bf16``) ``D``
-elements; in MXFP8 its ``D`` e4m3 bytes followed by its ``D/32`` e8m0 scale bytes (payload and
-scales of a row travel together, so one exchange carries both).
-
-Where a receiving pass reads a row: by default the staged row with the index of the row it
-fills (symm: peers push each row to the index its reader uses); with ``stage_row``, the
-staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buffer; symm after
-``push_tokens``: the token map, each expert row's token at row ``source * max_tokens + token``).
-A symm staging buffer holds its rows, then the token map (``token_map_offset``), then the row
-weights (``row_weights``: a weighted token-once push leaves each row's routing weight there).
+The staging buffers they read and write, and how rows are encoded there: ``staging``.
 
 Arithmetic (shared with the kernels, so both give the same bits):
 * a routing weight multiplies in fp32 and the product is rounded to the activation dtype
@@ -32,95 +21,29 @@ from __future__ import annotations
 import torch
 
 from mxfp8_ep import routing
-from mxfp8_ep.capacity import staging_buffer_bytes, token_map_byte_offset
-from mxfp8_ep.config import LEG_FORMATS
-from mxfp8_ep.format import MXFP8Tensor, dequantize_reference, quantize_reference
-from mxfp8_ep.wire_stats import row_bytes
+from mxfp8_ep.staging import decode_rows, encode_rows, row_weights, staging_views, store_rows, token_map
 
 
-def staged_row_nbytes(dim: int, dtype: torch.dtype, fmt: str) -> int:
-    """Bytes of one staged row of ``dim`` elements in leg format ``fmt`` (its wire size)."""
-    return row_bytes(dim, torch.empty((), dtype=dtype).element_size(), fmt)
+# Which rows a push stores (``push_rows(pushed=...)``): all, those that stay on this rank, or
+# those that leave it. The nccl transport pushes the rows that leave before its host sync and
+# those that stay after it, while the exchange runs.
+PUSHED_ROWS = ("all", "local", "remote")
 
 
-def staging_nbytes(rows: int, dim: int, dtype: torch.dtype) -> int:
-    """Bytes of a staging buffer that holds ``rows`` rows in either format."""
-    return rows * max(staged_row_nbytes(dim, dtype, fmt) for fmt in LEG_FORMATS)
-
-
-def token_map_offset(rows: int, dim: int, dtype: torch.dtype) -> int:
-    """Byte offset of the token map in a symm staging buffer of ``rows`` rows: after the rows,
-    16-byte aligned. The map holds one int64 per expert-major row of the receiving rank: the
-    staged row a token-major push (``push_tokens``) put that row's token in."""
-    return token_map_byte_offset(rows, staging_nbytes(1, dim, dtype))
-
-
-def token_map(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
-    """The ``rows``-entry int64 token map at byte ``offset`` of a staging buffer."""
-    return buf[offset : offset + rows * 8].view(torch.int64)
-
-
-def row_weights(buf: torch.Tensor, offset: int, rows: int) -> torch.Tensor:
-    """The ``rows``-entry fp32 row weights right after the token map at byte ``offset``: a
-    weighted ``push_tokens`` leaves each expert row's routing weight there."""
-    start = offset + rows * 8
-    return buf[start : start + rows * 4].view(torch.float32)
-
-
-def staging_buffer_nbytes(rows: int, dim: int, dtype: torch.dtype, map_rows: int) -> int:
-    """Bytes of a symm staging buffer: ``rows`` staged rows, then the token map and the row
-    weights of ``map_rows`` expert rows."""
-    return staging_buffer_bytes(rows, staging_nbytes(1, dim, dtype), map_rows)
-
-
-def staging_views(buf: torch.Tensor, rows: int, dim: int, dtype: torch.dtype, fmt: str):
-    """Views of the first ``rows`` rows of a staging byte buffer: ``(values,)`` (``rows x
-    dim`` in ``dtype``) for the activation's own dtype, ``(e4m3 bytes, scale bytes)`` (``rows
-    x dim`` and ``rows x dim/32``, strided views of the packed rows) for MXFP8."""
-    nbytes = staged_row_nbytes(dim, dtype, fmt)
-    if fmt == "mxfp8":
-        packed = buf[: rows * nbytes].view(rows, nbytes)
-        return packed[:, :dim], packed[:, dim:]
-    return (buf[: rows * nbytes].view(dtype).view(rows, dim),)
-
-
-def _store_staged(buf, staging_rows: int, at: torch.Tensor, values: torch.Tensor, encoded, sel: torch.Tensor, fmt: str):
-    """Rows ``values[sel]`` (MXFP8: their ``encoded`` form) into rows ``at[sel]`` of a staging
-    byte buffer."""
-    views = staging_views(buf, staging_rows, values.shape[1], values.dtype, fmt)
-    if fmt == "mxfp8":
-        views[0][at[sel]] = encoded.data.view(torch.uint8)[sel]
-        views[1][at[sel]] = encoded.scale[sel]
-    else:
-        views[0][at[sel]] = values[sel]
-
-
-def _decode(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torch.Tensor:
-    if fmt == "mxfp8":
-        data, scale = views
-        return dequantize_reference(MXFP8Tensor(data[rows].view(torch.float8_e4m3fn), scale[rows]), dtype)
-    return views[0][rows]
-
-
-# Which rows a push stores (``push_rows(only=...)``): the nccl transport pushes the rows that
-# leave before its host sync and those that stay after it, while the exchange runs.
-PUSH_ONLY = ("all", "local", "remote")
-
-
-def push_only_index(only: str) -> int:
-    """``only``'s index in ``PUSH_ONLY`` (the Triton kernel's ``ONLY``); a clear error for
+def pushed_rows_index(pushed: str) -> int:
+    """``pushed``'s index in ``PUSHED_ROWS`` (the Triton kernel's ``PUSHED``); a clear error for
     anything else."""
-    if only not in PUSH_ONLY:
-        raise ValueError(f"push only={only!r}: one of {PUSH_ONLY}")
-    return PUSH_ONLY.index(only)
+    if pushed not in PUSHED_ROWS:
+        raise ValueError(f"push_rows(pushed={pushed!r}): one of {PUSHED_ROWS}")
+    return PUSHED_ROWS.index(pushed)
 
 
-def _only(dst_rank: torch.Tensor, rank: int, only: str) -> torch.Tensor:
-    """``dst_rank`` with the rows that ``only`` skips set to -1."""
-    push_only_index(only)
-    if only == "all":
+def _pushed_ranks(dst_rank: torch.Tensor, rank: int, pushed: str) -> torch.Tensor:
+    """``dst_rank`` with the rows that ``pushed`` leaves out set to -1."""
+    pushed_rows_index(pushed)
+    if pushed == "all":
         return dst_rank
-    keep = (dst_rank == rank) if only == "local" else (dst_rank != rank)
+    keep = (dst_rank == rank) if pushed == "local" else (dst_rank != rank)
     return torch.where(keep, dst_rank, -1)
 
 
@@ -144,87 +67,87 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, factor=None, dot_rows=None, dot_out=None, only="all", shape=None,  # noqa: ARG001
+    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", shape=None,  # noqa: ARG001
 ) -> None:
-    """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``factor[slot[j]]``
+    """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``weight[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
     rank, of rank ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
-    With ``dot_rows``: ``dot_out[slot[j]] = <dot_rows[j], src row>`` in fp32 (before the factor).
-    ``only`` (``PUSH_ONLY``): push just the rows that stay (``local``) or just those that leave
-    (``remote``); the others are skipped as if their ``dst_rank`` were -1.
+    With ``dot_with``: ``dot_out[slot[j]] = <dot_with[j], src row>`` in fp32 (before the weight).
+    ``pushed`` (``PUSHED_ROWS``): push just the rows that stay (``local``) or just those that
+    leave (``remote``); the others are skipped as if their ``dst_rank`` were -1.
     (A reference: boolean indexing, so it syncs with the host; the Triton kernel does not.)"""
     num = dst_rank.numel()
     if num == 0:
         return
     idx = slot if slot is not None else torch.arange(num, device=src.device)
     values = src[idx // top_k] if slot is not None else src[:num]
-    dst_rank = _only(dst_rank, rank, only)
+    dst_rank = _pushed_ranks(dst_rank, rank, pushed)
     active = dst_rank >= 0
-    if dot_rows is not None:
-        dots = (dot_rows[:num].float() * values.float()).sum(dim=1)
+    if dot_with is not None:
+        dots = (dot_with[:num].float() * values.float()).sum(dim=1)
         dot_out[idx[active]] = dots[active]
-    if factor is not None:
-        values = (values.float() * factor[idx].unsqueeze(1)).to(src.dtype)
+    if weight is not None:
+        values = (values.float() * weight[idx].unsqueeze(1)).to(src.dtype)
     if local_out is not None:
         local = dst_rank == rank
         local_out[dst_row[local]] = values[local]
-    encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
+    encoded = encode_rows(values, rounding, fmt)
     for peer in range(staging.world_size):
         if peer != rank:
-            _store_staged(staging.peer(peer), staging_rows, dst_row, values, encoded, dst_rank == peer, fmt)
+            store_rows(staging.peer(peer), staging_rows, dst_row, values, encoded, dst_rank == peer, fmt)
 
 
 def push_tokens(
-    src, inv, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent, factor=None, dot_rows=None, dot_out=None, carry=None, dot_local=None,
+    src, sorted_row, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
+    top_k, max_tokens, sent, weight=None, weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False,
     shape=None,  # noqa: ARG001
 ) -> None:
     """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
-    (``inv[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
+    (``sorted_row[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
     other rank that owns one of its experts, the token itself (in ``fmt``) goes once into that
     rank's staging buffer at row ``rank * max_tokens + t``, and each of its rows bound there
     writes that staged row into the owner's token map (``token_map``) at its ``dst_row``: the
     owner's ``receive_rows`` reads it through that map (``stage_row``). ``sent`` (int64, one
     element) grows by the rows put on the wire.
-    With ``factor`` (per slot ``t*K+k``, fp32 or the activation dtype): a row that stays is the
-    token times its factor (``push_rows``' arithmetic); a row bound for a peer leaves its factor
-    (as fp32, exact) in the owner's row weights (``row_weights``), which its ``receive_rows``
-    applies (``weight``) to the token as it arrived. With ``dot_rows`` (per sorted row):
-    ``dot_out[t*K+k] = <dot_rows[inv[t*K+k]], src[t]>`` in fp32, as ``push_rows`` computes it.
-    ``carry`` (instead of ``factor``): the same row weights go to the owners, and nothing is
+    With ``weight`` (per slot ``t*K+k``, fp32 or the activation dtype): a row bound for a peer
+    leaves its weight (as fp32, exact) in the owner's row weights (``row_weights``), which its
+    ``receive_rows`` applies (``weight``) to the token as it arrived; with ``weigh_local`` a row
+    that stays is the token times its weight (``push_rows``' arithmetic), else nothing is
     multiplied (dispatch's forward carries the router scores that combine's partial sums apply
-    on the experts' rank). ``dot_local`` (instead of ``dot_rows``; this rank's expert-major
-    rows): ``dot_out[t*K+k] = <dot_local[dst_row], src[t]>`` for the slots whose row stays;
+    on the experts' rank). With ``dot_with`` (per sorted row):
+    ``dot_out[t*K+k] = <dot_with[sorted_row[t*K+k]], src[t]>`` in fp32, as ``push_rows``
+    computes it; with ``dot_with_expert_rows`` ``dot_with`` holds this rank's expert-major rows
+    instead: ``dot_out[t*K+k] = <dot_with[dst_row], src[t]>`` for the slots whose row stays,
     the other slots' entries are left as they are (their owners take theirs as they receive,
     ``receive_rows(dot_with=...)``)."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
-    n = inv[: num_tokens * top_k].view(num_tokens, top_k)
+    n = sorted_row[: num_tokens * top_k].view(num_tokens, top_k)
     owner, row = dst_rank[n], dst_row[n]
     rows_of = src.unsqueeze(1).expand(num_tokens, top_k, dim)
     local = owner == rank
-    if dot_rows is not None:
-        dots = (dot_rows[n.reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
+    if dot_with is not None and not dot_with_expert_rows:
+        dots = (dot_with[n.reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
         dot_out[: num_tokens * top_k] = dots
-    if dot_local is not None:
-        dots = (dot_local[torch.where(local, row, 0).reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
+    if dot_with is not None and dot_with_expert_rows:
+        dots = (dot_with[torch.where(local, row, 0).reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
         flat = dot_out[: num_tokens * top_k]
         flat.copy_(torch.where(local.reshape(-1), dots, flat))
-    weights = factor if factor is not None else carry
-    if weights is not None:
-        weights = weights[: num_tokens * top_k].view(num_tokens, top_k)
-    if factor is not None:
-        rows_of = (rows_of.float() * weights.unsqueeze(2)).to(src.dtype)
+    weights = None
+    if weight is not None:
+        weights = weight[: num_tokens * top_k].view(num_tokens, top_k)
+        if weigh_local:
+            rows_of = (rows_of.float() * weights.unsqueeze(2)).to(src.dtype)
     local_out[row[local]] = rows_of[local]
-    encoded = quantize_reference(src, rounding) if fmt == "mxfp8" else None
+    encoded = encode_rows(src, rounding, fmt)
     staged = rank * max_tokens + torch.arange(num_tokens, device=src.device)
     for peer in range(staging.world_size):
         if peer == rank:
             continue
         bound = owner == peer
         need = bound.any(dim=1)
-        _store_staged(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
+        store_rows(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
         token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
         if weights is not None:
             row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound].float()
@@ -269,26 +192,26 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
         value = src[rows].float() if weight is None else src[rows].float() * weight[rows].unsqueeze(1)
         acc = acc + torch.where(has.unsqueeze(1), value, 0.0)
     values = acc.to(src.dtype)
-    encoded = quantize_reference(values, rounding) if fmt == "mxfp8" else None
+    encoded = encode_rows(values, rounding, fmt)
     staged = rank * max_tokens + slots % max_tokens
     for peer in range(staging.world_size):
         if peer != rank:
-            _store_staged(staging.peer(peer), staging_rows, staged, values, encoded, active & (dest == peer), fmt)
+            store_rows(staging.peer(peer), staging_rows, staged, values, encoded, active & (dest == peer), fmt)
     sent += active.sum()
 
 
-def partial_stage_rows(inv: torch.Tensor, dst_rank: torch.Tensor, rank: int, top_k: int, max_tokens: int) -> torch.Tensor:
+def partial_stage_rows(sorted_row: torch.Tensor, dst_rank: torch.Tensor, rank: int, top_k: int, max_tokens: int) -> torch.Tensor:
     """For ``reduce_slots`` after ``push_partials``: per sorted row ``n``, the staged row of its
     token's partial sum from the row's owner (``owner * max_tokens + token``) when ``n`` is the
     token's first slot (lowest ``k``) on that owner, else -1 (added already, or a row that
     stays). Device ops only."""
-    n = inv.view(-1, top_k)
+    n = sorted_row.view(-1, top_k)
     owner = dst_rank[n]
-    earlier = torch.ones(top_k, top_k, dtype=torch.bool, device=inv.device).tril(-1)
+    earlier = torch.ones(top_k, top_k, dtype=torch.bool, device=sorted_row.device).tril(-1)
     repeat = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).any(dim=2)
-    token = torch.arange(n.shape[0], device=inv.device).unsqueeze(1)
+    token = torch.arange(n.shape[0], device=sorted_row.device).unsqueeze(1)
     value = torch.where((owner != rank) & ~repeat, owner * max_tokens + token, -1)
-    stage_row = torch.empty_like(inv)
+    stage_row = torch.empty_like(sorted_row)
     stage_row[n.reshape(-1)] = value.reshape(-1)
     return stage_row
 
@@ -304,7 +227,7 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
     views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
     remote = (source >= 0) & (source != rank)
     rows = torch.nonzero(remote).squeeze(1)
-    values = _decode(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    values = decode_rows(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
     if dot_with is not None:
         dot_out[rows] = (values.float() * dot_with[rows].float()).sum(dim=1)
     if weight is not None:
@@ -314,14 +237,14 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
 
 
 def reduce_slots(
-    out, inv, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
+    out, sorted_row, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
     weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
     shape=None,  # noqa: ARG001
 ) -> None:
-    """``out[t] = sum_k weight[t*K+k] * v(inv[t*K+k])`` in fp32 (k ascending), where ``v(n)``
+    """``out[t] = sum_k weight[t*K+k] * v(sorted_row[t*K+k])`` in fp32 (k ascending), where ``v(n)``
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else
     row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
-    ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(inv[t*K+k]),
+    ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(sorted_row[t*K+k]),
     dot_with[t]>`` in fp32. ``weigh_staged=False``: a staged row is added as it is (a weighted
     partial sum, ``push_partials(weight=...)``); the weights multiply the rows that stay."""
     num_tokens, dim = out.shape
@@ -329,13 +252,13 @@ def reduce_slots(
     acc = torch.zeros((num_tokens, dim), dtype=torch.float32, device=out.device)
     slots = torch.arange(num_tokens, device=out.device) * top_k
     for k in range(top_k):
-        n = inv[slots + k]
+        n = sorted_row[slots + k]
         is_local = row_rank[n] == rank
         v = local_src[torch.where(is_local, local_row[n], 0)]
         skipped = ~is_local & (stage_row[n] < 0) if stage_row is not None else torch.zeros_like(is_local)
         v[skipped] = 0
         remote = torch.nonzero(~is_local & ~skipped).squeeze(1)
-        v[remote] = _decode(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
+        v[remote] = decode_rows(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
         if save is not None:
             save[n] = v
         if dot_out is not None:
@@ -350,15 +273,15 @@ def reduce_slots(
 
 def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     """Per expert-sorted row ``j`` (of ``N``), from ``routing.RoutingTables``: the rank owning
-    its expert (``dst_rank``), its row there (``dst_row``), and ``inv[slot[j]] = j``."""
+    its expert (``dst_rank``), its row there (``dst_row``), and ``sorted_row[slot[j]] = j``."""
     num, L = slot.numel(), num_local_experts
     expert = expert_ids[slot]
     j = torch.arange(num, device=slot.device)
     dst_rank = expert // L
     dst_row = tables.dst_base[expert] + j - tables.first_row[expert]
-    inv = torch.empty_like(slot)
-    inv[slot] = j
-    return dst_rank, dst_row, inv
+    sorted_row = torch.empty_like(slot)
+    sorted_row[slot] = j
+    return dst_rank, dst_row, sorted_row
 
 
 def expert_row_routing(tables, rank, world, capacity):

@@ -10,11 +10,15 @@ Two dispatcher classes, one per 0.3.0 parent whose expert-side layout they keep:
   grouped-GEMM converters swap in): every local expert's segment padded to ``pad_multiple``.
 
 Both take ``a2a`` (``mxfp8_ep.config.A2AConfig``: each leg's wire format, scale rounding,
-kernel and transport). The transport is resolved once the EP mesh is known (``wire_meshes``):
+kernel and transport). The transport is resolved once the EP mesh is known (``wire_meshes``),
+and each transport takes the path it takes under torchtitan 0.2.2 (``mxfp8_ep.titan022``):
 
-* ``nccl``: 0.3.0's own dispatch / combine (local reorder, permute, score + scatter-add) with
-  only the two token exchanges replaced by ``mxfp8_ep.all_to_all.all_to_all_v``, which sends
-  each leg as bf16 or MXFP8. With bf16 legs this is the parent class bit for bit.
+* ``nccl`` with every leg bf16: 0.3.0's own dispatch / combine (local reorder, permute, score +
+  scatter-add), the parent class bit for bit; its two token exchanges go through
+  ``mxfp8_ep.all_to_all.all_to_all_v``, which counts their bytes (``wire_stats``).
+* ``nccl`` with a quantized leg: ``mxfp8_ep.dispatcher.FusedNcclTokenDispatcher`` (quantizing
+  fused into the push of each leg's rows, payload and scales in one all-to-all, dequantizing
+  fused into the receiving pass and the fp32 top-k reduction).
 * ``symm``: ``mxfp8_ep.dispatcher.SymmTokenDispatcher`` (sync-free peer-memory push on one
   node). Like 0.3.0's MinimalAsyncEP it hands the experts a fixed-capacity buffer whose rows past
   the last expert segment are unused; it reduces each token's top-k outputs in fp32.
@@ -32,12 +36,13 @@ library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is insta
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.dispatcher import TokenDispatcher, dispatcher_for, resolve_transport
 
 try:
     from torchtitan.config.override import derive, override
@@ -51,7 +56,7 @@ try:
 except ImportError as e:  # torchtitan 0.2.2 (or none): no token-dispatcher seam
     try:
         found = f"torchtitan {version('torchtitan')}"
-    except Exception:
+    except PackageNotFoundError:
         found = "no torchtitan"
     raise ImportError(
         f"mxfp8_ep.titan030 adapts the dispatcher to torchtitan 0.3.0's token dispatchers, but "
@@ -67,63 +72,55 @@ NO_EP_MESSAGE = (
 
 
 class _ExchangeLegs:
-    """What both dispatcher classes add to their 0.3.0 parent: the token exchanges in the
-    formats of ``a2a``, and the symm transport. Put before the parent in the bases."""
+    """What both dispatcher classes add to their 0.3.0 parent: our dispatcher for the transport
+    ``a2a`` resolves to, except nccl with every leg bf16, which stays the parent's own path
+    (its exchanges counted in ``wire_stats``). Put before the parent in the bases."""
 
-    # The symm transport pads each local expert's segment to this (PaddedA2A: pad_multiple).
-    symm_pad_multiple = 1
+    # Our dispatcher pads each local expert's segment to this (PaddedA2A: pad_multiple).
+    segment_pad_multiple = 1
 
     def __init__(self, config):
         super().__init__(config)
         self.a2a: A2AConfig = config.a2a
         self.max_tokens_per_rank: int | None = config.max_tokens_per_rank
         self.transport: str | None = None  # resolved in wire_meshes
-        self._symm = None
+        self._ours = None  # our dispatcher, unless the parent's path serves (nccl, bf16 legs)
 
     def wire_meshes(self, *, ep_mesh) -> None:
         if ep_mesh is None:
             raise ValueError(NO_EP_MESSAGE)
         super().wire_meshes(ep_mesh=ep_mesh)
-        from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher, resolve_transport
-
         group = ep_mesh.get_group()
         device = torch.device(ep_mesh.device_type)
         if device.type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
         self.transport = resolve_transport(self.a2a.transport, device, group)
-        if self.transport == "symm":
+        if self.transport != "nccl" or self.a2a.any_quantized:
             config = TokenDispatcher.Config(
                 num_experts=self.num_experts, top_k=self.top_k, a2a=self.a2a,
-                pad_multiple=self.symm_pad_multiple, max_tokens_per_rank=self.max_tokens_per_rank,
+                pad_multiple=self.segment_pad_multiple, max_tokens_per_rank=self.max_tokens_per_rank,
             )
-            self._symm = SymmTokenDispatcher(config, group)
+            self._ours = dispatcher_for(config, self.transport, group)
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E):  # noqa: N803
         if self.ep_mesh is None:  # EP=1 without TP: 0.3.0 never calls wire_meshes
             raise ValueError(NO_EP_MESSAGE)
-        if self._symm is None:
+        if self._ours is None:
             return super().dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
-        return self._symm.dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
+        return self._ours.dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
 
     def combine(self, routed_output_RD, metadata, x_TD):  # noqa: N803
-        if self._symm is None:
+        if self._ours is None:
             return super().combine(routed_output_RD, metadata, x_TD)
-        return self._symm.combine(routed_output_RD, metadata)
+        return self._ours.combine(routed_output_RD, metadata)
+
+    # The parent's path (nccl, every leg bf16): its exchanges, with their bytes counted.
 
     def _dispatch_token_exchange(self, routed_input_ND, pg, output_splits, input_splits):  # noqa: N803
-        return self._exchange(routed_input_ND, output_splits, input_splits, pg, ("dispatch_fwd", "dispatch_bwd"))
+        return all_to_all_v(routed_input_ND, output_splits, input_splits, pg, legs=("dispatch_fwd", "dispatch_bwd"))
 
     def _combine_token_exchange(self, routed_output_RD, pg, input_splits, output_splits):  # noqa: N803
-        return self._exchange(routed_output_RD, input_splits, output_splits, pg, ("combine_fwd", "combine_bwd"))
-
-    def _exchange(self, rows, output_splits, input_splits, pg, legs: tuple[str, str]):
-        """0.3.0's all-to-all of ``rows`` (its split lists, its process group), with the forward
-        and backward legs in the formats ``a2a`` gives ``legs``."""
-        fwd, bwd = (getattr(self.a2a, leg) for leg in legs)
-        return all_to_all_v(
-            rows, output_splits, input_splits, pg, forward_format=fwd, backward_format=bwd,
-            rounding=self.a2a.scale_rounding, kernel=self.a2a.kernel, legs=legs,
-        )
+        return all_to_all_v(routed_output_RD, input_splits, output_splits, pg, legs=("combine_fwd", "combine_bwd"))
 
 
 class A2ATokenDispatcher(_ExchangeLegs, AllToAllTokenDispatcher):
@@ -148,7 +145,7 @@ class PaddedA2ATokenDispatcher(_ExchangeLegs, TorchAOTokenDispatcher):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self.symm_pad_multiple = config.pad_multiple
+        self.segment_pad_multiple = config.pad_multiple
 
 
 class ValidRowGroupedExperts(GroupedExperts):

@@ -1,4 +1,8 @@
-"""MXFP8 quantize / dequantize as Triton kernels, bit-identical to ``format.py``'s reference.
+"""The wire formats in Triton: MXFP8 quantize / dequantize kernels, bit-identical to
+``mxfp8.py``'s reference, and the in-register code with which the push transports' kernels
+(``symm_kernels``) encode and decode rows of any format (``_encode_groups``,
+``_decode_groups``, ``_packed_offsets``, ``_store_encoded``, ``_load_decoded``), chosen by the
+format's kernel constants (``WireFormat.kernel_constants``).
 
 Built for Hopper and up without the ``cvt ... .ue8m0x2`` instruction (ptxas rejects it for
 sm_90a): the e8m0 byte comes from integer work on the fp32 bits of ``amax / 448``, and e4m3
@@ -23,10 +27,16 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.format import BLOCK_SIZE, MXFP8Tensor, check_quantizable, check_rounding
+from mxfp8_ep.mxfp8 import BLOCK_SIZE, MXFP8Tensor, check_quantizable, check_rounding
+from mxfp8_ep.wire_format import ELEMENT_E4M3, SCALE_E8M0
 
 _RCEIL = 0
 _FLOOR = 1
+# The kernel constants of WireFormat (``ELEMENT``, ``SCALE``) the kernels compare against.
+_E4M3 = tl.constexpr(ELEMENT_E4M3)
+_E8M0 = tl.constexpr(SCALE_E8M0)
+# MXFP8: elements per e8m0 scale.
+_MX_BLOCK = tl.constexpr(BLOCK_SIZE)
 # 1.5 * 2**23: adding and subtracting it rounds an fp32 |t| < 2**22 to an integer, ties to even.
 _RNE_MAGIC = tl.constexpr(12582912.0)
 # Hardware float conversions when compiled for a GPU; integer bit-building in the interpreter.
@@ -99,20 +109,20 @@ def _bf16_bits(v):
 @triton.jit
 def _tile_offsets(M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """This program's [BLOCK_M, BLOCK_K] element tile of a row-major [M, K] tensor and the
-    matching [BLOCK_M, BLOCK_K // 32] tile of its [M, K // 32] scales: offsets and masks."""
+    matching [BLOCK_M, BLOCK_K // 32] tile of its [M, K // 32] MXFP8 scales: offsets and masks."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    groups = tl.program_id(1) * (BLOCK_K // 32) + tl.arange(0, BLOCK_K // 32)
+    groups = tl.program_id(1) * (BLOCK_K // _MX_BLOCK) + tl.arange(0, BLOCK_K // _MX_BLOCK)
     row_ok = rows[:, None] < M
     offs = rows[:, None].to(tl.int64) * K + cols[None, :]
-    soffs = rows[:, None].to(tl.int64) * (K // 32) + groups[None, :]
-    return offs, row_ok & (cols[None, :] < K), soffs, row_ok & (groups[None, :] < K // 32)
+    soffs = rows[:, None].to(tl.int64) * (K // _MX_BLOCK) + groups[None, :]
+    return offs, row_ok & (cols[None, :] < K), soffs, row_ok & (groups[None, :] < K // _MX_BLOCK)
 
 
 @triton.jit
 def _quantize_groups(x3, ROUNDING: tl.constexpr):
-    """Quantize fp32 ``[..., G, 32]`` blocks: e4m3 bytes (int32, same shape) and e8m0 scale
-    bytes (int32, ``[..., G]``), bit-identical to ``format.quantize_reference``."""
+    """Quantize fp32 ``[..., G, 32]`` blocks to MXFP8: e4m3 bytes (int32, same shape) and e8m0
+    scale bytes (int32, ``[..., G]``), bit-identical to ``mxfp8.quantize_reference``."""
     # One integer max over |x|'s bits: non-negative floats order as their bits do, and every
     # NaN's bits lie above inf's (tl.max over floats would drop NaN on GPU).
     amax_bits = tl.max(x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
@@ -194,18 +204,71 @@ def _dequantize_groups(data, byte):
     return value * scale[:, :, None]
 
 
+# The formats' in-register code. A quantized row in a staging buffer is packed: its D element
+# bytes, then its D // GROUP scale bytes (``WireFormat.row_bytes``). Tiles are
+# [rows, BLOCK_D // GROUP, GROUP]: one scale block per innermost row.
+
+
+@triton.jit
+def _encode_groups(x3, ELEMENT: tl.constexpr, SCALE: tl.constexpr, ROUNDING: tl.constexpr):
+    """fp32 ``[..., G, GROUP]`` blocks in a quantized wire format: element codes (int32, same
+    shape) and scale codes (int32, ``[..., G]``). ``ROUNDING``: how MXFP8 picks its scales."""
+    tl.static_assert(ELEMENT == _E4M3, "the quantized formats have e4m3 elements")
+    tl.static_assert(SCALE == _E8M0, "the quantized formats have e8m0 scales")
+    return _quantize_groups(x3, ROUNDING)
+
+
+@triton.jit
+def _decode_groups(elements, scales, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Element codes ``[..., G, GROUP]`` and scale codes ``[..., G]`` (int32) -> exact fp32."""
+    tl.static_assert(ELEMENT == _E4M3, "the quantized formats have e4m3 elements")
+    tl.static_assert(SCALE == _E8M0, "the quantized formats have e8m0 scales")
+    return _dequantize_groups(elements, scales)
+
+
+@triton.jit
+def _packed_offsets(rows, cols, start, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr,
+                    ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Byte offsets of a tile in a packed staging buffer: the element bytes [rows, BLOCK_D //
+    GROUP, GROUP], the scale bytes [rows, BLOCK_D // GROUP], and which scales exist."""
+    tl.static_assert(ELEMENT == _E4M3, "one byte per element")
+    tl.static_assert(SCALE == _E8M0, "one byte per scale")
+    base = rows.to(tl.int64) * (D + D // GROUP)
+    groups = start // GROUP + tl.arange(0, BLOCK_D // GROUP)
+    return base[:, None, None] + cols, base[:, None] + D + groups[None, :], (groups < D // GROUP)[None, :]
+
+
+@triton.jit
+def _store_encoded(ptr, element_delta, scale_delta, element_offsets, scale_offsets, elements, scales, mask,
+                   scale_mask, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Encoded elements and scales (``_encode_groups``) at ``ptr`` plus a delta (a peer's
+    buffer) plus their byte offsets (``_packed_offsets``)."""
+    tl.static_assert(ELEMENT == _E4M3, "one byte per element")
+    tl.static_assert(SCALE == _E8M0, "one byte per scale")
+    tl.store(ptr + element_delta + element_offsets, elements.to(tl.uint8), mask=mask)
+    tl.store(ptr + scale_delta + scale_offsets, scales.to(tl.uint8), mask=scale_mask)
+
+
+@triton.jit
+def _load_decoded(ptr, element_offsets, scale_offsets, mask, scale_mask, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Packed rows' elements and scales (at ``ptr`` plus ``_packed_offsets``) decoded to exact fp32."""
+    elements = tl.load(ptr + element_offsets, mask=mask, other=0).to(tl.int32)
+    scales = tl.load(ptr + scale_offsets, mask=scale_mask, other=127).to(tl.int32)
+    return _decode_groups(elements, scales, ELEMENT, SCALE)
+
+
 @triton.jit
 def _quantize_kernel(
     x_ptr, data_ptr, scale_ptr, M, K,
     IN_BF16: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    GROUPS: tl.constexpr = BLOCK_K // 32
+    GROUPS: tl.constexpr = BLOCK_K // _MX_BLOCK
     offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
     if IN_BF16:
         x = _bf16_bits_to_fp32(tl.load(x_ptr + offs, mask=mask, other=0))
     else:
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    e4m3, byte = _quantize_groups(tl.reshape(x, (BLOCK_M, GROUPS, 32)), ROUNDING)
+    e4m3, byte = _quantize_groups(tl.reshape(x, (BLOCK_M, GROUPS, _MX_BLOCK)), ROUNDING)
     data = tl.reshape(e4m3, (BLOCK_M, BLOCK_K))
     tl.store(data_ptr + offs, data.to(tl.uint8), mask=mask)
     tl.store(scale_ptr + soffs, byte.to(tl.uint8), mask=smask)
@@ -216,15 +279,20 @@ def _dequantize_kernel(
     data_ptr, scale_ptr, out_ptr, M, K,
     OUT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    GROUPS: tl.constexpr = BLOCK_K // 32
+    GROUPS: tl.constexpr = BLOCK_K // _MX_BLOCK
     offs, mask, soffs, smask = _tile_offsets(M, K, BLOCK_M, BLOCK_K)
-    data = tl.reshape(tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32), (BLOCK_M, GROUPS, 32))
+    data = tl.reshape(tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32), (BLOCK_M, GROUPS, _MX_BLOCK))
     byte = tl.load(scale_ptr + soffs, mask=smask, other=127).to(tl.int32)
     out = tl.reshape(_dequantize_groups(data, byte), (BLOCK_M, BLOCK_K))
     if OUT_BF16:
         tl.store(out_ptr + offs, _bf16_bits(out).to(tl.int16), mask=mask)
     else:
         tl.store(out_ptr + offs, tl.where(out != out, float("nan"), out), mask=mask)
+
+
+def rounding_code(rounding: str) -> int:
+    """The kernels' ``ROUNDING`` for an MXFP8 scale rounding (``rceil`` or ``floor``)."""
+    return _RCEIL if rounding == "rceil" else _FLOOR
 
 
 def _grid_blocks(K: int) -> tuple[int, int]:
@@ -247,7 +315,7 @@ def quantize_triton(x: torch.Tensor, rounding: str = "rceil") -> MXFP8Tensor:
             x2.view(torch.int16) if x.dtype == torch.bfloat16 else x2,
             data.view(torch.uint8), scale, M, K,
             IN_BF16=x.dtype == torch.bfloat16,
-            ROUNDING=_RCEIL if rounding == "rceil" else _FLOOR, BLOCK_M=block_m, BLOCK_K=block_k,
+            ROUNDING=rounding_code(rounding), BLOCK_M=block_m, BLOCK_K=block_k,
         )
     return MXFP8Tensor(data.reshape(shape), scale.reshape(*shape[:-1], K // BLOCK_SIZE))
 

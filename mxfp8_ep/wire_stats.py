@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from mxfp8_ep.format import BLOCK_SIZE
+from mxfp8_ep.wire_format import WireFormat
 
 _lock = threading.Lock()
 _bytes: Counter[str] = Counter()
@@ -21,9 +21,9 @@ _device_bytes: dict[str, torch.Tensor] = {}
 
 
 def row_bytes(dim: int, itemsize: int, fmt: str) -> int:
-    """Bytes one row of ``dim`` elements takes on the wire: e4m3 + e8m0 scales for ``mxfp8``,
-    the activation dtype's ``itemsize`` otherwise."""
-    return dim + dim // BLOCK_SIZE if fmt == "mxfp8" else dim * itemsize
+    """Bytes one row of ``dim`` elements takes on the wire in format ``fmt``
+    (``WireFormat.row_bytes``; ``itemsize``: the activation dtype's)."""
+    return WireFormat(fmt).row_bytes(dim, itemsize)
 
 
 # Under torch.compile this host-side counter runs eagerly (a deliberate graph break): a

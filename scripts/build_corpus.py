@@ -8,7 +8,7 @@ train / validation, plus a byte-level BPE tokenizer trained on the train split.
 Why these packages: they install from Debian's archive (which the machines reach; nothing
 else is downloaded), they are long-form English prose about software (the domain of the
 people who train with this recipe), their licences allow redistribution and derived works,
-and together they give ~80 MB of text, so a 3,000-step study reads each token at most once.
+and together they give ~67 MB of text, so a 3,000-step study reads each token at most once.
 
 ==================  ==========================================  =================================
 package             what                                        licence (see licenses/<package>)

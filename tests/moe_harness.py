@@ -126,8 +126,8 @@ def build_reference(spec: LayerSpec, device="cpu"):
 
 def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
     """A copy of ``reference`` whose experts are this rank's slice and whose forward goes
-    through ``dispatcher`` (``mxfp8_ep.expert_parallel.dispatcher_moe_forward``)."""
-    from mxfp8_ep.expert_parallel import ExpertParallelPlan
+    through ``dispatcher`` (``mxfp8_ep.titan022.dispatcher_moe_forward``)."""
+    from mxfp8_ep.titan022 import ExpertParallelPlan
 
     L = dispatcher.num_local_experts
     ep = copy.deepcopy(reference)
@@ -146,13 +146,13 @@ def build_ep_layer(reference, spec: LayerSpec, dispatcher, rank: int):
 
 
 def ep_forward(moe, x):
-    from mxfp8_ep.expert_parallel import dispatcher_moe_forward
+    from mxfp8_ep.titan022 import dispatcher_moe_forward
 
     return dispatcher_moe_forward(moe, x)
 
 
 def reference_forward(moe, x):
-    from mxfp8_ep.expert_parallel import _ORIGINAL
+    from mxfp8_ep.titan022 import _ORIGINAL
     from torchtitan.models.moe.moe import MoE
 
     # torchtitan's forward even where install_expert_parallel patched MoE.forward.
@@ -255,7 +255,7 @@ class _PartialCombine(torch.autograd.Function):
 
 def _round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
     """``rows`` through one MXFP8 quantize + dequantize (the format reference)."""
-    from mxfp8_ep.format import dequantize_reference, quantize_reference
+    from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
 
     return dequantize_reference(quantize_reference(rows, rounding), rows.dtype)
 
@@ -373,7 +373,7 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     library's do not). Several layers: ``run_stack``."""
     seen = {"host_waits": []}
 
-    def on_router(module, args, outputs):
+    def on_router(_module, args, outputs):
         seen["ids"] = outputs[1]
         seen["tokens"], seen["top_scores"] = args[0].detach(), outputs[0].detach()
         seen["top_scores_live"] = outputs[0]
@@ -386,11 +386,11 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
             return fmt
         return _scored_tokens(tokens, seen["ids"], seen["top_scores"], legs.a2a.scale_rounding)
 
-    def on_experts(module, args, output):
+    def on_experts(_module, args, output):
         seen["rows_out"] = output.detach()
         args[0].register_hook(lambda g: seen.__setitem__("rows_grad", g))
 
-    def dispatch_legs(module, args):
+    def dispatch_legs(_module, args):
         a2a, seen["crossing"] = legs.a2a, crossing_rows(seen["ids"], legs.rank, legs.num_local)
         fwd = scored(a2a.dispatch_fwd, seen["tokens"]) if moe.score_before_experts else a2a.dispatch_fwd
         bwd = a2a.dispatch_bwd
@@ -399,7 +399,7 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
             bwd = lambda grad: _partial_sums(grad, crossing, ids, legs.num_local, a2a.scale_rounding)  # noqa: E731
         return (_Leg.apply(args[0], seen["crossing"], fwd, bwd, a2a.scale_rounding), *args[1:])
 
-    def combine_legs(module, args, output):
+    def combine_legs(_module, _args, output):
         a2a = legs.a2a
         # The experts' output gradient is the layer's (torchtitan adds the shared experts'
         # output to the combined one) times each row's score.
@@ -512,7 +512,7 @@ def preload(titan: bool = True) -> None:
     """Import what the ranks use (torchtitan's MoE alone takes seconds), so forked ranks
     inherit it instead of importing it once per rank."""
     import mxfp8_ep.dispatcher  # noqa: F401
-    import mxfp8_ep.expert_parallel  # noqa: F401
+    import mxfp8_ep.titan022  # noqa: F401
 
     if titan:
         import torchtitan.models.moe.moe  # noqa: F401

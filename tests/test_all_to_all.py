@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mxfp8_ep import wire_stats
 from mxfp8_ep.all_to_all import all_to_all_v
-from mxfp8_ep.format import dequantize_reference, quantize_reference
+from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
 from tests.distributed import backends, rank_device, run_on_ranks
 
 K = 64
@@ -122,13 +122,24 @@ def test_all_to_all_v_fuzz(world, backend):
     run_on_ranks(world, _check, matrices, backend=backend)
 
 
-def test_fuzz_covers_at_least_200_split_matrices():
-    assert sum(EXAMPLES.values()) >= 200
-    drawn = hypothesis_split_matrices(2, EXAMPLES[2])
-    assert any(all(v == 0 for r in m for v in r) for m in drawn) or any(0 in r for m in drawn for r in m)
+def test_fuzz_draws_what_it_is_asked_for_and_meets_the_boundaries():
+    """Each world's draw has the requested number of distinct well-formed matrices, and with the
+    extremes the fuzz meets: a rank that sends nothing, a rank that receives nothing, a zero
+    split beside nonzero ones, rows only to itself, and an all-zero exchange."""
+    for world, n in EXAMPLES.items():
+        drawn = hypothesis_split_matrices(world, n)
+        assert len(drawn) == n and len({str(m) for m in drawn}) == n, world
+        assert all(len(m) == world and all(len(r) == world and min(r) >= 0 for r in m) for m in drawn), world
+        assert any(0 in r and max(r) > 0 for m in drawn for r in m), world
+        every = drawn + extreme_split_matrices(world)
+        assert any(any(sum(r) == 0 for r in m) and any(sum(r) for r in m) for m in every), world  # a silent sender
+        assert any(any(sum(col) == 0 for col in zip(*m)) and any(sum(col) for col in zip(*m)) for m in every), world
+        assert any(all(v == 0 for i, r in enumerate(m) for j, v in enumerate(r) if i != j) and sum(map(sum, m))
+                   for m in every), world  # rows only to itself
+        assert any(sum(map(sum, m)) == 0 for m in every), world
 
 
-def _check_errors(rank, world):
+def _check_errors(rank, _world):
     group = dist.group.WORLD
     bad = torch.randn(4, 40)
     # Every rank raises before any collective starts, so nobody is left waiting.
@@ -157,7 +168,7 @@ def test_all_to_all_v_errors_and_non_finite():
     run_on_ranks(2, _check_errors)
 
 
-def _check_compiled(rank, world):
+def _check_compiled(rank, _world):
     lin = torch.nn.Linear(K, K)
 
     def block(x, output_splits, input_splits):

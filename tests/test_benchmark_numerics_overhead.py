@@ -14,7 +14,7 @@ from launch.run_summary import RunSummary
 def test_arms_in_turn_and_the_overhead_of_their_means(tmp_path, monkeypatch):
     runs = []
 
-    def fake_run(overrides, every, run_dir):
+    def fake_run(_overrides, every, run_dir):
         runs.append((every, run_dir.name))
         step_time = {0: [1.0, 1.2], 5: [1.05, 1.21]}[every][len([r for r in runs if r[0] == every]) - 1]
         return RunSummary(run_name="r", experiment="e", a2a="mxfp8", a2a_legs={}, model="m", model_flavor="f",

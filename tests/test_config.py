@@ -80,7 +80,7 @@ def test_a2a_options_are_the_library_presets(preset):
 def test_block_size_is_the_formats():
     """validate.py reads the block size from the torch-free config module; the format's own
     constant must not drift from it."""
-    from mxfp8_ep.format import BLOCK_SIZE as FORMAT_BLOCK_SIZE
+    from mxfp8_ep.mxfp8 import BLOCK_SIZE as FORMAT_BLOCK_SIZE
 
     assert BLOCK_SIZE == FORMAT_BLOCK_SIZE == 32
 

@@ -75,7 +75,7 @@ def _run(dispatcher, x, scores, ids, counts, sync_check: bool):
     return routed.detach(), per_expert, out.detach(), x.grad, scores.grad
 
 
-def _check(rank, world):
+def _check(rank, _world):
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import SymmTokenDispatcher, TokenDispatcher
 
@@ -117,7 +117,7 @@ def _moe_with_side_stream(rank, world):
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel, install_expert_parallel
+    from mxfp8_ep.titan022 import DispatcherExpertParallel, install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     device = torch.device("cuda", rank)
@@ -165,7 +165,7 @@ def test_shared_experts_on_a_side_stream_change_no_parameter_bit():
     run_on_ranks(WORLD, _moe_with_side_stream, backend="nccl")
 
 
-def _check_fused_nccl(rank, world):
+def _check_fused_nccl(rank, _world):
     from mxfp8_ep.config import A2AConfig
     from mxfp8_ep.dispatcher import FusedNcclTokenDispatcher, SymmTokenDispatcher, TokenDispatcher
 

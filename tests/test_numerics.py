@@ -120,7 +120,7 @@ def test_unarmed_probe_does_nothing_and_armed_probe_never_syncs():
     assert torch.equal(stats.values, want.values)
 
 
-def _reduce(rank, world):
+def _reduce(rank, _world):
     """Rank r holds crafted row r: summed over ranks they are both rows; the range widens."""
     setup_rank()
     mine = LegStats.of_rows(crafted_rows()[rank : rank + 1], "floor")

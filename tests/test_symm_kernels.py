@@ -4,7 +4,7 @@ memory is the CPU emulation (shared-memory files). On CPU the kernels run under 
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU). On a GPU machine
 the same tests run the compiled kernels on CUDA tensors, the dispatcher's ranks sharing GPU 0
 (``tests.shared_gpu``: CUDA IPC peers, a host barrier), and tests/test_dispatcher_gpu.py runs
-the comparison again at real shapes on NCCL and symmetric memory when 2 GPUs are lent.
+the comparison again at real shapes on NCCL and symmetric memory on 2 GPUs.
 
 One routing per case, run twice on every rank (``kernel="torch"``, then ``kernel="triton"``):
 dispatch -> a stand-in expert (each expert-major row times its own constant) -> combine ->
@@ -201,33 +201,33 @@ def test_triton_kernels_equal_torch_twins(world):
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
 def test_push_rows_only_pushes_the_rows_it_names(fmt):
-    """``push_rows(only=...)``: ``local`` stores only the rows that stay, ``remote`` only those
+    """``push_rows(pushed=...)``: ``local`` stores only the rows that stay, ``remote`` only those
     that leave, ``all`` both; kernel and twin give the same bytes; anything else is an error."""
     from mxfp8_ep import symm_kernels, symm_reference
     from mxfp8_ep.peer_memory import LocalBuffer
-    from mxfp8_ep.symm_reference import staging_nbytes
+    from mxfp8_ep.staging import staging_nbytes
 
     g = torch.Generator().manual_seed(3)
     src = torch.randn(6, 64, generator=g).bfloat16().to(DEVICE)
     dst_rank = torch.tensor([0, 1, 0, -1, 1, 0], device=DEVICE)  # this is rank 0; -1: pushed nowhere
     dst_row = torch.tensor([0, 0, 1, 0, 1, 2], device=DEVICE)
-    pushed = {}
-    for only in ("all", "local", "remote"):
+    results = {}
+    for pushed in ("all", "local", "remote"):
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
             out = torch.zeros(3, 64, dtype=torch.bfloat16, device=DEVICE)
             stage = LocalBuffer(torch.zeros(staging_nbytes(2, 64, torch.bfloat16), dtype=torch.uint8, device=DEVICE), 2)
-            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", only=only)
-            pushed[only, name] = (out, stage.local.clone())
-        (out, staged), (ref_out, ref_staged) = pushed[only, "triton"], pushed[only, "torch"]
-        assert torch.equal(bits(out), bits(ref_out)) and torch.equal(staged, ref_staged), only
-        assert bool(out.any()) == (only != "remote") and bool(staged.any()) == (only != "local"), only
-        if only == "local":
+            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", pushed=pushed)
+            results[pushed, name] = (out, stage.local.clone())
+        (out, staged), (ref_out, ref_staged) = results[pushed, "triton"], results[pushed, "torch"]
+        assert torch.equal(bits(out), bits(ref_out)) and torch.equal(staged, ref_staged), pushed
+        assert bool(out.any()) == (pushed != "remote") and bool(staged.any()) == (pushed != "local"), pushed
+        if pushed == "local":
             assert torch.equal(bits(out), bits(src[[0, 2, 5]]))
-    assert torch.equal(pushed["all", "torch"][0], pushed["local", "torch"][0])
-    assert torch.equal(pushed["all", "torch"][1], pushed["remote", "torch"][1])
+    assert torch.equal(results["all", "torch"][0], results["local", "torch"][0])
+    assert torch.equal(results["all", "torch"][1], results["remote", "torch"][1])
     for kernels in (symm_kernels, symm_reference):
-        with pytest.raises(ValueError, match="only="):
-            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", only="stay")
+        with pytest.raises(ValueError, match="pushed="):
+            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", pushed="stay")
 
 
 def test_routing_tables_kernel_equals_its_twin():
@@ -284,8 +284,15 @@ def check_push_tokens(device) -> int:
 
     Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.format import quantize_reference
-    from mxfp8_ep.symm_reference import row_weights, staging_buffer_nbytes, staging_views, token_map, token_map_offset
+    from mxfp8_ep.mxfp8 import quantize_reference
+    from mxfp8_ep.staging import (
+        decode_rows,
+        row_weights,
+        staging_buffer_nbytes,
+        staging_views,
+        token_map,
+        token_map_offset,
+    )
 
     g = torch.Generator().manual_seed(17)
     checked = 0
@@ -303,7 +310,7 @@ def check_push_tokens(device) -> int:
                 dst_row = torch.zeros_like(owner)
                 for r in range(world):
                     dst_row[owner == r] = torch.arange(int((owner == r).sum()))
-                inv = torch.arange(owner.numel())
+                sorted_row = torch.arange(owner.numel())
                 capacity, rows = tokens * top_k, world * max_tokens
                 offset = token_map_offset(rows, dim, dtype)
                 mode = ("plain", "rows", "carry", "local")[checked % 4]
@@ -321,12 +328,13 @@ def check_push_tokens(device) -> int:
                     dots = torch.full((tokens * top_k,), float("nan"), device=device)
                     extra = {}
                     if mode == "rows":
-                        extra = dict(factor=factor.to(device), dot_rows=saved.to(device), dot_out=dots)
+                        extra = dict(weight=factor.to(device), dot_with=saved.to(device), dot_out=dots)
                     elif mode == "carry":
-                        extra = dict(carry=factor.to(device))
+                        extra = dict(weight=factor.to(device), weigh_local=False)
                     elif mode == "local":
-                        extra = dict(factor=factor.to(device), dot_local=saved.to(device), dot_out=dots)
-                    kernels.push_tokens(x.to(device), inv.to(device), owner.to(device), dst_row.to(device), out, peers,
+                        extra = dict(weight=factor.to(device), dot_with=saved.to(device), dot_out=dots,
+                                     dot_with_expert_rows=True)
+                    kernels.push_tokens(x.to(device), sorted_row.to(device), owner.to(device), dst_row.to(device), out, peers,
                                         rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent, **extra)
                     result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers, dots.cpu())
                 (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = result["triton"], result["torch"]
@@ -387,8 +395,8 @@ def check_push_tokens(device) -> int:
                     assert torch.equal(bits(got), bits(ref_got)), where
                     want = x[token_of[mine]]
                     if fmt == "mxfp8":
-                        want = symm_reference._decode(staging_views(bufs[d], rows, dim, dtype, fmt),
-                                                      rank * max_tokens + token_of[mine], dtype, fmt)
+                        want = decode_rows(staging_views(bufs[d], rows, dim, dtype, fmt),
+                                           rank * max_tokens + token_of[mine], dtype, fmt)
                     arrived = want
                     if weighted:  # the score multiplies the token as it arrived (dequantized)
                         want = (want.float() * factor[mine].unsqueeze(1)).to(dtype)
@@ -430,8 +438,9 @@ def check_push_partials(device) -> int:
     and tokens without rows here send nothing. Every other case is weighted (combine's forward):
     each row times its fp32 weight. Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.format import quantize_reference
-    from mxfp8_ep.symm_reference import partial_slots, staging_views
+    from mxfp8_ep.mxfp8 import quantize_reference
+    from mxfp8_ep.staging import staging_nbytes, staging_views
+    from mxfp8_ep.symm_reference import partial_slots
 
     g = torch.Generator().manual_seed(23)
     checked = 0
@@ -449,7 +458,7 @@ def check_push_partials(device) -> int:
             order, start = partial_slots(row_slot.to(device), num_slots)
             result = {}
             for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-                peers = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, rank, device)
+                peers = OneProcessPeers(staging_nbytes(num_slots, dim, dtype), world, rank, device)
                 sent = torch.zeros(1, dtype=torch.int64, device=device)
                 kernels.push_partials(src.to(device), order, start, peers, num_slots, rank, fmt, "rceil",
                                       max_rows, max_tokens, sent, weight=None if weight is None else weight.to(device))
@@ -490,7 +499,7 @@ def test_push_partials_sends_one_sum_per_token_and_rank():
 def test_partial_stage_rows_name_each_owner_once_per_token():
     from mxfp8_ep.symm_reference import partial_stage_rows
 
-    # 3 tokens x top-4 on rank 1 of 3; max_tokens 5. Sorted row n = slot n here (inv = identity).
+    # 3 tokens x top-4 on rank 1 of 3; max_tokens 5. Sorted row n = slot n here (sorted_row = identity).
     owner = torch.tensor([[0, 2, 0, 1], [1, 1, 1, 1], [2, 2, 0, 2]])
     got = partial_stage_rows(torch.arange(12), owner.reshape(-1), rank=1, top_k=4, max_tokens=5).view(3, 4)
     assert got.tolist() == [[0 * 5 + 0, 2 * 5 + 0, -1, -1], [-1, -1, -1, -1], [2 * 5 + 2, -1, 0 * 5 + 2, -1]]
@@ -506,6 +515,7 @@ def check_partial_round_trip(device) -> int:
     kept (``reduce_slots(weigh_staged=False)``), against the fp64 sum of score times row.
     Returns the cases checked."""
     from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.staging import staging_nbytes
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
     g = torch.Generator().manual_seed(29)
@@ -526,7 +536,7 @@ def check_partial_round_trip(device) -> int:
         row_weight = [torch.tensor([float(scores[s][t, k]) for s, t, k in held[r]]) for r in range(world)]
         result = {}
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
-            shared = OneProcessPeers(symm_reference.staging_nbytes(num_slots, dim, dtype), world, 0, device)
+            shared = OneProcessPeers(staging_nbytes(num_slots, dim, dtype), world, 0, device)
             views = []
             for r in range(world):
                 peers = shared.seen_from(r)
@@ -543,10 +553,10 @@ def check_partial_round_trip(device) -> int:
                 dst_rank = owner[d].reshape(-1)
                 dst_row = torch.tensor([held[d].index((d, n // top_k, n % top_k)) if dst_rank[n] == d else 0
                                         for n in range(tokens * top_k)], dtype=torch.int64)
-                inv = torch.arange(tokens * top_k)
-                stage_row = partial_stage_rows(inv.to(device), dst_rank.to(device), d, top_k, max_tokens)
+                sorted_row = torch.arange(tokens * top_k)
+                stage_row = partial_stage_rows(sorted_row.to(device), dst_rank.to(device), d, top_k, max_tokens)
                 out = torch.empty(tokens, dim, dtype=dtype, device=device)
-                kernels.reduce_slots(out, inv.to(device), dst_rank.to(device), dst_row.to(device), grads[d].to(device),
+                kernels.reduce_slots(out, sorted_row.to(device), dst_rank.to(device), dst_row.to(device), grads[d].to(device),
                                      views[d], num_slots, d, fmt, top_k, stage_row=stage_row,
                                      **(dict(weight=scores[d].reshape(-1).to(device), weigh_staged=False) if weighted else {}))
                 outs.append(out.cpu())

@@ -62,7 +62,7 @@ def test_permute_indices_takes_cpu_path(monkeypatch: pytest.MonkeyPatch) -> None
     tokens = torch.tensor([4, 2, 1, 3, 1, 2, 3, 4], dtype=torch.int64)  # 2 ranks x 4 experts
     ref = kernels.generate_permute_indices.__wrapped__(tokens, 4, 2, 64, 8, use_cpu=True)
 
-    def no_triton(*args, **kwargs):
+    def no_triton(*_args, **_kwargs):
         raise AssertionError("the Triton kernel was launched for CPU tensors")
 
     monkeypatch.setattr(kernels, "fill_indices_wrapper", no_triton)
@@ -88,8 +88,36 @@ def test_force_sum_reduction_counts_fsdp_modules() -> None:
     assert force_sum_reduction(torch.nn.Linear(2, 2)) == 0
 
 
-def test_parallelize_functions_are_wrapped() -> None:
+def _force_sum_flags(model: torch.nn.Module) -> list[bool]:
+    return [group.force_sum_reduction_for_comms for module in model.modules() if hasattr(module, "_get_fsdp_state")
+            for group in module._get_fsdp_state()._fsdp_param_groups]
+
+
+def _parallelize_switches_fsdp_to_sum(rank: int, world: int) -> None:  # noqa: ARG001
+    torch.set_num_threads(1)  # a forked rank: no intra-op thread pool inherited half-made
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import fully_shard
+    from torchtitan.config import JobConfig
+    from torchtitan.distributed import ParallelDims
     from torchtitan.models import deepseek_v3, llama4
 
-    assert llama4.get_train_spec().parallelize_fn._mxfp8ep_force_sum
-    assert deepseek_v3.get_train_spec().parallelize_fn._mxfp8ep_force_sum
+    for family in (llama4, deepseek_v3):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        fully_shard(model[0])
+        fully_shard(model)
+        model.model_args = SimpleNamespace()  # what torchtitan's parallelize reads of a model
+        assert _force_sum_flags(model) == [False, False]
+        job_config = JobConfig()
+        job_config.activation_checkpoint.mode = "none"
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+        assert family.get_train_spec().parallelize_fn(model, dims, job_config) is model
+        assert _force_sum_flags(model) == [True, True], family.__name__
+
+
+def test_parallelize_functions_switch_fsdp_to_sum_reduction() -> None:
+    """The train specs' parallelize functions (the patched package attributes) leave every FSDP
+    module of the model they parallelize reducing with SUM (gloo has no AVG)."""
+    from tests.moe_harness import run_forked
+
+    run_forked(1, _parallelize_switches_fsdp_to_sum)

@@ -61,7 +61,7 @@ def test_check_data_accepts_a_corpus(corpus):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(dataset="debain_docs"), "training.dataset='debain_docs': use one of"),
+    (dict(dataset="debain_docs"), "training.dataset='debain_docs': did you mean training.dataset=debian_docs?"),
     (dict(dataset_path="/no/such/corpus"), "build it with `python scripts/build_corpus.py --out /no/such/corpus`"),
     (dict(dataset="mxfp8ep_tiny"), "has no validation split; use training.dataset=debian_docs or training.val_every=0"),
     (dict(val_batches=0), "val_batches >= 1"),

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxfp8_ep.format import dequantize_reference, quantize_reference
+from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
 from mxfp8_ep.quantize import dequantize, quantize
 from mxfp8_ep.triton_kernels import dequantize_triton, quantize_triton
-from tests.test_format import assert_bits_equal, edge_blocks, random_input
+from tests.test_mxfp8 import assert_bits_equal, edge_blocks, random_input
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (rows, cols): a partial row tile, a partial column tile (K % 256 != 0), 3-D input.
@@ -52,13 +52,31 @@ def test_triton_handles_zero_rows_and_rejects_bad_shapes():
         dequantize_triton(q, torch.float16)
 
 
-def test_dispatcher_picks_kernel_and_agrees():
+def test_quantize_runs_the_kernel_it_picks_and_the_kernels_agree(monkeypatch):
+    """``kernel="auto"`` is Triton on CUDA and the torch reference elsewhere; ``triton`` and
+    ``torch`` run what they name (seen through spies on both implementations), and the two
+    give the same bits."""
+    import mxfp8_ep.quantize as quantize_module
+    import mxfp8_ep.triton_kernels as triton_module
+
+    ran = []
+    for module, name, tag in ((triton_module, "quantize_triton", "triton"), (quantize_module, "quantize_reference", "torch"),
+                              (triton_module, "dequantize_triton", "triton"),
+                              (quantize_module, "dequantize_reference", "torch")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _tag=tag, **k: ran.append(_tag) or _f(*a, **k))
     x = random_input(24, 128, torch.bfloat16, seed=11).to(DEVICE)
-    auto = quantize(x)
-    forced = quantize(x, kernel="triton")
-    ref = quantize(x, kernel="torch")
-    assert_bits_equal(auto.data, ref.data) and assert_bits_equal(forced.data, ref.data)
-    assert_bits_equal(dequantize(forced, kernel="triton"), dequantize(ref, kernel="torch"), nan_equal=True)
+    picked = "triton" if DEVICE == "cuda" else "torch"
+    results = {}
+    for kernel, expected in (("auto", picked), ("triton", "triton"), ("torch", "torch")):
+        ran.clear()
+        q = quantize(x, kernel=kernel)
+        results[kernel] = (q, dequantize(q, kernel=kernel))
+        assert ran == [expected, expected], (kernel, ran)
+    for kernel in ("auto", "triton"):
+        assert_bits_equal(results[kernel][0].data, results["torch"][0].data)
+        assert_bits_equal(results[kernel][0].scale, results["torch"][0].scale)
+        assert_bits_equal(results[kernel][1], results["torch"][1], nan_equal=True)
     with pytest.raises(ValueError, match="kernel"):
         quantize(x, kernel="cuda")
 

@@ -17,25 +17,26 @@ from triton.compiler import ASTSource  # noqa: E402
 from mxfp8_ep import grouped_experts as ge  # noqa: E402
 from mxfp8_ep import symm_kernels as sk  # noqa: E402
 from mxfp8_ep import triton_kernels as tk  # noqa: E402
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape  # noqa: E402
+from mxfp8_ep.launch_shapes import KernelShapes  # noqa: E402
+from mxfp8_ep.wire_format import WireFormat  # noqa: E402
 
 QUANT = {"x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "M": "i32", "K": "i32",
          "IN_BF16": "constexpr", "ROUNDING": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
 DEQUANT = {"data_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": None, "M": "i32", "K": "i32",
            "OUT_BF16": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}
-PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "factor_ptr": "*fp32", "dot_rows_ptr": "*i16",
+PUSH = {"src_ptr": "*i16", "slot_ptr": "*i64", "weight_ptr": "*fp32", "dot_with_ptr": "*i16",
         "dot_out_ptr": "*fp32", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64", "local_out_ptr": "*i16",
         "stage_ptr": "*u8", "peer_delta_ptr": "*i64", "M": "i32", "rank": "i32"}
-PUSH_TOKENS = {"src_ptr": "*i16", "inv_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
+PUSH_TOKENS = {"src_ptr": "*i16", "sorted_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                "local_out_ptr": "*i16", "stage_ptr": "*u8", "stage_delta_ptr": "*i64", "map_ptr": "*i64",
-               "map_delta_ptr": "*i64", "weight_map_ptr": "*fp32", "weight_delta_ptr": "*i64", "factor_ptr": "*fp32",
-               "dot_rows_ptr": "*i16", "dot_out_ptr": "*fp32", "sent_ptr": "*i64", "T": "i32", "rank": "i32",
+               "map_delta_ptr": "*i64", "weight_map_ptr": "*fp32", "weight_delta_ptr": "*i64", "weight_ptr": "*fp32",
+               "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "sent_ptr": "*i64", "T": "i32", "rank": "i32",
                "max_tokens": "i32"}
 PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "stage_ptr": "*i16",
                  "peer_delta_ptr": "*i64", "sent_ptr": "*i64", "S": "i32", "rank": "i32", "max_tokens": "i32"}
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64",
            "weight_ptr": "*fp32", "R": "i32", "rank": "i32"}
-REDUCE = {"out_ptr": "*i16", "inv_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
+REDUCE = {"out_ptr": "*i16", "sorted_row_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
           "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32", "save_ptr": "*i16",
           "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
@@ -43,81 +44,75 @@ ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "
 
 
 # The launch shapes the wrappers use (warps are a compile option: vector widths depend on them).
-def launch(block: str, shape: LaunchShape, dim: int) -> dict:
-    """A launch shape as the wrappers pass it: ``block`` per program, the tile ``_block_d``
-    picks for ``dim``, the warps."""
-    return {block: shape.block, "BLOCK_D": sk._block_d(dim, shape.block_d), "num_warps": shape.warps}
-
-
-def push_launch(dim: int, fmt: str = "mxfp8") -> dict:
-    shape = KernelShapes.default(fmt).push_rows
-    return dict(launch("BLOCK_M", shape, dim), STRIPES=shape.stripes, STAGES=shape.stages)
-
-
-def tiled_launch(block: str, kernel: str, fmt: str, dim: int = 7168) -> dict:
-    return launch(block, getattr(KernelShapes.default(fmt), kernel), dim)
-
-
-def receive_launch(fmt: str, dim: int) -> dict:
-    return launch("BLOCK_M", KernelShapes.default(fmt).receive_rows, dim)
+def launch(block: str, kernel: str, fmt: str, dim: int = 7168) -> dict:
+    """A kernel's constants for a leg in ``fmt`` as its wrapper passes them: the format's
+    (``ELEMENT``, ``SCALE``, ``GROUP``), ``block`` per program, the column tile for ``dim``, the
+    warps (and push_rows' stripes and stages)."""
+    shape = getattr(KernelShapes.default(fmt), kernel)
+    constants = WireFormat(fmt).kernel_constants()
+    launched = {**constants, block: shape.block, "BLOCK_D": shape.tile(dim, constants["GROUP"]), "num_warps": shape.warps}
+    if kernel == "push_rows":
+        launched.update(STRIPES=shape.stripes, STAGES=shape.stages)
+    return launched
 
 
 SYMM = {
-    "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=True, HAS_DOT=True,
-                                                    IN_BF16=True, QUANT=True, ROUNDING=0, ONLY=0, **push_launch(7168))),
+    "push_mxfp8": (sk._push_rows_kernel, PUSH, dict(D=7168, TOP_K=8, HAS_SLOT=True, HAS_WEIGHT=True, HAS_DOT=True,
+                                                    IN_BF16=True, ROUNDING=0, PUSHED=0,
+                                                    **launch("BLOCK_M", "push_rows", "mxfp8"))),
     "push_bf16": (sk._push_rows_kernel, {**PUSH, "stage_ptr": "*i16"},
-                  dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=False,
-                       ROUNDING=0, ONLY=0, **push_launch(5120, "bf16"))),
+                  dict(D=5120, TOP_K=1, HAS_SLOT=False, HAS_WEIGHT=False, HAS_DOT=False, IN_BF16=True,
+                       ROUNDING=0, PUSHED=0, **launch("BLOCK_M", "push_rows", "bf16", 5120))),
     # symm: expert-bound legs, each token once per rank (DeepSeek-V3-like at EP 2 and 8): dispatch's
     # forward (unweighted) and combine's backward (scores left for the receiver, dot products).
     **{f"push_tokens_{fmt}_w{w}{'_weighted' if weighted else ''}": (
         sk._push_tokens_kernel, {**PUSH_TOKENS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
-        dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0, HAS_FACTOR=weighted,
-             HAS_DOT=weighted, **tiled_launch("BLOCK_T", "push_tokens", fmt)))
+        dict(D=7168, TOP_K=8, KP=8, W=w, IN_BF16=True, ROUNDING=0, HAS_WEIGHT=weighted,
+             HAS_DOT=weighted, **launch("BLOCK_T", "push_tokens", fmt)))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
     **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
-                                dict(D=7168, MAX_ROWS=8, IN_BF16=True, QUANT=fmt == "mxfp8", ROUNDING=0,
-                                     **tiled_launch("BLOCK_S", "push_partials", fmt)))
+                                dict(D=7168, MAX_ROWS=8, IN_BF16=True, ROUNDING=0,
+                                     **launch("BLOCK_S", "push_partials", fmt)))
        for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
-    **{f"push_mxfp8_only_{only}": (sk._push_rows_kernel, PUSH, dict(
-        D=7168, TOP_K=8, HAS_SLOT=True, HAS_FACTOR=False, HAS_DOT=False, IN_BF16=True, QUANT=True, ROUNDING=0,
-        ONLY=sk.push_only_index(only), **push_launch(7168))) for only in ("local", "remote")},
+    **{f"push_mxfp8_only_{pushed}": (sk._push_rows_kernel, PUSH, dict(
+        D=7168, TOP_K=8, HAS_SLOT=True, HAS_WEIGHT=False, HAS_DOT=False, IN_BF16=True, ROUNDING=0,
+        PUSHED=sk.pushed_rows_index(pushed), **launch("BLOCK_M", "push_rows", "mxfp8"))) for pushed in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     # symm after a weighted token-once push: through the token map, times the row weights.
-    **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True, QUANT=True,
+    **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True,
                                                                       HAS_STAGE_ROW=staged, HAS_WEIGHT=weighted,
-                                                                      **receive_launch("mxfp8", 7168)))
+                                                                      **launch("BLOCK_M", "receive_rows", "mxfp8")))
        for tag, staged, weighted in (("", False, False), ("_stage_row", True, False), ("_weighted", True, True))},
     **{f"receive_bf16_stage_row{tag}": (sk._receive_rows_kernel, {**RECEIVE, "stage_ptr": "*i16"},
-                                        dict(D=5120, IN_BF16=True, QUANT=False, HAS_STAGE_ROW=True, HAS_WEIGHT=weighted,
-                                             **receive_launch("bf16", 5120)))
+                                        dict(D=5120, IN_BF16=True, HAS_STAGE_ROW=True, HAS_WEIGHT=weighted,
+                                             **launch("BLOCK_M", "receive_rows", "bf16", 5120)))
        for tag, weighted in (("", False), ("_weighted", True))},
     **{f"reduce_mxfp8{tag}": (sk._reduce_slots_kernel, REDUCE,
-                              dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=True, HAS_WEIGHT=True, HAS_SAVE=True,
-                                   HAS_DOT=True, HAS_STAGE_ROW=staged, **tiled_launch("BLOCK_T", "reduce_slots", "mxfp8")))
+                              dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, HAS_WEIGHT=True, HAS_SAVE=True,
+                                   HAS_DOT=True, HAS_STAGE_ROW=staged, **launch("BLOCK_T", "reduce_slots", "mxfp8")))
        for tag, staged in (("", False), ("_stage_row", True))},
     "reduce_bf16": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*i16"},
-                    dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=False, HAS_WEIGHT=True, HAS_SAVE=True,
-                         HAS_DOT=False, HAS_STAGE_ROW=False, **tiled_launch("BLOCK_T", "reduce_slots", "bf16"))),
+                    dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, HAS_WEIGHT=True, HAS_SAVE=True,
+                         HAS_DOT=False, HAS_STAGE_ROW=False, **launch("BLOCK_T", "reduce_slots", "bf16"))),
     # after push_partials: plain sum, partials read through stage_row (-1: nothing to add).
     **{f"reduce_{fmt}_partials": (sk._reduce_slots_kernel, {**REDUCE, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
-                                  dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, QUANT=fmt == "mxfp8", HAS_WEIGHT=False,
+                                  dict(D=7168, TOP_K=8, KP=8, IN_BF16=True, HAS_WEIGHT=False,
                                        HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True,
-                                       **tiled_launch("BLOCK_T", "reduce_slots", fmt)))
+                                       **launch("BLOCK_T", "reduce_slots", fmt)))
        for fmt in ("bf16", "mxfp8")},
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
-                                             "inv_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
+                                             "sorted_row_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
     "expert_rows": (sk._expert_rows_kernel, {"seg_end_ptr": "*i64", "seg_len_ptr": "*i64", "seg_origin_ptr": "*i64",
                                              "source_ptr": "*i64", "return_rank_ptr": "*i64", "return_row_ptr": "*i64",
                                              "R": "i32", "rank": "i32"}, dict(W=2, NUM_SEG=384, STEPS=9, BLOCK=1024)),
     # The DeepSeek-V3-like count tables at EP 2 and 8, and a world of 3 (no powers of two).
     **{f"routing_tables_w{w}": (sk._routing_tables_kernel, {"table_ptr": "*i64", "out_ptr": "*i64", "rank": "i32",
                                                            "align": "i32", "max_tokens": "i32"},
-                                dict(W=w, L=l, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(l)))
-       for w, l in ((2, 128), (3, 5), (8, 32))},
+                                dict(W=w, L=local, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(local)))
+       for w, local in ((2, 128), (3, 5), (8, 32))},
     "push_counts": (sk._push_counts_kernel, {"counts_ptr": "*i64", "peer_ptrs": "*i64", "rank": "i32", "tokens": "i32"},
                     dict(NUM=256, BLOCK=512)),
     "swiglu_backward": (ge._rows_kernel, ROWS, dict(N=2048, OP=1, IN_BF16=True, BLOCK_M=ge._BLOCK_M, BLOCK_N=512)),

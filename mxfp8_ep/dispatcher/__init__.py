@@ -33,13 +33,20 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
   memory too: no host sync in forward or backward. One node (CUDA symmetric memory); on CPU
   processes the same code runs over shared-memory files (tests).
 
-One file per job: ``base`` (the config, the input checks, which transport a config gets),
-``nccl`` (all-bf16 legs over all-to-all-v), ``push`` (what the push transports share: their
-metadata and autograd), ``symm`` (peer memory) and ``fused_nccl`` (MXFP8 legs over all-to-all).
-A new transport is one more file here and its entry in ``TokenDispatcher.Config.build``.
+One file per job: ``base`` (the config, the input checks, the transport registry), ``nccl``
+(all-bf16 legs over all-to-all-v), ``push`` (what the push transports share: their metadata and
+autograd), ``symm`` (peer memory) and ``fused_nccl`` (quantized legs over all-to-all). A
+transport is one file that registers its class (``register_transport``), imported below so
+that it is registered whenever the package is; its name goes in ``config.TRANSPORTS``.
 """
 
-from mxfp8_ep.dispatcher.base import TokenDispatcher, resolve_transport
+from mxfp8_ep.dispatcher.base import (
+    TokenDispatcher,
+    dispatcher_for,
+    register_transport,
+    registered_transports,
+    resolve_transport,
+)
 from mxfp8_ep.dispatcher.fused_nccl import FusedNcclTokenDispatcher
 from mxfp8_ep.dispatcher.nccl import NcclTokenDispatcher
 from mxfp8_ep.dispatcher.push import PushDispatchMetadata, PushTokenDispatcher
@@ -52,7 +59,10 @@ __all__ = [
     "PushTokenDispatcher",
     "SymmTokenDispatcher",
     "TokenDispatcher",
+    "dispatcher_for",
     "peer_buffer_nbytes",
+    "register_transport",
+    "registered_transports",
     "release_peer_buffers",
     "resolve_transport",
 ]

@@ -1,6 +1,8 @@
 """The token dispatcher's base: its config (``TokenDispatcher.Config``, whose ``build`` picks the
-transport), the input checks every transport makes before it exchanges anything, and which
-transport ``a2a.transport=auto`` means on this group (``resolve_transport``)."""
+transport), the input checks every transport makes before it exchanges anything, which transport
+``a2a.transport=auto`` means on this group (``resolve_transport``), and the registry of
+transports: a transport is a ``TokenDispatcher`` subclass in a module of its own that registers
+itself (``register_transport``); ``Config.build`` looks the transport up there."""
 
 from __future__ import annotations
 
@@ -12,8 +14,38 @@ import torch.distributed as dist
 
 from mxfp8_ep import numerics
 from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.format import BLOCK_SIZE
 from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
+from mxfp8_ep.wire_format import WireFormat
+
+
+_TRANSPORTS: dict[str, list[type[TokenDispatcher]]] = {}
+
+
+def register_transport(name: str):
+    """Class decorator: ``TokenDispatcher.Config.build`` gives transport ``name`` (the value of
+    ``a2a.transport`` it resolves to) to the decorated class, when the class ``serves`` the
+    config; several classes may share a name (``nccl``: one per kind of legs)."""
+
+    def register(cls: type[TokenDispatcher]) -> type[TokenDispatcher]:
+        _TRANSPORTS.setdefault(name, []).append(cls)
+        return cls
+
+    return register
+
+
+def dispatcher_for(config: TokenDispatcher.Config, transport: str, group: dist.ProcessGroup) -> TokenDispatcher:
+    """The dispatcher of ``transport`` (a name ``resolve_transport`` returns) for ``config`` on
+    ``group``: the first class registered for it that serves the config."""
+    for cls in _TRANSPORTS.get(transport, ()):
+        if cls.serves(config):
+            return cls(config, group)
+    registered = {name: [c.__name__ for c in classes] for name, classes in _TRANSPORTS.items()}
+    raise ValueError(f"no token dispatcher serves transport {transport!r} with {config.a2a}; registered: {registered}")
+
+
+def registered_transports() -> dict[str, list[type[TokenDispatcher]]]:
+    """Transport name -> the classes registered for it."""
+    return {name: list(classes) for name, classes in _TRANSPORTS.items()}
 
 
 def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup) -> str:
@@ -92,23 +124,18 @@ class TokenDispatcher:
             where the fused nccl transport sends ``quant(score * token)``: equal to the format's
             rounding, not bits (every gradient downstream of combine's backward, or every value
             downstream of dispatch's forward)."""
-            weighted = self.a2a.dispatch_fwd if self.score_before_experts else self.a2a.combine_bwd
-            return self.top_k > 1 and weighted == "mxfp8"
+            weighted = "dispatch_fwd" if self.score_before_experts else "combine_bwd"
+            return self.top_k > 1 and self.a2a.wire_format(weighted).quantized
 
-        def build(self, group: dist.ProcessGroup, device: torch.device | str) -> "TokenDispatcher":
-            # The transports subclass this one: imported here, not at the top.
-            from mxfp8_ep.dispatcher.fused_nccl import FusedNcclTokenDispatcher
-            from mxfp8_ep.dispatcher.nccl import NcclTokenDispatcher
-            from mxfp8_ep.dispatcher.symm import SymmTokenDispatcher
+        def build(self, group: dist.ProcessGroup, device: torch.device | str) -> TokenDispatcher:
+            """The dispatcher of the transport ``a2a.transport`` resolves to on ``group``
+            (``dispatcher_for``)."""
+            return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group), group)
 
-            transport = resolve_transport(self.a2a.transport, torch.device(device), group)
-            if transport == "symm":
-                cls = SymmTokenDispatcher
-            elif self.a2a.any_quantized:
-                cls = FusedNcclTokenDispatcher
-            else:  # all-bf16 legs: torchtitan's math, bit for bit
-                cls = NcclTokenDispatcher
-            return cls(self, group)
+    @classmethod
+    def serves(cls, config: Config) -> bool:  # noqa: ARG003 (every config, unless a transport says otherwise)
+        """Whether this transport takes ``config`` (``Config.build``)."""
+        return True
 
     def __init__(self, config: Config, group: dist.ProcessGroup):
         self.config = config
@@ -131,12 +158,10 @@ class TokenDispatcher:
             )
         if topk_scores_TK.shape != topk_expert_ids_TK.shape:
             raise ValueError(f"scores {tuple(topk_scores_TK.shape)} != expert ids {tuple(topk_expert_ids_TK.shape)}")
-        quantized = [leg for leg in A2AConfig.legs() if getattr(a2a, leg) == "mxfp8"]
-        if quantized and x_TD.shape[1] % BLOCK_SIZE != 0:
-            raise ValueError(
-                f"MXFP8 legs {quantized} need the model dim to be a multiple of {BLOCK_SIZE}, "
-                f"got dim {x_TD.shape[1]}; use a2a=bf16 for this model"
-            )
+        for leg in A2AConfig.legs():
+            error = a2a.wire_format(leg).dim_error(x_TD.shape[1])
+            if error is not None:
+                raise ValueError(f"{leg}: {error} (the model dim); use a2a=bf16 for this model")
         if x_TD.dtype not in (torch.bfloat16, torch.float32):
             raise TypeError(f"dispatch takes bfloat16 or float32 tokens, got {x_TD.dtype}")
 
@@ -145,6 +170,6 @@ class TokenDispatcher:
         happens unless it is armed). ``row_source`` (expert-major rows): the rows with data are
         those from a rank (>= 0), not padding or unused rows."""
         a2a = self.config.a2a
-        if numerics.PROBE.armed and getattr(a2a, leg) == "mxfp8":
+        if numerics.PROBE.armed and a2a.wire_format(leg) is WireFormat.MXFP8:
             valid = None if row_source is None else row_source >= 0
             numerics.PROBE.observe(self, leg, rows, a2a.scale_rounding, valid)

@@ -8,16 +8,18 @@ import torch
 import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing, wire_stats
+from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.nccl import HostCopy
 from mxfp8_ep.dispatcher.push import ExchangeSplits, ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import LocalBuffer
-from mxfp8_ep.symm_reference import staged_row_nbytes
+from mxfp8_ep.staging import staged_row_nbytes
 
 # torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU
 # machine's torch 2.11 may have only the old one.
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
+@register_transport("nccl")
 class FusedNcclTokenDispatcher(PushTokenDispatcher):
     """All-to-all transport (multi-node NCCL, and gloo) for configs with an MXFP8 leg, on the
     symm transport's kernels: each leg is one ``push_rows`` into a rank-major send buffer
@@ -34,6 +36,10 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
     rows that stay while the exchange runs. In dispatch's forward the host waits for the splits
     only after the first push is queued (into a send buffer sized for every sorted row), so
     the GPU stays busy through that wait."""
+
+    @classmethod
+    def serves(cls, config) -> bool:
+        return config.a2a.any_quantized
 
     def _routing(self, x_TD, counts_E):  # noqa: N803
         W, E, L, align = self.ep, self.config.num_experts, self.num_local_experts, self.config.pad_multiple
@@ -55,7 +61,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
         return tables, expert_rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):  # noqa: ARG002 (rows on the wire)
+    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out):  # noqa: ARG002 (push does the rows)
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.

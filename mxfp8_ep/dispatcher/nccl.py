@@ -11,7 +11,7 @@ import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import routing
 from mxfp8_ep.all_to_all import all_to_all_v
-from mxfp8_ep.dispatcher.base import TokenDispatcher
+from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 
 
 @dataclass(frozen=True)
@@ -23,16 +23,27 @@ class NcclDispatchMetadata:
     topk_scores_TK: torch.Tensor  # noqa: N815
 
 
+@register_transport("nccl")
 class NcclTokenDispatcher(TokenDispatcher):
     """All-to-all-v transport (multi-node NCCL, and gloo) for all-bf16 legs: torchtitan 0.2.2's
-    ExpertParallel and MoE math around ``all_to_all_v``, bit for bit. ``Config.build`` takes
-    ``FusedNcclTokenDispatcher`` instead when any leg is MXFP8 (this class still carries MXFP8
-    legs, through ``all_to_all_v``'s separate quantize pass and two exchanges, when built
-    directly)."""
+    ExpertParallel and MoE math around ``all_to_all_v``, bit for bit. A config with a
+    quantized leg takes ``FusedNcclTokenDispatcher``."""
+
+    @classmethod
+    def serves(cls, config) -> bool:
+        return not config.a2a.any_quantized
+
+    def __init__(self, config, group):
+        if not self.serves(config):
+            raise ValueError(
+                f"NcclTokenDispatcher carries unquantized legs; {config.a2a} has a quantized one: "
+                f"FusedNcclTokenDispatcher carries it (TokenDispatcher.Config.build picks it)"
+            )
+        super().__init__(config, group)
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
         self._check_inputs(x_TD, topk_scores_TK, topk_expert_ids_TK)
-        a2a, cfg, W, L = self.config.a2a, self.config, self.ep, self.num_local_experts
+        cfg, W, L = self.config, self.ep, self.num_local_experts
         counts = num_tokens_per_expert_E.to(torch.int64)
         with torch.no_grad():
             counts_recv = funcol.wait_tensor(funcol.all_to_all_single(counts, None, None, self.group))
@@ -45,11 +56,7 @@ class NcclTokenDispatcher(TokenDispatcher):
         if cfg.score_before_experts:
             scores = topk_scores_TK.reshape(-1)[slot]
             routed_input = (routed_input.to(torch.float32) * scores.reshape(-1, 1)).to(x_TD.dtype)
-        received = all_to_all_v(
-            routed_input, output_splits, input_splits, self.group,
-            forward_format=a2a.dispatch_fwd, backward_format=a2a.dispatch_bwd,
-            rounding=a2a.scale_rounding, kernel=a2a.kernel, legs=("dispatch_fwd", "dispatch_bwd"),
-        )
+        received = all_to_all_v(routed_input, output_splits, input_splits, self.group, legs=("dispatch_fwd", "dispatch_bwd"))
         with torch.no_grad():
             counts_SL = counts_recv.view(W, L)  # noqa: N806
             align = cfg.pad_multiple
@@ -66,14 +73,12 @@ class NcclTokenDispatcher(TokenDispatcher):
         return routed_input, rows.tokens_per_local_expert, meta
 
     def combine(self, routed_output, metadata: NcclDispatchMetadata):
-        a2a, cfg = self.config.a2a, self.config
+        cfg = self.config
         num_received = sum(metadata.output_splits)
         unpermuted = routed_output.new_empty((num_received + 1, routed_output.shape[1]))
         unpermuted[metadata.permuted] = routed_output
         returned = all_to_all_v(
-            unpermuted[:-1], metadata.input_splits, metadata.output_splits, self.group,
-            forward_format=a2a.combine_fwd, backward_format=a2a.combine_bwd,
-            rounding=a2a.scale_rounding, kernel=a2a.kernel, legs=("combine_fwd", "combine_bwd"),
+            unpermuted[:-1], metadata.input_splits, metadata.output_splits, self.group, legs=("combine_fwd", "combine_bwd"),
         )
         scores = metadata.topk_scores_TK
         num_tokens, dim = scores.shape[0], routed_output.shape[1]

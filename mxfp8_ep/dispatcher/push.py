@@ -48,7 +48,7 @@ class PushDispatchMetadata:
     that wait keeps the GPU busy through it)."""
 
     slot: torch.Tensor  # (N,) token * K + k of each expert-sorted row
-    inv: torch.Tensor  # (N,) expert-sorted row of each slot
+    sorted_row: torch.Tensor  # (N,) expert-sorted row of each slot
     dst_rank: torch.Tensor  # (N,) rank that owns each sorted row's expert
     # (N,) its row in the owner's expert-major tensor (symm; nccl when the owner is this rank),
     # else (nccl) in the send buffer of dispatch = the receive buffer of combine
@@ -123,12 +123,12 @@ class PushTokenDispatcher(TokenDispatcher):
         (or a function that returns it when first needed)."""
         raise NotImplementedError
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out):
-        """Run ``push(out, send, rows, only)`` (``push_rows`` of this leg's sorted rows) and the
+    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out):
+        """Run ``push(out, send, rows, pushed)`` (``push_rows`` of this leg's sorted rows) and the
         exchange: the fresh expert-major tensor ``out``, the buffer this rank reads the leg's
         rows from, its rows, the staged row of each row read (``stage_row``, None: the same
-        row) and the weight the receiving pass applies to each (None: none). ``factor``,
-        ``dot_rows``, ``dot_out``: what ``push`` does to the rows (``push_rows``), for a
+        row) and the weight the receiving pass applies to each (None: none). ``weight``,
+        ``dot_with``, ``dot_out``: what ``push`` does to the rows (``push_rows``), for a
         transport that pushes another way (symm: each token once per rank)."""
         raise NotImplementedError
 
@@ -148,15 +148,15 @@ class PushTokenDispatcher(TokenDispatcher):
         with torch.no_grad():
             slot = torch.argsort(topk_expert_ids_TK.reshape(-1), stable=True)
             tables, expert_rows = self._routing(x_TD, num_tokens_per_expert_E.to(torch.int64).contiguous())
-            dst_rank, dst_row, inv = kernels.sorted_row_routing(
+            dst_rank, dst_row, sorted_row = kernels.sorted_row_routing(
                 tables, slot, topk_expert_ids_TK.reshape(-1), self.num_local_experts
             )
         meta = PushDispatchMetadata(
-            slot=slot, inv=inv, dst_rank=dst_rank, dst_row=dst_row, topk_scores_TK=topk_scores_TK,
+            slot=slot, sorted_row=sorted_row, dst_rank=dst_rank, dst_row=dst_row, topk_scores_TK=topk_scores_TK,
             num_tokens=x_TD.shape[0], pending_expert_rows=expert_rows,
         )
-        factor = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
-        routed_input = _ToExperts.apply(x_TD, factor, meta, self)
+        weight = topk_scores_TK.reshape(-1) if cfg.score_before_experts else None
+        routed_input = _ToExperts.apply(x_TD, weight, meta, self)
         return routed_input, tables.tokens_per_local_expert, meta
 
     def combine(self, routed_output, metadata: PushDispatchMetadata):
@@ -166,26 +166,27 @@ class PushTokenDispatcher(TokenDispatcher):
     # The two directions. Expert-bound: dispatch forward, combine backward. Token-bound:
     # combine forward, dispatch backward.
 
-    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None, dot_local=None):
+    def to_experts(self, src, meta, leg, weight=None, dot_with=None, dot_out=None, dot_with_expert_rows=False):
         """Sorted rows (read from ``src`` by token) -> a fresh ``(capacity, D)`` expert-major
-        tensor on their owners. ``leg``: dispatch_fwd or combine_bwd. ``dot_rows`` (per sorted
-        row) or ``dot_local`` (this rank's expert-major rows; symm after combine's partial
-        sums): the rows the score gradients ``dot_out`` take their dot products with."""
-        if dot_local is not None:
+        tensor on their owners, each times its ``weight`` (per slot) when given. ``leg``:
+        dispatch_fwd or combine_bwd. ``dot_with``: the rows the score gradients ``dot_out`` take
+        their dot products with, one per sorted row, or with ``dot_with_expert_rows`` this
+        rank's expert-major rows (symm after combine's partial sums)."""
+        if dot_with_expert_rows:
             raise NotImplementedError(f"{type(self).__name__} takes its score gradients on the token's rank")
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
         shapes = self.config.kernel_shapes(fmt)
         self._observe(leg, src)
 
-        def push(out, send, rows, only):
+        def push(out, send, rows, pushed):
             kernels.push_rows(
                 src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
-                slot=meta.slot, top_k=self.config.top_k, factor=factor, dot_rows=dot_rows, dot_out=dot_out,
-                only=only, shape=shapes.push_rows,
+                slot=meta.slot, top_k=self.config.top_k, weight=weight, dot_with=dot_with, dot_out=dot_out,
+                pushed=pushed, shape=shapes.push_rows,
             )
 
-        out, recv, rows, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, factor, dot_rows, dot_out)
+        out, recv, rows, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, weight, dot_with, dot_out)
         kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row, weight=row_weight,
                              shape=shapes.receive_rows)
         return out
@@ -199,7 +200,7 @@ class PushTokenDispatcher(TokenDispatcher):
         recv, rows, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
-            out, meta.inv, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
+            out, meta.sorted_row, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
             self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
             stage_row=stage_row, weigh_staged=not staged_weighted, shape=self.config.kernel_shapes(fmt).reduce_slots,
         )
@@ -223,25 +224,25 @@ class _ToExperts(torch.autograd.Function):
     """Dispatch: tokens -> expert-major rows (scores applied here when they come first)."""
 
     @staticmethod
-    def forward(ctx, x, factor, meta, disp):
+    def forward(ctx, x, weight, meta, disp):
         ctx.meta, ctx.disp = meta, disp
-        ctx.save_for_backward(x, factor)
-        return disp.to_experts(x.contiguous(), meta, "dispatch_fwd", factor=factor)
+        ctx.save_for_backward(x, weight)
+        return disp.to_experts(x.contiguous(), meta, "dispatch_fwd", weight=weight)
 
     @staticmethod
     def backward(ctx, grad):
-        x, factor = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         meta, disp = ctx.meta, ctx.disp
-        grad_factor = None
-        if factor is not None and ctx.needs_input_grad[1]:
-            grad_factor = torch.empty(factor.shape, dtype=torch.float32, device=grad.device)
+        grad_weight = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=grad.device)
         grad_x = disp.to_tokens(
-            grad.contiguous(), meta, "dispatch_bwd", weight=factor,
-            dot_with=x if grad_factor is not None else None, dot_out=grad_factor,
+            grad.contiguous(), meta, "dispatch_bwd", weight=weight,
+            dot_with=x if grad_weight is not None else None, dot_out=grad_weight,
         )
-        if grad_factor is not None:
-            grad_factor = grad_factor.to(factor.dtype)
-        return grad_x, grad_factor, None, None
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_x, grad_weight, None, None
 
 
 class _ToTokens(torch.autograd.Function):
@@ -270,10 +271,10 @@ class _ToTokens(torch.autograd.Function):
         grad_weight = None
         if save is not None and ctx.needs_input_grad[1]:
             grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=grad.device)
-        dots = dict(dot_local=save) if ctx.expert_rows else dict(dot_rows=save)
         grad_routed = disp.to_experts(
-            grad.contiguous(), meta, "combine_bwd", factor=weight,
-            **(dots if grad_weight is not None else {}), dot_out=grad_weight,
+            grad.contiguous(), meta, "combine_bwd", weight=weight,
+            dot_with=save if grad_weight is not None else None, dot_out=grad_weight,
+            dot_with_expert_rows=ctx.expert_rows and grad_weight is not None,
         )
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)

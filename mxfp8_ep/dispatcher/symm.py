@@ -13,17 +13,11 @@ import torch.distributed as dist
 
 from mxfp8_ep import wire_stats
 from mxfp8_ep.capacity import expert_major_capacity, staging_rows
+from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import PeerBuffer
-from mxfp8_ep.symm_reference import (
-    partial_slots,
-    partial_stage_rows,
-    row_weights,
-    staging_buffer_nbytes,
-    staging_nbytes,
-    token_map,
-    token_map_offset,
-)
+from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset
+from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
 
 @dataclass
@@ -31,7 +25,7 @@ class _SymmBuffers:
     """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
     that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
     then (at ``map_offset``) a token map and row weights of ``capacity`` entries each
-    (``symm_reference.token_map``, ``row_weights``)."""
+    (``staging.token_map``, ``row_weights``)."""
 
     counts: PeerBuffer
     staging: tuple[PeerBuffer, PeerBuffer]
@@ -65,6 +59,7 @@ def release_peer_buffers() -> None:
     _BUFFERS.clear()
 
 
+@register_transport("symm")
 class SymmTokenDispatcher(PushTokenDispatcher):
     """Peer-memory push transport (one node): sync-free, quantizes inside the push. Each
     leg's rows go straight into the owner's staging buffer at the row the owner reads them
@@ -137,15 +132,15 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, factor, dot_rows, dot_out, dot_local=None):
+    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=False):
         """With top-k > 1 each token goes once per rank that owns one of its experts
         (``push_tokens``), not once per expert: at top-8 on 2 ranks, a quarter of the rows.
         The owner copies it into each of its expert rows in the receiving pass, through the
         token map the push wrote; on a weighted leg it multiplies each row by the router score
         the push left beside the map (on an MXFP8 leg: after dequantizing,
         ``Config.symm_scores_after_dequantize``). The score gradients' dot products are taken
-        in the same pass, on the token's rank (``dot_rows``), or, after combine's partial sums,
-        for the rows that stay only (``dot_local``). Dispatch's forward carries the router
+        in the same pass, on the token's rank (``dot_with``), or, after combine's partial sums,
+        for the rows that stay only (``dot_with_expert_rows``). Dispatch's forward carries the router
         scores along for combine's partial sums (``Config.symm_combine_partial_sums``): the owner
         keeps each row's score in ``meta.row_score``. Top-1 pushes row by row."""
         bufs = self._buffers_for(src)
@@ -153,21 +148,22 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         out = src.new_empty((meta.capacity, src.shape[1]))
         row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
         stage_row = row_weight = None
-        carry = None
+        carried = None  # the router scores dispatch's forward takes along, unapplied
         if leg == "dispatch_fwd" and self.config.symm_combine_partial_sums:
-            carry = meta.topk_scores_TK.detach().reshape(-1)
+            carried = meta.topk_scores_TK.detach().reshape(-1)
         if self.config.top_k > 1:
             kernels, a2a = self.kernels(src.device), self.config.a2a
             sent = torch.zeros(1, dtype=torch.int64, device=src.device)
             kernels.push_tokens(
-                src, meta.inv, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
+                src, meta.sorted_row, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
                 bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
-                factor=factor, dot_rows=dot_rows, dot_out=dot_out, carry=carry, dot_local=dot_local,
+                weight=weight if weight is not None else carried, weigh_local=weight is not None,
+                dot_with=dot_with, dot_out=dot_out, dot_with_expert_rows=dot_with_expert_rows,
                 shape=self.config.kernel_shapes(fmt).push_tokens,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
             stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
-            if factor is not None:
+            if weight is not None:
                 row_weight = row_weights(send.local, bufs.map_offset, bufs.capacity)
         else:
             wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
@@ -179,8 +175,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
-            if carry is not None:
-                meta.row_score = self._row_scores(carry, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
+            if carried is not None:
+                meta.row_score = self._row_scores(carried, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
         return out, send, bufs.staging_rows, stage_row, row_weight
 
     def _row_scores(self, scores, meta, remote, carried):
@@ -192,22 +188,22 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         own.scatter_(0, stays, scores[meta.slot].float())
         return torch.where(remote, carried, own[:capacity])
 
-    def to_experts(self, src, meta, leg, factor=None, dot_rows=None, dot_out=None, dot_local=None):
-        """Combine's backward after its partial sums (``dot_local``: the expert outputs, which
-        stayed on their rank): the score gradient of a row that stays is taken in the push;
+    def to_experts(self, src, meta, leg, weight=None, dot_with=None, dot_out=None, dot_with_expert_rows=False):
+        """Combine's backward after its partial sums (``dot_with_expert_rows``: ``dot_with`` holds
+        the expert outputs, which stayed on their rank): the score gradient of a row that stays is taken in the push;
         of a row that a peer's token sent, by the receiving pass, against the output gradient
         as it arrived (MXFP8: dequantized, before its score multiplies it), and then returned
         to the token's rank (``_return_row_dots``)."""
-        if dot_local is None:
-            return super().to_experts(src, meta, leg, factor, dot_rows, dot_out)
+        if not dot_with_expert_rows:
+            return super().to_experts(src, meta, leg, weight, dot_with, dot_out)
         kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
         self._observe(leg, src)
         out, recv, rows, stage_row, row_weight = self._push_to_experts(
-            None, src, meta, leg, fmt, factor, None, dot_out, dot_local=dot_local,
+            None, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=True,
         )
         row_dots = torch.zeros(meta.capacity, dtype=torch.float32, device=src.device)
         kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row,
-                             weight=row_weight, dot_with=dot_local, dot_out=row_dots,
+                             weight=row_weight, dot_with=dot_with, dot_out=row_dots,
                              shape=self.config.kernel_shapes(fmt).receive_rows)
         self._return_row_dots(row_dots, meta, dot_out, src)
         return out
@@ -227,7 +223,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         wire_stats.record("combine_bwd", (W - 1) * capacity * 4)
         send.barrier()  # the peers' score gradients are in this rank's staging buffer
         returned = send.local[: W * capacity * 4].view(torch.float32)
-        n = meta.inv[: dot_out.numel()]
+        n = meta.sorted_row[: dot_out.numel()]
         owner = meta.dst_rank[n]
         theirs = returned[owner.clamp(min=0) * capacity + meta.dst_row[n]]
         dot_out.copy_(torch.where(owner != self.rank, theirs, dot_out))
@@ -258,7 +254,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             weight=meta.row_score if weighted else None, shape=self.config.kernel_shapes(fmt).push_partials,
         )
         wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        stage_row = partial_stage_rows(meta.inv, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
+        stage_row = partial_stage_rows(meta.sorted_row, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
         send.barrier()  # the peers' partial sums into this rank's staging buffer are visible
         return send, bufs.staging_rows, stage_row, weighted
 
@@ -267,7 +263,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         bufs = self._buffers_for(src)
         return bufs.take_staging(), bufs.staging_rows
 
-    def _exchange(self, sent, rows, src, meta, fmt):
+    def _exchange(self, sent, rows, src, meta, fmt):  # noqa: ARG002 (the peers pushed already)
         sent.barrier()  # the peers' pushes into this rank's staging buffer are visible
         return sent, rows, None
 

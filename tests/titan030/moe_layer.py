@@ -129,15 +129,17 @@ def rank_inputs(spec: MoESpec, rank: int, step: int):
     return torch.randn(shape, generator=g).bfloat16(), torch.randn(shape, generator=g).bfloat16()
 
 
-def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types", checkpointed: bool = False) -> list[dict]:
+def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types", checkpointed: bool = False,
+            dispatchers: list | None = None) -> list[dict]:
     """``spec.steps`` SGD steps of the EP MoE layer; per step its tensors by name.
     ``checkpointed``: under activation checkpointing (non-reentrant; the backward recomputes
-    the forward, exchanges included)."""
+    the forward, exchanges included). ``dispatchers``: gets the layer's token dispatcher and,
+    for ours, the library dispatcher it delegates to (``_ours``), once the layer has run."""
     set_spmd_backend(backend)
     moe = build_ep_moe(spec, dispatcher_config, mesh)
     seen: dict = {}
 
-    def on_experts(module, args, output):
+    def on_experts(_module, args, output):
         seen["expert_input"], seen["tokens_per_expert"] = args[0].detach().clone(), args[1].detach().clone()
         output.register_hook(lambda grad: seen.__setitem__("expert_output_grad", grad.detach().clone()))
 
@@ -155,6 +157,9 @@ def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types",
             for p in moe.parameters():
                 p -= spec.lr * p.grad
                 p.grad = None
+    if dispatchers is not None:
+        token_dispatcher = moe.routed_experts.token_dispatcher
+        dispatchers.extend(d for d in (token_dispatcher, getattr(token_dispatcher, "_ours", None)) if d is not None)
     return steps
 
 

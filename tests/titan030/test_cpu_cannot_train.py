@@ -18,7 +18,7 @@ from torchtitan.models.common.config_utils import get_attention_config  # noqa: 
 def test_flex_attention_has_no_cpu_backward():
     """"flex" (the default of every 0.3.0 language model, DeepSeek-V3 included)."""
     q, k, v = (torch.randn(1, 2, 128, 16, requires_grad=True) for _ in range(3))
-    mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 2, 128, 128, device="cpu")
+    mask = create_block_mask(lambda _b, _h, qi, ki: qi >= ki, 1, 2, 128, 128, device="cpu")
     with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
         flex_attention(q, k, v, block_mask=mask)
 

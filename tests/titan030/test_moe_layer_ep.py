@@ -9,6 +9,12 @@ expert) under EP on 2 and 3 gloo ranks, against 0.3.0's own ``AllToAllTokenDispa
   row and sums in bf16, so the output differs by bf16 rounding only.
 * MXFP8 legs: every row the experts receive, and every row of the gradient they get back, is the
   bf16 row or that row through the MXFP8 format (one quantize / dequantize, rceil scales).
+* nccl with a quantized leg runs the fused nccl dispatcher, on the symm transport's kernels: it
+  hands the experts symm's rows bit for bit, and where symm regroups no sum and quantizes no
+  other rows (combine row by row, combine's backward in bf16) the layer's output and every
+  parameter gradient are symm's bit for bit too (the input gradient: symm adds a token's rows
+  as partial sums per rank, a bf16 regrouping), as tests/test_dispatcher.py checks for
+  torchtitan 0.2.2.
 * Under activation checkpointing (the backward recomputes dispatch and combine between its own
   exchanges) every transport gives what it gives without, bit for bit.
 
@@ -27,7 +33,7 @@ titan030 = pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 import torch  # noqa: E402
 
 from mxfp8_ep.config import A2AConfig  # noqa: E402
-from mxfp8_ep.format import BLOCK_SIZE, dequantize_reference, quantize_reference, scale_to_fp32  # noqa: E402
+from mxfp8_ep.mxfp8 import BLOCK_SIZE, dequantize_reference, quantize_reference, scale_to_fp32  # noqa: E402
 from tests.moe_harness import rel_err, run_forked  # noqa: E402
 from tests.titan030.moe_layer import MoESpec, reference_config, run_arm, segments, setup_rank  # noqa: E402
 
@@ -43,7 +49,13 @@ ARMS = {
     "mxfp8/symm": (None, "mxfp8", "symm"),
     "mxfp8_all/nccl": (None, "mxfp8_all", "nccl"),
     "mxfp8_all/symm": (None, "mxfp8_all", "symm"),
+    "dispatch_fwd mxfp8, rows/nccl": (None, "dispatch_fwd mxfp8, rows", "nccl"),
+    "dispatch_fwd mxfp8, rows/symm": (None, "dispatch_fwd mxfp8, rows", "symm"),
 }
+# a2a configs beyond the presets: only dispatch's forward quantized, combine's forward row by row.
+CONFIGS = {"dispatch_fwd mxfp8, rows": dict(dispatch_fwd="mxfp8", symm_combine_partial_sums=False)}
+# The fused nccl transport against symm: same preset, nccl then symm.
+FUSED_VS_SYMM = ["mxfp8", "mxfp8_all", "dispatch_fwd mxfp8, rows"]
 # Checkpointed arms, compared with the same arm without checkpointing.
 CHECKPOINTED = ["bf16/nccl", "mxfp8_all/nccl", "bf16/symm", "mxfp8_all/symm"]
 LEG_ROWS = {"expert_input": "dispatch_fwd", "expert_output_grad": "combine_bwd"}
@@ -54,7 +66,7 @@ def qdq(rows: torch.Tensor) -> torch.Tensor:
 
 
 def format_bound(ref: torch.Tensor) -> torch.Tensor:
-    """What one MXFP8 round trip may move each element (tests/test_format.py): 2**-4 of it in
+    """What one MXFP8 round trip may move each element (tests/test_mxfp8.py): 2**-4 of it in
     e4m3's normal range, 2**-10 of its block scale below it."""
     scale = scale_to_fp32(quantize_reference(ref, "rceil").scale).repeat_interleave(BLOCK_SIZE, dim=-1)
     return torch.maximum(ref.float().abs() * 2.0**-4, scale * 2.0**-10)
@@ -88,17 +100,36 @@ def step_report(got: dict, ref: dict) -> dict:
     return report
 
 
+def pair_report(fused: dict, symm: dict) -> dict:
+    """Step 0 of the fused nccl arm against the symm arm: the experts' rows (each transport's
+    segments, padding included) and which results differ."""
+    rows = int(symm["tokens_per_expert"].sum())
+    names = [n for n in symm if n == "out" or n.endswith(".grad")]
+    return {
+        "same_tokens_per_expert": torch.equal(fused["tokens_per_expert"], symm["tokens_per_expert"]),
+        **{f"same_{leg}": torch.equal(fused[leg][:rows].view(torch.int16), symm[leg][:rows].view(torch.int16))
+           for leg in LEG_ROWS},
+        "differ": [n for n in names if not torch.equal(fused[n], symm[n])],
+        "rel_err": {n: rel_err(fused[n], symm[n]) for n in names},
+    }
+
+
 def compare_arms(rank: int, world: int, out_dir) -> None:
     mesh = setup_rank(world)
     refs = {pad: run_arm(SPEC, reference_config(SPEC, pad), mesh, backend="partial_dtensor") for pad in (None, PAD)}
     report, runs = {}, {}
     for arm, (pad, preset, transport) in ARMS.items():
-        config = titan030.replacement_config(reference_config(SPEC, pad), A2AConfig.preset(preset, transport=transport))
-        runs[arm] = run_arm(SPEC, config, mesh)
+        a2a = A2AConfig(**CONFIGS[preset], transport=transport) if preset in CONFIGS else A2AConfig.preset(
+            preset, transport=transport)
+        config = titan030.replacement_config(reference_config(SPEC, pad), a2a)
+        runs[arm] = run_arm(SPEC, config, mesh, dispatchers=(seen := []))
+        report[f"{arm} dispatcher"] = sorted({type(d).__name__ for d in seen})
         report[arm] = [step_report(g, r) for g, r in zip(runs[arm], refs[pad])]
         if arm in CHECKPOINTED:
             got = run_arm(SPEC, config, mesh, checkpointed=True)
             report[f"{arm} checkpointed"] = [step_report(g, r) for g, r in zip(got, runs[arm])]
+    for preset in FUSED_VS_SYMM:
+        report[f"{preset} fused vs symm"] = pair_report(runs[f"{preset}/nccl"][0], runs[f"{preset}/symm"][0])
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
 
 
@@ -189,3 +220,36 @@ def test_mxfp8_layer_error_is_that_of_the_format(ranks, arm):
 def test_activation_checkpointing_changes_nothing(ranks, arm):
     for where, s in each_rank_step(ranks, f"{arm} checkpointed"):
         assert s["differ"] == [], f"{arm} {where}: checkpointed run differs: {s['rel_err']}"
+
+
+@pytest.mark.parametrize("arm, runs", [
+    ("bf16/nccl", ["A2ATokenDispatcher"]),
+    ("padded bf16/nccl", ["PaddedA2ATokenDispatcher"]),
+    ("bf16/symm", ["A2ATokenDispatcher", "SymmTokenDispatcher"]),
+    ("mxfp8/nccl", ["A2ATokenDispatcher", "FusedNcclTokenDispatcher"]),
+    ("mxfp8_all/nccl", ["A2ATokenDispatcher", "FusedNcclTokenDispatcher"]),
+    ("mxfp8/symm", ["A2ATokenDispatcher", "SymmTokenDispatcher"]),
+])
+def test_each_transport_takes_one_path(ranks, arm, runs):
+    """As under torchtitan 0.2.2: nccl with bf16 legs is the parent's own path, nccl with a
+    quantized leg the fused nccl dispatcher, symm the symm dispatcher."""
+    for rank, report in enumerate(ranks):
+        assert report[f"{arm} dispatcher"] == runs, f"rank {rank}"
+
+
+@pytest.mark.parametrize("preset", FUSED_VS_SYMM)
+def test_fused_nccl_gives_the_experts_symms_rows(ranks, preset):
+    for rank, report in enumerate(ranks):
+        r = report[f"{preset} fused vs symm"]
+        assert r["same_tokens_per_expert"] and r["same_expert_input"], f"rank {rank}: {r}"
+
+
+def test_fused_nccl_is_symm_bit_for_bit_where_symm_regroups_nothing(ranks):
+    """Combine row by row, combine's backward in bf16: the experts' output gradient, the output
+    and every parameter gradient are symm's bits; the input gradient is symm's up to the bf16
+    regrouping of dispatch's backward (partial sums per rank)."""
+    for rank, report in enumerate(ranks):
+        r = report["dispatch_fwd mxfp8, rows fused vs symm"]
+        assert r["same_expert_output_grad"], f"rank {rank}: {r}"
+        assert set(r["differ"]) <= {"x.grad"}, f"rank {rank}: {r['differ']} {r['rel_err']}"
+        assert r["rel_err"]["x.grad"] <= 2.0**-7, f"rank {rank}: {r['rel_err']}"

@@ -79,7 +79,7 @@ def test_override_keeps_the_padding_of_the_grouped_gemm_converters():
         assert isinstance(new, TorchAOTokenDispatcher.Config) and new.pad_multiple == 128, fqn
         assert new.a2a == A2AConfig.preset("mxfp8_all", transport="symm"), fqn
     built = after[0][1].build()
-    assert isinstance(built, TorchAOTokenDispatcher) and built.pad_multiple == built.symm_pad_multiple == 128
+    assert isinstance(built, TorchAOTokenDispatcher) and built.pad_multiple == built.segment_pad_multiple == 128
 
 
 def test_override_keeps_a_per_rank_token_capacity():

@@ -1,4 +1,5 @@
-"""MXFP8 (OCP microscaling, e4m3 elements) along the last dim: the torch reference.
+"""MXFP8 (OCP microscaling, e4m3 elements) along the last dim: the torch reference, and the
+codec of ``WireFormat.MXFP8`` (``encode_rows`` / ``decode_rows``).
 
 One block = 32 consecutive elements of the last dim, sharing one e8m0 scale byte
 (a biased power-of-two exponent: value 2**(byte - 127); byte 0xFF is NaN).
@@ -36,7 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-BLOCK_SIZE = 32
+from mxfp8_ep.wire_format import WireFormat
+
+BLOCK_SIZE = WireFormat.MXFP8.block_size
 E4M3_MAX = 448.0
 E8M0_BIAS = 127
 E8M0_NAN = 0xFF
@@ -164,3 +167,14 @@ def dequantize_reference(q: MXFP8Tensor, dtype: torch.dtype = torch.bfloat16) ->
     blocks = data.reshape(*shape[:-1], shape[-1] // BLOCK_SIZE, BLOCK_SIZE).to(torch.float32)
     out = blocks * scale_to_fp32(scale).unsqueeze(-1)
     return out.reshape(shape).to(dtype)
+
+
+def encode_rows(x: torch.Tensor, rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``WireFormat.MXFP8``'s encoding of rows: their e4m3 bytes and e8m0 scale bytes (uint8)."""
+    q = quantize_reference(x, rounding)
+    return q.data.view(torch.uint8), q.scale
+
+
+def decode_rows(elements: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows from their e4m3 bytes and e8m0 scale bytes (``encode_rows``), as ``dtype``."""
+    return dequantize_reference(MXFP8Tensor(elements.view(torch.float8_e4m3fn), scales), dtype)

@@ -14,9 +14,8 @@ call too). ``install_expert_parallel`` therefore makes two swaps, both undone by
   experts -> ``combine`` (the DeepEP MoE of 0.2.2 has the same shape); every other MoE runs
   torchtitan's forward unchanged. ``overlap_shared_experts`` (off by default) runs the shared
   experts on a CUDA side stream launched before ``dispatch``, so that their GEMMs could overlap
-  the exchange kernels (autograd runs their backward on that stream too). Measured on 2xH200
-  (benchmarks/RESULTS.md, arms ``:serial``) it gains nothing on the DeepSeek-V3 / Llama4-like
-  layers: the push kernels occupy every SM while they run.
+  the exchange kernels (autograd runs their backward on that stream too); off because the push
+  kernels occupy every SM while they run, leaving the GEMMs nothing to overlap.
 
 Without EP torchtitan parallelizes no experts, and its own MoE path never quantizes a row. For
 ``A2AConfig.quantize_local_rows`` (every row quantized, as if it crossed), a recipe calls

@@ -44,7 +44,7 @@ def _run_model(family, preset, tokens, ep_mesh):
     from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
     from mxfp8_ep import A2AConfig, wire_stats
-    from mxfp8_ep.expert_parallel import install_expert_parallel, uninstall_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
 
     model, args = _build(family, seed=0)
     model.to(device)
@@ -115,7 +115,7 @@ def test_install_rebinds_and_uninstall_restores():
     from torchtitan.distributed.expert_parallel import ExpertParallel
 
     from mxfp8_ep import A2AConfig
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel, install_expert_parallel, uninstall_expert_parallel
+    from mxfp8_ep.titan022 import DispatcherExpertParallel, install_expert_parallel, uninstall_expert_parallel
 
     install_expert_parallel(A2AConfig.preset("mxfp8"))
     try:

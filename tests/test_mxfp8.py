@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from mxfp8_ep.format import (
+from mxfp8_ep.mxfp8 import (
     BLOCK_SIZE,
     E4M3_MAX,
     MXFP8Tensor,
