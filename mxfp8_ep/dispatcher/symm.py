@@ -159,7 +159,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
                 weight=weight if weight is not None else carried, weigh_local=weight is not None,
                 dot_with=dot_with, dot_out=dot_out, dot_with_expert_rows=dot_with_expert_rows,
-                shape=self.config.kernel_shapes(fmt).push_tokens,
+                quantize_local=a2a.quantize_local_rows, shape=self.config.kernel_shapes(fmt).push_tokens,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
             stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
