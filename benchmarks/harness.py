@@ -441,7 +441,7 @@ def build_moe(shape, device, dtype, arm: Arm, mesh):
     from torchtitan.distributed.expert_parallel import ExpertParallel
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
-    from mxfp8_ep.expert_parallel import DispatcherExpertParallel
+    from mxfp8_ep.titan022 import DispatcherExpertParallel
 
     args = MoEArgs(
         num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,

@@ -53,7 +53,7 @@ COLUMNS = ("world", "kernel", "variant", "fmt", "launch", "ms", "speedup_vs_defa
 def sorted_routing(tokens: int, experts: int, top_k: int, world: int, device, seed: int = 0):
     """Rank 0 of ``world``: top-k of random experts per token, sorted by expert (stable, as the
     dispatcher's argsort): each sorted row's owner rank and row there (rows in sorted order per
-    owner), the slot of each sorted row, and ``inv`` (the sorted row of each slot)."""
+    owner), the slot of each sorted row, and ``sorted_row`` (the sorted row of each slot)."""
     g = torch.Generator(device=device).manual_seed(seed)
     ids = torch.rand(tokens, experts, device=device, generator=g).topk(top_k, dim=1).indices
     slot = torch.argsort(ids.reshape(-1), stable=True)
@@ -62,9 +62,9 @@ def sorted_routing(tokens: int, experts: int, top_k: int, world: int, device, se
     for r in range(world):
         mine = dst_rank == r
         dst_row[mine] = torch.arange(int(mine.sum()), device=device)
-    inv = torch.empty_like(slot)
-    inv[slot] = torch.arange(slot.numel(), device=device)
-    return dst_rank, dst_row, slot, inv
+    sorted_row = torch.empty_like(slot)
+    sorted_row[slot] = torch.arange(slot.numel(), device=device)
+    return dst_rank, dst_row, slot, sorted_row
 
 
 def peer_one_rows(peers, offset: int, capacity: int, dst_rank, world: int, tokens: int):
@@ -72,7 +72,7 @@ def peer_one_rows(peers, offset: int, capacity: int, dst_rank, world: int, token
     rows where that push put them, then as many from each other rank (rank 0's routing again,
     its tokens staged at that rank's rows), then its own. Returns each row's source rank (-2:
     unused), its staged row and its routing weight (as rank 0's token map and row weights)."""
-    from mxfp8_ep.symm_reference import row_weights, token_map
+    from mxfp8_ep.staging import row_weights, token_map
 
     count = int((dst_rank == 1).sum())
     senders = [0, *range(2, world)]
@@ -90,10 +90,11 @@ def sweep(shape, args, device, options) -> list[dict]:
     """One round: every kernel, variant, format and launch shape once."""
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.peer_memory import OneProcessPeers
-    from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows, staging_buffer_nbytes, token_map_offset
+    from mxfp8_ep.staging import staging_buffer_nbytes, token_map_offset
+    from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
     tokens, top_k, dim, world = args.tokens or shape.tokens, shape.top_k, shape.dim, args.world
-    dst_rank, dst_row, slot, inv = sorted_routing(tokens, shape.experts, top_k, world, device)
+    dst_rank, dst_row, slot, sorted_row = sorted_routing(tokens, shape.experts, top_k, world, device)
     n = tokens * top_k
     # Peer 1 holds as many rows from each rank as from rank 0 (peer_one_rows).
     rows, capacity = max(n, world * tokens), max(n, world * int((dst_rank == 1).sum()))
@@ -104,7 +105,7 @@ def sweep(shape, args, device, options) -> list[dict]:
     sent = torch.zeros(1, dtype=torch.int64, device=device)
     common = {**shape.row_fields(), "tokens": tokens, "world": world, "rows_to_peer": int((dst_rank != RANK).sum())}
     # Combine's backward: a score per slot, and the routed outputs saved for the score gradient.
-    factor, dots = torch.rand(n, device=device), torch.empty(n, device=device)
+    weight, dots = torch.rand(n, device=device), torch.empty(n, device=device)
     saved = torch.randn((n, dim), **bf16)
     found: list[dict] = []
 
@@ -120,13 +121,13 @@ def sweep(shape, args, device, options) -> list[dict]:
         push = (x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil")
         run("push_rows", fmt, {
             "plain": lambda s: sk.push_rows(*push, slot=slot, top_k=top_k, shape=s),
-            "weighted": lambda s: sk.push_rows(*push, slot=slot, top_k=top_k, factor=factor, dot_rows=saved,
+            "weighted": lambda s: sk.push_rows(*push, slot=slot, top_k=top_k, weight=weight, dot_with=saved,
                                                dot_out=dots, shape=s)})
-        tok = (x, inv, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt, "rceil", top_k, tokens, sent)
+        tok = (x, sorted_row, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt, "rceil", top_k, tokens, sent)
         run("push_tokens", fmt, {
             "plain": lambda s: sk.push_tokens(*tok, shape=s),
-            "weighted": lambda s: sk.push_tokens(*tok, factor=factor, dot_rows=saved, dot_out=dots, shape=s),
-            "weighted, local dots": lambda s: sk.push_tokens(*tok, factor=factor, dot_local=saved, dot_out=dots,
+            "weighted": lambda s: sk.push_tokens(*tok, weight=weight, dot_with=saved, dot_out=dots, shape=s),
+            "weighted, local dots": lambda s: sk.push_tokens(*tok, weight=weight, dot_with=saved, dot_out=dots, dot_with_expert_rows=True,
                                                              shape=s)})
         # The peer's receive: each row from the staged row of its index, or through the map.
         source, tmap, weights = peer_one_rows(peers, offset, capacity, dst_rank, world, tokens)
@@ -151,7 +152,7 @@ def sweep(shape, args, device, options) -> list[dict]:
     order, start = partial_slots(torch.where(remote, tmap, world * tokens), world * tokens)
     max_rows = min(top_k, shape.experts // world)
     reduced, kept = torch.empty((tokens, dim), **bf16), torch.empty((n, dim), **bf16)
-    stage_row = partial_stage_rows(inv, dst_rank, RANK, top_k, tokens)
+    stage_row = partial_stage_rows(sorted_row, dst_rank, RANK, top_k, tokens)
     row_score = torch.rand(capacity, device=device)
     for fmt in FORMATS:
         run("push_rows", fmt, {"token-bound": lambda s: sk.push_rows(grads, return_rank, return_row, None, back, rows,
@@ -160,12 +161,12 @@ def sweep(shape, args, device, options) -> list[dict]:
         run("push_partials", fmt, {
             "plain": lambda s: sk.push_partials(*partials, shape=s),
             "weighted": lambda s: sk.push_partials(*partials, weight=row_score, shape=s)})
-        red = (reduced, inv, dst_rank, dst_row, out, back.seen_from(RANK), rows, RANK, fmt, top_k)
+        red = (reduced, sorted_row, dst_rank, dst_row, out, back.seen_from(RANK), rows, RANK, fmt, top_k)
         run("reduce_slots", fmt, {
             "rows": lambda s: sk.reduce_slots(*red, shape=s),
             "partials": lambda s: sk.reduce_slots(*red, stage_row=stage_row, shape=s),
-            "weighted, keeps rows": lambda s: sk.reduce_slots(*red, weight=factor, save=kept, shape=s),
-            "weighted partials": lambda s: sk.reduce_slots(*red, weight=factor, stage_row=stage_row,
+            "weighted, keeps rows": lambda s: sk.reduce_slots(*red, weight=weight, save=kept, shape=s),
+            "weighted partials": lambda s: sk.reduce_slots(*red, weight=weight, stage_row=stage_row,
                                                            weigh_staged=False, shape=s)})
     return found
 

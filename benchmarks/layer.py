@@ -217,7 +217,7 @@ def main(argv=None) -> None:
 
         apply_cpu_compat()  # torchtitan 0.2.2 on CPU processes (smoke runs)
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel
 
     install_expert_parallel(A2AConfig())  # patches MoE.forward; each arm picks its own style
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))

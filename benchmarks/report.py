@@ -397,7 +397,7 @@ def model_sections() -> list[str]:
     out += ["", "## leg model", "",
             "The exchange-leg model of `benchmarks/speed_model.py`. Its constants, each read from the rows",
             "named in `speed_model.FITS` or assumed:", ""]
-    body = [[l.name, l.gbps, l.latency_ms, l.source] for l in sm.links().values()]
+    body = [[link.name, link.gbps, link.latency_ms, link.source] for link in sm.links().values()]
     out += _table(["link", "GB/s", "latency ms", "from"], body) + [""]
     h, n = sm.default_hbm(), sm.default_nccl()
     out += _table(["fitted", "value"], [

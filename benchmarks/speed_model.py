@@ -326,7 +326,7 @@ def slow_link(name: str) -> LinkParams:
 
 
 def links() -> dict[str, LinkParams]:
-    return {l.name: l for l in (NVLINK, NVLINK_SYMM, slow_link("shm"), slow_link("socket"), IB50, IB25, HBM_LIKE)}
+    return {link.name: link for link in (NVLINK, NVLINK_SYMM, slow_link("shm"), slow_link("socket"), IB50, IB25, HBM_LIKE)}
 
 
 def two_level_wire_ms(leg: Leg, fmt: str, gpus_per_node: int, intra: LinkParams,
@@ -566,8 +566,8 @@ def format_predictions(rows: list[dict]) -> str:
     cols = [(s, d, k) for s in SHAPES for d, k in PRED_COLS]
     headers = ["link", "GB/s"] + [f"{s} {d} {k}" if d == "nccl" else f"{s} fused (no fixed costs)"
                                   for s, d, k in cols]
-    return _fmt_table(headers, [[l, g] + [f"{v[c]:.2f}x" if c in v else "-" for c in cols]
-                                for (l, g), v in by.items()])
+    return _fmt_table(headers, [[link, g] + [f"{v[c]:.2f}x" if c in v else "-" for c in cols]
+                                for (link, g), v in by.items()])
 
 
 def format_multinode(rows: list[dict]) -> str:

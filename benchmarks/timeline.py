@@ -70,7 +70,7 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
     """``kernel_rows`` of one leg format (its dispatcher: ``<preset>/symm``)."""
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.peer_memory import PeerBuffer
-    from mxfp8_ep.symm_reference import staging_buffer_nbytes, token_map, token_map_offset
+    from mxfp8_ep.staging import staging_buffer_nbytes, token_map, token_map_offset
 
     rank, world, dim = dist.get_rank(), dist.get_world_size(), args.dim
     tokens, x, scores = leg.tokens, leg.x, leg.scores
@@ -87,7 +87,7 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
     n = meta.slot.numel()
     remote = int((meta.dst_rank != rank).sum())
     wire_row = dim + dim // 32 if fmt == "mxfp8" else 2 * dim
-    owners = meta.dst_rank[meta.inv].view(tokens, TOP_K)
+    owners = meta.dst_rank[meta.sorted_row].view(tokens, TOP_K)
     remote_tokens = sum(int((owners == peer).any(dim=1).sum()) for peer in range(world) if peer != rank)
     sent = torch.zeros(1, dtype=torch.int64, device=device)
     p2p_src = torch.empty(remote * wire_row, dtype=torch.uint8, device=device)
@@ -100,7 +100,7 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
         # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
         # receive through the token map.
         "push_tokens": ("push_tokens", lambda s: sk.push_tokens(
-            x, meta.inv, meta.dst_rank, meta.dst_row, out, staging, staging_rows, map_offset, capacity, rank, fmt,
+            x, meta.sorted_row, meta.dst_rank, meta.dst_row, out, staging, staging_rows, map_offset, capacity, rank, fmt,
             "rceil", TOP_K, tokens, sent, shape=s), tokens * dim * 2 + (n - remote) * dim * 2, remote_tokens * wire_row),
         "receive_token_map": ("receive_rows", lambda s: sk.receive_rows(
             out, meta.row_source, rank, staging, staging_rows, fmt,
@@ -111,15 +111,15 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
         "push_back": ("push_rows", lambda s: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
                                                           staging_rows, rank, fmt, "rceil", shape=s),
                       remote * dim * 2, remote * wire_row),
-        "reduce": ("reduce_slots", lambda s: sk.reduce_slots(x, meta.inv, meta.dst_rank, meta.dst_row, routed, staging,
+        "reduce": ("reduce_slots", lambda s: sk.reduce_slots(x, meta.sorted_row, meta.dst_rank, meta.dst_row, routed, staging,
                                                              staging_rows, rank, fmt, TOP_K, weight=scores.reshape(-1),
                                                              shape=s), n * dim * 2 + tokens * dim * 2, 0),
-        "barrier": (None, lambda s: staging.barrier(), 0, 0),
-        "p2p_copy": (None, lambda s: staging.peer((rank + 1) % world)[: remote * wire_row].copy_(p2p_src), 0,
+        "barrier": (None, lambda _s: staging.barrier(), 0, 0),
+        "p2p_copy": (None, lambda _s: staging.peer((rank + 1) % world)[: remote * wire_row].copy_(p2p_src), 0,
                      remote * wire_row),
-        "hbm_copy": (None, lambda s: out[:n].copy_(x_rep), 2 * n * dim * 2, 0),
-        "dispatch": (None, lambda s: disp.dispatch(x, scores, leg.ids, leg.counts), 0, 0),
-        "combine": (None, lambda s: disp.combine(routed, meta), 0, 0),
+        "hbm_copy": (None, lambda _s: out[:n].copy_(x_rep), 2 * n * dim * 2, 0),
+        "dispatch": (None, lambda _s: disp.dispatch(x, scores, leg.ids, leg.counts), 0, 0),
+        "combine": (None, lambda _s: disp.combine(routed, meta), 0, 0),
     }
     for stage, (kernel, call, hbm, peer_bytes) in stages.items():
         for shape in launches(options, kernel, fmt) if kernel else [None]:
@@ -284,7 +284,7 @@ def main(argv=None) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.expert_parallel import install_expert_parallel
+    from mxfp8_ep.titan022 import install_expert_parallel
 
     install_expert_parallel(A2AConfig())
     mesh = init_device_mesh("cuda", (dist.get_world_size(),), mesh_dim_names=("ep",))

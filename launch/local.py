@@ -33,7 +33,7 @@ class LocalLauncher:
 
     Config = LocalLauncherConfig
 
-    def target(self, cfg: Any, machine: Machine) -> Target:
+    def target(self, cfg: Any, machine: Machine) -> Target:  # noqa: ARG002 (the Launcher protocol)
         if machine.gpus:
             smallest = min(machine.gpu_memory_bytes)
             return Target("cuda", smallest, f"each GPU's memory (the smallest of {machine.gpus})",

@@ -72,7 +72,7 @@ class SlurmLauncher:
 
     Config = SlurmLauncherConfig
 
-    def target(self, cfg: Any, machine: Machine) -> Target:
+    def target(self, cfg: Any, machine: Machine) -> Target:  # noqa: ARG002 (the Launcher protocol)
         lc = cfg.launcher
         if lc.gpus_per_node == 0:
             ram = lc.mem_gb * GIB if lc.mem_gb else None
@@ -80,7 +80,7 @@ class SlurmLauncher:
         # The compute nodes' GPUs cannot be seen from here: no memory check.
         return Target("cuda", None, "each GPU's memory", "the job asks for GPUs")
 
-    def check(self, cfg: Any, machine: Machine, report: Any) -> None:
+    def check(self, cfg: Any, machine: Machine, report: Any) -> None:  # noqa: ARG002 (the Launcher protocol)
         lc, p = cfg.launcher, cfg.parallelism
         if lc.time_min <= 0:
             report.error(f"launcher.time_min={lc.time_min} must be > 0 (minutes)")

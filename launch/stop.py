@@ -51,7 +51,7 @@ class StopSignals:
         if _active is self:
             _active = None
 
-    def _note(self, signum: int, frame: Any) -> None:
+    def _note(self, signum: int, frame: Any) -> None:  # noqa: ARG002 (a signal handler's signature)
         if self.received is None:
             self.received = signum
 

@@ -224,7 +224,8 @@ class RecipeTrainer(Trainer):
             arm_for_step(self.step, 0)
 
     def _build_metrics_processor(self, job_config: Any, parallel_dims: Any,
-                                 model_args: Any = None, tag: str | None = None) -> Any:
+                                 model_args: Any = None,  # noqa: ARG002 (torchtitan's signature)
+                                 tag: str | None = None) -> Any:
         from launch.titan_metrics import RecipeMetricsProcessor
 
         recipe = OmegaConf.to_container(self.cfg, resolve=True)

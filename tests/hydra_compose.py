@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import launch.config_store  # noqa: F401  (registers the schemas)
+
+REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 GROUPS = ("model", "parallelism", "a2a", "launcher", "logging")
 

@@ -12,13 +12,13 @@ import torch
 
 from benchmarks.kernels import merge_rounds, peer_one_rows, sorted_routing
 from mxfp8_ep.peer_memory import OneProcessPeers
-from mxfp8_ep.symm_reference import token_map, token_map_offset
+from mxfp8_ep.staging import token_map, token_map_offset
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sorted_routing_is_rank_0_of_world(world):
-    dst_rank, dst_row, slot, inv = sorted_routing(32, 8, 3, world, torch.device("cpu"))
-    assert sorted(slot.tolist()) == list(range(96)) and torch.equal(slot[inv], torch.arange(96))
+    dst_rank, dst_row, slot, sorted_row = sorted_routing(32, 8, 3, world, torch.device("cpu"))
+    assert sorted(slot.tolist()) == list(range(96)) and torch.equal(slot[sorted_row], torch.arange(96))
     assert set(dst_rank.tolist()) == set(range(world))
     for r in range(world):
         assert dst_row[dst_rank == r].tolist() == list(range(int((dst_rank == r).sum())))

@@ -77,7 +77,7 @@ def test_two_nodes_full_params(tmp_path):
                  "#SBATCH --cpus-per-task=12", "#SBATCH --time=240", "#SBATCH --reservation=res1",
                  "#SBATCH --job-name=mxfp8ep-abl", "module load cuda"):
         assert line in script, f"{line!r} missing from\n{script}"
-    srun = next(l for l in script.splitlines() if l.startswith("srun "))
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--cpu-bind=none" in srun
 
 
@@ -94,7 +94,7 @@ def test_container_image_goes_to_srun(tmp_path):
     # inside the image, "python" – not the login node's interpreter path
     assert slurm_executor_kwargs(cfg)["slurm_python"] == "python"
     script = sbatch_script(cfg, tmp_path)
-    srun = next(l for l in script.splitlines() if l.startswith("srun "))
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--container-image=/img/mxfp8ep.sqsh" in srun and f"--container-workdir={Path.cwd()}" in srun
     assert " python -u -m submitit.core._submit" in srun
 

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
 from launch import titan_models
 from launch.model_facts import MODELS
 from launch.titan_data import (
@@ -30,6 +28,8 @@ from launch.titan_models import (
     model_args,
     resolve,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
