@@ -164,7 +164,7 @@ titan030)
   bench 2 titan030
   ;;
 tests_1gpu)
-  tests tests_1gpu_kernels tests/test_triton_kernels.py tests/test_format.py tests/test_grouped_experts.py \
+  tests tests_1gpu_kernels tests/test_triton_kernels.py tests/test_mxfp8.py tests/test_grouped_experts.py \
     tests/test_symm_kernels.py
   tests tests_1gpu_ranks -s -k "sharing_one_gpu and not fuzz_against" tests/test_dispatcher_gpu.py
   ;;
