@@ -214,18 +214,18 @@ def install_expert_parallel(
     titan_moe.MoE.forward = dispatcher_moe_forward
 
 
-_ONE_RANK_GROUP: list[dist.ProcessGroup] = []
+_ONE_RANK_GROUP: list[tuple[dist.ProcessGroup, dist.ProcessGroup]] = []  # (default group, this rank's own)
 
 
 def one_rank_group() -> dist.ProcessGroup:
-    """A process group of this rank alone (the default group when it has one rank; else one
-    of ``new_subgroups(1)``, made once: a collective, every rank calls it at the same point)."""
-    if not _ONE_RANK_GROUP:
-        if dist.get_world_size() == 1:
-            _ONE_RANK_GROUP.append(dist.group.WORLD)
-        else:
-            _ONE_RANK_GROUP.append(dist.new_subgroups(group_size=1)[0])
-    return _ONE_RANK_GROUP[0]
+    """A process group of this rank alone: the default group when it has one rank, else one of
+    ``new_subgroups(1)``, made once per default group (a collective: every rank calls it at the
+    same point)."""
+    world = dist.group.WORLD
+    if not _ONE_RANK_GROUP or _ONE_RANK_GROUP[0][0] is not world:
+        own = world if dist.get_world_size() == 1 else dist.new_subgroups(group_size=1)[0]
+        _ONE_RANK_GROUP[:] = [(world, own)]
+    return _ONE_RANK_GROUP[0][1]
 
 
 def dispatch_without_expert_parallel(model: nn.Module, a2a: A2AConfig, overlap_shared_experts: bool = False) -> int:
