@@ -114,3 +114,21 @@ def _check(rank, world):
 def test_rows_that_stay_are_quantized_like_rows_that_cross(world):
     preload(titan=False)
     run_forked(world, _check)
+
+
+def _own_group(rank, world):
+    from mxfp8_ep.titan022 import one_rank_group
+
+    group = one_rank_group()
+    assert dist.get_world_size(group) == 1 and dist.get_rank(group) == 0
+    assert one_rank_group() is group  # made once
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t, group=group)  # this rank alone
+    assert t.item() == rank + 1.0
+    assert (world == 1) == (group is dist.group.WORLD)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_each_rank_gets_a_group_of_its_own_without_ep(world):
+    preload(titan=False)
+    run_forked(world, _own_group)
