@@ -72,6 +72,10 @@ BENCHES = {
                    "tokens/s of all ranks", **TRAIN),
     "train_shm": Bench("Training as in `train`, NCCL forced onto shared memory (`NCCL_P2P_DISABLE=1`)",
                        **TRAIN),
+    "numerics_overhead": Bench("Training with the numerics telemetry (`logging.numerics_every`) against "
+                               "without it, step time (s) of each run and their means (`on_vs_off`)",
+                               paths=LIBRARY + ("launch/", "conf/"), baselines=("off",), key="step_time_s",
+                               hide=("overrides", "run_dir", "step_times_off", "step_times_on")),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       group=("shape", "pass"), baselines=("alltoall", "minimal_async_ep"),
                       hide=("shape_desc",)),

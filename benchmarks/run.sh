@@ -19,6 +19,7 @@ train_shm       2 GPUs  training tokens/s over NCCL shared memory: */nccl, share
 train_debug     2 GPUs  Llama4 / DeepSeek-V3 debugmodels, bf16 vs mxfp8: tokens/s and loss
 step_profile    2 GPUs  one dsv3_ep_bench training step's GPU time by category, per arm
 kernels         1 GPU   the symm kernels alone at EP=2 and EP=8 (peers emulated), launch shapes side by side
+numerics        1 GPU   numerics telemetry: step time at logging.numerics_every=50 vs off (EP=1, every row quantized)
 profile         2 GPUs  kernels over NVLink with bandwidths; layer and leg timelines (torch.profiler)
 power           2 GPUs  SM clock, power and energy per pass of the DSV3-like layer's arms
 titan030        2 GPUs  torchtitan 0.3.0 MoE layer: AllToAll / MinimalAsyncEP vs ours (TITAN030_SITE)
@@ -143,6 +144,12 @@ kernels)
     bench 1 kernels --world "$world" --launch push_tokens=2x4x1024 --launch push_partials.bf16=2x4x512 \
       --launch push_partials.mxfp8=2x4x1024 --launch reduce_slots=2x4x1024 --launch receive_rows=8x4,16x8
   done
+  ;;
+numerics)
+  # The smallest MoE model (the telemetry's work weighs most), every leg MXFP8, every row quantized.
+  run python3 -m benchmarks.numerics_overhead --every 50 --repeats 2 --out "$out" -- model=dsv3_debugmodel \
+    parallelism=single a2a=mxfp8_all a2a.quantize_local_rows=true training.steps=$((steps * 6)) \
+    training.seq_len=2048 training.local_batch_size=8 logging=none experiment=bench_numerics
   ;;
 profile) bench 2 timeline ;;
 power) bench 2 layer --power --shapes dsv3 --arms torchtitan,bf16/symm,mxfp8/symm,mxfp8_all/symm,mxfp8/nccl --iters 40 --rounds 2 ;;

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import SUMMARY
-from mxfp8_ep.config import LEGS
+from mxfp8_ep.config import LEGS, NUMERICS_STATS  # noqa: F401  (NUMERICS_STATS: read by compare_runs)
 
 # wandb metric names (torchtitan's where it has one, so dashboards match stock runs).
 LOSS = "loss_metrics/global_avg_loss"
@@ -33,18 +33,12 @@ MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
 VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan_validation)
 
-# MXFP8 numerics telemetry (logging.numerics_every): per MoE layer, all-to-all leg
-# (mxfp8_ep.config.LEGS) and statistic, "numerics/layer<i>/<leg>/<stat>" (i: torchtitan's
-# block index), and model-wide "numerics/<leg>/<stat>". RunSummary keeps summary statistics
-# of each (numerics); compare_runs sums them up per run.
+# MXFP8 numerics telemetry (logging.numerics_every, launch.numerics_log): per MoE layer, all-to-all
+# leg (mxfp8_ep.config.LEGS) and statistic (NUMERICS_STATS, defined in mxfp8_ep.numerics),
+# "numerics/layer<i>/<leg>/<stat>" (i: torchtitan's block index), and model-wide
+# "numerics/<leg>/<stat>". RunSummary keeps summary statistics of each (numerics); compare_runs
+# sums them up per run.
 NUMERICS_PREFIX = "numerics/"
-NUMERICS_STATS = (
-    "rel_l2_err",  # ||dequant(quant(x)) - x|| / ||x|| over the sampled rows
-    "saturated_block_frac",  # share of 32-element blocks with an e4m3 element at 448
-    "flushed_frac",  # share of nonzero elements that dequantize to zero
-    "scale_exp_min",  # smallest unbiased e8m0 exponent among the sampled blocks
-    "scale_exp_max",  # largest one
-)
 
 # RunSummary field <- wandb metric whose steady mean it is.
 MEAN_OF = {

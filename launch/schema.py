@@ -75,6 +75,10 @@ class LoggingConfig:
     # wandb run id; default = a new one (a resumed run keeps its own: launch/resume.py).
     run_id: Optional[str] = None
     log_freq: int = 1
+    # Every this many steps, the quantization telemetry of the MXFP8 legs (launch/numerics_log.py:
+    # per MoE layer and leg, the round trip's relative error, saturated blocks, flushed values,
+    # the scales' range) on a sample of each leg's rows, logged under numerics/; 0: off.
+    numerics_every: int = 0
     # Console: header, one line per log window and the summary; true = every process's full
     # output (torchtitan, wandb, warnings), as in the run's log files.
     verbose: bool = False

@@ -9,11 +9,13 @@ match stock torchtitan runs; the names are ``launch.run_summary``'s) and adds:
 * ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
   from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
+* ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
+  samples (``launch.numerics_log``; names in ``launch.run_summary``), with a console line,
 * ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
 * ``val/loss``: the validation loss (``launch.titan_validation``), with its own console line,
 * any further metrics a component hands to :meth:`RecipeMetricsProcessor.log_metrics` or
-  through ``extra_metrics`` (e.g. the ``numerics/...`` telemetry, named in
-  ``launch.run_summary``), passed to wandb as they are,
+  through ``extra_metrics``, passed to wandb as they are (``numerics/...`` ones also kept for
+  the run's summary),
 * a console line per log window (``launch.console.progress_line``) in ``<run dir>/console.log``,
 * a run history (``history``) the runner turns into the run's ``RunSummary``.
 
@@ -40,6 +42,7 @@ from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
+from launch import numerics_log
 from launch import run_summary as names
 from launch.console import format_eta, progress_line, validation_line
 from mxfp8_ep import wire_stats
@@ -273,6 +276,10 @@ class RecipeMetricsProcessor(MetricsProcessor):
         if extra_metrics:
             metrics.update(extra_metrics)
             self.history.record_numerics(extra_metrics)
+        # The quantization telemetry of the steps sampled since the last log (a collective then).
+        numerics = numerics_log.collect_metrics(self.model_parts or [])
+        metrics.update(numerics)
+        self.history.record_numerics(numerics)
         self.logger.log(metrics, step)
 
         h = self.history
@@ -302,6 +309,9 @@ class RecipeMetricsProcessor(MetricsProcessor):
         )
         if self.console is not None:
             self.console.write(progress_line(step, self.total_steps, global_avg_loss, global_tps, eta) + "\n")
+            line = numerics_log.console_line(step, numerics)
+            if line:
+                self.console.write(line + "\n")
 
         self._last_logged_step = step
         self.ntokens_since_last_log = 0

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchtitan.train import Trainer
 
+from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
 from launch.run_summary import RunSummary, series_stats, steady_mean
 from launch.schema import PROFILER_WARMUP_STEPS
@@ -190,10 +191,12 @@ class RecipeTrainer(Trainer):
 
     @train_spec.setter
     def train_spec(self, spec: Any) -> None:
+        self._titan_parallelize = spec.parallelize_fn
         self._train_spec = dataclasses.replace(
             spec,
             build_metrics_processor_fn=self._build_metrics_processor,
             build_validator_fn=self._build_validator,
+            parallelize_fn=self._parallelize,
         )
 
     def _build_validator(self, job_config: Any, **_: Any) -> Any:
@@ -203,6 +206,26 @@ class RecipeTrainer(Trainer):
 
         return HeldOutLoss(self, Path(job_config.validation.dataset_path),
                            every=job_config.validation.freq, batches=job_config.validation.steps)
+
+    def _parallelize(self, model: Any, parallel_dims: Any, job_config: Any) -> Any:
+        """torchtitan's parallelize; then, without EP and with ``a2a.quantize_local_rows``, every
+        MoE layer through our dispatcher over a one-rank group (torchtitan's own MoE path
+        quantizes nothing)."""
+        model = self._titan_parallelize(model, parallel_dims, job_config)
+        if self.cfg.a2a.quantize_local_rows and not parallel_dims.ep_enabled:
+            from mxfp8_ep.titan022 import dispatch_without_expert_parallel
+
+            dispatch_without_expert_parallel(model, a2a_config(self.cfg),
+                                             bool(self.cfg.parallelism.overlap_shared_experts))
+        return model
+
+    def train_step(self, data_iterator: Any) -> None:
+        """torchtitan's step, with the numerics telemetry armed on the steps it samples."""
+        arm_for_step(self.step, int(self.cfg.logging.numerics_every))
+        try:
+            super().train_step(data_iterator)
+        finally:
+            arm_for_step(self.step, 0)
 
     def _build_metrics_processor(self, job_config: Any, parallel_dims: Any,
                                  model_args: Any = None,  # noqa: ARG002 (torchtitan's signature)
@@ -348,14 +371,20 @@ def _setup_process(cpu: bool) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, per_node)))
 
 
+def a2a_config(cfg: DictConfig) -> Any:
+    """The library's ``A2AConfig`` of ``cfg.a2a``."""
+    from mxfp8_ep.config import A2AConfig
+
+    return A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True))  # type: ignore[arg-type]
+
+
 def install_dispatcher(cfg: DictConfig) -> None:
     """Route every EP MoE layer of the models built from now on through our dispatcher, as
     ``cfg.a2a`` and ``cfg.parallelism`` say."""
     import mxfp8_ep
-    from mxfp8_ep.config import A2AConfig
 
     mxfp8_ep.install_expert_parallel(
-        A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True)),  # type: ignore[arg-type]
+        a2a_config(cfg),
         # Every rank sees at most this many tokens per MoE layer: the symm transport's
         # buffers are sized for it on every rank alike.
         max_tokens_per_rank=int(cfg.training.local_batch_size) * int(cfg.training.seq_len),

@@ -212,6 +212,10 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
     ]:
         if a[key] not in allowed:
             r.error(choice_problem(f"a2a.{key}", a[key], allowed))
+    if a.quantize_local_rows and not any(a[leg] == "mxfp8" for leg in LEGS):
+        r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the MXFP8 "
+                f"legs, but a2a={a.name} sends every leg as bf16; use a2a=mxfp8 or a2a=mxfp8_all with it, "
+                f"or drop a2a.quantize_local_rows")
     if a.name in PRESETS:
         changed = [f"{leg}={a[leg]}" for leg in LEGS if a[leg] != PRESETS[a.name][leg]]
         if changed:
@@ -238,12 +242,17 @@ def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
 
 def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantized: bool) -> None:
     p = cfg.parallelism
-    if quantized and p.ep == 1:
+    if quantized and p.ep == 1 and not cfg.a2a.quantize_local_rows:
         r.warn(
             f"a2a={cfg.a2a.name} quantizes the all-to-all but parallelism.ep=1: every token stays "
             "in its process, nothing crosses a wire, and the MXFP8 legs are skipped. Use "
-            "parallelism=ep2 (or higher) to measure anything."
+            "parallelism=ep2 (or higher) to measure anything, or a2a.quantize_local_rows=true to "
+            "train with every row quantized as if it crossed."
         )
+    if cfg.a2a.quantize_local_rows and p.ep == 1 and p.tp > 1:
+        r.error(f"a2a.quantize_local_rows=true with parallelism.ep=1 routes the MoE layers through the "
+                f"dispatcher on each rank alone, which takes whole experts, but parallelism.tp={p.tp} "
+                f"shards them; use parallelism.tp=1 or parallelism.ep > 1")
     if p.ep >= 1 and facts.num_experts % p.ep:
         divisors = [d for d in range(1, facts.num_experts + 1) if facts.num_experts % d == 0]
         r.error(
@@ -281,6 +290,15 @@ def _check_logging(cfg: Any, r: Report) -> None:
         r.error(choice_problem("logging.wandb_mode", lg.wandb_mode, WANDB_MODES))
     if lg.log_freq < 1:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
+    if lg.numerics_every < 0:
+        r.error(f"logging.numerics_every={lg.numerics_every}: 0 (off) or the steps between samples (e.g. 50)")
+    elif lg.numerics_every and not any(cfg.a2a[leg] == "mxfp8" for leg in LEGS):
+        r.warn(f"logging.numerics_every={lg.numerics_every} measures the MXFP8 legs, but a2a={cfg.a2a.name} "
+               f"has none: nothing will be logged under numerics/")
+    elif lg.numerics_every and cfg.parallelism.ep == 1 and not cfg.a2a.quantize_local_rows:
+        r.warn(f"logging.numerics_every={lg.numerics_every} with parallelism.ep=1: the MoE layers run "
+               f"torchtitan's own path, which quantizes nothing, so nothing is logged under numerics/; "
+               f"add a2a.quantize_local_rows=true")
 
 
 # --------------------------------------------------------------------------- launcher

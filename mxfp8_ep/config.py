@@ -22,6 +22,9 @@ from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
 # ``a2a`` config, the keys of ``mxfp8_ep.wire_stats``).
 LEGS = ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
 LEG_FORMATS = WIRE_FORMATS
+# The numerics telemetry's statistics of an MXFP8 leg (``mxfp8_ep.numerics`` defines them), the
+# last part of the recipe's ``numerics/`` metric names.
+NUMERICS_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
 # MXFP8: one e8m0 scale per this many consecutive elements of the last dim (a token's width
 # must be a multiple of it; the recipe's validation reads it here).
 BLOCK_SIZE = WireFormat.MXFP8.block_size
@@ -56,6 +59,11 @@ class A2AConfig:
     # rows (EP times the memory: 1.9 vs 0.94 GB per layer at DeepSeek-V3-like shapes on 2
     # GPUs, 7.5 vs 0.94 GB on 8). False: combine's forward goes row by row.
     symm_combine_partial_sums: bool = True
+    # Rows that stay on their rank go through the same MXFP8 quantize -> dequantize on every
+    # MXFP8 leg as the rows that cross: the numerics of every row crossing (a study option: EP=1
+    # on one GPU then trains as an EP degree with no local rows would). False: rows that stay
+    # are never quantized.
+    quantize_local_rows: bool = False
 
     def __post_init__(self) -> None:
         for leg in self.legs():
@@ -73,6 +81,14 @@ class A2AConfig:
         if not isinstance(self.symm_combine_partial_sums, bool):
             raise ValueError(
                 f"A2AConfig.symm_combine_partial_sums={self.symm_combine_partial_sums!r}: expected true or false"
+            )
+        if not isinstance(self.quantize_local_rows, bool):
+            raise ValueError(f"A2AConfig.quantize_local_rows={self.quantize_local_rows!r}: expected true or false")
+        if self.quantize_local_rows and not self.any_quantized:
+            raise ValueError(
+                "A2AConfig.quantize_local_rows=True quantizes the rows that stay on their rank on the "
+                "MXFP8 legs, but every leg is bf16: choose MXFP8 legs (a2a=mxfp8 or mxfp8_all) or "
+                "drop quantize_local_rows"
             )
 
     @staticmethod

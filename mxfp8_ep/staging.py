@@ -96,3 +96,14 @@ def decode_rows(views, rows: torch.Tensor, dtype: torch.dtype, fmt: str) -> torc
         elements, scales = views
         return wire.codec().decode_rows(elements[rows], scales[rows], dtype)
     return views[0][rows]
+
+
+def round_trip_rows(values: torch.Tensor, rounding: str, fmt: str) -> torch.Tensor:
+    """``values`` as a receiving pass decodes them after the wire (``encode_rows`` then
+    ``decode_rows``): the rows that stay on their rank under ``A2AConfig.quantize_local_rows``.
+    An unencoded format returns them as they are."""
+    wire = WireFormat(fmt)
+    if not wire.quantized:
+        return values
+    codec = wire.codec()
+    return codec.decode_rows(*codec.encode_rows(values, rounding), values.dtype)

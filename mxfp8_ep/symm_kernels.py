@@ -6,8 +6,8 @@ launch shape as an argument (``launch_shapes``).
 
 * ``push_rows``: one pass per leg on the sending side. Each row is read once (gathered by
   token for the expert-bound legs), optionally weighted, and stored either into this rank's
-  own expert-major tensor (rows that stay: never quantized) or into the owning rank's staging
-  buffer, quantized to MXFP8 in registers when the leg is MXFP8.
+  own expert-major tensor (rows that stay: not quantized, unless ``quantize_local``) or into
+  the owning rank's staging buffer, quantized to MXFP8 in registers when the leg is MXFP8.
 * ``push_tokens``: the sending side of an expert-bound leg with top-k > 1 (symm): each token
   is read once and goes, quantized once, to every other rank that owns one of its experts
   (once per rank, not once per expert); its rows that stay are copied (weighted) into the
@@ -19,6 +19,10 @@ launch shape as an argument (``launch_shapes``).
   the padding rows.
 * ``reduce_slots``: the receiving side of the token-bound legs: for each token, dequantizes its
   K rows (or reads them from this rank's expert output) and reduces them in fp32.
+
+``quantize_local`` (``A2AConfig.quantize_local_rows``; ``push_rows``, ``push_tokens``,
+``reduce_slots``): the rows that stay on this rank are encoded and decoded in registers as a
+peer would have received them; off, the kernels compile to what they were without it.
 
 The nccl transport runs the same kernels around an all-to-all (``dispatcher``): ``push_rows``
 into a local send buffer (every peer offset 0), the receiving passes from the receive buffer,
@@ -39,6 +43,7 @@ from mxfp8_ep.routing import RoutingTables
 from mxfp8_ep.staging import row_weights, staging_views, token_map
 from mxfp8_ep.symm_reference import pushed_rows_index
 from mxfp8_ep.triton_kernels import (
+    _decode_groups,
     _encode_groups,
     _load_decoded,
     _load_fp32,
@@ -168,14 +173,26 @@ def _store_staged_tile(stage_ptr, peer, rows, row_ok, cols, start, value, D: tl.
 
 
 @triton.jit
+def _round_trip_tile(value, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+                     ROUNDING: tl.constexpr):
+    """A tile's values encoded in the wire format and decoded again, as a receiving pass writes
+    them (the rows that stay, under ``A2AConfig.quantize_local_rows``); unencoded formats: as
+    they are."""
+    if ELEMENT != _ACTIVATION:
+        elements, scales = _encode_groups(value, ELEMENT, SCALE, ROUNDING)
+        value = _round_to_activation(_decode_groups(elements, scales, ELEMENT, SCALE), IN_BF16)
+    return value
+
+
+@triton.jit
 def _push_rows_kernel(
     src_ptr, slot_ptr, weight_ptr, dot_with_ptr, dot_out_ptr,
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
     M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr,
-    PUSHED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STRIPES: tl.constexpr,
-    STAGES: tl.constexpr,
+    QUANTIZE_LOCAL: tl.constexpr, PUSHED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    STRIPES: tl.constexpr, STAGES: tl.constexpr,
 ):
     # Program p takes block (p % STRIPES) * per_stripe + p // STRIPES (the grid is a multiple
     # of STRIPES; blocks past the rows find no active row).
@@ -219,7 +236,10 @@ def _push_rows_kernel(
         if HAS_WEIGHT:
             x = _round_to_activation(x * weight[:, None, None], IN_BF16)
         if any_local:
-            _store_tile(local_out_ptr, dst_row, cols, x, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
+            x_local = x
+            if QUANTIZE_LOCAL:
+                x_local = _round_trip_tile(x, IN_BF16, ELEMENT, SCALE, ROUNDING)
+            _store_tile(local_out_ptr, dst_row, cols, x_local, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if any_remote:
             _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
     if HAS_DOT:
@@ -233,7 +253,7 @@ def _push_tokens_kernel(
     sent_ptr, T, rank, max_tokens,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, IN_BF16: tl.constexpr,
     ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
+    QUANTIZE_LOCAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, WEIGH_LOCAL: tl.constexpr,
     HAS_DOT: tl.constexpr, DOT_EXPERT_ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # HAS_WEIGHT: per-slot weights go to the owners' row weights; WEIGH_LOCAL: they also
@@ -268,6 +288,10 @@ def _push_tokens_kernel(
     for start in range(0, D, BLOCK_D):
         cols = _cols(start, GROUP, BLOCK_D)
         x = _load_tile(src_ptr, toks, cols, _mask(tok_ok, cols, D, GROUP, BLOCK_D), D, IN_BF16)
+        # The rows that stay take the token as it is, or (QUANTIZE_LOCAL) as a peer decodes it.
+        x_local = x
+        if QUANTIZE_LOCAL:
+            x_local = _round_trip_tile(x, IN_BF16, ELEMENT, SCALE, ROUNDING)
         if any_local or (HAS_DOT and not DOT_EXPERT_ROWS):
             for k in tl.static_range(TOP_K):
                 slot = toks * TOP_K + k
@@ -281,12 +305,12 @@ def _push_tokens_kernel(
                     row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
                     if HAS_DOT and DOT_EXPERT_ROWS:
                         other = _load_tile(dot_with_ptr, row_k, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
-                        part = tl.sum(other * x, axis=2)
+                        part = tl.sum(other * x_local, axis=2)
                         dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
-                    x_k = x
+                    x_k = x_local
                     if HAS_WEIGHT and WEIGH_LOCAL:
                         f_k = tl.load(weight_ptr + slot, mask=is_local, other=0.0)
-                        x_k = _round_to_activation(x * f_k[:, None, None], IN_BF16)
+                        x_k = _round_to_activation(x_local * f_k[:, None, None], IN_BF16)
                     _store_tile(local_out_ptr, row_k, cols, x_k, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if sent > 0:
             if ELEMENT != _ACTIVATION:
@@ -401,7 +425,8 @@ def _reduce_slots_kernel(
     weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, WEIGH_STAGED: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
-    HAS_STAGE_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_STAGE_ROW: tl.constexpr, QUANTIZE_LOCAL: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_ok = toks < T
@@ -421,6 +446,8 @@ def _reduce_slots_kernel(
             is_remote = tok_ok & (owner != rank)
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
             value = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
+            if QUANTIZE_LOCAL:  # a row that stayed, as a peer would have decoded it
+                value = _round_trip_tile(value, IN_BF16, ELEMENT, SCALE, ROUNDING)
             staged = _staged_rows(stage_row_ptr, n, is_remote, HAS_STAGE_ROW)
             if HAS_STAGE_ROW:  # -1: nothing to add (push_partials sent the token's sum once)
                 is_remote = is_remote & (staged >= 0)
@@ -504,6 +531,12 @@ def _format_constants(fmt: str, dim: int, shape: LaunchShape) -> dict[str, int]:
     return {**constants, "BLOCK_D": shape.tile(dim, constants["GROUP"])}
 
 
+def _quantizes(fmt, quantize_local: bool) -> bool:
+    """The kernels' ``QUANTIZE_LOCAL``: rows that stay go through the leg's wire format too
+    (``A2AConfig.quantize_local_rows``), where that format encodes them."""
+    return quantize_local and WireFormat(fmt).quantized
+
+
 def _staging_arg(buf, staging_rows, dim, dtype, fmt):
     """A staging byte buffer as the kernels take it: its bytes (MXFP8: packed rows) or its
     values (bf16 as int16 bits)."""
@@ -531,7 +564,8 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", shape: LaunchShape | None = None,
+    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", quantize_local=False,
+    shape: LaunchShape | None = None,
 ) -> None:
     num = dst_rank.numel()
     if num == 0:
@@ -550,15 +584,15 @@ def push_rows(
         num, rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_WEIGHT=weight is not None,
         HAS_DOT=dot_with is not None, IN_BF16=src.dtype == torch.bfloat16,
-        ROUNDING=rounding_code(rounding), BLOCK_M=block_m, **_format_constants(fmt, dim, shape),
-        PUSHED=pushed_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
+        ROUNDING=rounding_code(rounding), QUANTIZE_LOCAL=_quantizes(fmt, quantize_local), BLOCK_M=block_m,
+        **_format_constants(fmt, dim, shape), PUSHED=pushed_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
     )
 
 
 def push_tokens(
     src, sorted_row, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
     top_k, max_tokens, sent, weight=None, weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False,
-    shape: LaunchShape | None = None,
+    quantize_local=False, shape: LaunchShape | None = None,
 ) -> None:
     num_tokens, dim = src.shape
     if num_tokens == 0:
@@ -575,6 +609,7 @@ def push_tokens(
         num_tokens, rank, max_tokens,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
         IN_BF16=src.dtype == torch.bfloat16, ROUNDING=rounding_code(rounding),
+        QUANTIZE_LOCAL=_quantizes(fmt, quantize_local),
         HAS_WEIGHT=weight is not None, WEIGH_LOCAL=weight is not None and weigh_local, HAS_DOT=dot_with is not None,
         DOT_EXPERT_ROWS=dot_with_expert_rows, BLOCK_T=shape.block, **_format_constants(fmt, dim, shape),
         num_warps=shape.warps,
@@ -619,7 +654,7 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
 def reduce_slots(
     out, sorted_row, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
     weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
-    shape: LaunchShape | None = None,
+    rounding="rceil", quantize_local=False, shape: LaunchShape | None = None,
 ) -> None:
     num_tokens, dim = out.shape
     if num_tokens == 0:
@@ -634,7 +669,8 @@ def reduce_slots(
         num_tokens, rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
-        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None, BLOCK_T=shape.block,
+        HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None,
+        QUANTIZE_LOCAL=_quantizes(fmt, quantize_local), ROUNDING=rounding_code(rounding), BLOCK_T=shape.block,
         **_format_constants(fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,

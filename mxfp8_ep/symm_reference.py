@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from mxfp8_ep import routing
-from mxfp8_ep.staging import decode_rows, encode_rows, row_weights, staging_views, store_rows, token_map
+from mxfp8_ep.staging import decode_rows, encode_rows, round_trip_rows, row_weights, staging_views, store_rows, token_map
 
 
 # Which rows a push stores (``push_rows(pushed=...)``): all, those that stay on this rank, or
@@ -68,11 +68,13 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
 
 def push_rows(
     src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", shape=None,  # noqa: ARG001
+    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", quantize_local=False,
+    shape=None,  # noqa: ARG001
 ) -> None:
     """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``weight[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
-    rank, of rank ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
+    rank (``quantize_local``: as a peer decodes it, ``round_trip_rows``), of rank
+    ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
     With ``dot_with``: ``dot_out[slot[j]] = <dot_with[j], src row>`` in fp32 (before the weight).
     ``pushed`` (``PUSHED_ROWS``): push just the rows that stay (``local``) or just those that
     leave (``remote``); the others are skipped as if their ``dst_rank`` were -1.
@@ -91,7 +93,8 @@ def push_rows(
         values = (values.float() * weight[idx].unsqueeze(1)).to(src.dtype)
     if local_out is not None:
         local = dst_rank == rank
-        local_out[dst_row[local]] = values[local]
+        kept = round_trip_rows(values, rounding, fmt) if quantize_local else values
+        local_out[dst_row[local]] = kept[local]
     encoded = encode_rows(values, rounding, fmt)
     for peer in range(staging.world_size):
         if peer != rank:
@@ -101,7 +104,7 @@ def push_rows(
 def push_tokens(
     src, sorted_row, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
     top_k, max_tokens, sent, weight=None, weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False,
-    shape=None,  # noqa: ARG001
+    quantize_local=False, shape=None,  # noqa: ARG001
 ) -> None:
     """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
     (``sorted_row[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
@@ -120,17 +123,21 @@ def push_tokens(
     computes it; with ``dot_with_expert_rows`` ``dot_with`` holds this rank's expert-major rows
     instead: ``dot_out[t*K+k] = <dot_with[dst_row], src[t]>`` for the slots whose row stays,
     the other slots' entries are left as they are (their owners take theirs as they receive,
-    ``receive_rows(dot_with=...)``)."""
+    ``receive_rows(dot_with=...)``). ``quantize_local``: the rows that stay, and their
+    ``dot_with_expert_rows`` products, take the token as a peer decodes it (``round_trip_rows``;
+    before the weight, as ``receive_rows`` applies it)."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
     n = sorted_row[: num_tokens * top_k].view(num_tokens, top_k)
     owner, row = dst_rank[n], dst_row[n]
-    rows_of = src.unsqueeze(1).expand(num_tokens, top_k, dim)
     local = owner == rank
     if dot_with is not None and not dot_with_expert_rows:
-        dots = (dot_with[n.reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
+        sent_rows = src.unsqueeze(1).expand(num_tokens, top_k, dim)
+        dots = (dot_with[n.reshape(-1)].float() * sent_rows.reshape(-1, dim).float()).sum(dim=1)
         dot_out[: num_tokens * top_k] = dots
+    kept = round_trip_rows(src, rounding, fmt) if quantize_local else src
+    rows_of = kept.unsqueeze(1).expand(num_tokens, top_k, dim)
     if dot_with is not None and dot_with_expert_rows:
         dots = (dot_with[torch.where(local, row, 0).reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
         flat = dot_out[: num_tokens * top_k]
@@ -240,10 +247,11 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
 def reduce_slots(
     out, sorted_row, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
     weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
-    shape=None,  # noqa: ARG001
+    rounding="rceil", quantize_local=False, shape=None,  # noqa: ARG001
 ) -> None:
     """``out[t] = sum_k weight[t*K+k] * v(sorted_row[t*K+k])`` in fp32 (k ascending), where ``v(n)``
-    is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank, else
+    is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank (with
+    ``quantize_local``: as a peer decodes it, ``round_trip_rows`` with ``rounding``), else
     row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
     ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(sorted_row[t*K+k]),
     dot_with[t]>`` in fp32. ``weigh_staged=False``: a staged row is added as it is (a weighted
@@ -256,6 +264,8 @@ def reduce_slots(
         n = sorted_row[slots + k]
         is_local = row_rank[n] == rank
         v = local_src[torch.where(is_local, local_row[n], 0)]
+        if quantize_local:
+            v = round_trip_rows(v, rounding, fmt)
         skipped = ~is_local & (stage_row[n] < 0) if stage_row is not None else torch.zeros_like(is_local)
         v[skipped] = 0
         remote = torch.nonzero(~is_local & ~skipped).squeeze(1)

@@ -17,6 +17,11 @@ call too). ``install_expert_parallel`` therefore makes two swaps, both undone by
   the exchange kernels (autograd runs their backward on that stream too); off because the push
   kernels occupy every SM while they run, leaving the GEMMs nothing to overlap.
 
+Without EP torchtitan parallelizes no experts, and its own MoE path never quantizes a row. For
+``A2AConfig.quantize_local_rows`` (every row quantized, as if it crossed), a recipe calls
+``dispatch_without_expert_parallel`` after torchtitan's parallelize: every MoE layer then runs
+the dispatcher over a one-rank group (transport nccl).
+
 ``uninstall_expert_parallel`` restores ``ExpertParallel``; ``MoE.forward`` stays patched, so
 models parallelized while the dispatcher was installed keep using it (for any other MoE the
 patched forward is torchtitan's).
@@ -29,6 +34,7 @@ experts with their dispatch/combine (torchtitan issue #1940); the dispatcher run
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -206,6 +212,43 @@ def install_expert_parallel(
     )
     llama4_parallelize.ExpertParallel = bound
     titan_moe.MoE.forward = dispatcher_moe_forward
+
+
+_ONE_RANK_GROUP: list[tuple[dist.ProcessGroup, dist.ProcessGroup]] = []  # (default group, this rank's own)
+
+
+def one_rank_group() -> dist.ProcessGroup:
+    """A process group of this rank alone: the default group when it has one rank, else one of
+    ``new_subgroups(1)``, made once per default group (a collective: every rank calls it at the
+    same point)."""
+    world = dist.group.WORLD
+    if not _ONE_RANK_GROUP or _ONE_RANK_GROUP[0][0] is not world:
+        own = world if dist.get_world_size() == 1 else dist.new_subgroups(group_size=1)[0]
+        _ONE_RANK_GROUP[:] = [(world, own)]
+    return _ONE_RANK_GROUP[0][1]
+
+
+def dispatch_without_expert_parallel(model: nn.Module, a2a: A2AConfig, overlap_shared_experts: bool = False) -> int:
+    """Run every MoE layer of a model that torchtitan parallelized without EP (and without TP)
+    through the dispatcher over a one-rank group (transport nccl: every row stays on its rank),
+    for ``a2a.quantize_local_rows``: each MXFP8 leg then quantizes every row, as if every row
+    crossed. The experts stay whole. Call after torchtitan's parallelize (which leaves such a
+    model's experts to torchtitan's own MoE path); returns how many layers it routed."""
+    if not a2a.quantize_local_rows:
+        raise ValueError("dispatch_without_expert_parallel is for a2a.quantize_local_rows=True: "
+                         "without it no row of a one-rank exchange is quantized (torchtitan's own "
+                         "MoE path computes that)")
+    _ORIGINAL.setdefault("MoE.forward", titan_moe.MoE.forward)
+    titan_moe.MoE.forward = dispatcher_moe_forward
+    a2a = dataclasses.replace(a2a, transport="nccl")  # peer memory has no peer to reach
+    routed = 0
+    for module in model.modules():
+        if isinstance(module, titan_moe.MoE):
+            if hasattr(module.experts, "expert_parallel_plan"):
+                raise ValueError("dispatch_without_expert_parallel: the model's experts are expert-parallel already")
+            module.experts.expert_parallel_plan = ExpertParallelPlan(one_rank_group(), a2a, None, overlap_shared_experts)
+            routed += 1
+    return routed
 
 
 def uninstall_expert_parallel() -> None:

@@ -87,11 +87,17 @@ def test_block_size_is_the_formats():
 
 @pytest.mark.parametrize("field, value", [
     ("dispatch_fwd", "fp8"), ("scale_rounding", "nearest"), ("kernel", "cuda"), ("transport", "nvshmem"),
-    ("symm_combine_partial_sums", "yes"),
+    ("symm_combine_partial_sums", "yes"), ("quantize_local_rows", "yes"),
 ])
 def test_a2a_config_rejects_values_it_does_not_know(field, value):
     with pytest.raises(ValueError, match=f"A2AConfig.{field}='{value}'"):
         A2AConfig(**{field: value})
+
+
+def test_quantize_local_rows_needs_an_mxfp8_leg():
+    with pytest.raises(ValueError, match="quantize_local_rows=True .* but every leg is bf16"):
+        A2AConfig(quantize_local_rows=True)
+    assert A2AConfig.preset("mxfp8", quantize_local_rows=True).quantize_local_rows
 
 
 def test_a2a_schema_is_the_library_config_plus_a_name():

@@ -88,7 +88,11 @@ def _cases(world: int) -> list[dict]:
     # the dispatcher's config (``TokenDispatcher.Config.launch_shapes``).
     striped = [dict(quantized[0], top_k=3, kind="random", transport=t, push_launch=(1, 3), seed=50 + j)
                for j, t in enumerate(("symm", "nccl"))] if world == 2 else []
-    return symm + nccl + striped
+    # A2AConfig.quantize_local_rows: the rows that stay quantized in push_rows (nccl), push_tokens
+    # (symm: weighted, and carrying scores for partial sums) and reduce_slots.
+    local = [dict(quantized[k], transport=t, quantize_local_rows=True, dim=64, seed=70 + k)
+             for k, t in ((3, "symm"), (4, "symm"), (5, "nccl"))] if world == 2 else []
+    return symm + nccl + striped + local
 
 
 def _routing(case: dict, rank: int, world: int):
@@ -120,7 +124,7 @@ def _run(case: dict, kernel: str, rank: int, world: int):
         num_experts=case["num_experts"], top_k=case["top_k"], score_before_experts=case["score_before_experts"],
         pad_multiple=PAD_MULTIPLE, max_tokens_per_rank=MAX_TOKENS,
         a2a=A2AConfig.preset(case["preset"], scale_rounding=case["rounding"], kernel=kernel,
-                             transport=case["transport"]),
+                             transport=case["transport"], quantize_local_rows=case.get("quantize_local_rows", False)),
         launch_shapes=_launch_shapes(case),
     )
     dispatcher = config.build(dist.group.WORLD, device)
@@ -193,6 +197,8 @@ def test_triton_kernels_equal_torch_twins(world):
         assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
     if world == 2:
         assert {c["transport"] for c in cases if "push_launch" in c} == {"symm", "nccl"}
+        local = {(c["transport"], c["top_k"] > 1, c["score_before_experts"]) for c in cases if c.get("quantize_local_rows")}
+        assert local == {("symm", True, False), ("symm", True, True), ("nccl", False, True)}
     if INTERPRETED:
         run_forked(world, _check, cases)
     else:  # ranks sharing the GPU: a gloo group, no NCCL for the nccl transport's all-to-all

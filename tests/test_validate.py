@@ -154,6 +154,25 @@ def test_quantized_a2a_with_ep1_warns():
     warnings = check("a2a=mxfp8", "parallelism=single")
     assert any("nothing crosses a wire" in w for w in warnings)
     assert not any("wire" in w for w in check("a2a=bf16", "parallelism=single"))
+    assert not any("wire" in w for w in check("a2a=mxfp8", "parallelism=single", "a2a.quantize_local_rows=true"))
+
+
+def test_quantize_local_rows_needs_an_mxfp8_leg_and_whole_experts():
+    msg = one_problem("a2a=bf16", "a2a.quantize_local_rows=true")
+    assert "a2a.quantize_local_rows=true" in msg and "every leg as bf16" in msg and "a2a=mxfp8" in msg
+    msg = one_problem("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.ep=1", "parallelism.tp=2")
+    assert "parallelism.tp=2 shards them" in msg
+    check("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.tp=2")  # EP 2: the dispatcher's own layers
+
+
+def test_numerics_telemetry_warns_where_it_would_log_nothing():
+    assert "logging.numerics_every=-1: 0 (off)" in one_problem("logging.numerics_every=-1")
+    assert any("has none: nothing will be logged" in w for w in check("logging.numerics_every=5"))
+    single = check("a2a=mxfp8", "parallelism=single", "logging.numerics_every=5")
+    assert any("add a2a.quantize_local_rows=true" in w for w in single)
+    assert not any("numerics" in w for w in check("a2a=mxfp8", "logging.numerics_every=5"))
+    assert not any("numerics" in w for w in check("a2a=mxfp8", "parallelism=single", "logging.numerics_every=5",
+                                                     "a2a.quantize_local_rows=true"))
 
 
 def test_unknown_preset_name():

@@ -103,6 +103,16 @@ SYMM = {
                                        HAS_SAVE=False, HAS_DOT=False, HAS_STAGE_ROW=True,
                                        **launch("BLOCK_T", "reduce_slots", fmt)))
        for fmt in ("bf16", "mxfp8")},
+    # A2AConfig.quantize_local_rows: the rows that stay encoded and decoded in registers.
+    "push_mxfp8_quantize_local": (sk._push_rows_kernel, PUSH, dict(
+        D=7168, TOP_K=8, HAS_SLOT=True, HAS_WEIGHT=True, HAS_DOT=True, IN_BF16=True, ROUNDING=0, QUANTIZE_LOCAL=True,
+        PUSHED=0, **launch("BLOCK_M", "push_rows", "mxfp8"))),
+    "push_tokens_mxfp8_w2_weighted_quantize_local": (sk._push_tokens_kernel, PUSH_TOKENS, dict(
+        D=7168, TOP_K=8, KP=8, W=2, IN_BF16=True, ROUNDING=0, QUANTIZE_LOCAL=True, HAS_WEIGHT=True,
+        WEIGH_LOCAL=True, HAS_DOT=True, DOT_EXPERT_ROWS=True, **launch("BLOCK_T", "push_tokens", "mxfp8"))),
+    "reduce_mxfp8_quantize_local": (sk._reduce_slots_kernel, REDUCE, dict(
+        D=7168, TOP_K=8, KP=8, IN_BF16=True, HAS_WEIGHT=True, HAS_SAVE=True, HAS_DOT=True, HAS_STAGE_ROW=True,
+        QUANTIZE_LOCAL=True, ROUNDING=1, **launch("BLOCK_T", "reduce_slots", "mxfp8"))),
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
                                              "sorted_row_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),

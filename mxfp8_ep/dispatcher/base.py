@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from mxfp8_ep import numerics
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
 from mxfp8_ep.quantize import resolve_kernel
+from mxfp8_ep.wire_format import WireFormat
 
 
 _TRANSPORTS: dict[str, list[type[TokenDispatcher]]] = {}
@@ -211,3 +213,11 @@ class TokenDispatcher:
             checks.agree(self.group, "dispatch", {}, fault)
         return checks.host_fault_routing(cfg.num_experts, fault.fault, x_TD.device), fault
 
+    def _observe(self, leg: str, rows: torch.Tensor, row_source: torch.Tensor | None = None) -> None:
+        """Report an MXFP8 leg's rows to the numerics telemetry (``mxfp8_ep.numerics``; nothing
+        happens unless it is armed). ``row_source`` (expert-major rows): the rows with data are
+        those from a rank (>= 0), not padding or unused rows."""
+        a2a = self.config.a2a
+        if numerics.PROBE.armed and a2a.wire_format(leg) is WireFormat.MXFP8:
+            valid = None if row_source is None else row_source >= 0
+            numerics.PROBE.observe(self, leg, rows, a2a.scale_rounding, valid)

@@ -180,12 +180,13 @@ class PushTokenDispatcher(TokenDispatcher):
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
         shapes = self.config.kernel_shapes(fmt)
+        self._observe(leg, src)
 
         def push(out, send, rows, pushed):
             kernels.push_rows(
                 src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
                 slot=meta.slot, top_k=self.config.top_k, weight=weight, dot_with=dot_with, dot_out=dot_out,
-                pushed=pushed, shape=shapes.push_rows,
+                pushed=pushed, quantize_local=a2a.quantize_local_rows, shape=shapes.push_rows,
             )
 
         out, recv, rows, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, weight, dot_with, dot_out)
@@ -196,14 +197,16 @@ class PushTokenDispatcher(TokenDispatcher):
     def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
         """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
         ``leg``: combine_fwd or dispatch_bwd."""
-        kernels = self.kernels(src.device)
-        fmt = getattr(self.config.a2a, leg)
+        kernels, a2a = self.kernels(src.device), self.config.a2a
+        fmt = getattr(a2a, leg)
+        self._observe(leg, src, meta.row_source)
         recv, rows, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
             out, meta.sorted_row, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
             self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
-            stage_row=stage_row, weigh_staged=not staged_weighted, shape=self.config.kernel_shapes(fmt).reduce_slots,
+            stage_row=stage_row, weigh_staged=not staged_weighted, rounding=a2a.scale_rounding,
+            quantize_local=a2a.quantize_local_rows, shape=self.config.kernel_shapes(fmt).reduce_slots,
         )
         return out
 

@@ -168,7 +168,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
                 weight=weight if weight is not None else carried, weigh_local=weight is not None,
                 dot_with=dot_with, dot_out=dot_out, dot_with_expert_rows=dot_with_expert_rows,
-                shape=self.config.kernel_shapes(fmt).push_tokens,
+                quantize_local=a2a.quantize_local_rows, shape=self.config.kernel_shapes(fmt).push_tokens,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
             stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
@@ -206,6 +206,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         if not dot_with_expert_rows:
             return super().to_experts(src, meta, leg, weight, dot_with, dot_out)
         kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
+        self._observe(leg, src)
         out, recv, rows, stage_row, row_weight = self._push_to_experts(
             None, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=True,
         )

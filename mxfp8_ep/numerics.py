@@ -1,0 +1,165 @@
+"""Quantization telemetry of the MXFP8 legs: what quantizing a leg's rows does to them.
+
+The dispatchers report each MXFP8 leg's rows to the process's probe (``PROBE``) with one call
+per leg (``NumericsProbe.observe``). Unarmed, that call returns at once: no device work, no
+host sync. Armed (a training loop arms it for the steps it samples), it takes a fixed number
+of rows (``SAMPLE_ROWS``, spread evenly over the leg's rows), quantizes them with the format's
+torch reference (``mxfp8_ep.mxfp8``, the run's scale rounding: the same bits as the kernels)
+and adds their statistics to device tensors (``LegStats``), still without a host sync. The
+loop then takes them (``collect``), sums them over ranks (``reduce_over_ranks``) and reads
+them on the host (``LegStats.summary``): the one sync, once per sampled step.
+
+Statistics of one (layer, leg), over its sampled elements (``mxfp8_ep.config.NUMERICS_STATS``):
+
+* ``rel_l2_err``: ``||dequant(quant(x)) - x|| / ||x||`` (L2 over all sampled elements, the
+  round trip in the activation dtype, as the receiving pass writes it);
+* ``saturated_block_frac``: the fraction of 32-element blocks with an e4m3 element at the
+  format's largest magnitude, ``|q| == 448`` (under floor rounding this includes the elements
+  the quantizer clamped from above 448: the blocks that lost their largest value);
+* ``flushed_frac``: of the nonzero elements, the fraction that the round trip makes zero;
+* ``scale_exp_min`` / ``scale_exp_max``: the range of the blocks' e8m0 scale exponents
+  (``byte - 127``: an element's value is ``e4m3 * 2**exp``), over blocks that are not all zero.
+
+The rows a leg reports are the rows it carries before its quantizer: tokens for the
+expert-bound legs (dispatch's forward, combine's backward), expert rows for the token-bound
+ones (combine's forward, dispatch's backward; padding and unused rows left out). Where a
+transport sends a token's rows weighted by their router scores, or summed per rank, these are
+the rows those are made of.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mxfp8_ep.config import NUMERICS_STATS
+from mxfp8_ep.mxfp8 import BLOCK_SIZE, E4M3_MAX, E8M0_BIAS, E8M0_NAN, dequantize_reference, quantize_reference
+
+# Rows sampled per leg call: at a 7168-wide model, 64 rows are 14,336 blocks.
+SAMPLE_ROWS = 64
+
+# LegStats.values: sums over ranks and calls, then maxima (the smallest exponent is kept negated).
+_SUMS = ("sq_err", "sq_ref", "blocks", "saturated_blocks", "nonzero", "flushed")
+_MAXIMA = ("neg_scale_exp_min", "scale_exp_max")
+
+
+def sample_rows(num_rows: int, sample: int, device: torch.device) -> torch.Tensor:
+    """Indices of ``min(sample, num_rows)`` rows of ``num_rows``, spread evenly from row 0."""
+    count = min(sample, num_rows)
+    return torch.arange(count, device=device) * num_rows // max(count, 1)
+
+
+@dataclass
+class LegStats:
+    """Sums of one (layer, leg) over the rows sampled so far: a float64 device tensor holding
+    ``_SUMS`` then ``_MAXIMA`` (no host sync until ``summary``)."""
+
+    values: torch.Tensor
+
+    @classmethod
+    def of_rows(cls, rows: torch.Tensor, rounding: str, valid: torch.Tensor | None = None) -> "LegStats":
+        """The statistics of quantizing ``rows`` (``(N, D)``, ``D`` a multiple of 32) to MXFP8
+        with ``rounding``; rows where ``valid`` (``(N,)`` bool) is False take no part."""
+        rows = rows.detach()
+        num, dim = rows.shape
+        if valid is not None:
+            rows = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+        q = quantize_reference(rows, rounding)
+        x = rows.float()
+        round_trip = dequantize_reference(q, rows.dtype).float()
+        err = round_trip - x
+        groups = dim // BLOCK_SIZE
+        blocks = x.view(num, groups, BLOCK_SIZE)
+        q_blocks = q.data.float().view(num, groups, BLOCK_SIZE)
+        count = torch.full((), num, dtype=torch.float64, device=rows.device) if valid is None else valid.sum()
+        nonzero = x != 0
+        # Blocks with a value: an all-zero block (and a NaN block, scale byte 0xFF) has no exponent.
+        exponent = q.scale.to(torch.float64) - E8M0_BIAS
+        has_scale = (blocks.abs().amax(dim=2) > 0) & (q.scale != E8M0_NAN)
+        inf = torch.tensor([math.inf], dtype=torch.float64, device=rows.device)
+        values = torch.stack([
+            (err.double() ** 2).sum(),
+            (x.double() ** 2).sum(),
+            count.double() * groups,
+            (q_blocks.abs() == E4M3_MAX).any(dim=2).sum().double(),
+            nonzero.sum().double(),
+            (nonzero & (round_trip == 0)).sum().double(),
+            torch.cat([torch.where(has_scale, -exponent, -math.inf).reshape(-1), -inf]).max(),
+            torch.cat([torch.where(has_scale, exponent, -math.inf).reshape(-1), -inf]).max(),
+        ])
+        return cls(values)
+
+    def add(self, other: "LegStats") -> None:
+        """Fold ``other`` in (device ops)."""
+        n = len(_SUMS)
+        self.values = torch.cat([self.values[:n] + other.values[:n], torch.maximum(self.values[n:], other.values[n:])])
+
+    def summary(self) -> dict[str, float | int | None]:
+        """``NUMERICS_STATS`` on the host (a device-to-host copy): None where nothing was sampled (no
+        rows; no block with a value for the exponents)."""
+        sq_err, sq_ref, blocks, saturated, nonzero, flushed, neg_min, exp_max = self.values.tolist()
+        if blocks == 0:
+            return dict.fromkeys(NUMERICS_STATS)
+        return {
+            "rel_l2_err": math.sqrt(sq_err / sq_ref) if sq_ref > 0 else 0.0 if sq_err == 0 else math.inf,
+            "saturated_block_frac": saturated / blocks,
+            "flushed_frac": flushed / nonzero if nonzero else 0.0,
+            "scale_exp_min": int(-neg_min) if math.isfinite(neg_min) else None,
+            "scale_exp_max": int(exp_max) if math.isfinite(exp_max) else None,
+        }
+
+
+def reduce_over_ranks(stats: Sequence[LegStats], group: dist.ProcessGroup | None = None) -> list[LegStats]:
+    """Each entry summed (the exponent range widened) over the ranks of ``group``: two
+    all-reduces. Every rank passes its entries in the same order."""
+    if not stats:
+        return []
+    table = torch.stack([s.values for s in stats])
+    n = len(_SUMS)
+    sums, maxima = table[:, :n].contiguous(), table[:, n:].contiguous()
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=group)
+    return [LegStats(row) for row in torch.cat([sums, maxima], dim=1)]
+
+
+class NumericsProbe:
+    """Collects ``LegStats`` per (reporter, leg) while armed; does nothing otherwise."""
+
+    def __init__(self, sample: int = SAMPLE_ROWS):
+        self.sample = sample
+        self.armed = False
+        self._stats: dict[tuple[Hashable, str], LegStats] = {}
+
+    @torch.compiler.disable
+    def observe(self, reporter: Hashable, leg: str, rows: torch.Tensor, rounding: str,
+                valid: torch.Tensor | None = None) -> None:
+        """A leg's rows (``(N, D)``) from ``reporter`` (a dispatcher: one per MoE layer), to be
+        quantized with ``rounding``; ``valid`` (``(N,)`` bool): the rows that carry data."""
+        if not self.armed:
+            return
+        with torch.no_grad():
+            index = sample_rows(rows.shape[0], self.sample, rows.device)
+            stats = LegStats.of_rows(rows[index], rounding, None if valid is None else valid[index])
+        key = (reporter, leg)
+        if key in self._stats:
+            self._stats[key].add(stats)
+        else:
+            self._stats[key] = stats
+
+    @property
+    def pending(self) -> bool:
+        """Whether statistics wait to be collected (host state: no sync)."""
+        return bool(self._stats)
+
+    def collect(self) -> dict[tuple[Hashable, str], LegStats]:
+        """The statistics gathered since the last collect, and forget them."""
+        stats, self._stats = self._stats, {}
+        return stats
+
+
+# The process's probe: the dispatchers report to it, a training loop arms and collects it.
+PROBE = NumericsProbe()

@@ -1,0 +1,64 @@
+"""The recipe's side of the numerics telemetry (``launch/numerics_log.py``): metric names, the
+model-wide values, the console line, and a tiny run end to end: EP=1 with
+``a2a.quantize_local_rows=true`` routes the MoE layers through the dispatcher, and
+``logging.numerics_every=2`` puts the numerics of steps 2 and 4 (only) into wandb."""
+
+from __future__ import annotations
+
+import pytest
+import torch.nn as nn
+from tests.train_cli import run_train
+
+from launch.numerics_log import console_line, layer_indices, metrics_of
+from launch.run_summary import RunSummary, parse_numerics_metric
+from launch.wandb_offline import read_runs
+from mxfp8_ep.config import LEGS, NUMERICS_STATS
+
+
+def test_model_wide_values_are_layer_means_and_the_exponent_range():
+    layer = dict(rel_l2_err=0.02, saturated_block_frac=0.1, flushed_frac=0.0, scale_exp_min=-9, scale_exp_max=2)
+    other = dict(rel_l2_err=0.04, saturated_block_frac=0.3, flushed_frac=0.5, scale_exp_min=-4, scale_exp_max=7)
+    empty = dict.fromkeys(NUMERICS_STATS)
+    metrics = metrics_of({(1, "dispatch_fwd"): layer, (2, "dispatch_fwd"): other, (1, "combine_fwd"): empty})
+    assert metrics["numerics/layer2/dispatch_fwd/scale_exp_max"] == 7
+    assert metrics["numerics/dispatch_fwd/rel_l2_err"] == pytest.approx(0.03)
+    assert metrics["numerics/dispatch_fwd/saturated_block_frac"] == pytest.approx(0.2)
+    assert metrics["numerics/dispatch_fwd/flushed_frac"] == pytest.approx(0.25)
+    assert (metrics["numerics/dispatch_fwd/scale_exp_min"], metrics["numerics/dispatch_fwd/scale_exp_max"]) == (-9, 7)
+    assert not [k for k in metrics if "combine_fwd" in k]  # nothing sampled: nothing logged
+    assert console_line(4, metrics) == ("numerics step 4: dispatch_fwd rel_l2 3.00e-02 saturated 20.00% "
+                                        "flushed 25.000% scale_exp [-9, 7]")
+    assert console_line(4, {}) is None
+
+
+def test_layers_are_named_by_their_block():
+    moe = nn.Module()
+    moe.token_dispatcher = object()
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": nn.Module(), "7": nn.Module()})
+    model.layers["7"].moe = moe
+    assert layer_indices([model]) == {moe.token_dispatcher: 7}
+
+
+def test_ep1_run_logs_every_mxfp8_leg_of_the_sampled_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(tmp_path, "model=tiny_dsv3", "parallelism=single", "a2a=mxfp8_all",
+                     "a2a.quantize_local_rows=true", "logging.numerics_every=2", "training.steps=4",
+                     f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    assert RunSummary.read(run_dir).steps == 4
+    (run,) = read_runs(str(run_dir))
+    keys = {row["_step"]: {k for k in row if k.startswith("numerics/")} for row in run.history}
+    assert keys[1] == keys[3] == set() and keys[2] == keys[4]
+    parsed = [parse_numerics_metric(k) for k in keys[2]]
+    assert None not in parsed and {(leg, stat) for _, leg, stat in parsed} == {
+        (leg, stat) for leg in LEGS for stat in NUMERICS_STATS}
+    layers = {layer for layer, _, _ in parsed if layer is not None}
+    # every leg of every MoE layer, and the model-wide values
+    assert layers and len(parsed) == (len(layers) + 1) * len(LEGS) * len(NUMERICS_STATS)
+    row = next(r for r in run.history if r["_step"] == 4)
+    assert 0 < row["numerics/dispatch_fwd/rel_l2_err"] < 0.1  # e4m3's error, not a wrong row
+    assert row["numerics/dispatch_fwd/scale_exp_min"] <= row["numerics/dispatch_fwd/scale_exp_max"]
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("numerics")] == ["numerics step 2",
+                                                                                    "numerics step 4"]
