@@ -266,8 +266,7 @@ def test_too_many_tokens_on_one_rank_fails_on_every_rank():
     which needs no host sync). The process-group timeout is cut to OVERFLOW_TIMEOUT_S so that a
     regression fails quickly instead of hanging."""
     preload()
-    run_forked(2, _too_many_tokens, timeout_s=OVERFLOW_TIMEOUT_S)
-    run_forked(2, _too_many_tokens, True, timeout_s=OVERFLOW_TIMEOUT_S)
+    run_forked(2, _too_many_tokens, timeout_s=OVERFLOW_TIMEOUT_S)  # CPU reads the fault words in both modes
 
 
 def _larger_config_after_smaller(rank, world):
