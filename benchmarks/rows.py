@@ -6,8 +6,8 @@ measured (commit, date, machine, versions, the exact command) beside the benchma
 ``<date>_<commit7>_<machine>_<bench>.jsonl`` (``2026-12-02_70c5beb_h200x2_layer.jsonl``), so a
 folder of them sorts by date and says at a glance what ran where.
 
-The commit is ``git rev-parse HEAD`` of the checkout, or ``$MXFP8EP_COMMIT`` where the checkout
-has no ``.git`` (a copied working tree on a GPU machine): set it to the commit that was copied.
+The commit is ``$MXFP8EP_COMMIT`` when set (a copied working tree on a GPU machine: set it to
+the commit that was copied), else ``git rev-parse HEAD`` of the checkout.
 A checkout with uncommitted changes to tracked files is recorded as ``"dirty": true``.
 
 Rows migrated from before this format carry ``"commit_source"``: ``"recorded"`` when the commit
@@ -59,8 +59,11 @@ class Machine:
 
 
 def git_commit(repo: Path = REPO) -> tuple[str, bool]:
-    """(commit, dirty) of ``repo``; ``$MXFP8EP_COMMIT`` (dirty false) where there is no git."""
+    """(commit, dirty) of ``repo``. ``$MXFP8EP_COMMIT`` (dirty false) wins when set: a copied
+    tree can carry a ``.git`` of another commit than the files that were copied."""
     env = os.environ.get(COMMIT_ENV)
+    if env:
+        return env, False
     try:
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
@@ -68,8 +71,6 @@ def git_commit(repo: Path = REPO) -> tuple[str, bool]:
                                 capture_output=True, text=True, check=True).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.CalledProcessError):
-        if env:
-            return env, False
         raise RuntimeError(
             f"cannot tell which commit is measured: {repo} is not a git checkout and ${COMMIT_ENV} "
             f"is unset; set {COMMIT_ENV}=$(git rev-parse HEAD) for the copied tree") from None
