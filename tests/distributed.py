@@ -37,7 +37,7 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _entry(rank: int, world_size: int, port: int, backend: str, fn, args) -> None:
+def _entry(rank: int, world_size: int, port: int, backend: str, timeout_s: float, fn, args) -> None:
     import faulthandler
 
     from tests import shared_gpu
@@ -52,7 +52,7 @@ def _entry(rank: int, world_size: int, port: int, backend: str, fn, args) -> Non
         kwargs["device_id"] = torch.device("cuda", rank)
     # A bounded timeout turns a collective that would hang into an error.
     dist.init_process_group("gloo" if backend == SHARED_GPU else backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=120), **kwargs)
+                            timeout=timedelta(seconds=timeout_s), **kwargs)
     try:
         fn(rank, world_size, *args)
         if backend == SHARED_GPU:
@@ -61,11 +61,12 @@ def _entry(rank: int, world_size: int, port: int, backend: str, fn, args) -> Non
         dist.destroy_process_group()
 
 
-def run_on_ranks(world_size: int, fn, *args, backend: str = "gloo") -> None:
+def run_on_ranks(world_size: int, fn, *args, backend: str = "gloo", timeout_s: float = 120) -> None:
     """Spawn ``world_size`` processes running ``fn(rank, world_size, *args)``; any rank's
     exception fails the caller with that rank's traceback. ``backend``: gloo, nccl, or
-    ``SHARED_GPU`` (gloo, every rank on GPU 0, peer buffers over CUDA IPC)."""
+    ``SHARED_GPU`` (gloo, every rank on GPU 0, peer buffers over CUDA IPC). ``timeout_s``: the
+    group's collective timeout."""
     mp.start_processes(
-        _entry, args=(world_size, free_port(), backend, fn, args), nprocs=world_size, join=True,
+        _entry, args=(world_size, free_port(), backend, timeout_s, fn, args), nprocs=world_size, join=True,
         start_method="spawn",
     )

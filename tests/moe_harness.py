@@ -540,8 +540,7 @@ def run_forked(world_size: int, fn, *args, timeout_s: float = 120) -> None:
     from tests.distributed import free_port, run_on_ranks
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        assert timeout_s == 120, "run_on_ranks has a fixed timeout"
-        run_on_ranks(world_size, fn, *args)
+        run_on_ranks(world_size, fn, *args, timeout_s=timeout_s)
         return
     mp.start_processes(
         _forked_entry, args=(world_size, free_port(), timeout_s, fn, args), nprocs=world_size, join=True,

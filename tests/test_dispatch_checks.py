@@ -189,3 +189,41 @@ def _agree(rank, world):
 
 def test_agree_on_gloo():
     run_forked(3, _agree, timeout_s=10)
+
+
+def _where_arguments() -> set[str]:
+    """Every ``where=`` the library passes to ``assert_no_faults``, and its default."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    import mxfp8_ep
+
+    found = {inspect.signature(checks.assert_no_faults).parameters["where"].default}
+    for path in Path(mxfp8_ep.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "assert_no_faults":
+                found |= {k.value.value for k in node.keywords if k.arg == "where"}
+    return found
+
+
+def test_device_assert_message_fits_cuda(monkeypatch):
+    """CUDA's ``torch._assert_async`` refuses messages of 255 characters or more: the sync-free
+    check must not raise that error instead of its own."""
+
+    class CudaFaults:  # what the check reads of a CUDA tensor of fault words
+        is_cuda = True
+
+        def __eq__(self, other):
+            return torch.tensor([True])
+
+    messages = []
+    monkeypatch.setattr(torch, "_assert_async", lambda flag, message: messages.append(message))
+    wheres = _where_arguments()
+    assert len(wheres) >= 2  # the default and the symm transport's
+    for where in sorted(wheres):
+        checks.assert_no_faults(CudaFaults(), debug=False, where=where)
+    assert len(messages) == len(wheres)
+    for message in messages:
+        assert len(message) < checks.DEVICE_ASSERT_MESSAGE_LIMIT, message
+        assert checks.DEBUG_ENV in message

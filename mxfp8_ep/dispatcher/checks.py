@@ -138,6 +138,17 @@ def raise_on_faults(faults: Sequence[int], num_experts: int | None = None,
         raise DispatchInputError(message, {r: Fault(int(w)) for r, w in enumerate(faults) if w})
 
 
+# CUDA device asserts (torch._assert_async) take messages shorter than this.
+DEVICE_ASSERT_MESSAGE_LIMIT = 255
+
+
+def device_assert_message(where: str) -> str:
+    """What a failed device check says: the checks it covers are listed in debug mode, which
+    names the rank and the check (``raise_on_faults``)."""
+    return (f"{where}: a rank's input failed the dispatcher's checks; set {DEBUG_ENV}=1 or "
+            f"TokenDispatcher.Config.check_inputs=True to name the rank and the check")
+
+
 def assert_no_faults(faults_W: torch.Tensor, debug: bool, num_experts: int | None = None,  # noqa: N803
                      where: str = "dispatch", ok: torch.Tensor | None = None) -> None:
     """Check every rank's fault word (``faults_W``, a device tensor) after an exchange that
@@ -146,11 +157,7 @@ def assert_no_faults(faults_W: torch.Tensor, debug: bool, num_experts: int | Non
     stops at its next sync; the message cannot name the rank). Otherwise (CPU, where reading
     is free, or debug mode: one host sync): ``raise_on_faults``."""
     if faults_W.is_cuda and not debug:
-        torch._assert_async(
-            (faults_W == 0).all() if ok is None else ok,
-            f"{where}: a rank's input failed the dispatcher's checks ({'; '.join(_DESCRIPTIONS.values())}); "
-            f"set {DEBUG_ENV}=1 or TokenDispatcher.Config.check_inputs=True to name the rank and the check",
-        )
+        torch._assert_async((faults_W == 0).all() if ok is None else ok, device_assert_message(where))
         return
     raise_on_faults(faults_W.tolist(), num_experts)
 
