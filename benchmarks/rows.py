@@ -83,7 +83,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def versions() -> dict[str, str | None]:
+def package_versions() -> dict[str, str | None]:
     """Python, torch, triton, NCCL (where CUDA is there), torchtitan, torchao."""
     import torch
 
@@ -128,11 +128,13 @@ def command_line() -> str:
 class ResultsFile:
     """One run of one benchmark: ``write(**fields)`` appends a row with the run's provenance.
 
-    Only the process that calls ``write`` writes; under torchrun let rank 0 call it.
+    Only the process that calls ``write`` writes; under torchrun let rank 0 call it. ``machine``,
+    ``command`` and ``versions`` default to this process's; give them when the rows describe a
+    run made elsewhere (a GPU machine's exported summaries turned into rows here).
     """
 
     def __init__(self, bench: str, out_dir: str | os.PathLike, *, machine: Machine | None = None,
-                 command: str | None = None) -> None:
+                 command: str | None = None, versions: dict | None = None) -> None:
         commit, dirty = git_commit()
         self.machine = machine or this_machine()
         now = _dt.datetime.now(_dt.timezone.utc)
@@ -142,7 +144,7 @@ class ResultsFile:
             "dirty": dirty,
             "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "machine": asdict(self.machine),
-            "versions": versions(),
+            "versions": versions or package_versions(),
             "command": command or command_line(),
         }
         name = f"{now:%Y-%m-%d}_{commit[:7]}_{self.machine.slug}_{bench}.jsonl"

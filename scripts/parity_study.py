@@ -192,6 +192,36 @@ def report(arms: list[Arm], out: Path, codes: dict[str, int]) -> bool:
     return all_done
 
 
+def write_rows(study_dir: Path, study: str, out_dir: Path, **provenance) -> Path:
+    """The study's result as rows (``benchmarks.rows``, bench ``parity``): one per arm, from the
+    comparison ``launch/compare_runs.py`` wrote into ``study_dir``: final and validation losses,
+    the validation curve, the verdict against the bf16 baseline, throughput and the worst layer
+    of each numerics statistic. ``provenance``: ``ResultsFile``'s machine / command / versions."""
+    import json
+
+    from benchmarks.rows import ResultsFile
+
+    comparison = json.loads((study_dir / "comparison.json").read_text())
+    verdicts = {v["run"]: v for v in comparison["verdicts"]}
+    results = ResultsFile("parity", out_dir, **provenance)
+    for run in comparison["runs"]:
+        verdict = verdicts.get(run["run_name"], {})
+        results.write(
+            study=study, model=run["model"], arm=run["a2a"], seed=run["seed"], ep=run["ep"],
+            world_size=run["world_size"], device=run["device"], run_name=run["run_name"],
+            steps=run["steps"], final_loss=run["final_loss"], final_val_loss=run["final_val_loss"],
+            val_steps=run["val_logged_steps"], val_losses=run["val_losses"],
+            baseline=verdict.get("baseline", run["run_name"]), val_loss_delta=verdict.get("delta"),
+            bf16_seed_spread=verdict.get("seed_spread"), tolerance=verdict.get("tolerance"),
+            within_tolerance=verdict.get("within"), verdict=verdict.get("text"),
+            tokens_per_s=run["tokens_per_s"], step_time_s=run["step_time_s"],
+            a2a_bytes_per_step=run["a2a_bytes_per_step"],
+            numerics_worst={leg: {stat: v["value"] for stat, v in stats.items()}
+                            for leg, stats in (run.get("numerics_worst") or {}).items()},
+        )
+    return results.path
+
+
 def export(out: Path, dest: Path, studies: list[str]) -> None:
     """The small files of every arm and comparison, without checkpoints or worker logs."""
     keep = {SUMMARY, CONSOLE_LOG, RUN_CONFIG}
@@ -255,6 +285,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             from launch.compare_runs import main as compare_main
 
             compare_main([str(out / study)])
+            print(f"rows: {write_rows(out / study, study, args.export or out / study)}")
     if args.export is not None:
         export(out, args.export, studies)
     return 0
