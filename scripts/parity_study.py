@@ -25,14 +25,12 @@ DIR; checkpoints stay where they are for the next call.
 At EP 1 no token row crosses a wire. The MXFP8 arms therefore pass
 ``a2a.quantize_local_rows=true`` (every row goes through MXFP8 as if it crossed) and
 ``logging.numerics_every=50`` (the quantization telemetry); without the first the MXFP8 arms
-would train exactly like bf16, and this script refuses to start
-(``--without-local-quantization`` overrides).
+would train exactly like bf16.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shutil
 import signal
@@ -50,10 +48,9 @@ from launch.run_summary import RunSummary  # noqa: E402
 
 DEFAULT_OUT = REPO / "outputs" / "parity"
 POLL_S = 5.0
-# Options the study needs that live in the library's / logging's config: (key, value, which
-# arms); passed only where the schema has them.
-QUANTIZE_LOCAL_ROWS = ("a2a.quantize_local_rows", "true", "mxfp8")
-NUMERICS_EVERY = ("logging.numerics_every", "50", "mxfp8")  # bf16 legs have nothing to sample
+# What the MXFP8 arms add at EP 1: every row through MXFP8, and the telemetry (bf16 legs have
+# nothing to sample).
+MXFP8_ARM_OPTIONS = ("a2a.quantize_local_rows=true", "logging.numerics_every=50")
 
 
 @dataclass(frozen=True)
@@ -79,27 +76,8 @@ ARMS = (
 STUDIES = tuple(dict.fromkeys(a.study for a in ARMS))
 
 
-def schema_has(key: str) -> bool:
-    """Whether ``launch.schema.TrainConfig`` has the dotted ``key``."""
-    import typing
-
-    from launch.schema import TrainConfig
-
-    node: object = TrainConfig
-    for part in key.split("."):
-        hints = typing.get_type_hints(node) if dataclasses.is_dataclass(node) else {}
-        if part not in hints:
-            return False
-        node = hints[part]
-    return True
-
-
 def study_options(arm: Arm) -> list[str]:
-    opts = []
-    for key, value, which in (QUANTIZE_LOCAL_ROWS, NUMERICS_EVERY):
-        if schema_has(key) and (which == "all" or arm.a2a.startswith(which)):
-            opts.append(f"{key}={value}")
-    return opts
+    return list(MXFP8_ARM_OPTIONS) if arm.a2a.startswith("mxfp8") else []
 
 
 def state(arm: Arm, out: Path) -> tuple[str, Optional[RunSummary]]:
@@ -251,9 +229,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--grace-s", type=float, default=60.0, help="then kill what is left this much later")
     ap.add_argument("--export", type=Path, default=None, help="copy the small result files here")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
-    ap.add_argument("--without-local-quantization", action="store_true",
-                    help="run even though a2a.quantize_local_rows is unknown (the MXFP8 arms then "
-                         "train exactly like bf16 at EP 1)")
     ap.add_argument("overrides", nargs="*", help="extra train.py overrides for every arm "
                                                  "(e.g. training.steps=200 for a trial)")
     args = ap.parse_args(argv)
@@ -261,11 +236,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     unknown = sorted(set(studies) - set(STUDIES))
     if unknown:
         print(f"parity_study: unknown study {unknown}; known: {list(STUDIES)}", file=sys.stderr)
-        return 2
-    if not schema_has(QUANTIZE_LOCAL_ROWS[0]) and not args.without_local_quantization:
-        print(f"parity_study: this checkout has no {QUANTIZE_LOCAL_ROWS[0]}: at EP 1 the MXFP8 arms "
-              "would quantize nothing and train like bf16. Use a checkout that has it, or pass "
-              "--without-local-quantization to run anyway.", file=sys.stderr)
         return 2
     arms = [a for a in ARMS if a.study in studies]
     out = args.out.resolve()

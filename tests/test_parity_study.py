@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-import pytest
 
 from launch.run_summary import RunSummary
 from tests.hydra_compose import REPO
@@ -25,9 +24,15 @@ def test_arms_are_the_study():
     assert all((REPO / "recipes" / f"{a.recipe}.yaml").is_file() for a in parity_study.ARMS)
 
 
-def test_schema_has():
-    assert parity_study.schema_has("training.val_every") and parity_study.schema_has("a2a.dispatch_fwd")
-    assert not parity_study.schema_has("training.nope") and not parity_study.schema_has("a2a.dispatch_fwd.x")
+def test_mxfp8_arms_quantize_every_row_and_sample_the_telemetry():
+    """The options exist in the recipe's schema, and only the MXFP8 arms take them."""
+    from tests.hydra_compose import compose_cfg
+
+    cfg = compose_cfg("+recipe=parity_dsv3", "a2a=mxfp8_all", *parity_study.MXFP8_ARM_OPTIONS)
+    assert cfg.a2a.quantize_local_rows is True and cfg.logging.numerics_every == 50
+    for arm in parity_study.ARMS:
+        expected = list(parity_study.MXFP8_ARM_OPTIONS) if arm.a2a != "bf16" else []
+        assert parity_study.study_options(arm) == expected, arm
 
 
 def test_each_call_starts_new_resumes_or_skips(tmp_path):
@@ -52,13 +57,34 @@ def test_each_call_starts_new_resumes_or_skips(tmp_path):
     assert parity_study.state(arm, tmp_path)[0] == "done"
 
 
-def test_refuses_without_local_quantization(tmp_path, capsys):
-    if parity_study.schema_has(parity_study.QUANTIZE_LOCAL_ROWS[0]):
-        pytest.skip("this checkout has a2a.quantize_local_rows")
-    assert parity_study.main(["--out", str(tmp_path)]) == 2
-    assert "a2a.quantize_local_rows" in capsys.readouterr().err
-    assert parity_study.main(["--dry-run", "--without-local-quantization", "--study", "llama4",
-                              "--out", str(tmp_path)]) == 0
+def test_dry_run_prints_the_commands_and_unknown_studies_are_refused(tmp_path, capsys):
+    assert parity_study.main(["--dry-run", "--study", "llama4", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("+recipe=parity_llama4") == 2 and "llama4/mxfp8_all: new" in out
     assert parity_study.main(["--study", "gpt", "--out", str(tmp_path)]) == 2
+
+
+def test_a_finished_study_becomes_rows(tmp_path, monkeypatch):
+    """One row per arm, from compare_runs' comparison: losses, the verdict, the worst numerics."""
+    import json
+
+    from benchmarks.rows import COMMIT_ENV, read_rows
+
+    monkeypatch.setenv(COMMIT_ENV, "a" * 40)
+    run = {"model": "parity_dsv3", "seed": 0, "ep": 1, "world_size": 1, "device": "cuda", "steps": 3000,
+           "final_loss": 4.84, "val_logged_steps": [100, 200], "val_losses": [7.0, 4.4],
+           "tokens_per_s": 1e4, "step_time_s": 0.1, "a2a_bytes_per_step": 0.0}
+    comparison = {"runs": [
+        {**run, "run_name": "a2a=bf16", "a2a": "bf16", "final_val_loss": 4.40, "numerics_worst": None},
+        {**run, "run_name": "a2a=mxfp8_all", "a2a": "mxfp8_all", "final_val_loss": 4.41,
+         "numerics_worst": {"dispatch_fwd": {"rel_l2_err": {"value": 0.0266, "layer": 2, "layers": 7}}}},
+    ], "verdicts": [{"run": "a2a=mxfp8_all", "baseline": "a2a=bf16", "delta": 0.01, "seed_spread": None,
+                     "tolerance": 0.022, "within": True, "text": "mxfp8_all: ..."}]}
+    (tmp_path / "comparison.json").write_text(json.dumps(comparison))
+    path = parity_study.write_rows(tmp_path, "dsv3", tmp_path / "rows")
+    rows = read_rows(path)
+    assert [r["arm"] for r in rows] == ["bf16", "mxfp8_all"] and {r["commit"] for r in rows} == {"a" * 40}
+    assert rows[0]["val_loss_delta"] is None and rows[0]["baseline"] == "a2a=bf16"
+    assert rows[1]["val_loss_delta"] == 0.01 and rows[1]["within_tolerance"] is True
+    assert rows[1]["numerics_worst"] == {"dispatch_fwd": {"rel_l2_err": 0.0266}}
+    assert rows[1]["val_losses"] == [7.0, 4.4] and rows[1]["study"] == "dsv3"

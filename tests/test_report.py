@@ -140,6 +140,19 @@ def test_claims_compute_ratios_and_differences(tmp_path):
     assert report.Run("r", runs[base["run"]].rows).hardware() == "2× H200, NVLink"
 
 
+def test_value_claims_are_met_within_their_rows_own_bound(tmp_path):
+    runs = _run(tmp_path, [
+        {"study": "dsv3", "arm": "mxfp8", "val_loss_delta": -0.0157, "tolerance": 0.0221},
+        {"study": "dsv3", "arm": "mxfp8_all", "val_loss_delta": 0.03, "tolerance": 0.0221},
+    ])
+    spec = {"id": "p", "claim": "c", "run": "2026-01-01_abcdef0_h200x2_layer.jsonl", "where": {"study": "dsv3"},
+            "key": "val_loss_delta", "compare": "value", "limit_key": "tolerance"}
+    inside = report.evaluate({**spec, "row": {"arm": "mxfp8"}}, runs)
+    assert inside.figure() == "-0.0157" and inside.met() == "yes" and inside.target() == "|Δ| ≤ 0.0221"
+    outside = report.evaluate({**spec, "row": {"arm": "mxfp8_all"}}, runs)
+    assert outside.figure() == "+0.0300" and outside.met() == "no"
+
+
 def test_claims_file_limits_the_readme_table(tmp_path):
     claims = [{"id": f"c{i}", "claim": "c", "readme": True} for i in range(16)]
     path = tmp_path / "claims.yaml"
@@ -170,3 +183,18 @@ def test_every_committed_row_names_its_provenance():
             assert row["versions"].get("torch") and row["command"].strip(), path.name
             expect = f"{row['date'][:10]}_{row['commit'][:7]}_{machine.slug}_{row['bench']}.jsonl"
             assert path.name == expect, (path.name, expect)
+
+
+def test_an_explicit_commit_wins_over_git(tmp_path, monkeypatch):
+    """A tree copied to a GPU machine can carry a .git of another commit than its files."""
+    from benchmarks import rows
+
+    monkeypatch.setenv(rows.COMMIT_ENV, "f" * 40)
+    assert rows.git_commit() == ("f" * 40, False)
+    written = rows.ResultsFile("demo", tmp_path, machine=rows.Machine("NVIDIA H200", 1, "none", 16),
+                               versions={"torch": "2.11.0+cu130"}, command="python x.py").write(ms=1.0)
+    assert written["commit"] == "f" * 40 and written["versions"] == {"torch": "2.11.0+cu130"}
+    assert (tmp_path / f"{written['date'][:10]}_fffffff_h200x1_demo.jsonl").is_file()
+    monkeypatch.delenv(rows.COMMIT_ENV)
+    assert rows.git_commit()[0] == subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                                  capture_output=True, text=True).stdout.strip()
