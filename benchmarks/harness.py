@@ -599,15 +599,16 @@ class Results:
                 machine_link = "none"
             self.file = ResultsFile(bench, out, machine=this_machine(count=count, link=machine_link))
 
-    def write(self, rows: list[dict], columns: tuple[str, ...] = ()) -> None:
-        """Write ``rows`` (rank 0) and print ``columns`` of each as a table."""
+    def write(self, rows: list[dict], columns: tuple[str, ...] = ()) -> list[dict]:
+        """Write ``rows`` (rank 0) and print ``columns`` of each as a table; the rows as written
+        (with their provenance; none on the other ranks)."""
         if self.file is None:
-            return
-        for r in rows:
-            self.file.write(**r)
+            return []
+        written = [self.file.write(**r) for r in rows]
         if columns:
             print(format_table(rows, columns))
         print(f"wrote {len(rows)} rows to {self.file.path}")
+        return written
 
 
 def format_table(rows: list[dict], columns: tuple[str, ...]) -> str:
