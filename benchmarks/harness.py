@@ -197,6 +197,15 @@ def parse_arms(text: str, baselines=("torchtitan",), first: str | None = None) -
     return [parse_arm(a, baselines) for a in names]
 
 
+def parsed(parser: argparse.ArgumentParser, parse, *args, **kwargs):
+    """``parse(*args, **kwargs)``; its ``ValueError`` is a usage error of ``parser`` (the
+    message, exit status 2), raised before anything starts."""
+    try:
+        return parse(*args, **kwargs)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def key_of(arm: str) -> str:
     """An arm's name as part of a field name: ``bf16/nccl`` -> ``bf16_nccl``."""
     return arm.replace("/", "_").replace(":", "_").replace("@", "_")
@@ -215,6 +224,29 @@ def init_process_group() -> torch.device:
         return device
     dist.init_process_group("gloo")
     return torch.device("cpu")
+
+
+def ep_mesh(device: torch.device):
+    """The one-dimensional ``ep`` device mesh of every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
+
+
+def titan022_mesh(device: torch.device, dispatcher_forward: bool = False):
+    """``ep_mesh`` for torchtitan 0.2.2's layers: CPU processes (smoke runs) get torchtitan's CPU
+    patches first. ``dispatcher_forward``: ``MoE.forward`` runs through our dispatcher
+    (``install_expert_parallel``); each arm then shards its experts with its own style."""
+    if device.type == "cpu":
+        from launch.titan_cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()
+    if dispatcher_forward:
+        from mxfp8_ep.config import A2AConfig
+        from mxfp8_ep.titan022 import install_expert_parallel
+
+        install_expert_parallel(A2AConfig())
+    return ep_mesh(device)
 
 
 def free_peer_buffers() -> None:
@@ -599,15 +631,16 @@ class Results:
                 machine_link = "none"
             self.file = ResultsFile(bench, out, machine=this_machine(count=count, link=machine_link))
 
-    def write(self, rows: list[dict], columns: tuple[str, ...] = ()) -> None:
-        """Write ``rows`` (rank 0) and print ``columns`` of each as a table."""
+    def write(self, rows: list[dict], columns: tuple[str, ...] = ()) -> list[dict]:
+        """Write ``rows`` (rank 0) and print ``columns`` of each as a table; the rows as written
+        (with their provenance; none on the other ranks)."""
         if self.file is None:
-            return
-        for r in rows:
-            self.file.write(**r)
+            return []
+        written = [self.file.write(**r) for r in rows]
         if columns:
             print(format_table(rows, columns))
         print(f"wrote {len(rows)} rows to {self.file.path}")
+        return written
 
 
 def format_table(rows: list[dict], columns: tuple[str, ...]) -> str:

@@ -42,6 +42,7 @@ from benchmarks.harness import (
     leave_process_group,
     launches,
     parse_launch_options,
+    parsed,
     sample_ms,
     timing_fields,
 )
@@ -209,10 +210,7 @@ def main(argv=None) -> None:
     shape = SHAPES[args.shape]
     if args.world < 2 or shape.experts % args.world:
         parser.error(f"--world {args.world}: expected >= 2 and a divisor of {args.shape}'s {shape.experts} experts")
-    try:
-        options = parse_launch_options(args.launch)
-    except ValueError as e:
-        parser.error(str(e))
+    options = parsed(parser, parse_launch_options, args.launch)
     device = init_process_group()
     if dist.get_world_size() != 1:
         raise SystemExit("benchmarks.kernels runs on one process (one GPU); its peers are buffers there")

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from benchmarks.harness import (
     Results,
@@ -47,7 +46,9 @@ from benchmarks.harness import (
     leave_process_group,
     parse_arms,
     parse_shape_names,
+    parsed,
     time_layer_arms,
+    titan022_mesh,
 )
 
 ARMS = ("torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl", "mxfp8_all/nccl",
@@ -204,23 +205,12 @@ def main(argv=None) -> None:
     parser.add_argument("--sample-ms", type=int, default=20, help="--power: nvidia-smi sampling period")
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        arms = parse_arms(args.arms, first="torchtitan")
-    except ValueError as e:
-        parser.error(str(e))
+    arms = parsed(parser, parse_arms, args.arms, first="torchtitan")
     if args.power and not torch.cuda.is_available():
         sys.exit("--power measures GPU clocks and power: it needs CUDA GPUs and nvidia-smi")
 
     device = init_process_group()
-    if device.type == "cpu":
-        from launch.titan_cpu_compat import apply_cpu_compat
-
-        apply_cpu_compat()  # torchtitan 0.2.2 on CPU processes (smoke runs)
-    from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.titan022 import install_expert_parallel
-
-    install_expert_parallel(A2AConfig())  # patches MoE.forward; each arm picks its own style
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
+    mesh = titan022_mesh(device, dispatcher_forward=True)
     results = Results("power" if args.power else "layer", args.out)
     rows = [r for shape in args.shapes
             for r in (bench_power if args.power else bench_layer)(shape, arms, args, device, mesh)]

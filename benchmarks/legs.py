@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from benchmarks.harness import (
     LINKS,
@@ -43,12 +42,14 @@ from benchmarks.harness import (
     max_over_ranks,
     nbytes,
     parse_arms,
+    parsed,
     rel_err,
     reset_peak,
     round_robin,
     sample_ms,
     timed_passes,
     timing_fields,
+    titan022_mesh,
     use_link,
     worst_median,
 )
@@ -174,10 +175,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.arms is None:
         args.arms = ",".join(a for a in ARMS if args.link == "nvlink" or not a.endswith("/symm"))
-    try:
-        arms = parse_arms(args.arms, first="torchtitan")
-    except ValueError as e:
-        parser.error(str(e))
+    arms = parsed(parser, parse_arms, args.arms, first="torchtitan")
     if args.link != "nvlink" and any(arm.transport == "symm" for arm in arms):
         parser.error(f"--link {args.link}: symm arms cross NVLink peer memory whatever NCCL's link; leave them out")
     for routing in args.routings.split(","):
@@ -190,11 +188,7 @@ def main(argv=None) -> None:
         results = Results("a2a", args.out, link=args.link)
         results.write(bench_a2a(args, device), A2A_COLUMNS)
     else:
-        if device.type == "cpu":
-            from launch.titan_cpu_compat import apply_cpu_compat
-
-            apply_cpu_compat()  # torchtitan 0.2.2 on CPU processes (smoke runs)
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
+        mesh = titan022_mesh(device)
         results = Results("legs" if args.link == "nvlink" else f"legs_{args.link}", args.out, link=args.link)
         results.write(bench_legs(arms, args, device, mesh), COLUMNS)
     leave_process_group()

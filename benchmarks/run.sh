@@ -147,7 +147,7 @@ kernels)
   ;;
 numerics)
   # The smallest MoE model (the telemetry's work weighs most), every leg MXFP8, every row quantized.
-  run python3 -m benchmarks.numerics_overhead --every 50 --repeats 2 --out "$out" -- model=dsv3_debugmodel \
+  run python3 -m benchmarks.train --numerics-every 50 --repeats 2 --out "$out" -- model=dsv3_debugmodel \
     parallelism=single a2a=mxfp8_all a2a.quantize_local_rows=true training.steps=$((steps * 6)) \
     training.seq_len=2048 training.local_batch_size=8 logging=none experiment=bench_numerics
   ;;

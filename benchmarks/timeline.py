@@ -47,7 +47,9 @@ from benchmarks.harness import (
     parse_arm,
     parse_arms,
     parse_launch_options,
+    parsed,
     sample_ms,
+    titan022_mesh,
     worst_median,
 )
 
@@ -273,21 +275,11 @@ def main(argv=None) -> None:
     parts = args.parts.split(",")
     if not set(parts) <= set(PARTS):
         parser.error(f"--parts: expected some of {PARTS}, got {args.parts!r}")
-    try:
-        arms, leg_arms = parse_arms(args.arms), parse_arms(args.leg_arms, baselines=())
-        options = parse_launch_options(args.launch)
-    except ValueError as e:
-        parser.error(str(e))
+    arms, leg_arms = parsed(parser, parse_arms, args.arms), parsed(parser, parse_arms, args.leg_arms, baselines=())
+    options = parsed(parser, parse_launch_options, args.launch)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.timeline profiles CUDA kernels: it needs GPUs")
-    init_process_group()
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from mxfp8_ep.config import A2AConfig
-    from mxfp8_ep.titan022 import install_expert_parallel
-
-    install_expert_parallel(A2AConfig())
-    mesh = init_device_mesh("cuda", (dist.get_world_size(),), mesh_dim_names=("ep",))
+    mesh = titan022_mesh(init_process_group(), dispatcher_forward=True)
     results = Results("profile", args.out)
     kernels = kernel_rows(args, options) if "kernels" in parts else []
     timelines = []

@@ -32,12 +32,10 @@ import argparse
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 if not hasattr(torch.compiler, "_is_non_strict_tracing"):  # torch 2.11: 0.3.0's dispatchers call it
     torch.compiler._is_non_strict_tracing = lambda: False
 
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torchtitan.distributed.minimal_async_ep import api as minimal_async_ep_api  # noqa: E402
 from torchtitan.distributed.spmd_types import set_spmd_meshes  # noqa: E402
 from torchtitan.distributed.utils import set_spmd_backend  # noqa: E402
@@ -58,12 +56,14 @@ from benchmarks.harness import (  # noqa: E402
     Results,
     add_speedups,
     add_timing_arguments,
+    ep_mesh,
     init_process_group,
     layer_inputs,
     layer_rows,
     leave_process_group,
     parse_arms,
     parse_shape_names,
+    parsed,
     time_layer_arms,
 )
 from mxfp8_ep.titan030 import A2ATokenDispatcher, valid_row_experts_config  # noqa: E402
@@ -158,10 +158,7 @@ def main(argv=None) -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated; alltoall leads")
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        arms = parse_arms(args.arms, baselines=BASELINE_ARMS, first="alltoall")
-    except ValueError as e:
-        parser.error(str(e))
+    arms = parsed(parser, parse_arms, args.arms, baselines=BASELINE_ARMS, first="alltoall")
     if any(arm.local or arm.launch or arm.overlap or arm.rows for arm in arms):
         parser.error("torchtitan 0.3.0 arms take no modifiers (overlap, rows, launch shapes, @local)")
 
@@ -169,7 +166,7 @@ def main(argv=None) -> None:
     # On CUDA 0.3.0's trainer default; on CPU smoke runs gloo rejects spmd_types' uneven
     # all_to_all, so the functional one.
     set_spmd_backend("spmd_types" if device.type == "cuda" else "partial_dtensor")
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("ep",))
+    mesh = ep_mesh(device)
     set_spmd_meshes(dense_mesh=mesh, sparse_mesh=mesh)
     results = Results("titan030", args.out)
     results.write([r for shape in args.shapes for r in bench_layer(shape, arms, args, device, mesh)], COLUMNS)

@@ -4,6 +4,7 @@ sweep, and where one step's GPU time goes (torchtitan's profiler traces).
     python launch/train.py --multirun model=dsv3_ep_bench a2a=bf16,mxfp8 ... hydra.sweep.dir=RUNS
     python -m benchmarks.train RUNS --out OUT [--bench train] [--link shm]
     python -m benchmarks.train RUNS --out OUT --step-profile      # runs with training.profile_freq
+    python -m benchmarks.train --numerics-every 50 --repeats 2 --out OUT -- OVERRIDES...
 
 Each run dir's ``summary.json`` (``launch.run_summary.RunSummary``: steady means over the
 logged windows after the first) and ``train_config.yaml`` give one row: its arm
@@ -17,6 +18,14 @@ rank every ``N`` steps (``<run>/profile_traces/iteration_<step>/rank<r>_trace.js
 iteration's traces give a row per rank: the step's GPU span, busy time (union over streams),
 idle time, and each category's kernel time: by kernel name (GEMMs, attention, NCCL, this repo's
 Triton kernels), else by the CPU region that launched it (the optimizer step, FSDP), else other.
+
+``--numerics-every N``: what the numerics telemetry costs a training step. This script runs
+``launch/train.py OVERRIDES`` itself, with ``logging.numerics_every=0`` (off) and ``=N`` (on),
+``--repeats`` times in turn (off, on, off, on, ...: drift of the machine reaches both arms alike).
+A run's step time is its own headline number (the steady mean above), over every step: the
+sampled steps, with their quantizing and the sums over ranks, and the steps between them, which
+do no telemetry work. One row per run and one comparing the arms (``on_vs_off``,
+``overhead_pct``: mean step time on / off - 1), bench ``numerics_overhead``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,10 @@ import argparse
 import bisect
 import json
 import re
+import statistics
+import subprocess
+import sys
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -235,15 +248,87 @@ def _run_dirs(paths: list[str]) -> list[Path]:
     return sorted({f.parent for p in paths for f in Path(p).rglob(SUMMARY)})
 
 
-def main(argv=None) -> None:
+# -------------------------------------------------------------- the numerics telemetry's cost
+
+NUMERICS_BENCH = "numerics_overhead"
+
+
+def launch_run(overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess:
+    """``launch/train.py OVERRIDES`` into ``run_dir``; its console goes to ``run_dir``."""
+    cmd = [sys.executable, str(REPO / "launch" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "benchmark_console.txt").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def trained_row(overrides: list[str], run_dir: Path) -> dict:
+    """One recipe run (``launch_run``) and its ``run_rows`` row; exits with the run's output
+    when it failed or logged no step time."""
+    proc = launch_run(overrides, run_dir)
+    rows = run_rows([str(run_dir)], baseline="") if proc.returncode == 0 else []
+    if not rows or rows[0]["step_time_s"] is None:
+        raise SystemExit(f"{' '.join(map(str, proc.args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    return rows[0]
+
+
+def numerics_overhead(overrides: list[str], every: int, repeats: int, out: str, link: str | None = None,
+                      bench: str = NUMERICS_BENCH) -> dict:
+    """The runs with ``logging.numerics_every`` 0 and ``every`` in turn, a row each as it ends,
+    then the ``on_vs_off`` row (returned)."""
+    runs = Path(out).resolve() / "runs" / time.strftime("%Y-%m-%d_%H-%M-%S")  # fresh per call: never reused
+    results = None
+    times: dict[int, list[float]] = {0: [], every: []}
+    for repeat in range(repeats):
+        for arm_every in (0, every):
+            run_dir = runs / f"numerics_every_{arm_every}_{repeat}"
+            r = trained_row([*overrides, f"logging.numerics_every={arm_every}"], run_dir)
+            if results is None:
+                results = Results(bench, out, link=link, count=r["world_size"])
+            times[arm_every].append(r["step_time_s"])
+            results.write([{"arm": "off" if arm_every == 0 else "on", "numerics_every": arm_every, "repeat": repeat,
+                            "overrides": overrides, "steps": r["steps"], "step_time_s": r["step_time_s"],
+                            "tokens_per_s": r["tokens_per_s_per_rank"], "final_loss": r["final_loss"],
+                            "run_dir": str(run_dir)}])
+    off, on = statistics.mean(times[0]), statistics.mean(times[every])
+    (row,) = results.write([{"arm": "on_vs_off", "numerics_every": every, "repeats": repeats, "overrides": overrides,
+                             "step_time_s_off": off, "step_time_s_on": on, "overhead_pct": 100 * (on / off - 1),
+                             "step_times_off": times[0], "step_times_on": times[every]}])
+    print(f"numerics_every={every}: step {on:.4f}s vs {off:.4f}s off, overhead {row['overhead_pct']:+.2f}% "
+          f"({results.file.path})")
+    return row
+
+
+def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", help="run or sweep directories")
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="run or sweep directories; with --numerics-every: launch/train.py overrides (after --)")
     parser.add_argument("--out", required=True, help="folder of the results file (JSON Lines)")
-    parser.add_argument("--bench", default=None, help="the results' bench name (default: train, or step_profile)")
+    parser.add_argument("--bench", default=None,
+                        help="the results' bench name (default: train, step_profile or numerics_overhead)")
     parser.add_argument("--baseline", default="bf16/nccl", help="the arm every run is compared with")
     parser.add_argument("--link", choices=sorted(LINKS), default=None, help="the link NCCL crossed in these runs")
     parser.add_argument("--step-profile", action="store_true", help="one step's GPU time by category, per rank")
+    parser.add_argument("--numerics-every", type=int, default=None,
+                        help="run the overrides with logging.numerics_every=0 and =N, and compare their step times")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="with --numerics-every: runs per arm, taken in turn (off, on, off, on, ...; default 2)")
     args = parser.parse_args(argv)
+    if args.numerics_every is not None:
+        if args.numerics_every <= 0:
+            parser.error("--numerics-every must be > 0 (the arm with the telemetry)")
+        if args.step_profile:
+            parser.error("--numerics-every and --step-profile are separate modes")
+        repeats = 2 if args.repeats is None else args.repeats
+        if repeats <= 0:
+            parser.error("--repeats must be > 0")
+        return numerics_overhead(args.paths, args.numerics_every, repeats, args.out, args.link,
+                                 bench=args.bench or NUMERICS_BENCH)
+    if args.repeats is not None:
+        parser.error("--repeats is an option of --numerics-every")
+    if not args.paths:
+        parser.error("the run or sweep directories are required")
     if args.step_profile:
         rows = step_profile_rows(args.paths)
         columns = ("arm", "rank", "span_ms", "busy_ms", "idle_ms")
@@ -258,7 +343,7 @@ def main(argv=None) -> None:
     if args.step_profile:
         for r in rows:
             print(f"{r['arm']} rank {r['rank']}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["categories_ms"].items()))
-
+    return None
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """benchmarks/harness.py: arms and their launch shapes, shapes, routings, speed-up ratios, and rows
 written with their provenance. No timing is asserted: speed is measured on the GPU machine."""
 
+import argparse
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from benchmarks.harness import (
     parse_arms,
     parse_launch_options,
     parse_shape_names,
+    parsed,
 )
 from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 
@@ -58,6 +60,14 @@ def test_launch_modifiers_give_the_dispatcher_its_shapes_per_format():
 def test_bad_arms_fail_before_anything_starts(bad, message):
     with pytest.raises(ValueError, match=message):
         parse_arm(bad)
+
+
+def test_a_value_that_does_not_parse_is_a_usage_error(capsys):
+    parser = argparse.ArgumentParser(prog="bench")
+    assert [a.name for a in parsed(parser, parse_arms, "bf16/symm", first="torchtitan")] == ["torchtitan", "bf16/symm"]
+    with pytest.raises(SystemExit) as exit_:
+        parsed(parser, parse_arms, "bf16/ib")
+    assert exit_.value.code == 2 and "bench: error: arm 'bf16/ib'" in capsys.readouterr().err
 
 
 def test_an_arm_named_twice_is_refused():

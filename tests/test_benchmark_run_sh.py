@@ -59,3 +59,46 @@ def test_a_suite_writes_rows_that_name_their_command(tmp_path):
     assert all(r["command"] == command for r in rows)
     log = (tmp_path / "layer_rank.log").read_text()
     assert "+ " + command in log and "layer_rank done" in log
+
+
+FAKE_TRAIN = '''
+import subprocess, sys
+from benchmarks import train
+from launch.run_summary import RunSummary
+
+def launch_run(overrides, run_dir):  # no training: a summary as launch/train.py leaves one
+    run_dir.mkdir(parents=True)
+    every = int(overrides[-1].removeprefix("logging.numerics_every="))
+    RunSummary(run_name=run_dir.name, experiment="e", a2a="mxfp8_all", a2a_legs={}, model="m", model_flavor="f",
+               parallelism="single", world_size=1, ep=1, launcher="local", device="cpu", run_dir=str(run_dir),
+               steps=6, target_steps=6, step_time_s=0.1 + every / 1000, tokens_per_s=1.0).write(run_dir)
+    print("launched", " ".join(overrides))
+    return subprocess.CompletedProcess(overrides, 0, "", "")
+
+train.launch_run = launch_run
+train.main(sys.argv[1:])
+'''
+
+
+def test_the_numerics_suite_writes_its_rows_through_benchmarks_train(tmp_path):
+    """The suite's own command line, its recipe runs stood in for (a ``python3`` on PATH that
+    runs ``benchmarks.train`` with ``launch_run`` faked)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    python3 = bin_dir / "python3"
+    python3.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train" ]; then shift 2; '
+                       f'exec {shutil.which("python3")} {tmp_path / "fake_train.py"} "$@"; fi\n'
+                       f'exec {shutil.which("python3")} "$@"\n')
+    python3.chmod(0o755)
+    out = tmp_path / "out"
+    proc = run_sh("numerics", str(out), PATH=f"{bin_dir}:{os.environ['PATH']}", STEPS="1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = out.glob("*_numerics_overhead.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["arm"], r["numerics_every"]) for r in rows] == [("off", 0), ("on", 50), ("off", 0), ("on", 50),
+                                                               ("on_vs_off", 50)]
+    assert rows[-1]["overhead_pct"] > 0 and "training.steps=6" in rows[-1]["overrides"]
+    assert all(r["command"].startswith("python3 -m benchmarks.train --numerics-every 50 --repeats 2 --out ")
+               for r in rows)
+    assert "launched model=dsv3_debugmodel" in (out / "numerics.log").read_text()

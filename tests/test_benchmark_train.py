@@ -1,16 +1,22 @@
 """``benchmarks/train.py``: finished training runs become rows with their ratios to the baseline
 arm of the same model; one step's profile (a hand-made Chrome trace): kernels sorted by name,
 this repo's Triton kernels by their source, leftovers by the CPU region that launched them; the
-step's span, busy time (a union over streams) and idle time."""
+step's span, busy time (a union over streams) and idle time; the numerics telemetry's cost: the
+arms in turn (off, on, off, on), a row per run with its provenance, and the comparison row from
+the runs' own step times. The recipe runs are stood in for there (a run with the telemetry on is
+tested in tests/test_numerics_recipe.py)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from benchmarks import train
+from benchmarks.rows import read_rows
 from benchmarks.train import main, newest_traces, our_kernel_names, summarize
 from launch.run_summary import RunSummary
 
@@ -142,3 +148,56 @@ def test_step_profiles_become_a_row_per_rank(tmp_path: Path):
 def test_no_finished_runs_is_an_error(tmp_path: Path):
     with pytest.raises(SystemExit, match="no finished runs"):
         main([str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def _fake_launch(step_times: dict[int, list[float]], launched: list, returncode: int = 0):
+    """``launch_run`` without training: each run leaves a summary.json with the next step time of
+    its ``logging.numerics_every``."""
+    def launch_run(overrides, run_dir):
+        every = int(overrides[-1].removeprefix("logging.numerics_every="))
+        launched.append((overrides, run_dir.name))
+        run_dir.mkdir(parents=True)
+        if returncode == 0:
+            step_time = step_times[every][sum(1 for o, _ in launched if o[-1] == overrides[-1]) - 1]
+            RunSummary(run_name="r", experiment="e", a2a="mxfp8", a2a_legs={}, model="m", model_flavor="f",
+                       parallelism="single", world_size=1, ep=1, launcher="local", device="cpu",
+                       run_dir=str(run_dir), steps=10, target_steps=10, step_time_s=step_time,
+                       tokens_per_s=1000.0 / step_time, tokens_per_s_global=1000.0 / step_time,
+                       final_loss=2.5).write(run_dir)
+        return subprocess.CompletedProcess(["train.py", *overrides], returncode, "out", "err")
+
+    return launch_run
+
+
+def test_numerics_arms_in_turn_and_the_overhead_of_their_means(tmp_path, monkeypatch):
+    launched = []
+    monkeypatch.setattr(train, "launch_run", _fake_launch({0: [1.0, 1.2], 5: [1.05, 1.21]}, launched))
+    row = main(["--numerics-every", "5", "--repeats", "2", "--out", str(tmp_path), "--", "a2a=mxfp8"])
+    assert [(o, name) for o, name in launched] == [
+        (["a2a=mxfp8", f"logging.numerics_every={e}"], f"numerics_every_{e}_{r}") for r in (0, 1) for e in (0, 5)]
+    (path,) = tmp_path.glob("*_cpux1_numerics_overhead.jsonl")
+    rows = read_rows(tmp_path)
+    assert [r["arm"] for r in rows] == ["off", "on", "off", "on", "on_vs_off"]
+    assert all(r["bench"] == "numerics_overhead" and r["overrides"] == ["a2a=mxfp8"] for r in rows)
+    assert row == rows[-1] and row["overhead_pct"] == pytest.approx(100 * (1.13 / 1.1 - 1))
+    assert rows[1]["step_time_s"] == 1.05 and rows[1]["numerics_every"] == 5 and rows[1]["repeat"] == 0
+    # the fields benchmarks/report.py and claims.yaml read, as the committed rows have them
+    committed = read_rows(Path(train.REPO, "benchmarks/results/2026-12-02_616998e_h200x1_numerics_overhead.jsonl"))
+    assert [list(r) for r in rows] == [list(r) for r in committed]
+    assert rows[1]["tokens_per_s"] == pytest.approx(1000.0 / 1.05) and rows[1]["final_loss"] == 2.5
+    assert rows[1]["run_dir"].endswith("numerics_every_5_0") and Path(rows[1]["run_dir"]).is_dir()
+    assert (row["step_times_off"], row["step_times_on"], row["repeats"]) == ([1.0, 1.2], [1.05, 1.21], 2)
+
+
+def test_a_failed_numerics_run_stops_with_its_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "launch_run", _fake_launch({}, [], returncode=1))
+    with pytest.raises(SystemExit, match=r"logging.numerics_every=0 failed \(1\):\nout\nerr"):
+        main(["--numerics-every", "5", "--out", str(tmp_path), "--", "a2a=mxfp8"])
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
+@pytest.mark.parametrize("argv", [["--numerics-every", "0"], ["--numerics-every", "5", "--repeats", "0"],
+                                  ["--numerics-every", "5", "--step-profile"], ["RUNS", "--repeats", "2"], []])
+def test_numerics_and_run_options_that_do_not_fit(argv, tmp_path):
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path)])
