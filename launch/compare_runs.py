@@ -42,6 +42,7 @@ from typing import Any, Optional
 from launch.run_dir import RUN_CONFIG, SUMMARY
 from launch.run_summary import NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric
 from launch.wandb_offline import OfflineRun, read_run, read_runs
+from mxfp8_ep.wire_format import quantized_formats
 
 BASELINE = "bf16"
 # An arm is at parity when |its final loss - the baseline's| <= max(bf16 seed spread, this
@@ -144,7 +145,7 @@ def collect(paths: list[str]) -> list[Compared]:
             if s is None:  # unreadable: its wandb run, if any, stands in below
                 continue
             seen.update(os.path.realpath(d) for d in s.wandb_dirs)
-            if not s.numerics and "mxfp8" in s.a2a_legs.values():
+            if not s.numerics and quantized_formats(s.a2a_legs.values()):
                 s.numerics = _numerics_logged_to_wandb(s, summary_file.parent)
             found.append(Compared(s, str(summary_file.parent), "summary"))
         for run in read_runs(str(p)):

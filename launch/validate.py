@@ -29,7 +29,8 @@ from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, 
                              unknown_key_problem)
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
 from launch.titan_data import check_data
-from mxfp8_ep.config import BLOCK_SIZE, KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
+from mxfp8_ep.config import KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
+from mxfp8_ep.wire_format import WireFormat, quantized_formats
 
 WANDB_MODES = ("offline", "online", "disabled")
 ACTIVATION_CHECKPOINT = ("none", "full", "selective")
@@ -212,9 +213,10 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
     ]:
         if a[key] not in allowed:
             r.error(choice_problem(f"a2a.{key}", a[key], allowed))
-    if a.quantize_local_rows and not any(a[leg] == "mxfp8" for leg in LEGS):
-        r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the MXFP8 "
-                f"legs, but a2a={a.name} sends every leg as bf16; use a2a=mxfp8 or a2a=mxfp8_all with it, "
+    formats = quantized_formats(a[leg] for leg in LEGS)
+    if a.quantize_local_rows and not formats:
+        r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
+                f"legs, but a2a={a.name} quantizes none; use a2a=mxfp8 or a2a=mxfp8_all with it, "
                 f"or drop a2a.quantize_local_rows")
     if a.name in PRESETS:
         changed = [f"{leg}={a[leg]}" for leg in LEGS if a[leg] != PRESETS[a.name][leg]]
@@ -223,7 +225,7 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
                 f"a2a legs differ from preset {a.name!r} ({', '.join(changed)}); the run is still "
                 f"labelled a2a={a.name} – set a2a.name={CUSTOM_A2A} to make that visible"
             )
-    return any(a[leg] == "mxfp8" for leg in LEGS)
+    return formats
 
 
 # ------------------------------------------------------------------------------ model
@@ -240,7 +242,7 @@ def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
         return None
 
 
-def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantized: bool) -> None:
+def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantized: list[WireFormat]) -> None:
     p = cfg.parallelism
     if quantized and p.ep == 1 and not cfg.a2a.quantize_local_rows:
         r.warn(
@@ -259,12 +261,13 @@ def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantize
             f"parallelism.ep={p.ep} must divide the number of experts of model={cfg.model.name} "
             f"({facts.num_experts}); choose parallelism.ep from {divisors}"
         )
-    if quantized and facts.dim % BLOCK_SIZE:
-        r.error(
-            f"model={cfg.model.name} has hidden dim {facts.dim}, not a multiple of {BLOCK_SIZE} "
-            f"(the MXFP8 block size), so its tokens cannot be sent as MXFP8; use a2a=bf16 or a "
-            f"model with dim % {BLOCK_SIZE} == 0"
-        )
+    for fmt in quantized:
+        if fmt.dim_error(facts.dim):
+            r.error(
+                f"model={cfg.model.name} has hidden dim {facts.dim}, not a multiple of {fmt.block_size} "
+                f"(the {fmt.value} block size), so its tokens cannot be sent as {fmt.value}; use a2a=bf16 "
+                f"or a model with dim % {fmt.block_size} == 0"
+            )
     if p.tp > 1:
         for name, heads in (("n_heads", facts.n_heads), ("n_kv_heads", facts.n_kv_heads)):
             if heads % p.tp:
@@ -292,7 +295,7 @@ def _check_logging(cfg: Any, r: Report) -> None:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
     if lg.numerics_every < 0:
         r.error(f"logging.numerics_every={lg.numerics_every}: 0 (off) or the steps between samples (e.g. 50)")
-    elif lg.numerics_every and not any(cfg.a2a[leg] == "mxfp8" for leg in LEGS):
+    elif lg.numerics_every and not quantized_formats(cfg.a2a[leg] for leg in LEGS):
         r.warn(f"logging.numerics_every={lg.numerics_every} measures the MXFP8 legs, but a2a={cfg.a2a.name} "
                f"has none: nothing will be logged under numerics/")
     elif lg.numerics_every and cfg.parallelism.ep == 1 and not cfg.a2a.quantize_local_rows:

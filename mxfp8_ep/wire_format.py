@@ -108,3 +108,10 @@ def wire_format(name: str | WireFormat) -> WireFormat:
 
 
 WIRE_FORMATS: tuple[str, ...] = tuple(f.value for f in WireFormat)
+
+
+def quantized_formats(names) -> list[WireFormat]:
+    """The quantized formats among ``names`` (e.g. a config's legs), in order, each once; names
+    that are no wire format are left out."""
+    found = [WireFormat(n) for n in names if isinstance(n, str) and n in WIRE_FORMATS]
+    return list(dict.fromkeys(f for f in found if f.quantized))

@@ -314,8 +314,10 @@ def test_cli_sbatch_refusal_exits_2_without_a_traceback(refusing_sbatch, tmp_pat
     assert lines[-1].startswith("[mxfp8ep] SLURM refused the job: sbatch: error: Invalid generic "
                                 "resource (gres) specification. Change launcher.gpus_per_node")
     assert "Traceback" not in proc.stderr
+    # Its own run dir: a second launch within the same second would get the first one's folder
+    # name (time stamp to the second and the same overrides) and be refused as an overwrite.
     proc = run_train(tmp_path, "launcher=slurm", "logging=none", "logging.verbose=true",
-                     PATH=os.environ["PATH"], timeout=120)
+                     "hydra.run.dir=verbose_run", PATH=os.environ["PATH"], timeout=120)
     assert proc.returncode == 2 and "Traceback" in proc.stderr  # asked for: the whole story
 
 

@@ -159,7 +159,7 @@ def test_quantized_a2a_with_ep1_warns():
 
 def test_quantize_local_rows_needs_an_mxfp8_leg_and_whole_experts():
     msg = one_problem("a2a=bf16", "a2a.quantize_local_rows=true")
-    assert "a2a.quantize_local_rows=true" in msg and "every leg as bf16" in msg and "a2a=mxfp8" in msg
+    assert "a2a.quantize_local_rows=true" in msg and "a2a=bf16 quantizes none" in msg and "a2a=mxfp8" in msg
     msg = one_problem("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.ep=1", "parallelism.tp=2")
     assert "parallelism.tp=2 shards them" in msg
     check("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.tp=2")  # EP 2: the dispatcher's own layers
