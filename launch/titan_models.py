@@ -43,6 +43,15 @@ TINY_VOCAB_SIZE = 512
 CORPUS_VOCAB_SIZE = 16384
 
 
+def _deepseek_v3_routing(num_experts: int, top_k: int) -> Any:
+    """DeepSeek-V3's MoE routing: sigmoid scores, normalised over the top-k and scaled by 2.5,
+    applied to the expert outputs; one shared expert."""
+    from torchtitan.models.moe import MoEArgs
+
+    return MoEArgs(num_experts=num_experts, num_shared_experts=1, top_k=top_k, score_func="sigmoid",
+                   route_norm=True, route_scale=2.5, score_before_experts=False)
+
+
 def _tiny_llama4() -> Any:
     from torchtitan.models.llama4 import TransformerModelArgs
     from torchtitan.models.moe import MoEArgs
@@ -99,7 +108,6 @@ def _ep_bench_deepseek_v3() -> Any:
     expert-parallel token exchange dominates, that fits 2xH200 (EP=2, FSDP=2) at 8192 tokens
     per GPU. For bf16-vs-MXFP8 and nccl-vs-symm training comparisons; not for CPUs."""
     from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
-    from torchtitan.models.moe import MoEArgs
 
     return DeepSeekV3ModelArgs(
         vocab_size=TINY_VOCAB_SIZE,
@@ -110,15 +118,7 @@ def _ep_bench_deepseek_v3() -> Any:
         n_dense_layers=0,  # MoE on every layer
         n_heads=16,
         max_seq_len=8192,
-        moe_args=MoEArgs(
-            num_experts=64,
-            num_shared_experts=1,
-            top_k=8,
-            score_func="sigmoid",
-            route_norm=True,
-            route_scale=2.5,
-            score_before_experts=False,
-        ),
+        moe_args=_deepseek_v3_routing(num_experts=64, top_k=8),
         q_lora_rank=0,
         kv_lora_rank=512,
         qk_nope_head_dim=128,
@@ -133,7 +133,6 @@ def _parity_deepseek_v3() -> Any:
     and scaled weights, one shared expert, auxiliary-loss-free load balancing (expert bias).
     8 layers, ~117M parameters of which ~88M routed experts; ~32M used per token."""
     from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
-    from torchtitan.models.moe import MoEArgs
 
     return DeepSeekV3ModelArgs(
         vocab_size=CORPUS_VOCAB_SIZE,
@@ -144,15 +143,7 @@ def _parity_deepseek_v3() -> Any:
         n_dense_layers=1,
         n_heads=8,
         max_seq_len=4096,
-        moe_args=MoEArgs(
-            num_experts=32,
-            num_shared_experts=1,
-            top_k=4,
-            score_func="sigmoid",
-            route_norm=True,
-            route_scale=2.5,
-            score_before_experts=False,
-        ),
+        moe_args=_deepseek_v3_routing(num_experts=32, top_k=4),
         q_lora_rank=0,
         kv_lora_rank=128,
         qk_nope_head_dim=64,
@@ -187,7 +178,6 @@ def _parity_tiny_deepseek_v3() -> Any:
     """The parity DeepSeek-V3 shape for CPU/gloo: dim 128, a dense first layer and two MoE
     layers of 16 routed experts (hidden 64), top-4, one shared expert; the corpus vocab."""
     from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
-    from torchtitan.models.moe import MoEArgs
 
     return DeepSeekV3ModelArgs(
         vocab_size=CORPUS_VOCAB_SIZE,
@@ -198,15 +188,7 @@ def _parity_tiny_deepseek_v3() -> Any:
         n_dense_layers=1,
         n_heads=4,
         max_seq_len=2048,
-        moe_args=MoEArgs(
-            num_experts=16,
-            num_shared_experts=1,
-            top_k=4,
-            score_func="sigmoid",
-            route_norm=True,
-            route_scale=2.5,
-            score_before_experts=False,
-        ),
+        moe_args=_deepseek_v3_routing(num_experts=16, top_k=4),
         q_lora_rank=0,
         kv_lora_rank=64,
         qk_nope_head_dim=32,
