@@ -5,7 +5,8 @@ written as docs/results.md and as the README's results block.
     python -m benchmarks.report --check    # exit 1 with a diff when either differs from what it makes
 
 A run measured on a commit older than the last change to the code its bench measures (the bench's
-``paths``) is shown as STALE: some commit between the run's commit and HEAD touched those paths.
+``paths``) is shown as STALE: some commit between the run's commit and HEAD touched those paths
+(Markdown under them is prose, not code, and does not count).
 Its numbers stay in the report; they describe the commit they were measured on. The output is a
 function of the committed rows, the claims and the git history only (no clock), so CI can check it.
 """
@@ -94,6 +95,10 @@ LINKS = {"nvlink": "NVLink", "nccl-shm": "NCCL shm", "nccl-socket": "NCCL socket
 
 
 # ------------------------------------------------------------------------------ git history
+# Git pathspecs left out of the measured paths: a README edit changes no figure.
+PROSE = (":(exclude,glob)**/*.md",)
+
+
 class History:
     """Whether a run's commit is older than the last change to some paths, from git."""
 
@@ -124,7 +129,7 @@ class History:
             elif self._git("cat-file", "-e", f"{commit}^{{commit}}") is None:
                 self._cache[key] = "unknown"
             else:
-                later = self._git("log", "-1", "--format=%H", f"{commit}..HEAD", "--", *paths)
+                later = self._git("log", "-1", "--format=%H", f"{commit}..HEAD", "--", *paths, *PROSE)
                 self._cache[key] = "STALE" if later else "current"
         return self._cache[key]
 

@@ -71,7 +71,8 @@ def _repo_with_history(tmp_path: Path) -> tuple[Path, dict]:
     (repo / "mxfp8_ep").mkdir(parents=True)
     _git(repo, "init", "-q")
     commits = {}
-    for name, path in (("a", "mxfp8_ep/x.py"), ("b", "mxfp8_ep/x.py"), ("c", "docs/y.md")):
+    for name, path in (("a", "mxfp8_ep/x.py"), ("b", "mxfp8_ep/x.py"), ("c", "docs/y.py"),
+                       ("d", "mxfp8_ep/README.md")):
         (repo / path).parent.mkdir(exist_ok=True)
         (repo / path).write_text(name)
         _git(repo, "add", "-A")
@@ -85,10 +86,19 @@ def test_stale_when_a_later_commit_touched_the_measured_paths(tmp_path):
     h = report.History(repo)
     assert h.problem is None
     assert h.status(c["a"], ("mxfp8_ep/",)) == "STALE"  # b changed mxfp8_ep/ after a
-    assert h.status(c["b"], ("mxfp8_ep/",)) == "current"  # c touched docs/ only
+    assert h.status(c["b"], ("mxfp8_ep/",)) == "current"  # c touched docs/, d only prose
     assert h.status(c["b"], ("mxfp8_ep/", "docs/")) == "STALE"
-    assert h.status(c["c"], ("mxfp8_ep/",)) == "current"
+    assert h.status(c["d"], ("mxfp8_ep/",)) == "current"  # the clone's one commit
     assert h.status("0" * 40, ("mxfp8_ep/",)) == "unknown"  # not in this history
+
+
+def test_prose_under_the_measured_paths_does_not_make_a_run_stale(tmp_path):
+    repo, c = _repo_with_history(tmp_path)
+    h = report.History(repo)
+    assert h.status(c["c"], ("mxfp8_ep/",)) == "current"  # d edited mxfp8_ep/README.md only
+    (repo / "mxfp8_ep" / "x.py").write_text("e")
+    _git(repo, "commit", "-qam", "e")
+    assert report.History(repo).status(c["c"], ("mxfp8_ep/",)) == "STALE"
 
 
 def test_without_history_status_is_unknown_and_said(tmp_path):
@@ -107,7 +117,7 @@ def test_shallow_clone_is_named(tmp_path):
     h = report.History(clone)
     assert h.problem and "shallow" in h.problem
     assert h.status(c["a"], ("mxfp8_ep/",)) == "unknown"  # the clone lacks that commit
-    assert h.status(c["c"], ("mxfp8_ep/",)) == "current"
+    assert h.status(c["d"], ("mxfp8_ep/",)) == "current"  # the clone's one commit
 
 
 def _run(tmp_path: Path, rows: list[dict]) -> dict:
