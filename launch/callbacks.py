@@ -45,6 +45,7 @@ class PrepareRun(Callback):
         name = config.hydra.job.config_name
         given = any(str(o).lstrip("+").startswith("hydra.run.dir=")
                     for o in config.hydra.overrides.hydra)
+        new_run = config.training.resume is None
         try:
             run_dir = str(config.hydra.run.dir)
             cfg, warnings, line = prepare.prepare_run(
@@ -57,7 +58,7 @@ class PrepareRun(Callback):
         for w in warnings:
             console.warn(w)
         prepare.replace_task_config(config, cfg)
-        prepare.mark_prepared(run_dir)
+        prepare.mark_prepared(run_dir, new_run=new_run)
 
 
 class CheckEverySweepPoint(Callback):

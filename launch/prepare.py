@@ -26,6 +26,7 @@ from launch.validate import validate
 
 # The run dir PrepareRun prepared the config for: train.py does not prepare it again.
 _prepared: Optional[str] = None
+_prepared_new_run = True
 
 
 def finalize(cfg: DictConfig, overrides: list[str]) -> DictConfig:
@@ -70,9 +71,15 @@ def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
     return cfg, warnings, line
 
 
-def mark_prepared(run_dir: str) -> None:
-    global _prepared
+def mark_prepared(run_dir: str, new_run: bool) -> None:
+    global _prepared, _prepared_new_run
     _prepared = os.path.abspath(run_dir)
+    _prepared_new_run = new_run
+
+
+def prepared_new_run() -> bool:
+    """Whether the prepared run is a new one (not ``training.resume``)."""
+    return _prepared_new_run
 
 
 def was_prepared(run_dir: str) -> bool:

@@ -62,18 +62,35 @@ def checkpoint_steps(run_dir: str | Path, checkpoint_folder: str) -> list[int]:
     return sorted(steps)
 
 
+def free_folder(base: str, name: str) -> str:
+    """``<base>/<name>``, or with the first suffix ``_2``, ``_3``, ... that no folder has."""
+    path, n = f"{base}/{name}", 1
+    while Path(path).exists():
+        n += 1
+        path = f"{base}/{name}_{n}"
+    return path
+
+
+def claim_run_config(run_dir: str | Path, text: str, new_run: bool) -> None:
+    """Write the run's config. A new run creates it exclusively: of two launches racing into
+    one folder, the second gets ``FileExistsError`` instead of overwriting the first's run."""
+    with (Path(run_dir) / RUN_CONFIG).open("x" if new_run else "w") as f:
+        f.write(text)
+
+
 def resolve_run_dir(base: str, new: str, resume: Optional[str], checkpoint_folder: str) -> str:
     """``hydra.run.dir`` for ``training.resume``: None -> ``<base>/<new>`` (a new run);
     "auto" -> the run under ``base`` with the newest checkpoint (a new run when none has
-    one); anything else is the run dir to continue."""
+    one); anything else is the run dir to continue. A new run whose folder name is taken (a
+    launch in the same second with the same overrides) gets ``<new>_2``, ``<new>_3``, ..."""
     if resume is None:
-        return f"{base}/{new}"
+        return free_folder(base, new)
     if resume != "auto":
         return resume
     runs = [d for d in Path(base).glob("*")
             if (d / RUN_CONFIG).is_file() and checkpoint_steps(d, checkpoint_folder)]
     if not runs:
-        return f"{base}/{new}"
+        return free_folder(base, new)
 
     def newest_checkpoint_time(d: Path) -> float:
         step = checkpoint_steps(d, checkpoint_folder)[-1]

@@ -32,7 +32,7 @@ from launch import config_store  # noqa: F401  (registers the schemas and resolv
 from launch import console, prepare
 from launch.launcher import RunFailed, RunRefused, RunStopped, launcher_for
 from launch.problems import ConfigError, reject
-from launch.run_dir import RUN_CONFIG
+from launch.run_dir import RUN_CONFIG, claim_run_config
 from launch.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -43,10 +43,16 @@ def resume_command(run_dir: str) -> str:
     return f"python {shlex.quote(sys.argv[0])} training.resume={shlex.quote(run_dir)}"
 
 
-def launch(cfg: DictConfig, run_dir: str) -> Optional[RunSummary]:
-    """Write the run's config and hand it to its launcher; map how it ended to an exit code."""
+def launch(cfg: DictConfig, run_dir: str, new_run: bool) -> Optional[RunSummary]:
+    """Write the run's config and hand it to its launcher; map how it ended to an exit code.
+    ``new_run``: not a resumed run, so its folder must not hold a run yet."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    try:
+        claim_run_config(run_dir, OmegaConf.to_yaml(cfg, resolve=True), new_run)
+    except FileExistsError:
+        reject(ConfigError([f"hydra.run.dir={run_dir}: another launch started a run in this folder "
+                            f"first ({RUN_CONFIG}); nothing was started. Launch again (a new run "
+                            f"gets a free folder) or continue that run with training.resume={run_dir}"]))
     try:
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
@@ -74,7 +80,7 @@ def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSumm
         reject(e)
     for w in warnings:
         console.warn(w)
-    return launch(cfg, run_dir)
+    return launch(cfg, run_dir, new_run=cfg.training.resume is None)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -83,7 +89,7 @@ def main(cfg: DictConfig) -> Optional[RunSummary]:
     run_dir = hc.runtime.output_dir
     if hc.mode == RunMode.RUN and prepare.was_prepared(run_dir):  # by launch.callbacks.PrepareRun
         console.route_logging(verbose=cfg.logging.verbose)
-        return launch(cfg, run_dir)
+        return launch(cfg, run_dir, prepare.prepared_new_run())
     return run(cfg, run_dir, list(hc.overrides.task))
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launch.run_dir import checkpoint_steps, earlier_logging, resolve_run_dir
+import pytest
+
+from launch.run_dir import RUN_CONFIG, checkpoint_steps, claim_run_config, earlier_logging, resolve_run_dir
 
 
 def _checkpoint(run_dir: Path, step: int, mtime: float, run: bool = True) -> None:
@@ -28,6 +30,23 @@ def test_resume_picks_the_run_with_the_newest_checkpoint(tmp_path):
     assert resolve_run_dir(str(base), "T1", "auto", "checkpoint") == str(base / "b")
     assert resolve_run_dir(str(base), "T1", None, "checkpoint") == f"{base}/T1"  # a new run
     assert resolve_run_dir(str(base), "T1", "/some/run", "checkpoint") == "/some/run"
+
+
+def test_a_new_run_whose_folder_name_is_taken_gets_the_next_free_one(tmp_path):
+    base = tmp_path / "outputs" / "exp"
+    (base / "T_a2a=bf16").mkdir(parents=True)  # a launch in the same second, same overrides
+    assert resolve_run_dir(str(base), "T_a2a=bf16", None, "checkpoint") == f"{base}/T_a2a=bf16_2"
+    (base / "T_a2a=bf16_2").mkdir()
+    assert resolve_run_dir(str(base), "T_a2a=bf16", "auto", "checkpoint") == f"{base}/T_a2a=bf16_3"
+
+
+def test_a_new_run_claims_its_config_exclusively(tmp_path):
+    claim_run_config(tmp_path, "first", new_run=True)
+    with pytest.raises(FileExistsError):  # a second launch racing into the same folder
+        claim_run_config(tmp_path, "second", new_run=True)
+    assert (tmp_path / RUN_CONFIG).read_text() == "first"
+    claim_run_config(tmp_path, "resumed", new_run=False)  # a resumed run rewrites its own
+    assert (tmp_path / RUN_CONFIG).read_text() == "resumed"
 
 
 def test_a_run_dir_keeps_its_wandb_run(tmp_path):

@@ -314,11 +314,31 @@ def test_cli_sbatch_refusal_exits_2_without_a_traceback(refusing_sbatch, tmp_pat
     assert lines[-1].startswith("[mxfp8ep] SLURM refused the job: sbatch: error: Invalid generic "
                                 "resource (gres) specification. Change launcher.gpus_per_node")
     assert "Traceback" not in proc.stderr
-    # Its own run dir: a second launch within the same second would get the first one's folder
-    # name (time stamp to the second and the same overrides) and be refused as an overwrite.
     proc = run_train(tmp_path, "launcher=slurm", "logging=none", "logging.verbose=true",
-                     "hydra.run.dir=verbose_run", PATH=os.environ["PATH"], timeout=120)
+                     PATH=os.environ["PATH"], timeout=120)
     assert proc.returncode == 2 and "Traceback" in proc.stderr  # asked for: the whole story
+
+
+def test_a_launch_whose_folder_name_is_taken_gets_its_own_folder(refusing_sbatch, tmp_path):
+    """Two launches in the same second with the same overrides: the second runs in
+    ``<name>_2`` instead of being refused (or overwriting the first)."""
+    import datetime
+
+    from launch.run_dir import RUN_CONFIG
+    from tests.train_cli import run_train
+
+    runs = tmp_path / "outputs" / "default"
+    now = datetime.datetime.now()
+    taken = [f"{now + datetime.timedelta(seconds=s):%Y-%m-%d_%H-%M-%S}_a2a=bf16" for s in range(-1, 90)]
+    for name in taken:  # whatever second the launch lands in, its folder name is taken
+        (runs / name).mkdir(parents=True)
+        (runs / name / RUN_CONFIG).write_text("an earlier run\n")
+    proc = run_train(tmp_path, "launcher=slurm", "logging=none", PATH=os.environ["PATH"], timeout=120)
+    assert proc.returncode == 2 and "SLURM refused the job" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    (new,) = [d for d in runs.iterdir() if d.name not in taken]
+    assert new.name in {f"{name}_2" for name in taken}
+    assert (new / RUN_CONFIG).read_text() != "an earlier run\n"
+    assert all((runs / name / RUN_CONFIG).read_text() == "an earlier run\n" for name in taken)
 
 
 def test_site_launcher_file_built_on_the_slurm_one(tmp_path):
