@@ -208,3 +208,15 @@ def test_an_explicit_commit_wins_over_git(tmp_path, monkeypatch):
     monkeypatch.delenv(rows.COMMIT_ENV)
     assert rows.git_commit()[0] == subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
                                                   capture_output=True, text=True).stdout.strip()
+
+
+def test_every_claim_id_the_design_notes_cite_exists():
+    """docs/design.md cites its figures by claim id ("[parity-dsv3-mxfp8]"); each must name a
+    claim of benchmarks/claims.yaml, so a figure there always has its row in docs/results.md."""
+    import re
+
+    import yaml
+
+    ids = {c["id"] for c in yaml.safe_load((REPO / "benchmarks" / "claims.yaml").read_text())["claims"]}
+    cited = set(re.findall(r"\[([a-z0-9]+(?:-[a-z0-9]+)+)\](?!\()", (REPO / "docs" / "design.md").read_text()))
+    assert cited and cited <= ids, f"cited in docs/design.md but not in claims.yaml: {sorted(cited - ids)}"
