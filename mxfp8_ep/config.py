@@ -25,9 +25,6 @@ LEG_FORMATS = WIRE_FORMATS
 # The numerics telemetry's statistics of an MXFP8 leg (``mxfp8_ep.numerics`` defines them), the
 # last part of the recipe's ``numerics/`` metric names.
 NUMERICS_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
-# MXFP8: one e8m0 scale per this many consecutive elements of the last dim (a token's width
-# must be a multiple of it; the recipe's validation reads it here).
-BLOCK_SIZE = WireFormat.MXFP8.block_size
 SCALE_ROUNDINGS = ("rceil", "floor")
 KERNELS = ("auto", "triton", "torch")
 # How token rows travel between EP ranks (see mxfp8_ep.dispatcher):

@@ -22,7 +22,8 @@ from launch.slurm import SlurmLauncher
 from launch.titan_data import CORPUS_DATASET
 from launch.titan_models import model_args
 from launch.validate import validate
-from mxfp8_ep.config import BLOCK_SIZE, LEGS, PRESETS, A2AConfig
+from mxfp8_ep.config import LEGS, PRESETS, A2AConfig
+from mxfp8_ep.wire_format import WireFormat
 
 GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
 
@@ -78,11 +79,11 @@ def test_a2a_options_are_the_library_presets(preset):
 
 
 def test_block_size_is_the_formats():
-    """validate.py reads the block size from the torch-free config module; the format's own
+    """The validator reads the block size from the torch-free WireFormat; the MXFP8 module's
     constant must not drift from it."""
-    from mxfp8_ep.mxfp8 import BLOCK_SIZE as FORMAT_BLOCK_SIZE
+    from mxfp8_ep.mxfp8 import BLOCK_SIZE
 
-    assert BLOCK_SIZE == FORMAT_BLOCK_SIZE == 32
+    assert BLOCK_SIZE == WireFormat.MXFP8.block_size == 32
 
 
 @pytest.mark.parametrize("field, value", [
