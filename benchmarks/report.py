@@ -81,8 +81,8 @@ BENCHES = {
                     "final training and validation loss, the validation loss's difference from the bf16 "
                     "baseline against the bound max(bf16 seed spread, 0.5% of the loss), and the worst "
                     "layer of each quantization statistic per MXFP8 leg (`numerics/`). tokens/s is no "
-                    "speed figure: the arms shared one GPU, and at EP=1 the MXFP8 arms quantize rows "
-                    "that cross no wire",
+                    "speed figure: on the GPU the arms shared one GPU and, at EP=1, the MXFP8 arms "
+                    "quantized rows that cross no wire; CPU runs say nothing about GPUs",
                     paths=LIBRARY + ("launch/", "conf/", "recipes/"), key="final_val_loss",
                     hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device")),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
