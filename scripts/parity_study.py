@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from launch.run_dir import CONSOLE_LOG, RUN_CONFIG, SUMMARY, checkpoint_steps  # noqa: E402
 from launch.run_summary import RunSummary  # noqa: E402
+from mxfp8_ep.config import A2AConfig  # noqa: E402
 
 DEFAULT_OUT = REPO / "outputs" / "parity"
 POLL_S = 5.0
@@ -77,7 +78,7 @@ STUDIES = tuple(dict.fromkeys(a.study for a in ARMS))
 
 
 def study_options(arm: Arm) -> list[str]:
-    return list(MXFP8_ARM_OPTIONS) if arm.a2a.startswith("mxfp8") else []
+    return list(MXFP8_ARM_OPTIONS) if A2AConfig.preset(arm.a2a).any_quantized else []
 
 
 def state(arm: Arm, out: Path) -> tuple[str, Optional[RunSummary]]:
