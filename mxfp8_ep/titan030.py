@@ -42,7 +42,7 @@ import torch
 
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.dispatcher import TokenDispatcher, dispatcher_for, resolve_transport
+from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 
 try:
     from torchtitan.config.override import derive, override
@@ -100,7 +100,7 @@ class _ExchangeLegs:
                 num_experts=self.num_experts, top_k=self.top_k, a2a=self.a2a,
                 pad_multiple=self.segment_pad_multiple, max_tokens_per_rank=self.max_tokens_per_rank,
             )
-            self._ours = dispatcher_for(config, self.transport, group)
+            self._ours = config.build(group, device)  # with build's check that every rank agrees
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E):  # noqa: N803
         if self.ep_mesh is None:  # EP=1 without TP: 0.3.0 never calls wire_meshes
