@@ -229,7 +229,7 @@ class _PartialCombine(torch.autograd.Function):
                 total = torch.zeros(rows.shape[1], dtype=torch.float32, device=rows.device)
                 for j in group:
                     total = total + rows[j].float() * score[j]
-                summed = _round_trip(total.to(rows.dtype).unsqueeze(0), rounding)[0]
+                summed = mxfp8_round_trip(total.to(rows.dtype).unsqueeze(0), rounding)[0]
                 carrier = group[int(torch.argmax(score[group]))]
                 out[group] = 0
                 if score[carrier] != 0:
@@ -244,7 +244,7 @@ class _PartialCombine(torch.autograd.Function):
         rows, out = ctx.saved_tensors
         slot, crossing = ctx.slot, ctx.crossing
         g = ctx.grad_out[slot // ctx.K].float()
-        crossed = _round_trip(ctx.grad_out, ctx.rounding)[slot // ctx.K].float() if ctx.bwd_fmt == "mxfp8" else g
+        crossed = mxfp8_round_trip(ctx.grad_out, ctx.rounding)[slot // ctx.K].float() if ctx.bwd_fmt == "mxfp8" else g
         fix = torch.zeros(slot.numel(), dtype=torch.float32, device=rows.device)
         want = (crossed * rows.float()).sum(dim=1)
         took = (g * out.float()).sum(dim=1)
@@ -253,7 +253,7 @@ class _PartialCombine(torch.autograd.Function):
         return _through(grad, crossing, ctx.bwd, ctx.rounding), grad_scores, *([None] * 8)
 
 
-def _round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
+def mxfp8_round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
     """``rows`` through one MXFP8 quantize + dequantize (the format reference)."""
     from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
 
@@ -264,7 +264,7 @@ def _scored_tokens(tokens, ids, top_scores, rounding) -> torch.Tensor:
     """Per expert-sorted row: ``score * dequant(quant(token))`` in fp32, rounded once (what
     a weighted leg gives when its tokens cross in MXFP8 and the receiver multiplies)."""
     slot = torch.argsort(ids.reshape(-1), stable=True)
-    decoded = _round_trip(tokens, rounding)
+    decoded = mxfp8_round_trip(tokens, rounding)
     return (decoded[slot // ids.shape[1]].float() * top_scores.reshape(-1)[slot].unsqueeze(1)).to(tokens.dtype)
 
 
@@ -278,7 +278,7 @@ def _partial_sums(grad, crossing, ids, num_local, rounding) -> torch.Tensor:
         total = torch.zeros(grad.shape[1], dtype=torch.float32, device=grad.device)
         for j in rows:
             total = total + grad[j].float()
-        out[rows[0]] = _round_trip(total.to(grad.dtype).unsqueeze(0), rounding)[0]
+        out[rows[0]] = mxfp8_round_trip(total.to(grad.dtype).unsqueeze(0), rounding)[0]
         out[rows[1:]] = 0
     return out
 
@@ -290,7 +290,7 @@ def _through(rows, crossing, fmt, rounding):
     if isinstance(fmt, torch.Tensor):
         out[crossing] = fmt[crossing]
     elif fmt == "mxfp8" and bool(crossing.any()):
-        out[crossing] = _round_trip(rows[crossing], rounding)
+        out[crossing] = mxfp8_round_trip(rows[crossing], rounding)
     return out
 
 

@@ -25,15 +25,10 @@ import torch.distributed as dist
 
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher
-from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
-from tests.moe_harness import preload, run_forked, setup_rank
+from tests.moe_harness import mxfp8_round_trip, preload, run_forked, setup_rank
 from tests.round_trips import MAX_TOKENS, rank_transports
 
 TOKENS, DIM = 12, 64
-
-
-def round_trip(t: torch.Tensor, rounding: str) -> torch.Tensor:
-    return dequantize_reference(quantize_reference(t, rounding), t.dtype)
 
 
 def build(transport, preset, top_k, score_before, rounding, quantize_local_rows=False):
@@ -74,8 +69,8 @@ def _check(rank, world):
             grad_routed, expert_out = (torch.randn(shape, generator=g).bfloat16() for _ in range(2))
             grad_out = torch.randn(TOKENS, DIM, generator=g).bfloat16()
             exact = legs(bf16, x, scores, ids, grad_routed, expert_out, grad_out)
-            decoded = legs(bf16, x, scores, ids, round_trip(grad_routed, rounding), round_trip(expert_out, rounding),
-                           round_trip(grad_out, rounding))
+            decoded = legs(bf16, x, scores, ids, mxfp8_round_trip(grad_routed, rounding), mxfp8_round_trip(expert_out, rounding),
+                           mxfp8_round_trip(grad_out, rounding))
             on_dispatcher = build(transport, "mxfp8_all", top_k, score_before, rounding, quantize_local_rows=True)
             on = legs(on_dispatcher, x, scores, ids, grad_routed, expert_out, grad_out)
             off = legs(build(transport, "mxfp8_all", top_k, score_before, rounding),
@@ -84,14 +79,14 @@ def _check(rank, world):
             source = on["meta"].row_source
             valid, local = source >= 0, source == rank
             assert local.any(), case  # the check is about rows that stay
-            quantized = round_trip(exact["routed"], rounding)
+            quantized = mxfp8_round_trip(exact["routed"], rounding)
             assert torch.equal(on["routed"][valid].view(torch.int16), quantized[valid].view(torch.int16)), case
             config = build(transport, "mxfp8_all", top_k, score_before, rounding).config
             after_decode = transport == "symm" and config.symm_scores_after_dequantize
             if after_decode and not score_before:
                 want = decoded["expert_grad"]  # score * dequant(quant(output gradient))
             else:
-                want = round_trip(exact["expert_grad"], rounding)
+                want = mxfp8_round_trip(exact["expert_grad"], rounding)
             assert torch.equal(on["expert_grad"][valid].view(torch.int16), want[valid].view(torch.int16)), case
             if not (transport == "symm" and config.symm_partial_sums):
                 assert torch.equal(on["out"].view(torch.int16), decoded["out"].view(torch.int16)), case
