@@ -8,13 +8,44 @@ Symbols: ``W`` EP ranks, ``T`` the most tokens a rank dispatches (``max_tokens``
 
 from __future__ import annotations
 
+import math
 
-def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int) -> int:
+
+def worst_case_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int) -> int:
     """Rows the expert-major input of one rank can ever need: every rank sends it each of its
     tokens once per pick of one of its experts (``top_k`` times when a token lists one expert
-    more than once: the dispatcher accepts any ids), plus per-expert padding. The symm
-    dispatcher returns tensors of this many rows (the drop-free worst case)."""
+    more than once: the dispatcher accepts any ids), plus per-expert padding."""
     return ep * max_tokens * top_k + num_local_experts * align
+
+
+def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int,
+                          factor: float | None = None) -> int:
+    """Rows of the expert-major tensors the symm dispatcher returns (and of what scales with
+    them): ``factor`` times the balanced case, the ``T x K`` rows a rank receives when every
+    rank routes alike, rounded up to ``align``, plus each local expert's padding; never more
+    than the worst case (``worst_case_capacity``), which ``factor=None`` asks for. A dispatch
+    that needs more rows than this overflows: it is flagged on the device and its step runs
+    again at a grown capacity (``mxfp8_ep.elastic``)."""
+    worst = worst_case_capacity(max_tokens, top_k, ep, num_local_experts, align)
+    if factor is None:
+        return worst
+    balanced = _round_up(math.ceil(factor * max_tokens * top_k), align)
+    return min(worst, balanced + num_local_experts * align)
+
+
+# A capacity that overflowed grows to what the step needed plus this fraction, so that the
+# step-to-step spread of the routing does not overflow it again at once.
+GROWTH_HEADROOM = 0.1
+
+
+def grown_capacity(needed: int, worst: int, align: int) -> int:
+    """The capacity after a dispatch needed ``needed`` rows: that plus ``GROWTH_HEADROOM``,
+    a multiple of ``align``, at most the worst case."""
+    return min(worst, _round_up(math.ceil(needed * (1 + GROWTH_HEADROOM)), align))
+
+
+def _round_up(rows: int, align: int) -> int:
+    return -(-rows // align) * align
 
 
 def token_map_byte_offset(rows: int, row_nbytes: int) -> int:

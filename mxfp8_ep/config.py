@@ -33,6 +33,8 @@ KERNELS = ("auto", "triton", "torch")
 #   "nccl": all-to-all-v through the process group (multi-node, and CPU/gloo);
 #   "auto": symm on one node with CUDA and >= 2 GPUs, nccl otherwise.
 TRANSPORTS = ("auto", "symm", "nccl")
+# The symm transport's expert-major rows per balanced case (``A2AConfig.capacity_factor``).
+DEFAULT_CAPACITY_FACTOR = 1.25
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ class A2AConfig:
     # on one GPU then trains as an EP degree with no local rows would). False: rows that stay
     # are never quantized.
     quantize_local_rows: bool = False
+    # symm: the rows of the expert-major tensors (and of what scales with them), as a multiple
+    # of the balanced case, the T x top_k rows a rank receives when every rank routes alike
+    # (``capacity.expert_major_capacity``). A step whose routing needs more is flagged on the
+    # device and runs again at a grown capacity (``mxfp8_ep.elastic``): no token is dropped
+    # and no host sync is added per layer. None: the worst case, EP x T x top_k rows.
+    capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR
 
     def __post_init__(self) -> None:
         for leg in self.legs():
@@ -81,6 +89,9 @@ class A2AConfig:
             )
         if not isinstance(self.quantize_local_rows, bool):
             raise ValueError(f"A2AConfig.quantize_local_rows={self.quantize_local_rows!r}: expected true or false")
+        error = capacity_factor_error(self.capacity_factor)
+        if error is not None:
+            raise ValueError(f"A2AConfig.capacity_factor={self.capacity_factor!r}: {error}")
         if self.quantize_local_rows and not self.any_quantized:
             raise ValueError(
                 "A2AConfig.quantize_local_rows=True quantizes the rows that stay on their rank on the "
@@ -113,6 +124,16 @@ class A2AConfig:
         """Build from a mapping that may carry extra keys (e.g. a Hydra group's ``name``)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def capacity_factor_error(factor) -> str | None:
+    """Why ``factor`` is no ``A2AConfig.capacity_factor``, or None."""
+    if factor is None or (isinstance(factor, (int, float)) and not isinstance(factor, bool)
+                          and 0 < factor < float("inf")):
+        return None
+    return ("expected a finite number > 0 (the expert rows as a multiple of the balanced case's; below 1 the "
+            "first steps replay until the capacity has grown to what the routing needs) or None / null (the "
+            "worst case, EP x tokens x top_k rows)")
 
 
 _BF16 = {leg: "bf16" for leg in LEGS}

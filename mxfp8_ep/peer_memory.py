@@ -39,7 +39,7 @@ class PeerBuffer:
             self._peers, self._handle = _map_shared_files(self.nbytes, group), None
         else:
             raise RuntimeError(f"peer buffers exist for cuda and cpu devices, not {self.device}")
-        self.ptrs = _int64_tensor([p.data_ptr() for p in self._peers], self.device)
+        self.ptrs = int64_tensor([p.data_ptr() for p in self._peers], self.device)
         self._element_offsets: dict[int, torch.Tensor] = {}
 
     @property
@@ -57,7 +57,7 @@ class PeerBuffer:
             deltas = [p.data_ptr() - local for p in self._peers]
             if any(d % itemsize for d in deltas):
                 raise RuntimeError(f"peer buffers are not {itemsize}-byte aligned relative to each other")
-            self._element_offsets[itemsize] = _int64_tensor([d // itemsize for d in deltas], self.device)
+            self._element_offsets[itemsize] = int64_tensor([d // itemsize for d in deltas], self.device)
         return self._element_offsets[itemsize]
 
     def barrier(self) -> None:
@@ -69,7 +69,7 @@ class PeerBuffer:
             dist.barrier(group=self.group)
 
 
-def _int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     """``values`` on ``device`` without a host sync: CUDA gets them by an asynchronous copy from
     pinned memory (a copy from pageable memory would wait for the stream)."""
     host = torch.tensor(values, dtype=torch.int64)

@@ -87,9 +87,34 @@ class RoutingTables:
     seg_end: torch.Tensor  # ((W+1)*L,) inclusive cumsum of seg_len
     seg_origin_row: torch.Tensor  # ((W+1)*L,) first sorted row on the source of each data segment
     tokens_per_local_expert: torch.Tensor  # (L,) padded
+    # The rows of the expert-major tensors (symm: their capacity): a row routed past it is
+    # kept at the last row (``sorted_row_routing``). None: no limit (the nccl transport's
+    # tensors hold every row).
+    row_limit: int | None = None
 
 
-def routing_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTables:  # noqa: N803
+def rows_needed(counts_WE: torch.Tensor, align: int) -> torch.Tensor:  # noqa: N803
+    """The most rows any rank's expert-major tensor needs for these ``(W, E)`` counts: its
+    local experts' padded segments (a 0-dim tensor; device ops)."""
+    W, E = counts_WE.shape
+    return padded_expert_sizes(counts_WE.view(W, W, E // W), align).sum(dim=1).max()
+
+
+def clipped_expert_sizes(m_size: torch.Tensor, capacity: int, align: int) -> torch.Tensor:
+    """Padded segment sizes ``(..., L)`` cut where the rows pass ``capacity`` (rounded down to
+    ``align``): what the grouped GEMM of a tensor of ``capacity`` rows may cover. Unchanged
+    when the segments fit."""
+    limit = capacity // align * align
+    end = torch.cumsum(m_size, dim=-1).clamp(max=limit)
+    return end - torch.cat([torch.zeros_like(end[..., :1]), end[..., :-1]], dim=-1)
+
+
+def routing_tables(counts_WE: torch.Tensor, rank: int, align: int, capacity: int | None = None) -> RoutingTables:  # noqa: N803
+    """The tables of this ``rank``'s routing for ``(W, E)`` counts. ``capacity``: the rows of the
+    expert-major tensors; where the segments need more (an overflow), the padded sizes the
+    grouped GEMM takes are cut there (``clipped_expert_sizes``) and ``row_limit`` keeps
+    every row inside them, so an overflowing dispatch stays in bounds (its step is then
+    replayed, ``mxfp8_ep.elastic``)."""
     W, E = counts_WE.shape
     L = E // W
     counts_SDL = counts_WE.view(W, W, L)  # noqa: N806  source, destination rank, local expert
@@ -99,9 +124,11 @@ def routing_tables(counts_WE: torch.Tensor, rank: int, align: int) -> RoutingTab
     seg_len = torch.cat([mine_SL.t(), (m_size[rank] - mine_SL.sum(dim=0)).unsqueeze(1)], dim=1).reshape(-1)
     origin_SL = _exclusive_cumsum(counts_WE, 1)[:, rank * L : (rank + 1) * L]  # noqa: N806
     seg_origin_row = torch.cat([origin_SL.t(), torch.zeros_like(origin_SL[:1].t())], dim=1).reshape(-1)
+    tokens_per_local_expert = m_size[rank] if capacity is None else clipped_expert_sizes(m_size[rank], capacity, align)
     return RoutingTables(
         dst_base=dst_base, first_row=_exclusive_cumsum(counts_WE[rank], 0), seg_len=seg_len,
-        seg_end=torch.cumsum(seg_len, dim=0), seg_origin_row=seg_origin_row, tokens_per_local_expert=m_size[rank],
+        seg_end=torch.cumsum(seg_len, dim=0), seg_origin_row=seg_origin_row,
+        tokens_per_local_expert=tokens_per_local_expert, row_limit=capacity,
     )
 
 

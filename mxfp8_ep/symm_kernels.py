@@ -58,6 +58,8 @@ from mxfp8_ep.wire_format import ELEMENT_ACTIVATION, WireFormat
 # A leg whose rows travel as they are (``WireFormat.kernel_constants``' ELEMENT).
 _ACTIVATION = tl.constexpr(ELEMENT_ACTIVATION)
 ROUTING_BLOCK = 1024
+# A row limit that never binds (``RoutingTables.row_limit`` None: the nccl transport).
+NO_ROW_LIMIT = 2**62
 
 
 @triton.jit
@@ -72,12 +74,14 @@ def _push_counts_kernel(counts_ptr, fault_ptr, peer_ptrs, rank, tokens, NUM: tl.
 
 
 @triton.jit
-def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
-                           W: tl.constexpr, L: tl.constexpr, WP: tl.constexpr, LP: tl.constexpr):
+def _routing_tables_kernel(table_ptr, out_ptr, needed_ptr, rank, align, max_tokens, row_limit,
+                           W: tl.constexpr, L: tl.constexpr, WP: tl.constexpr, LP: tl.constexpr,
+                           HAS_NEEDED: tl.constexpr):
     """One program: ``routing.routing_tables`` of the ``(W, E + 2)`` count table (every rank's
     counts per expert, its token count, its fault word), packed into ``out`` in
-    ``RoutingTables`` field order, then the flag ``every rank's tokens <= max_tokens and
-    fault word 0``."""
+    ``RoutingTables`` field order (the padded sizes cut at ``row_limit``, the capacity rounded
+    down to ``align``), then the flag ``every rank's tokens <= max_tokens and fault word 0``.
+    ``HAS_NEEDED``: ``needed`` rises to the rows the largest expert-major tensor needs."""
     E: tl.constexpr = W * L
     S: tl.constexpr = (W + 1) * L
     s3 = tl.arange(0, WP)[:, None, None]
@@ -89,6 +93,8 @@ def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
     ok2 = (d2 < W) & (l2 < L)
     total = tl.sum(c, axis=0)  # [d, l]: rows every source sends expert d*L + l
     m_size = tl.where(ok2, (tl.maximum(total, align) + align - 1) // align * align, 0)
+    if HAS_NEEDED:
+        tl.atomic_max(needed_ptr, tl.max(tl.sum(m_size, axis=1), axis=0))
     dst_base = tl.cumsum(m_size, axis=1) - m_size + tl.sum(tl.where(s3 < rank, c, 0), axis=0)
     tl.store(out_ptr + d2 * L + l2, dst_base, mask=ok2)
     mine_row = tl.sum(tl.where(s3 == rank, c, 0), axis=0)  # [d, l]: this rank's counts
@@ -114,7 +120,8 @@ def _routing_tables_kernel(table_ptr, out_ptr, rank, align, max_tokens,
     origin = before[:, None] + tl.cumsum(mine, axis=1) - mine
     tl.store(out_ptr + 2 * E + 2 * S + seg, origin, mask=ok2)
     tl.store(out_ptr + 2 * E + 2 * S + pad_seg, tl.zeros_like(pad), mask=l_ok)
-    tl.store(out_ptr + 2 * E + 3 * S + lp, m_rank, mask=l_ok)
+    end = tl.cumsum(m_rank, axis=0)
+    tl.store(out_ptr + 2 * E + 3 * S + lp, tl.minimum(end, row_limit) - tl.minimum(end - m_rank, row_limit), mask=l_ok)
     s1 = tl.arange(0, WP)
     tokens = tl.load(table_ptr + s1 * (E + 2) + E, mask=s1 < W, other=0)
     fault = tl.load(table_ptr + s1 * (E + 2) + E + 1, mask=s1 < W, other=0)
@@ -476,14 +483,14 @@ def _reduce_slots_kernel(
 
 @triton.jit
 def _sorted_rows_kernel(slot_ptr, ids_ptr, dst_base_ptr, first_row_ptr, dst_rank_ptr, dst_row_ptr, sorted_row_ptr,
-                        N, L: tl.constexpr, BLOCK: tl.constexpr):
+                        N, last_row, L: tl.constexpr, BLOCK: tl.constexpr):
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = j < N
     slot = tl.load(slot_ptr + j, mask=ok, other=0)
     expert = tl.load(ids_ptr + slot, mask=ok, other=0)
     tl.store(dst_rank_ptr + j, expert // L, mask=ok)
     row = tl.load(dst_base_ptr + expert, mask=ok, other=0) + j - tl.load(first_row_ptr + expert, mask=ok, other=0)
-    tl.store(dst_row_ptr + j, row, mask=ok)
+    tl.store(dst_row_ptr + j, tl.minimum(row, last_row), mask=ok)
     tl.store(sorted_row_ptr + slot, j.to(tl.int64), mask=ok)
 
 
@@ -549,17 +556,20 @@ def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int, fault: torch.
                                            BLOCK=triton.next_power_of_2(num + 2))
 
 
-def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
+def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int, capacity: int | None = None,
+                   needed: torch.Tensor | None = None):
     W, E = table.shape[0], table.shape[1] - 2
     L = E // W
     packed = torch.empty(2 * E + 3 * (W + 1) * L + L + 1, dtype=torch.int64, device=table.device)
+    row_limit = NO_ROW_LIMIT if capacity is None else capacity // align * align
     _routing_tables_kernel[(1,)](
-        table, packed, rank, align, max_tokens, W=W, L=L, WP=triton.next_power_of_2(W), LP=triton.next_power_of_2(L),
+        table, packed, needed if needed is not None else packed, rank, align, max_tokens, row_limit,
+        W=W, L=L, WP=triton.next_power_of_2(W), LP=triton.next_power_of_2(L), HAS_NEEDED=needed is not None,
     )
     # One int64 output: the RoutingTables fields in order (views), then the flag (nonzero:
     # every rank within max_tokens, no rank's fault word set).
     *fields, ok = torch.split(packed, (E, E, (W + 1) * L, (W + 1) * L, (W + 1) * L, L, 1))
-    return RoutingTables(*fields), ok.view(())
+    return RoutingTables(*fields, row_limit=capacity), ok.view(())
 
 
 def push_rows(
@@ -683,7 +693,7 @@ def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     if num:
         _sorted_rows_kernel[(triton.cdiv(num, ROUTING_BLOCK),)](
             slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, sorted_row, num,
-            L=num_local_experts, BLOCK=ROUTING_BLOCK,
+            NO_ROW_LIMIT if tables.row_limit is None else tables.row_limit - 1, L=num_local_experts, BLOCK=ROUTING_BLOCK,
         )
     return dst_rank, dst_row, sorted_row
 

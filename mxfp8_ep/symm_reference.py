@@ -57,12 +57,18 @@ def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int, fault: torch.
         buf.peer(peer)[: buf.world_size * num * 8].view(torch.int64).view(buf.world_size, num)[rank] = row
 
 
-def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int):
+def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int, capacity: int | None = None,
+                   needed: torch.Tensor | None = None):
     """From the ``(W, E + 2)`` count table (every rank's counts per expert, its token count,
     its fault word): ``routing.routing_tables`` of the counts (computed before the table is
-    rewritten) and a bool tensor, every rank's token count ``<= max_tokens`` and fault word 0."""
+    rewritten; ``capacity``: the expert-major tensors' rows) and a bool tensor, every rank's
+    token count ``<= max_tokens`` and fault word 0. ``needed`` (int64, one element): raised to
+    the rows the largest expert-major tensor of the group needs (``routing.rows_needed``)."""
     E = table.shape[1] - 2
-    tables = routing.routing_tables(table[:, :E].clone(), rank, align)
+    counts = table[:, :E].clone()
+    tables = routing.routing_tables(counts, rank, align, capacity)
+    if needed is not None:
+        needed.copy_(torch.maximum(needed.view(()), routing.rows_needed(counts, align)).view_as(needed))
     return tables, (table[:, E] <= max_tokens).all() & (table[:, E + 1] == 0).all()
 
 
@@ -284,12 +290,15 @@ def reduce_slots(
 
 def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     """Per expert-sorted row ``j`` (of ``N``), from ``routing.RoutingTables``: the rank owning
-    its expert (``dst_rank``), its row there (``dst_row``), and ``sorted_row[slot[j]] = j``."""
+    its expert (``dst_rank``), its row there (``dst_row``; at most ``tables.row_limit - 1``),
+    and ``sorted_row[slot[j]] = j``."""
     num, L = slot.numel(), num_local_experts
     expert = expert_ids[slot]
     j = torch.arange(num, device=slot.device)
     dst_rank = expert // L
     dst_row = tables.dst_base[expert] + j - tables.first_row[expert]
+    if tables.row_limit is not None:
+        dst_row = dst_row.clamp(max=tables.row_limit - 1)
     sorted_row = torch.empty_like(slot)
     sorted_row[slot] = j
     return dst_rank, dst_row, sorted_row

@@ -50,6 +50,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mxfp8_ep.elastic import ReplayGuard
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 EXPERT_KINDS = ("rowwise", "grouped")
 # Per-token choice bias: far above any score (softmax / sigmoid scores lie in [0, 1]).
@@ -361,7 +363,8 @@ def host_sync_check(waits: list):
             torch.cuda.set_sync_debug_mode(previous)
 
 
-def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None = None, sync_check: bool = False):
+def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None = None, sync_check: bool = False,
+              replay: bool = False):
     """``forward(moe, x)`` on ``x`` (T, D), then backward of ``<out, grad_out>``. Returns the
     output, the gradients (``"x"`` and every parameter by name; zeros where none flowed) and
     what hooks saw: the gradient of the router's top scores (``"scores"``, (T, K)), and the
@@ -370,8 +373,10 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     With ``sync_check`` (CUDA), forward and backward run under ``host_sync_check`` (its host
     waits in ``"host_waits"``) except the experts' forward: these test experts read their
     counts on the host (torchtitan's for-loop experts do too; its grouped-GEMM experts and the
-    library's do not). Several layers: ``run_stack``."""
-    seen = {"host_waits": []}
+    library's do not). With ``replay``, forward and backward run through
+    ``mxfp8_ep.elastic.ReplayGuard``: again after a dispatch overflowed its capacity (how
+    often: ``"replays"``). Several layers: ``run_stack``."""
+    seen = {"host_waits": [], "replays": 0}
 
     def on_router(_module, args, outputs):
         seen["ids"] = outputs[1]
@@ -412,21 +417,28 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
         return _Leg.apply(output, seen["crossing"], a2a.combine_fwd, bwd, a2a.scale_rounding)
 
     moe.expert_bias = expert_bias
-    moe.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_(True)
     hooks = [moe.router.register_forward_hook(on_router), moe.experts.register_forward_hook(on_experts)]
     if legs is not None:
         hooks += [moe.experts.register_forward_pre_hook(dispatch_legs), moe.experts.register_forward_hook(combine_legs)]
     if sync_check:
         hooks += [moe.experts.register_forward_pre_hook(lambda *_: torch.cuda.set_sync_debug_mode(0)),
                   moe.experts.register_forward_hook(lambda *_: torch.cuda.set_sync_debug_mode("error"))]
+    guard = ReplayGuard(moe.modules()) if replay else None
+    x_in = x
     try:
-        with host_sync_check(seen["host_waits"]) if sync_check else contextlib.nullcontext():
-            out = forward(moe, x.view(1, *x.shape)).view(x.shape)
-            out.backward(grad_out)
+        for attempt in guard.attempts() if guard is not None else (0,):
+            moe.zero_grad(set_to_none=True)
+            x = x_in.detach().clone().requires_grad_(True)
+            seen["host_waits"].clear()
+            with host_sync_check(seen["host_waits"]) if sync_check else contextlib.nullcontext():
+                out = forward(moe, x.view(1, *x.shape)).view(x.shape)
+                out.backward(grad_out)
+            seen["replays"] = attempt
     finally:
         for h in hooks:
             h.remove()
+        if guard is not None:
+            guard.close()
     grads = {"x": x.grad if x.grad is not None else torch.zeros_like(x)}
     for name, p in moe.named_parameters():
         grads[name] = p.grad if p.grad is not None else torch.zeros_like(p)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from mxfp8_ep.config import TRANSPORTS as CONFIG_TRANSPORTS
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher
+from mxfp8_ep.elastic import ReplayGuard
 from tests import shared_gpu
 from tests.distributed import rank_device
 
@@ -57,6 +58,19 @@ def round_trip(dispatcher, x, scores, ids, counts):
     out = dispatcher.combine(routed.clone(), meta)
     out.backward(torch.ones_like(out))
     return routed.detach()[: int(per_expert.sum())], out.detach(), x.grad, scores.grad
+
+
+def replayed(run):
+    """``run()`` (forward and backward on fresh leaf tensors) through
+    ``mxfp8_ep.elastic.ReplayGuard``: run again while a symm dispatch overflows its capacity.
+    Returns ``run``'s result and the number of replays."""
+    guard = ReplayGuard(())
+    try:
+        for _ in guard.attempts():
+            result = run()
+    finally:
+        guard.close()
+    return result, guard.replays
 
 
 def timed_dispatch(dispatcher, x, scores, ids, counts):

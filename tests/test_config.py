@@ -95,6 +95,14 @@ def test_a2a_config_rejects_values_it_does_not_know(field, value):
         A2AConfig(**{field: value})
 
 
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "2", True])
+def test_capacity_factor_is_a_positive_number_or_none(value):
+    with pytest.raises(ValueError, match=r"A2AConfig.capacity_factor=.*expected a finite number > 0"):
+        A2AConfig(capacity_factor=value)
+    for ok in (None, 0.5, 1, 1.0, 1.25, 8):
+        assert A2AConfig(capacity_factor=ok).capacity_factor == ok
+
+
 def test_quantize_local_rows_needs_an_mxfp8_leg():
     with pytest.raises(ValueError, match="quantize_local_rows=True .* but every leg is bf16"):
         A2AConfig(quantize_local_rows=True)

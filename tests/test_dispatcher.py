@@ -332,7 +332,8 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
         where = f"{transport} rank {rank}/{world}: {ex}"
         assert type(dispatcher) is DISPATCHER_CLASS[transport, quantized], where
         ep = build_ep_layer(reference, spec, dispatcher, rank)
-        out, grads, seen = run_layer(ep, ep_forward, x, grad_out, bias, sync_check=device.type == "cuda")
+        out, grads, seen = run_layer(ep, ep_forward, x, grad_out, bias, sync_check=device.type == "cuda", replay=True)
+        stats["replays", transport] = stats.get(("replays", transport), 0) + seen["replays"]
         if device.type == "cuda":
             waits = [w for w in seen["host_waits"] if "mxfp8_ep/dispatcher/" in w]
             assert len(waits) == HOST_WAITS[transport] == len(seen["host_waits"]), f"{seen['host_waits']}: {where}"
@@ -418,6 +419,8 @@ def _fuzz(rank, world, examples):
     stats: dict = {}
     for ex in examples:
         _check_example(ex, rank, world, stats)
+    if "symm" in rank_transports():  # the extreme routings overflow the default capacity
+        assert stats.get(("replays", "symm"), 0) > 0, "no routing of the fuzz overflowed the symm capacity"
     if rank == 0:
         for key in sorted(stats):
             print(f"world {world} max rel err {key}: {stats[key]:.3g}")

@@ -41,6 +41,7 @@ from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from mxfp8_ep.peer_memory import OneProcessPeers
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, run_forked
+from tests.round_trips import replayed
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # Where the kernels run: CPU tensors under the interpreter, else compiled on the GPU.
@@ -164,8 +165,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _check(rank, world, cases):
     torch.set_num_threads(1)
     for case in cases:
-        ref = _run(case, "torch", rank, world)
-        got = _run(case, "triton", rank, world)
+        # "all to rank 0" overflows the default capacity: the first run replays at a grown one.
+        ref, _ = replayed(lambda: _run(case, "torch", rank, world))
+        got, _ = replayed(lambda: _run(case, "triton", rank, world))
         where = f"rank {rank}/{world}: {case}"
         assert torch.equal(got["per_expert"], ref["per_expert"]), where
         for name in ("routed", "out", "expert_out_grad", "routed_grad", "x_grad"):
@@ -241,10 +243,12 @@ def test_routing_tables_kernel_equals_its_twin():
     the counts, and the flag: token counts within the limit, no fault word set) on count
     tables of every shape the symm transport takes (W ranks up to 8, local experts up to 32,
     non-powers of two), with empty experts, empty ranks, all rows to one rank, a rank over the
-    token limit, and a rank whose input failed its checks."""
+    token limit, and a rank whose input failed its checks; without a capacity, at a capacity
+    the routing fills exactly, and at one it overflows: the padded sizes cut there (whole
+    ``align`` blocks, summing to at most the capacity), the rows needed raised alike."""
     from dataclasses import fields
 
-    from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep import routing, symm_kernels, symm_reference
 
     g = torch.Generator().manual_seed(11)
     checked = 0
@@ -261,14 +265,30 @@ def test_routing_tables_kernel_equals_its_twin():
             faults = torch.zeros(W, 1, dtype=torch.int64)
             faults[W // 2] = 16 * (kind == "fault")
             table = torch.cat([counts, tokens, faults], dim=1).contiguous().to(DEVICE)
+            need = int(routing.rows_needed(counts, align))
             for rank in range(W):
-                want, want_ok = symm_reference.routing_tables(table, rank, align, max_tokens)
-                got, got_ok = symm_kernels.routing_tables(table, rank, align, max_tokens)
-                for f in fields(want):
-                    assert torch.equal(getattr(got, f.name), getattr(want, f.name)), (W, L, align, kind, rank, f.name)
-                assert bool(got_ok) == bool(want_ok) == (kind not in ("over", "fault")), (W, L, kind)
-                checked += 1
-    assert checked == 5 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
+                # No capacity (nccl), one that fits exactly, and one the routing overflows.
+                for capacity in (None, need, max(align, need - 2 * align - 1)):
+                    needed = {name: torch.full((1,), 3, dtype=torch.int64, device=DEVICE) for name in ("want", "got")}
+                    want, want_ok = symm_reference.routing_tables(table, rank, align, max_tokens, capacity,
+                                                                  needed["want"])
+                    got, got_ok = symm_kernels.routing_tables(table, rank, align, max_tokens, capacity, needed["got"])
+                    where = (W, L, align, kind, rank, capacity)
+                    for f in fields(want):
+                        assert _same_field(getattr(got, f.name), getattr(want, f.name)), (*where, f.name)
+                    assert bool(got_ok) == bool(want_ok) == (kind not in ("over", "fault")), where
+                    assert int(needed["got"]) == int(needed["want"]) == max(3, need), where
+                    sizes = want.tokens_per_local_expert
+                    assert int(sizes.sum()) <= (capacity or need) and not (sizes % align).any(), where
+                    if capacity is None or capacity >= need:
+                        unclipped = routing.routing_tables(counts.to(DEVICE), rank, align).tokens_per_local_expert
+                        assert torch.equal(sizes, unclipped), where
+                    checked += 1
+    assert checked == 15 * sum(w for w in (1, 2, 2, 3, 4, 8, 3))
+
+
+def _same_field(got, want) -> bool:
+    return torch.equal(got, want) if isinstance(want, torch.Tensor) else got == want
 
 
 def test_push_counts_kernel_equals_its_twin():

@@ -115,14 +115,17 @@ SYMM = {
         QUANTIZE_LOCAL=True, ROUNDING=1, **launch("BLOCK_T", "reduce_slots", "mxfp8"))),
     "sorted_rows": (sk._sorted_rows_kernel, {"slot_ptr": "*i64", "ids_ptr": "*i64", "dst_base_ptr": "*i64",
                                              "first_row_ptr": "*i64", "dst_rank_ptr": "*i64", "dst_row_ptr": "*i64",
-                                             "sorted_row_ptr": "*i64", "N": "i32"}, dict(L=128, BLOCK=1024)),
+                                             "sorted_row_ptr": "*i64", "N": "i32", "last_row": "i64"},
+                   dict(L=128, BLOCK=1024)),
     "expert_rows": (sk._expert_rows_kernel, {"seg_end_ptr": "*i64", "seg_len_ptr": "*i64", "seg_origin_ptr": "*i64",
                                              "source_ptr": "*i64", "return_rank_ptr": "*i64", "return_row_ptr": "*i64",
                                              "R": "i32", "rank": "i32"}, dict(W=2, NUM_SEG=384, STEPS=9, BLOCK=1024)),
     # The DeepSeek-V3-like count tables at EP 2 and 8, and a world of 3 (no powers of two).
-    **{f"routing_tables_w{w}": (sk._routing_tables_kernel, {"table_ptr": "*i64", "out_ptr": "*i64", "rank": "i32",
-                                                           "align": "i32", "max_tokens": "i32"},
-                                dict(W=w, L=local, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(local)))
+    **{f"routing_tables_w{w}": (sk._routing_tables_kernel, {"table_ptr": "*i64", "out_ptr": "*i64",
+                                                           "needed_ptr": "*i64", "rank": "i32", "align": "i32",
+                                                           "max_tokens": "i32", "row_limit": "i64"},
+                                dict(W=w, L=local, WP=triton.next_power_of_2(w), LP=triton.next_power_of_2(local),
+                                     HAS_NEEDED=True))
        for w, local in ((2, 128), (3, 5), (8, 32))},
     "push_counts": (sk._push_counts_kernel, {"counts_ptr": "*i64", "fault_ptr": "*i64", "peer_ptrs": "*i64",
                                              "rank": "i32", "tokens": "i32"}, dict(NUM=256, BLOCK=512)),

@@ -110,7 +110,7 @@ class TokenDispatcher:
             return {
                 "num_experts": self.num_experts, "top_k": self.top_k, "transport": a2a.transport,
                 **{leg: getattr(a2a, leg) for leg in A2AConfig.legs()}, "scale_rounding": a2a.scale_rounding,
-                "symm_combine_partial_sums": a2a.symm_combine_partial_sums,
+                "symm_combine_partial_sums": a2a.symm_combine_partial_sums, "capacity_factor": a2a.capacity_factor,
                 "score_before_experts": self.score_before_experts, "pad_multiple": self.pad_multiple,
                 "max_tokens_per_rank": self.max_tokens_per_rank,
             }

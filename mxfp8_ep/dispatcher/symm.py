@@ -2,7 +2,15 @@
 owner's staging buffer through peer memory (``peer_memory.PeerBuffer``), quantizing in that
 push and dequantizing in the receiving pass; token counts travel the same way, so forward and
 backward never wait for the host. The peer buffers are allocated once per (group, device, dim,
-dtype, layout) and shared by every layer of that shape (``release_peer_buffers`` drops them)."""
+dtype, layout) and shared by every layer of that shape (``release_peer_buffers`` drops them).
+
+The expert-major tensors hold an elastic capacity (``A2AConfig.capacity_factor`` times the
+balanced case, ``capacity.expert_major_capacity``): a dispatch whose routing needs more rows
+still stays in bounds (``routing.routing_tables``' ``row_limit``), and raises, on the device,
+the rows its buffer set needed (``_SymmBuffers.needed``). At a step boundary
+``grow_overflowed`` reads those counters once and grows each capacity that overflowed; the
+caller runs the step again (``mxfp8_ep.elastic``). Without a caller that replays
+(``expect_replays``), an overflow is an error (a device assert on CUDA)."""
 
 from __future__ import annotations
 
@@ -11,11 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from mxfp8_ep import wire_stats
-from mxfp8_ep.capacity import expert_major_capacity, staging_rows
+from mxfp8_ep.capacity import expert_major_capacity, grown_capacity, staging_rows, worst_case_capacity
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
-from mxfp8_ep.peer_memory import PeerBuffer
+from mxfp8_ep.peer_memory import PeerBuffer, int64_tensor
 from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset
 from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
@@ -31,8 +39,13 @@ class _SymmBuffers:
     staging: tuple[PeerBuffer, PeerBuffer]
     staging_rows: int
     max_tokens: int
-    capacity: int  # rows of the expert-major tensor dispatch returns (drop-free worst case)
+    capacity: int  # rows of the expert-major tensor dispatch returns
+    worst_case: int  # the drop-free worst case of those rows (``capacity.worst_case_capacity``)
+    align: int  # each local expert's rows are padded to a multiple of this
     map_offset: int
+    # (1,) int64 on the device: the most rows a dispatch through these buffers needed since
+    # the counter was last read (``grow_overflowed``); above ``capacity``: an overflow.
+    needed: torch.Tensor
     next_staging: int = 0
 
     def take_staging(self) -> PeerBuffer:
@@ -45,6 +58,52 @@ class _SymmBuffers:
 
 
 _BUFFERS: dict[tuple, _SymmBuffers] = {}
+_GROWN: dict[tuple, int] = {}  # buffer key -> the capacity an overflow grew it to
+_REPLAYS_EXPECTED = False
+
+
+def expect_replays(on: bool) -> None:
+    """Whether a caller reads the overflow counters at every step boundary and runs an
+    overflowed step again (``mxfp8_ep.elastic``; every rank alike). Off (the default), a
+    dispatch that needs more rows than its capacity is an error: at once on CPU or in debug
+    mode, else a device assert (the process stops at its next sync)."""
+    global _REPLAYS_EXPECTED
+    _REPLAYS_EXPECTED = bool(on)
+
+
+def overflow_counters() -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Every buffer set's overflow counter and capacity, as two int64 device tensors (one entry
+    per set, in ``grow_overflowed``'s order; no host sync), or None when this process holds
+    no symm buffers."""
+    if not _BUFFERS:
+        return None
+    sets = list(_BUFFERS.values())
+    device = sets[0].needed.device
+    return torch.cat([b.needed.to(device) for b in sets]), int64_tensor([b.capacity for b in sets], device)
+
+
+def grow_overflowed(needed: list[int]) -> list[tuple[int, int]]:
+    """After the counters were read (``needed``, in ``overflow_counters``' order): reset them,
+    and grow each buffer set whose dispatches needed more rows than its capacity to that plus
+    headroom (``capacity.grown_capacity``): its peer buffers are dropped and the next dispatch
+    allocates them at the new capacity (a collective of its EP group, whose ranks all saw the
+    same counts and grow alike). Returns ``(old, new)`` capacity per grown set. Every rank
+    calls it at the same point, when no rank is in a leg."""
+    grown = []
+    for key, rows in zip(list(_BUFFERS), needed, strict=True):
+        bufs = _BUFFERS[key]
+        bufs.needed.zero_()
+        if rows > bufs.capacity:
+            new = grown_capacity(rows, bufs.worst_case, bufs.align)
+            grown.append((bufs.capacity, new))
+            _GROWN[key] = new
+            del _BUFFERS[key]
+    return grown
+
+
+def capacities() -> list[int]:
+    """The expert-major capacity of each buffer set this process holds (rows)."""
+    return [b.capacity for b in _BUFFERS.values()]
 
 
 def peer_buffer_nbytes() -> int:
@@ -54,9 +113,21 @@ def peer_buffer_nbytes() -> int:
 
 
 def release_peer_buffers() -> None:
-    """Drop the cached peer buffers; the next symm dispatch allocates them again (a collective).
-    Every rank of the group calls it at the same point, when no rank is in a leg."""
+    """Drop the cached peer buffers and the capacities overflows grew; the next symm dispatch
+    allocates them again (a collective). Every rank of the group calls it at the same point,
+    when no rank is in a leg."""
     _BUFFERS.clear()
+    _GROWN.clear()
+
+
+class CapacityOverflowError(RuntimeError):
+    """A symm dispatch needed more expert-major rows than its capacity, and no caller replays
+    overflowed steps (``expect_replays``)."""
+
+
+CAPACITY_ASSERT_MESSAGE = (
+    "symm dispatch: more rows for a rank than A2AConfig.capacity_factor allows; run each step through "
+    "mxfp8_ep.elastic.ReplayGuard, or set capacity_factor=None")
 
 
 @register_transport("symm")
@@ -69,7 +140,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
         cfg = self.config
         return (id(self.group), device, dim, dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
-                cfg.symm_combine_partial_sums)
+                cfg.symm_combine_partial_sums, cfg.a2a.capacity_factor)
 
     def _buffers(self, device: torch.device, dim: int, dtype: torch.dtype, tokens: int) -> _SymmBuffers:
         """The peer buffers for (group, device, ``dim``, ``dtype``), allocated at the first
@@ -82,10 +153,12 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         bufs = _BUFFERS.get(key)
         if bufs is None or (cfg.max_tokens_per_rank or 0) > bufs.max_tokens:
             facts = {"dim": dim, "dtype": str(dtype), "max_tokens_per_rank": cfg.max_tokens_per_rank,
-                     "held_tokens": None if bufs is None else bufs.max_tokens}
+                     "held_tokens": None if bufs is None else bufs.max_tokens, "grown": _GROWN.get(key)}
             gathered = checks.agree(self.group, "symm buffers", facts, local={"tokens": tokens})
             max_tokens = cfg.max_tokens_per_rank or max(g["tokens"] for g in gathered)
-            capacity = expert_major_capacity(max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+            shape = (max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+            worst = worst_case_capacity(*shape)
+            capacity = min(worst, max(expert_major_capacity(*shape, cfg.a2a.capacity_factor), _GROWN.get(key, 0)))
             rows = self._staging_rows(max_tokens, capacity, dim, dtype)
             map_offset = token_map_offset(rows, dim, dtype)
             # The rows' bytes also hold the score gradients combine's backward returns
@@ -100,7 +173,10 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 staging_rows=rows,
                 max_tokens=max_tokens,
                 capacity=capacity,
+                worst_case=worst,
+                align=cfg.pad_multiple,
                 map_offset=map_offset,
+                needed=torch.zeros(1, dtype=torch.int64, device=device),
             )
             _BUFFERS[key] = bufs
         return bufs
@@ -136,10 +212,28 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         table = bufs.counts.local[: W * (E + 2) * 8].view(torch.int64).view(W, E + 2)
         # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
         # only after this leg's staging barrier, which this rank reaches after these reads.
-        tables, ok = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens)
+        tables, ok = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens,
+                                            bufs.capacity, bufs.needed)
         checks.assert_no_faults(table[:, E + 1], self.debug, E, ok=ok, where="symm dispatch")
+        if not _REPLAYS_EXPECTED:
+            self._assert_within_capacity(bufs)
         rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
         return tables, rows
+
+    def _assert_within_capacity(self, bufs: _SymmBuffers) -> None:
+        """No caller replays overflowed steps: a dispatch that needed more rows than the
+        capacity fails (on CPU and in debug mode at once, naming the rows; else a device
+        assert, no host sync)."""
+        if bufs.needed.is_cuda and not self.debug:
+            torch._assert_async(bufs.needed[0] <= bufs.capacity, CAPACITY_ASSERT_MESSAGE)
+            return
+        needed = int(bufs.needed[0])
+        if needed > bufs.capacity:
+            raise CapacityOverflowError(
+                f"symm dispatch: a rank's expert-major tensor needs {needed} rows, its capacity is "
+                f"{bufs.capacity} (A2AConfig.capacity_factor={self.config.a2a.capacity_factor}); run each step "
+                f"through mxfp8_ep.elastic.ReplayGuard, which grows the capacity and runs the step again, or "
+                f"set capacity_factor=None for the worst case ({bufs.worst_case} rows)")
 
     def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=False):
         """With top-k > 1 each token goes once per rank that owns one of its experts
