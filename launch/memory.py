@@ -15,8 +15,9 @@ Per process (rank):
   buffers); the logits in bf16 and fp32 with their gradient. Full activation checkpointing
   keeps only each layer's input (plus one layer being recomputed); selective keeps about half;
   TP splits what is left. The symm transport (``symm``) hands the experts tensors of its
-  drop-free capacity (``mxfp8_ep.capacity``: ``EP x top_k`` rows per token instead of
-  ``top_k``), and with combine's partial sums keeps that many expert-output rows;
+  capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor x top_k`` rows per token plus
+  padding, ``EP x top_k`` at the worst case, instead of ``top_k``), and with combine's partial
+  sums keeps that many expert-output rows (and no gathered copy for dispatch);
 * the symm transport's peer buffers (two staging buffers, once per process);
 * the runtime: CUDA context and communication buffers on a GPU, the imported libraries of a
   CPU process.
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from launch.model_facts import ModelFacts
 from mxfp8_ep.capacity import expert_major_capacity, staging_buffer_bytes, staging_rows
+from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR
 
 BF16, FP32 = 2, 4
 ADAM_STATE = 2 * FP32
@@ -74,21 +76,27 @@ def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
     return layers, max(moe_layer, dense_layer if m.n_layers > m.n_moe_layers else 0)
 
 
-def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool) -> tuple[float, float]:
+def symm_capacity(m: ModelFacts, tokens: int, ep: int, capacity_factor: float | None) -> int:
+    """Rows of the symm transport's expert-major tensors (``mxfp8_ep.capacity``)."""
+    return expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN, capacity_factor)
+
+
+def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
+                        capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> tuple[float, float]:
     """The symm transport's (routed rows, kept rows) per token of an MoE layer: its expert-side
-    tensors hold the drop-free capacity; combine keeps that many expert-output rows with partial
-    sums (top-k > 1: the models here put their scores after the experts exactly when top-k > 1),
+    tensors hold its capacity; combine keeps that many expert-output rows with partial sums
+    (top-k > 1: the models here put their scores after the experts exactly when top-k > 1),
     else each token's top-k rows; dispatch keeps no gathered copy."""
-    local = m.num_experts // ep
-    routed = expert_major_capacity(tokens, m.top_k, ep, local, EXPERT_ALIGN) / max(tokens, 1)
+    routed = symm_capacity(m, tokens, ep, capacity_factor) / max(tokens, 1)
     partial = m.top_k > 1 and combine_partial_sums
     return routed, routed if partial else m.top_k
 
 
-def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool) -> int:
+def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
+                           capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> int:
     """The symm transport's two staging buffers (rows of the widest format, bf16; then a token
     map and row weights of ``capacity`` entries each)."""
-    capacity = expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN)
+    capacity = symm_capacity(m, tokens, ep, capacity_factor)
     row = m.dim * BF16
     rows = staging_rows(ep, tokens, m.top_k, capacity, m.top_k > 1 and combine_partial_sums, row)
     return 2 * staging_buffer_bytes(rows, row, capacity)
@@ -96,9 +104,11 @@ def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_
 
 def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,
              activation_checkpoint: str, device: str, symm: bool = False,
-             combine_partial_sums: bool = True) -> MemoryEstimate:
+             combine_partial_sums: bool = True,
+             capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> MemoryEstimate:
     """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda";
-    ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` its flag)."""
+    ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` and
+    ``capacity_factor`` its settings)."""
     shard = max(1, world)
     dense_params = m.params - m.expert_params
     block = (dense_params - 2 * m.vocab_size * m.dim) / m.n_layers / tp
@@ -107,7 +117,7 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
 
     tokens = local_batch_size * seq_len
     symm = symm and ep > 1 and m.n_moe_layers > 0
-    rows = symm_rows_per_token(m, tokens, ep, combine_partial_sums) if symm else (None, None)
+    rows = symm_rows_per_token(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else (None, None)
     all_layers, one_layer = activation_bytes_per_token(m, *rows)
     if activation_checkpoint == "full":
         kept = m.n_layers * m.dim * BF16 + one_layer
@@ -121,5 +131,5 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         working_copies=int(2 * block * (BF16 + FP32)),
         activations=int(tokens * (kept + logits) / tp),
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
-        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums) if symm else 0,
+        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else 0,
     )

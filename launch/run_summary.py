@@ -32,6 +32,10 @@ TFLOPS = "tflops"
 MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
 VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan_validation)
+# The symm transport's elastic capacity (mxfp8_ep.elastic): the largest expert-major capacity
+# (rows) after the window, and the steps run again after an overflow, since the run started.
+A2A_CAPACITY_ROWS = "a2a/capacity_rows"
+A2A_REPLAYS = "a2a/replays"
 
 # MXFP8 numerics telemetry (logging.numerics_every, launch.numerics_log): per MoE layer, all-to-all
 # leg (mxfp8_ep.config.LEGS) and statistic (NUMERICS_STATS, defined in mxfp8_ep.numerics),
@@ -153,6 +157,11 @@ class RunSummary:
     max_memory_gib: Optional[float] = None
     # numerics telemetry of this launch: metric name -> series_stats of its samples
     numerics: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the symm transport's elastic capacity (earlier launches of a resumed run included): steps
+    # run again after an overflow, at which steps, and the largest capacity at the end (rows)
+    capacity_replays: int = 0
+    capacity_replay_steps: list[int] = field(default_factory=list)
+    capacity_rows: Optional[int] = None
     # wandb
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
@@ -186,6 +195,8 @@ class RunSummary:
         out = {metric: getattr(self, name) for name, metric in MEAN_OF.items()}
         out[LOSS] = self.final_loss
         out[VAL_LOSS] = self.final_val_loss
+        out[A2A_REPLAYS] = self.capacity_replays if self.capacity_rows is not None else None
+        out[A2A_CAPACITY_ROWS] = self.capacity_rows
         out.update({a2a_leg_metric(leg): v for leg, v in self.a2a_bytes_per_step_by_leg.items()})
         return {k: v for k, v in out.items() if v is not None}
 

@@ -9,6 +9,8 @@ match stock torchtitan runs; the names are ``launch.run_summary``'s) and adds:
 * ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
   from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
+* ``a2a/capacity_rows`` and ``a2a/replays`` (symm transport): the largest expert-major capacity
+  and the steps run again after a capacity overflow so far (``mxfp8_ep.elastic``),
 * ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
   samples (``launch.numerics_log``; names in ``launch.run_summary``), with a console line,
 * ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
@@ -45,7 +47,7 @@ from torchtitan.tools.logging import logger
 from launch import numerics_log
 from launch import run_summary as names
 from launch.console import format_eta, progress_line, validation_line
-from mxfp8_ep import wire_stats
+from mxfp8_ep import elastic, wire_stats
 from mxfp8_ep.config import LEGS
 
 __all__ = ["RecipeMetricsProcessor", "RecipeWandBLogger", "RunHistory", "WandbSettings"]
@@ -175,6 +177,7 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self._train_time = 0.0  # seconds over steps after the first logged window
         self._train_steps = 0
         self._first_window_done = False
+        self.capacity_replays = 0  # the trainer counts them (earlier launches included)
         if wandb_settings is not None and _rank() == 0:
             container = LoggerContainer()
             container.add_logger(self.logger)
@@ -273,6 +276,9 @@ class RecipeMetricsProcessor(MetricsProcessor):
         for leg, value in wire.items():
             if leg != "total" and (leg != "other" or value):
                 metrics[names.a2a_leg_metric(leg)] = value / steps_in_window
+        capacity = elastic.capacity_rows()
+        if capacity is not None:
+            metrics.update({names.A2A_CAPACITY_ROWS: capacity, names.A2A_REPLAYS: self.capacity_replays})
         if extra_metrics:
             metrics.update(extra_metrics)
             self.history.record_numerics(extra_metrics)
@@ -318,6 +324,18 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self.data_loading_times.clear()
         self.time_last_log = time.perf_counter()
         self.device_memory_monitor.reset_peak_stats()
+
+    def capacity_replay(self, step: int, overflow: elastic.Overflow, replays: int) -> None:
+        """A step runs again after a capacity overflow (every rank calls it; rank 0 writes the
+        console line)."""
+        self.capacity_replays = replays
+        grown = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.grown) or "on another EP group"
+        line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
+                f"({grown} rows), step run again ({names.A2A_REPLAYS} = {replays})")
+        if _rank() == 0:
+            logger.warning(line)
+            if self.console is not None:
+                self.console.write(line + "\n")
 
     def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None,
                        seconds: float = 0.0) -> None:

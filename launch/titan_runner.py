@@ -34,6 +34,9 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchtitan.train import Trainer
 
+from mxfp8_ep import elastic
+from mxfp8_ep.titan022 import ReplayOverflowedSteps
+
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
 from launch.run_summary import RunSummary, series_stats, steady_mean
@@ -167,8 +170,9 @@ def wandb_settings(cfg: Any, run_dir: str) -> Optional[WandbSettings]:
 # --------------------------------------------------------------------------------------------
 
 
-class RecipeTrainer(Trainer):
-    """torchtitan's ``Trainer`` with the recipe's metrics processor and clean stops.
+class RecipeTrainer(ReplayOverflowedSteps, Trainer):
+    """torchtitan's ``Trainer`` with the recipe's metrics processor, clean stops, and steps run
+    again after a symm capacity overflow (``mxfp8_ep.titan022.ReplayOverflowedSteps``).
 
     ``Trainer.__init__`` picks its metrics processor builder from the model's ``TrainSpec``.
     Rather than registering a modified TrainSpec globally, ``train_spec`` is a property here:
@@ -181,6 +185,8 @@ class RecipeTrainer(Trainer):
         self.stop = stop
         self.stopped_by: Optional[int] = None
         self.start_step = 0
+        self.capacity_replay_steps: list[int] = []  # this launch's
+        self.earlier_replay_steps: list[int] = []  # a resumed run's, up to its checkpoint
         super().__init__(job_config)
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
@@ -227,6 +233,15 @@ class RecipeTrainer(Trainer):
         finally:
             arm_for_step(self.step, 0)
 
+    def on_capacity_replay(self, overflow: Any) -> None:
+        """Before an overflowed step runs again: what it observed is dropped (the numerics
+        telemetry samples the step that counts), the replay is logged and counted."""
+        from mxfp8_ep.numerics import PROBE
+
+        PROBE.collect()
+        self.capacity_replay_steps.append(self.step)
+        self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays)
+
     def _build_metrics_processor(self, job_config: Any, parallel_dims: Any,
                                  model_args: Any = None,  # noqa: ARG002 (torchtitan's signature)
                                  tag: str | None = None) -> Any:
@@ -249,6 +264,11 @@ class RecipeTrainer(Trainer):
         # Resumed from a checkpoint: step windows and the ETA restart from here.
         self.start_step = self.step
         self.metrics_processor.start_at(self.step)
+        # The capacity starts over (and grows again, by replays, where the routing needs it);
+        # the replays of the earlier launches up to the checkpoint still count.
+        earlier = RunSummary.read(self.run_dir)
+        self.earlier_replay_steps = [s for s in (earlier.capacity_replay_steps if earlier else []) if s <= self.step]
+        self.capacity_replays = self.metrics_processor.capacity_replays = len(self.earlier_replay_steps)
 
     def should_continue_training(self) -> bool:
         """Also asked at every step boundary, on every rank: did any rank get a stop signal?
@@ -285,6 +305,7 @@ class RecipeTrainer(Trainer):
             steps, losses = _continue(earlier.logged_steps, earlier.losses, self.start_step, steps, losses)
             val_steps, val_losses = _continue(earlier.val_logged_steps, earlier.val_losses,
                                               self.start_step, val_steps, val_losses)
+        replay_steps = self.earlier_replay_steps + self.capacity_replay_steps
         legs = h.a2a_leg_bytes_per_step
         saved = checkpoint_steps(self.run_dir, jc.checkpoint.folder) if jc.checkpoint.enable else []
         return RunSummary(
@@ -324,6 +345,9 @@ class RecipeTrainer(Trainer):
             mfu_pct=steady_mean(h.mfu),
             max_memory_gib=max(h.max_reserved_gib) if h.max_reserved_gib else None,
             numerics={k: series_stats(v) for k, v in h.numerics.items()},
+            capacity_replays=len(replay_steps),
+            capacity_replay_steps=replay_steps,
+            capacity_rows=elastic.capacity_rows(),
             wandb_mode=str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
         )

@@ -29,7 +29,7 @@ from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, 
                              unknown_key_problem)
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
 from launch.titan_data import check_data
-from mxfp8_ep.config import KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
+from mxfp8_ep.config import KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS, capacity_factor_error
 from mxfp8_ep.wire_format import WireFormat, quantized_formats
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -213,6 +213,9 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
     ]:
         if a[key] not in allowed:
             r.error(choice_problem(f"a2a.{key}", a[key], allowed))
+    factor_error = capacity_factor_error(a.capacity_factor)
+    if factor_error is not None:
+        r.error(f"a2a.capacity_factor={a.capacity_factor!r}: {factor_error}")
     formats = quantized_formats(a[leg] for leg in LEGS)
     if a.quantize_local_rows and not formats:
         r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
@@ -346,10 +349,10 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
 
 
 # ----------------------------------------------------------------------------- memory
-# The symm transport sizes its expert-side tensors for the drop-free worst case (EP x top-k rows
-# per token at most): what to try when that is what does not fit.
-SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at the drop-free capacity: "
-                    "a2a.symm_combine_partial_sums=false keeps fewer of them, a2a.transport=nccl none)")
+# The symm transport sizes its expert-side tensors by a2a.capacity_factor (the worst case, EP x
+# top-k rows per token, when null): what to try when that is what does not fit.
+SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_factor times the balanced case: "
+                    "a smaller factor keeps fewer of them, a2a.transport=nccl none)")
 
 
 def _runs_symm(cfg: Any, target: Target) -> bool:
@@ -369,7 +372,8 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts, world:
     est = estimate(facts, world=world, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
                    seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
                    device=target.device, symm=_runs_symm(cfg, target),
-                   combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums))
+                   combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums),
+                   capacity_factor=cfg.a2a.capacity_factor)
     procs = 1 if target.device == "cuda" else p.procs_per_node
     need = est.total * procs
     if need <= target.memory_bytes:

@@ -42,12 +42,13 @@ def make_cfg(
     wandb_mode: str = "offline",
     checkpoint: bool = False,
     experiment: str = "test_runner",
+    **a2a_fields: Any,
 ) -> Any:
     return OmegaConf.structured(
         TrainConfig(
             model=ModelConfig(name=f"tiny_{family}", family=family, flavor="tiny"),
             parallelism=ParallelismConfig(name="ep2", procs_per_node=WORLD, ep=2, fsdp=-1, tp=1),
-            a2a=A2ASchema(name=a2a, **PRESETS[a2a]),
+            a2a=A2ASchema(name=a2a, **PRESETS[a2a], **a2a_fields),
             launcher=LauncherConfig(name="local"),
             logging=LoggingConfig(
                 name=f"wandb_{wandb_mode}", wandb_mode=wandb_mode, tags=["ci", a2a],
@@ -189,6 +190,33 @@ def test_deepseek_v3_ep2_resumes_from_checkpoint(tmp_path: Path) -> None:
     assert second["losses"][:6] == first["losses"]
     assert (ckpt / "step-10").is_dir()
     assert_learns(second["losses"])
+
+
+def test_symm_capacity_overflows_replay_to_the_worst_case_losses(tmp_path: Path) -> None:
+    """The symm transport at ``capacity_factor=0.5`` (DeepSeek-V3, whose load-balancing expert
+    bias a double update would change): the first step's routing overflows half the balanced
+    case's capacity, each such step runs again at a grown capacity, and every step's loss is bit
+    for bit the worst-case capacity's. A resume from the step-3 checkpoint starts at the configured
+    capacity again and grows it again, still without a wrong step."""
+    def cfg(factor: Any, steps: int = 6) -> Any:
+        return make_cfg("deepseek_v3", a2a="mxfp8", steps=steps, checkpoint=True, wandb_mode="disabled",
+                        transport="symm", capacity_factor=factor)
+
+    runs = {}
+    for factor, name in ((None, "worst"), (0.5, "elastic")):  # 3 steps, then resumed from step 3 to 6
+        runs[name] = (train(cfg(factor, steps=3), tmp_path / name), train(cfg(factor), tmp_path / name))
+    (worst, worst_resumed), (elastic, resumed) = runs["worst"], runs["elastic"]
+    assert worst_resumed["capacity_replays"] == 0 and worst["capacity_rows"] > 0
+    assert elastic["capacity_replay_steps"][:1] == [1], elastic["capacity_replay_steps"]
+    assert elastic["capacity_rows"] < worst["capacity_rows"], (elastic["capacity_rows"], worst["capacity_rows"])
+    console = (tmp_path / "elastic" / "console.log").read_text()
+    assert "step 1: a symm dispatch needed more expert rows than its capacity" in console
+    assert elastic["losses"] == worst["losses"], (elastic["losses"], worst["losses"])
+    assert resumed["start_step"] == 3
+    assert resumed["losses"] == worst_resumed["losses"], (resumed["losses"], worst_resumed["losses"])
+    # The capacity starts over after the resume: the first step after it grows it again.
+    assert resumed["capacity_replay_steps"] == elastic["capacity_replay_steps"] + [4], resumed["capacity_replay_steps"]
+    assert resumed["capacity_replays"] == len(resumed["capacity_replay_steps"])
 
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])
