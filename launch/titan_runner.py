@@ -36,7 +36,7 @@ from torchtitan.train import Trainer
 
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
-from launch.run_summary import RunSummary, series_stats, steady_mean
+from launch.run_summary import RunSummary, series_stats, steady_numbers
 from launch.schema import PROFILER_WARMUP_STEPS
 from launch.stop import Stopped, StopSignals, signal_name
 from launch.titan_metrics import WandbSettings
@@ -285,7 +285,6 @@ class RecipeTrainer(Trainer):
             steps, losses = _continue(earlier.logged_steps, earlier.losses, self.start_step, steps, losses)
             val_steps, val_losses = _continue(earlier.val_logged_steps, earlier.val_losses,
                                               self.start_step, val_steps, val_losses)
-        legs = h.a2a_leg_bytes_per_step
         saved = checkpoint_steps(self.run_dir, jc.checkpoint.folder) if jc.checkpoint.enable else []
         return RunSummary(
             run_name=str(cfg.logging.run_name or cfg.experiment),
@@ -313,15 +312,7 @@ class RecipeTrainer(Trainer):
             val_losses=val_losses,
             final_loss=losses[-1] if losses else None,
             final_val_loss=val_losses[-1] if val_losses else None,
-            tokens_per_s=steady_mean(h.tps),
-            tokens_per_s_global=steady_mean(h.global_tps),
-            step_time_s=steady_mean(h.step_times),
-            a2a_bytes_per_step=steady_mean(h.a2a_bytes_per_step),
-            a2a_bytes_per_step_by_leg={
-                leg: steady_mean([row[leg] for row in legs]) for leg in (legs[0] if legs else {})
-            },
-            tflops=steady_mean(h.tflops),
-            mfu_pct=steady_mean(h.mfu),
+            **steady_numbers(h.windows),
             max_memory_gib=max(h.max_reserved_gib) if h.max_reserved_gib else None,
             numerics={k: series_stats(v) for k, v in h.numerics.items()},
             wandb_mode=str(cfg.logging.wandb_mode),
