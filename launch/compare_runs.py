@@ -289,8 +289,8 @@ def pooled_tokens_per_s(runs: list[RunSummary]) -> Optional[float]:
     """tokens/s of all ranks of several runs taken together: their steady tokens over their steady
     seconds (a run's: step time x steady steps; a summary without ``steady_steps`` counts as
     long as the others)."""
-    return ratio_of_sums([(r.tokens_per_s_global, None if r.step_time_s is None else r.step_time_s * (r.steady_steps or 1))
-                          for r in runs])
+    seconds = [None if r.step_time_s is None else r.step_time_s * (r.steady_steps or 1) for r in runs]
+    return ratio_of_sums([(r.tokens_per_s_global, s) for r, s in zip(runs, seconds)])
 
 
 def throughput_verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
@@ -315,7 +315,7 @@ def throughput_verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
         low, high = min(pairs), max(pairs)
         if len(pairs) == 1:
             verdict = "not judged"
-            said = "one run each -> not judged: no run-to-run spread to judge it by (run several training.seed)"
+            said = "one run each -> not judged: no run-to-run spread to judge it by (sweep training.seed for one)"
         else:
             verdict = "faster" if low > 1 else "slower" if high < 1 else "within spread"
             said = f"{len(arm)} vs {len(base)} runs (pairs ×{low:.3f}-×{high:.3f}) -> " + {
