@@ -97,7 +97,8 @@ BENCHES = {
                     paths=RECIPE + ("recipes/", "scripts/parity_study.py"), key="final_val_loss",
                     hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device")),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
-                      paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"), baselines=("alltoall", "minimal_async_ep"),
+                      paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
+                      baselines=("alltoall", "minimal_async_ep"),
                       hide=("shape_desc",)),
 }
 HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
@@ -163,8 +164,8 @@ class History:
         todo = [b for b in blobs if b != NO_BLOB and b not in self._code]
         if not todo:
             return
-        out = subprocess.run(["git", "-C", str(self.repo), "cat-file", "--batch"], input=("\n".join(todo) + "\n").encode(),
-                             capture_output=True, text=False, check=True).stdout
+        out = subprocess.run(["git", "-C", str(self.repo), "cat-file", "--batch"],
+                             input=("\n".join(todo) + "\n").encode(), capture_output=True, check=True).stdout
         at = 0
         for blob in todo:
             header_end = out.index(b"\n", at)
@@ -458,7 +459,7 @@ def claim_cells(c: Claim, history: History) -> list[str]:
 
 
 def legend(claims: list[Claim], history: History) -> str:
-    """The sentence under a claims table: what its columns and marks say (the marks it uses)."""
+    """The lead of a claims table: what its columns and marks say (the marks it uses)."""
     states = {claim_status(c, history) for c in claims}
     dirty = {c.run.first.get("dirty", False) for c in claims if c.run}
     text = ("Each figure against its target (met: figure ≥ target, or |figure| ≤ its bound), measured on "
