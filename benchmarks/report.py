@@ -14,7 +14,9 @@ function of the committed rows, the claims and the git history only (no clock), 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,12 +35,20 @@ README = REPO / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 README_MAX_CLAIMS = 15
 LIBRARY = ("mxfp8_ep/",)
+RECIPE = LIBRARY + ("launch/", "conf/")
+# The measuring code under benchmarks/ of each kind of run (benchmarks/rows.py only records
+# provenance, so it is in none).
+TIMED = ("benchmarks/harness.py",)
+LAYER_CODE = LIBRARY + ("benchmarks/layer.py",) + TIMED
+LEG_CODE = LIBRARY + ("benchmarks/legs.py",) + TIMED
+TRAIN_CODE = RECIPE + ("benchmarks/train.py",)
 
 
 @dataclass(frozen=True)
 class Bench:
-    """How one bench's rows read: what it measures, which code its figures depend on (``paths``),
-    the fields that make rows comparable (``group``), and the arms the other arms are set against."""
+    """How one bench's rows read: what it measures, which code its figures depend on (``paths``:
+    the library, the benchmark script and what it times with, the recipe for training runs), the
+    fields that make rows comparable (``group``), and the arms the other arms are set against."""
 
     title: str
     paths: tuple = LIBRARY
@@ -50,32 +60,33 @@ class Bench:
 
 
 LEG_GROUP = ("link", "routing", "rows", "dim", "leg", "pass")
-TRAIN = dict(paths=LIBRARY + ("launch/", "conf/"), group=("call",), baselines=("bf16/nccl", "bf16/symm"),
+TRAIN = dict(paths=TRAIN_CODE, group=("call",), baselines=("bf16/nccl", "bf16/symm"),
              key="tokens_per_s", better="higher", hide=("losses", "model", "a2a", "transport"))
 BENCHES = {
     "layer": Bench("One torchtitan 0.2.2 MoE layer (router, experts, shared expert), ms per call, "
-                   "median of the slowest rank", group=("shape", "pass"), baselines=("torchtitan",),
-                   hide=("shape_desc",)),
-    "legs": Bench("One exchange leg alone (dispatch or combine), ms", group=LEG_GROUP,
+                   "median of the slowest rank", paths=LAYER_CODE, group=("shape", "pass"),
+                   baselines=("torchtitan",), hide=("shape_desc",)),
+    "legs": Bench("One exchange leg alone (dispatch or combine), ms", paths=LEG_CODE, group=LEG_GROUP,
                   baselines=("torchtitan",)),
     "links": Bench("One exchange leg over NCCL's NVLink, shared-memory and socket transports, ms",
-                   group=LEG_GROUP, baselines=("torchtitan",)),
+                   paths=LEG_CODE, group=LEG_GROUP, baselines=("torchtitan",)),
     "a2a": Bench("The unfused MXFP8 all-to-all (`all_to_all_v`: quantize, exchange, dequantize) "
-                 "against bf16, ms"),
+                 "against bf16, ms", paths=LEG_CODE),
     "power": Bench("The DeepSeek-V3-like layer back to back with the GPUs sampled: SM clock, power, "
-                   "energy per pass", group=("round", "rank"), baselines=("torchtitan",),
+                   "energy per pass", paths=LAYER_CODE, group=("round", "rank"), baselines=("torchtitan",),
                    hide=("shape_desc",)),
     "kernels": Bench("Kernels alone: the exchange kernels, the routed experts, launch-shape sweeps",
-                     hide=("shape_desc",)),
+                     paths=LIBRARY + ("benchmarks/kernels.py",) + TIMED, hide=("shape_desc",)),
     "profile": Bench("Where a training step's GPU time goes (torch profiler, one step), ms",
-                     paths=LIBRARY + ("launch/", "conf/")),
+                     paths=TRAIN_CODE + ("benchmarks/timeline.py",)),
     "train": Bench("Training `model=dsv3_ep_bench` (two DeepSeek-V3 MoE layers, EP=2), 50 steps, "
                    "tokens/s of all ranks", **TRAIN),
     "train_shm": Bench("Training as in `train`, NCCL forced onto shared memory (`NCCL_P2P_DISABLE=1`)",
                        **TRAIN),
     "numerics_overhead": Bench("Training with the numerics telemetry (`logging.numerics_every`) against "
-                               "without it, step time (s) of each run and their means (`on_vs_off`)",
-                               paths=LIBRARY + ("launch/", "conf/"), baselines=("off",), key="step_time_s",
+                               "without it, step time (s) of each run and of each arm's runs together "
+                               "(`on_vs_off`)",
+                               paths=TRAIN_CODE, baselines=("off",), key="step_time_s",
                                hide=("overrides", "run_dir", "step_times_off", "step_times_on")),
     "parity": Bench("bf16 against MXFP8 training on the debian_docs corpus (`scripts/parity_study.py`): "
                     "final training and validation loss, the validation loss's difference from the bf16 "
@@ -83,10 +94,11 @@ BENCHES = {
                     "layer of each quantization statistic per MXFP8 leg (`numerics/`). tokens/s is no "
                     "speed figure: on the GPU the arms shared one GPU and, at EP=1, the MXFP8 arms "
                     "quantized rows that cross no wire; CPU runs say nothing about GPUs",
-                    paths=LIBRARY + ("launch/", "conf/", "recipes/"), key="final_val_loss",
+                    paths=RECIPE + ("recipes/", "scripts/parity_study.py"), key="final_val_loss",
                     hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device")),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
-                      group=("shape", "pass"), baselines=("alltoall", "minimal_async_ep"),
+                      paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
+                      baselines=("alltoall", "minimal_async_ep"),
                       hide=("shape_desc",)),
 }
 HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
@@ -97,10 +109,36 @@ LINKS = {"nvlink": "NVLink", "nccl-shm": "NCCL shm", "nccl-socket": "NCCL socket
 # ------------------------------------------------------------------------------ git history
 # Git pathspecs left out of the measured paths: a README edit changes no figure.
 PROSE = (":(exclude,glob)**/*.md",)
+NO_BLOB = "0" * 40  # git's id for "no file" (added or deleted) in `git diff --raw`
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:]
+    return tree
+
+
+def code_of(path: str, text: str) -> str:
+    """What of a file can change a measurement: a Python module's syntax tree without docstrings
+    (comments and formatting are not in it), a YAML file's data, any other file's text. A file
+    that does not parse counts as its text."""
+    try:
+        if path.endswith(".py"):
+            return ast.dump(_strip_docstrings(ast.parse(text)))
+        if path.endswith((".yaml", ".yml")):
+            return json.dumps(yaml.safe_load(text), sort_keys=True, default=str)
+    except (SyntaxError, ValueError, yaml.YAMLError):
+        pass
+    return text
 
 
 class History:
-    """Whether a run's commit is older than the last change to some paths, from git."""
+    """Whether the code a run measured changed after its commit, from git: the measured paths'
+    files at the run's commit against HEAD, compared by :func:`code_of`."""
 
     def __init__(self, repo: Path = REPO):
         self.repo = repo
@@ -112,6 +150,7 @@ class History:
             self.problem = ("this clone is shallow (`git fetch --unshallow` gets the history): runs whose "
                             "commit it lacks show `unknown`")
         self._cache: dict = {}
+        self._code: dict = {}
 
     def _git(self, *args) -> str | None:
         try:
@@ -120,18 +159,46 @@ class History:
             return None
         return proc.stdout.strip() if proc.returncode == 0 else None
 
-    def status(self, commit: str, paths: tuple) -> str:
-        """``current``, ``STALE`` or ``unknown`` (no history, or the commit is not in it)."""
+    def _load_code(self, blobs: dict[str, str]) -> None:
+        """``code_of`` each blob -> path not yet known, read in one ``git cat-file --batch``."""
+        todo = [b for b in blobs if b != NO_BLOB and b not in self._code]
+        if not todo:
+            return
+        out = subprocess.run(["git", "-C", str(self.repo), "cat-file", "--batch"],
+                             input=("\n".join(todo) + "\n").encode(), capture_output=True, check=True).stdout
+        at = 0
+        for blob in todo:
+            header_end = out.index(b"\n", at)
+            size = int(out[at:header_end].split()[2])
+            text = out[header_end + 1:header_end + 1 + size].decode("utf-8", errors="replace")
+            self._code[blob] = code_of(blobs[blob], text)
+            at = header_end + 1 + size + 1  # the object and its newline
+
+    def changed(self, commit: str, paths: tuple) -> list[str] | None:
+        """The files under ``paths`` whose code differs between ``commit`` and HEAD (added and
+        deleted ones included); None when that cannot be told (no history, or the commit is not in it)."""
         key = (commit, paths)
         if key not in self._cache:
-            if self.problem and "no git history" in self.problem:
-                self._cache[key] = "unknown"
-            elif self._git("cat-file", "-e", f"{commit}^{{commit}}") is None:
-                self._cache[key] = "unknown"
+            raw = None
+            if not (self.problem and "no git history" in self.problem) \
+                    and self._git("cat-file", "-e", f"{commit}^{{commit}}") is not None:
+                raw = self._git("diff", "--raw", "--no-abbrev", "--no-renames", commit, "HEAD", "--", *paths, *PROSE)
+            if raw is None:
+                self._cache[key] = None
             else:
-                later = self._git("log", "-1", "--format=%H", f"{commit}..HEAD", "--", *paths, *PROSE)
-                self._cache[key] = "STALE" if later else "current"
+                diffs = []  # (old blob, new blob, path)
+                for line in raw.splitlines():
+                    meta, path = line.split("\t", 1)
+                    diffs.append((*meta.split()[2:4], path))
+                self._load_code({blob: path for old, new, path in diffs for blob in (old, new)})
+                code = {NO_BLOB: None, **self._code}
+                self._cache[key] = [path for old, new, path in diffs if code[old] != code[new]]
         return self._cache[key]
+
+    def status(self, commit: str, paths: tuple) -> str:
+        """``current``, ``STALE`` (the measured code changed since) or ``unknown``."""
+        files = self.changed(commit, paths)
+        return "unknown" if files is None else "STALE" if files else "current"
 
 
 # ------------------------------------------------------------------------------ runs and rows
@@ -257,16 +324,22 @@ def run_header(run: Run, history: History) -> list[str]:
     v = f.get("versions") or {}
     soft = ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "triton", "nccl", "torchtitan", "torchao") if v.get(k))
     source = " (inferred from git history)" if f.get("commit_source") == "inferred" else ""
-    status = history.status(f["commit"], run.bench.paths)
-    paths = ", ".join(f"`{p}`" for p in run.bench.paths)
-    mark = {"STALE": f"**STALE** ({paths} changed since)", "unknown": "status unknown", "current": "current"}[status]
+    changed = history.changed(f["commit"], run.bench.paths)
+    if changed is None:
+        mark = "status unknown"
+    elif changed:
+        where = [p for p in run.bench.paths if any(f == p or f.startswith(p) for f in changed)]
+        mark = "**STALE**: the code changed since in " + ", ".join(f"`{p}`" for p in where)
+    else:
+        mark = "current"
+    dirty = {True: " (dirty tree)", False: "",
+             None: f" (dirty: unknown, {f.get('dirty_reason') or 'no reason recorded'})"}[f.get("dirty", False)]
     commands = []
     for r in run.rows:
         if r["command"] not in commands:
             commands.append(r["command"])
     return [f"### `{run.name}`", "",
-            f"- commit `{f['commit'][:7]}`{source}{' (dirty tree)' if f.get('dirty') else ''}, {f['date'][:10]}: "
-            f"{mark}",
+            f"- commit `{f['commit'][:7]}`{source}{dirty}, {f['date'][:10]}: {mark}",
             f"- {run.hardware()}; {soft}", "- command:", "", *[f"      {c}" for c in commands], ""]
 
 
@@ -366,19 +439,50 @@ def claim_status(claim: Claim, history: History) -> str:
     return next((s for s in ("STALE", "unknown") if s in states), "current")
 
 
+# The marks on a claim's figure (claim_status) and on its commit (the run's `dirty`).
+MARKS = {"STALE": "†", "unknown": "?"}
+DIRTY = {True: "(dirty)", None: "(dirty?)"}
+
+
+def dirty_mark(run: Run | None) -> str:
+    return "" if run is None or run.first.get("dirty", False) is False else " " + DIRTY[run.first["dirty"]]
+
+
+def claim_cells(c: Claim, history: History) -> list[str]:
+    """measured (with its mark), target, met, hardware, commit and date."""
+    mark = MARKS.get(claim_status(c, history))
+    figure = c.figure() + (f" {mark}" if mark else "")
+    if c.run is None:
+        return [figure, c.target(), c.met(), "model of H200 rows", ""]
+    when = f"`{c.run.first['commit'][:7]}`{dirty_mark(c.run)} {c.run.first['date'][:10]}"
+    return [figure, c.target(), c.met(), c.run.hardware(c.row), when]
+
+
+def legend(claims: list[Claim], history: History) -> str:
+    """The lead of a claims table: what its columns and marks say (the marks it uses)."""
+    states = {claim_status(c, history) for c in claims}
+    dirty = {c.run.first.get("dirty", False) for c in claims if c.run}
+    text = ("Each figure against its target (met: figure ≥ target, or |figure| ≤ its bound), measured on "
+            f"the hardware, commit and date shown. {MARKS['STALE']} marks a figure whose measured code (the "
+            "library, the recipe or the benchmark script) has changed since that commit: it holds for that "
+            "commit, not necessarily for the code in front of you, until it is measured again (changes to "
+            "comments, docstrings or formatting do not count).")
+    if "unknown" in states:
+        text += f" {MARKS['unknown']}: whether that code changed cannot be told here (see the note above)."
+    if True in dirty:
+        text += f" {DIRTY[True]}: measured with changes not yet committed."
+    if None in dirty:
+        text += (f" {DIRTY[None]}: measured from a copy of the tree that could not be compared with the "
+                 "commit, so it may have had changes.")
+    return text
+
+
 def claims_table(claims: list[Claim], history: History, link_prefix: str) -> list[str]:
     body = []
     for c in claims:
-        status = claim_status(c, history)
-        figure = c.figure() + (" **STALE**" if status == "STALE" else "")
-        target = c.target()
-        if c.run:
-            where = f"[{c.run.first['bench']}]({link_prefix}#{c.run.first['bench']})"
-            hw = c.run.hardware(c.row)
-            when = f"`{c.run.first['commit'][:7]}` {c.run.first['date'][:10]}"
-        else:
-            where, hw, when = f"[model]({link_prefix}#layer-model)", "model of H200 rows", ""
-        body.append([c.spec["claim"], figure, target, c.met(), hw, when, where])
+        bench = c.run.first["bench"] if c.run else "layer-model"
+        where = f"[{bench if c.run else 'model'}]({link_prefix}#{bench})"
+        body.append([c.spec["claim"], *claim_cells(c, history), where])
     return _table(["claim", "measured", "target", "met", "hardware", "commit, date", "data"], body)
 
 
@@ -386,14 +490,15 @@ def claims_table(claims: list[Claim], history: History, link_prefix: str) -> lis
 def render_report(runs: dict[str, Run], claims: list[Claim], history: History) -> str:
     out = ["# Results", "",
            "Generated by `python -m benchmarks.report` from the rows in `benchmarks/results/` and the claims",
-           "in `benchmarks/claims.yaml`; edit those, not this file. **STALE** marks a run measured on a commit",
-           "older than the last change to the code its bench measures: its figures hold for that commit, not",
-           "for the code in front of you. Ratios are speed-ups (> 1: faster than the baseline). Each",
-           "benchmark run writes one `<date>_<commit7>_<machine>_<bench>.jsonl` file through",
+           "in `benchmarks/claims.yaml`; edit those, not this file. A run is **STALE** when the code its bench",
+           "measures (the paths under its title; Python compared by syntax tree, so comments, docstrings and",
+           "formatting do not count) differs between the run's commit and HEAD: its figures hold for that",
+           "commit, not for the code in front of you. Ratios are speed-ups (> 1: faster than the baseline).",
+           "Each benchmark run writes one `<date>_<commit7>_<machine>_<bench>.jsonl` file through",
            "`benchmarks/rows.py`; after adding rows, or merging code they measure, rerun the report.", ""]
     if history.problem:
         out += [f"> Note: {history.problem}.", ""]
-    out += ["## Claims", ""] + claims_table(claims, history, "") + [""]
+    out += ["## Claims", "", legend(claims, history), ""] + claims_table(claims, history, "") + [""]
     out += ["## Runs", ""]
     body = [[f"`{r.name}`", r.first["bench"], f"`{r.first['commit'][:7]}`", r.first["date"][:10], r.hardware(),
              history.status(r.first["commit"], r.bench.paths)] for r in runs.values()]
@@ -453,17 +558,17 @@ def render_readme_block(claims: list[Claim], history: History) -> str:
     shown = [c for c in claims if c.spec.get("readme")]
     body, refs = [], {}
     for c in shown:
-        status = claim_status(c, history)
-        figure = c.figure() + (" (stale)" if status == "STALE" else "")
-        target = c.target()
         bench = c.run.first["bench"] if c.run else "layer-model"
         refs[bench] = f"docs/results.md#{bench}"
-        hardware = c.run.hardware(c.row).replace("× ", "×").replace(", ", " ") if c.run else ""
-        body.append([c.spec.get("short", c.spec["claim"]), figure, target, hardware, f"[{bench}]"])
-    lines = _table(["result", "measured", "target", "hardware", "data"], body)
-    note = ["", "(stale): measured on a commit older than the last change to the code it measures.",
-            "[docs/results.md](docs/results.md) has every run with its commit, date, versions and command.", ""]
-    return "\n".join([BEGIN, *lines, *note, *(f"[{k}]: {v}" for k, v in refs.items()), END])
+        figure, target, met, hardware, when = claim_cells(c, history)
+        hardware = hardware.replace("× ", "×").replace(", ", " ")
+        body.append([c.spec.get("short", c.spec["claim"]), figure, target, met, hardware, when, f"[{bench}]"])
+    lines = _table(["result", "measured", "target", "met", "hardware", "commit, date", "data"], body)
+    note = ["", "[docs/results.md](docs/results.md) has every run with its commit, date, versions and command.", ""]
+    lead = [legend(shown, history), ""]
+    if history.problem:
+        lead = [f"Note: {history.problem}.", ""] + lead
+    return "\n".join([BEGIN, *lead, *lines, *note, *(f"[{k}]: {v}" for k, v in refs.items()), END])
 
 
 def splice_readme(text: str, block: str) -> str:

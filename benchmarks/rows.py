@@ -8,7 +8,10 @@ folder of them sorts by date and says at a glance what ran where.
 
 The commit is ``$MXFP8EP_COMMIT`` when set (a copied working tree on a GPU machine: set it to
 the commit that was copied), else ``git rev-parse HEAD`` of the checkout.
-A checkout with uncommitted changes to tracked files is recorded as ``"dirty": true``.
+``"dirty": true`` records a tree whose tracked files differ from that commit: in a checkout, its
+uncommitted changes; in a copied tree, its files against ``$MXFP8EP_COMMIT`` where the copy has a
+git history holding that commit, else ``$MXFP8EP_DIRTY`` (``true``/``false``, from whoever copied
+it). When none of these can tell, the row says ``"dirty": null`` and why in ``"dirty_reason"``.
 
 Rows migrated from before this format carry ``"commit_source"``: ``"recorded"`` when the commit
 came with the data, ``"inferred"`` when it was read from git history (the parent of the commit
@@ -35,9 +38,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT_ENV = "MXFP8EP_COMMIT"
+DIRTY_ENV = "MXFP8EP_DIRTY"
 # Keys every row carries; a benchmark's own fields may not reuse them.
 PROVENANCE_KEYS = ("bench", "commit", "dirty", "date", "machine", "versions", "command")
-OPTIONAL_PROVENANCE_KEYS = ("commit_source",)  # migrated rows only (see the module docstring)
+# commit_source: migrated rows only; dirty_reason: rows whose dirty is null (see the module docstring)
+OPTIONAL_PROVENANCE_KEYS = ("commit_source", "dirty_reason")
 
 
 @dataclass(frozen=True)
@@ -58,22 +63,47 @@ class Machine:
         return f"{model}x{self.count}"
 
 
-def git_commit(repo: Path = REPO) -> tuple[str, bool]:
-    """(commit, dirty) of ``repo``. ``$MXFP8EP_COMMIT`` (dirty false) wins when set: a copied
-    tree can carry a ``.git`` of another commit than the files that were copied."""
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    except OSError:
+        return None
+
+
+def _dirty_env() -> bool | None:
+    value = os.environ.get(DIRTY_ENV, "").strip().lower()
+    if value in ("", "unknown"):
+        return None
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"${DIRTY_ENV}={value!r}: expected true or false")
+
+
+def git_commit(repo: Path = REPO) -> tuple[str, bool | None, str | None]:
+    """(commit, dirty, why dirty is unknown) of the tree at ``repo`` (module docstring).
+    ``$MXFP8EP_COMMIT`` wins when set: a copied tree can carry a ``.git`` of another commit than
+    the files that were copied, so its files are compared with the named commit."""
     env = os.environ.get(COMMIT_ENV)
     if env:
-        return env, False
-    try:
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True).stdout
-        return commit, bool(status.strip())
-    except (OSError, subprocess.CalledProcessError):
+        known = _git(repo, "cat-file", "-e", f"{env}^{{commit}}")
+        if known is not None and known.returncode == 0:
+            diff = _git(repo, "diff", "--quiet", env, "--")
+            if diff is not None and diff.returncode in (0, 1):
+                return env, diff.returncode == 1, None
+        dirty = _dirty_env()
+        if dirty is not None:
+            return env, dirty, None
+        return env, None, (f"copied tree without a git history holding {env[:7]} to compare its files "
+                           f"with, and ${DIRTY_ENV} unset")
+    head = _git(repo, "rev-parse", "HEAD")
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    if head is None or status is None or head.returncode or status.returncode:
         raise RuntimeError(
             f"cannot tell which commit is measured: {repo} is not a git checkout and ${COMMIT_ENV} "
-            f"is unset; set {COMMIT_ENV}=$(git rev-parse HEAD) for the copied tree") from None
+            f"is unset; set {COMMIT_ENV}=$(git rev-parse HEAD) for the copied tree")
+    return head.stdout.strip(), bool(status.stdout.strip()), None
 
 
 def _version(dist: str) -> str | None:
@@ -135,13 +165,14 @@ class ResultsFile:
 
     def __init__(self, bench: str, out_dir: str | os.PathLike, *, machine: Machine | None = None,
                  command: str | None = None, versions: dict | None = None) -> None:
-        commit, dirty = git_commit()
+        commit, dirty, unknown = git_commit(REPO)
         self.machine = machine or this_machine()
         now = _dt.datetime.now(_dt.timezone.utc)
         self.provenance = {
             "bench": bench,
             "commit": commit,
             "dirty": dirty,
+            **({"dirty_reason": unknown} if dirty is None else {}),
             "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "machine": asdict(self.machine),
             "versions": versions or package_versions(),

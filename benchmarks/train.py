@@ -6,8 +6,9 @@ sweep, and where one step's GPU time goes (torchtitan's profiler traces).
     python -m benchmarks.train RUNS --out OUT --step-profile      # runs with training.profile_freq
     python -m benchmarks.train --numerics-every 50 --repeats 2 --out OUT -- OVERRIDES...
 
-Each run dir's ``summary.json`` (``launch.run_summary.RunSummary``: steady means over the
-logged windows after the first) and ``train_config.yaml`` give one row: its arm
+Each run dir's ``summary.json`` (``launch.run_summary.RunSummary``: totals over the logged
+windows after the first, so tokens/s is their tokens over their time) and ``train_config.yaml``
+give one row: its arm
 (``<preset>/<transport>``, ``:overlap`` with ``parallelism.overlap_shared_experts``), tokens/s
 (all ranks), step time, the loss at every logged step, all-to-all bytes per step, peak reserved
 memory; and against the ``--baseline`` arm's run of the same model: ``speedup_vs_<baseline>``
@@ -22,10 +23,11 @@ Triton kernels), else by the CPU region that launched it (the optimizer step, FS
 ``--numerics-every N``: what the numerics telemetry costs a training step. This script runs
 ``launch/train.py OVERRIDES`` itself, with ``logging.numerics_every=0`` (off) and ``=N`` (on),
 ``--repeats`` times in turn (off, on, off, on, ...: drift of the machine reaches both arms alike).
-A run's step time is its own headline number (the steady mean above), over every step: the
-sampled steps, with their quantizing and the sums over ranks, and the steps between them, which
-do no telemetry work. One row per run and one comparing the arms (``on_vs_off``,
-``overhead_pct``: mean step time on / off - 1), bench ``numerics_overhead``.
+A run's step time is its own headline number (its steady seconds over its steady steps), over
+every step: the sampled steps, with their quantizing and the sums over ranks, and the steps
+between them, which do no telemetry work. One row per run and one comparing the arms
+(``on_vs_off``, ``overhead_pct``: step time on / off - 1, each arm's runs taken together: their
+seconds over their steps), bench ``numerics_overhead``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import argparse
 import bisect
 import json
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.harness import LINKS, Results, key_of
+from launch.run_summary import ratio_of_sums
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("model", "arm", "tokens_per_s", "speedup_vs_bf16_nccl", "step_time_s", "final_loss", "loss_delta_vs_bf16_nccl",
@@ -69,7 +71,8 @@ def run_rows(paths: list[str], baseline: str) -> list[dict]:
             "local_batch_size": OmegaConf.select(cfg, "training.local_batch_size"),
             "tokens_per_s": s.tokens_per_s_global, "tokens_per_s_per_rank": s.tokens_per_s,
             "step_time_s": s.step_time_s, "final_loss": s.final_loss, "a2a_bytes_per_step": s.a2a_bytes_per_step,
-            "max_memory_gib": s.max_memory_gib, "mfu_pct": s.mfu_pct, "run_name": s.run_name,
+            "max_memory_gib": s.max_memory_gib, "mfu_pct": s.mfu_pct, "steady_steps": s.steady_steps,
+            "run_name": s.run_name,
             "logged_steps": s.logged_steps, "losses": s.losses,
         })
     add_throughput_ratios(rows, baseline)
@@ -280,6 +283,7 @@ def numerics_overhead(overrides: list[str], every: int, repeats: int, out: str, 
     runs = Path(out).resolve() / "runs" / time.strftime("%Y-%m-%d_%H-%M-%S")  # fresh per call: never reused
     results = None
     times: dict[int, list[float]] = {0: [], every: []}
+    steps: dict[int, list[int]] = {0: [], every: []}
     for repeat in range(repeats):
         for arm_every in (0, every):
             run_dir = runs / f"numerics_every_{arm_every}_{repeat}"
@@ -287,11 +291,12 @@ def numerics_overhead(overrides: list[str], every: int, repeats: int, out: str, 
             if results is None:
                 results = Results(bench, out, link=link, count=r["world_size"])
             times[arm_every].append(r["step_time_s"])
+            steps[arm_every].append(r["steady_steps"] or 1)  # a summary without it: runs count alike
             results.write([{"arm": "off" if arm_every == 0 else "on", "numerics_every": arm_every, "repeat": repeat,
                             "overrides": overrides, "steps": r["steps"], "step_time_s": r["step_time_s"],
                             "tokens_per_s": r["tokens_per_s_per_rank"], "final_loss": r["final_loss"],
                             "run_dir": str(run_dir)}])
-    off, on = statistics.mean(times[0]), statistics.mean(times[every])
+    off, on = (ratio_of_sums(list(zip(times[arm], steps[arm]))) for arm in (0, every))
     (row,) = results.write([{"arm": "on_vs_off", "numerics_every": every, "repeats": repeats, "overrides": overrides,
                              "step_time_s_off": off, "step_time_s_on": on, "overhead_pct": 100 * (on / off - 1),
                              "step_times_off": times[0], "step_times_on": times[every]}])

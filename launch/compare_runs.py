@@ -19,6 +19,12 @@ difference is judged: one verdict line per arm, e.g.
 
     mxfp8_all: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
 
+and one throughput verdict per arm: its runs' tokens/s together over the bf16 runs', with the
+ratios of every (arm run, bf16 run) pair; a difference is called a speed-up only when every pair
+shows it, and with one run on each side (no spread to judge by) not at all:
+
+    mxfp8: tokens/s ×1.031 vs bf16, 2 vs 2 runs (pairs ×0.992-×1.070) -> inside the run-to-run spread ...
+
 Next to the JSON (``<dir>/comparison.json`` for one directory) go ``comparison_loss.png``
 (training loss, its difference to the baseline smoothed, with the seed spread as a band;
 validation loss and its difference when the runs have one) and ``comparison_throughput.png``
@@ -40,7 +46,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import RUN_CONFIG, SUMMARY
-from launch.run_summary import NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric
+from launch.run_summary import (NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric,
+                                ratio_of_sums)
 from launch.wandb_offline import OfflineRun, read_run, read_runs
 from mxfp8_ep.wire_format import quantized_formats
 
@@ -49,6 +56,9 @@ BASELINE = "bf16"
 # share of the baseline's loss).
 PARITY_SHARE = 0.005
 CPU_NOTE = "CPU run: throughput is not a speed claim"
+# When a throughput difference is called a speed-up (or a slow-down).
+THROUGHPUT_RULE = ("faster (slower) only when every run of the arm is faster (slower) than every "
+                   "baseline run; otherwise the ratio is inside the run-to-run spread")
 # Smoothing of the loss-difference panels: a trailing mean over this share of the points.
 SMOOTH_SHARE = 1 / 30
 # How the worst layer is picked for each numerics statistic: (stat of a layer's samples, worst).
@@ -272,6 +282,51 @@ def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
         out.append({"run": c.run.run_name, "baseline": base.run.run_name, "delta": d, "measure": what,
                     "seed_spread": spread, "tolerance": tol, "within": None if replica else within,
                     "text": point + text})
+    return out
+
+
+def pooled_tokens_per_s(runs: list[RunSummary]) -> Optional[float]:
+    """tokens/s of all ranks of several runs taken together: their steady tokens over their steady
+    seconds (a run's: step time x steady steps; a summary without ``steady_steps`` counts as
+    long as the others)."""
+    seconds = [None if r.step_time_s is None else r.step_time_s * (r.steady_steps or 1) for r in runs]
+    return ratio_of_sums([(r.tokens_per_s_global, s) for r, s in zip(runs, seconds)])
+
+
+def throughput_verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
+    """One verdict per arm and sweep point with a baseline: the arm's runs' tokens/s together
+    over the baseline point's bf16 runs' (``pooled_tokens_per_s``), the range of the ratios of
+    every (arm run, bf16 run) pair, and what they show by ``THROUGHPUT_RULE``. With one run on
+    each side there is no spread to judge the ratio by, and none is called faster."""
+    arms: dict[tuple, list[Compared]] = {}
+    for c in ordered(runs):
+        if c.baseline is not None and c.run.a2a != BASELINE:
+            arms.setdefault((c.pair_key, c.run.a2a), []).append(c)
+    cpu = on_cpu(runs)
+    out = []
+    for (_, a2a), arm in arms.items():
+        base = [c for c in ordered(runs) if c.run.a2a == BASELINE and c.pair_key == arm[0].baseline.pair_key]
+        mine = [c.run.tokens_per_s_global for c in arm]
+        theirs = [c.run.tokens_per_s_global for c in base]
+        if None in mine or None in theirs or 0 in theirs:
+            continue
+        ratio = _ratio(pooled_tokens_per_s([c.run for c in arm]), pooled_tokens_per_s([c.run for c in base]))
+        pairs = [m / b for m in mine for b in theirs]
+        low, high = min(pairs), max(pairs)
+        if len(pairs) == 1:
+            verdict = "not judged"
+            said = "one run each -> not judged: no run-to-run spread to judge it by (sweep training.seed for one)"
+        else:
+            verdict = "faster" if low > 1 else "slower" if high < 1 else "within spread"
+            said = f"{len(arm)} vs {len(base)} runs (pairs ×{low:.3f}-×{high:.3f}) -> " + {
+                "faster": "faster in every run pair" + ("" if cpu else ": a speed-up"),
+                "slower": "slower in every run pair" + ("" if cpu else ": a slow-down"),
+                "within spread": "inside the run-to-run spread: no speed difference shown"}[verdict]
+        point = f"[{arm[0].point}] " if arm[0].point else ""
+        text = f"{point}{a2a}: tokens/s ×{ratio:.3f} vs {BASELINE}, {said}" + (f" ({CPU_NOTE})" if cpu else "")
+        out.append({"arm": a2a, "point": arm[0].point, "baseline": BASELINE,
+                    "runs": [c.run.run_name for c in arm], "baseline_runs": [c.run.run_name for c in base],
+                    "ratio": ratio, "pair_ratios": [low, high], "verdict": verdict, "text": text})
     return out
 
 
@@ -548,6 +603,8 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
         "parity_rule": f"|Δ end loss| <= max(bf16 seed spread, {PARITY_SHARE:g} × baseline loss)",
         "notes": [CPU_NOTE] if on_cpu(runs) else [],
         "verdicts": verdict_list if verdict_list is not None else verdicts(runs),
+        "throughput_rule": THROUGHPUT_RULE,
+        "throughput_verdicts": throughput_verdicts(runs),
         "runs": [{"path": c.path, "source": c.source, "vs_baseline": c.vs_baseline,
                   "numerics_worst": numerics_summary(c.run), **dataclasses.asdict(c.run)}
                  for c in ordered(runs)],
@@ -575,6 +632,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(format_table(runs))
     if verdict_list:
         print("\n" + "\n".join(v["text"] for v in verdict_list))
+    speed = throughput_verdicts(runs)
+    if speed:
+        print("\n" + "\n".join(v["text"] for v in speed))
     numerics = format_numerics(runs)
     if numerics:
         print("\n" + numerics)

@@ -57,6 +57,11 @@ def validation_line(step: int, steps: int, loss: float) -> str:
     return f"step {step:>{width}}/{steps}  val loss {loss:.4f}"
 
 
+def _steady(s: RunSummary) -> str:
+    """What the throughput and step time are over: the steps after the first log window."""
+    return f" (tokens / time of the last {s.steady_steps} steps)" if s.steady_steps else ""
+
+
 def format_summary(s: RunSummary) -> str:
     wandb = ", ".join(s.wandb_dirs) if s.wandb_dirs else "none"
     if s.wandb_dirs and s.wandb_mode == "offline":
@@ -73,7 +78,7 @@ def format_summary(s: RunSummary) -> str:
         + (f"  val loss        {_num(s.final_val_loss, '.4f')} at step {s.val_logged_steps[-1]}\n"
            if s.val_logged_steps else "")
         + f"  tokens/s        {_num(s.tokens_per_s_global, ',.0f')} all ranks, "
-        f"{_num(s.tokens_per_s, ',.0f')} per rank\n"
+        f"{_num(s.tokens_per_s, ',.0f')} per rank{_steady(s)}\n"
         f"  step time (s)   {_num(s.step_time_s, '.4f')}\n"
         f"  TFLOPS, MFU     {_num(s.tflops, ',.2f')}, {_num(s.mfu_pct, '.2f')}"
         f"{'%' if s.mfu_pct is not None else ''}\n"

@@ -1,12 +1,15 @@
 """One run's result: what the runner writes, the console prints and ``compare_runs`` reads.
 
 Rank 0 of every run writes ``<run dir>/summary.json`` at the end (also when stopped by a
-signal), locally and inside SLURM jobs alike. The headline numbers are means over the logged
-windows after the first (lazy init and warm-up left out: :func:`steady_mean`), and the runner
-writes the same numbers into the wandb run's summary under the metric names below, so the
-console, ``summary.json`` and wandb agree. A run without ``summary.json`` (a job killed
-before it could write one) is read back from its offline wandb run(s) with
-:meth:`RunSummary.from_wandb`, through the same names and statistic.
+signal), locally and inside SLURM jobs alike. The headline numbers are totals over the steady
+log windows (every window after the first: lazy init, compile and warm-up left out) divided by
+their total time or total steps (:func:`steady_numbers`): tokens/s is the steady windows' tokens
+over their seconds, the step time their seconds over their steps, so tokens/s x step time is the
+tokens of one step. The runner writes the same numbers into the wandb run's summary under the
+metric names below, so the console, ``summary.json`` and wandb agree; the logged series stay
+one value per window. A run without ``summary.json`` (a job killed before it could write one)
+is read back from its offline wandb run(s) with :meth:`RunSummary.from_wandb`, through the
+same names and the same sums.
 """
 
 from __future__ import annotations
@@ -44,15 +47,21 @@ A2A_REPLAYS = "a2a/replays"
 # sums them up per run.
 NUMERICS_PREFIX = "numerics/"
 
-# RunSummary field <- wandb metric whose steady mean it is.
-MEAN_OF = {
+# RunSummary field <- the wandb metric logged once per log window that it sums up. A rate (per
+# second) is the steady windows' total over their total seconds, so each window's value counts
+# with its seconds; a per-step figure is their total over their total steps, so each window's
+# value counts with its steps.
+PER_SECOND = {
     "tokens_per_s": TOKENS_PER_S,
     "tokens_per_s_global": TOKENS_PER_S_GLOBAL,
-    "step_time_s": STEP_TIME,
-    "a2a_bytes_per_step": A2A_BYTES,
     "tflops": TFLOPS,
     "mfu_pct": MFU,
 }
+PER_STEP = {
+    "step_time_s": STEP_TIME,
+    "a2a_bytes_per_step": A2A_BYTES,
+}
+WINDOW_STEPS = "steps"  # a log window's number of steps, beside its metrics (steady_numbers)
 
 
 def a2a_leg_metric(leg: str) -> str:
@@ -80,7 +89,8 @@ def parse_numerics_metric(name: str) -> Optional[tuple[Optional[int], str, str]]
 
 # The metrics whose wandb run summary is RunSummary's number (set at the end of the run)
 # rather than wandb's default, the last logged value.
-SUMMARY_METRICS = tuple(MEAN_OF.values()) + tuple(a2a_leg_metric(leg) for leg in LEGS + ("other",))
+LEG_METRICS = {leg: a2a_leg_metric(leg) for leg in LEGS + ("other",)}
+SUMMARY_METRICS = tuple(PER_SECOND.values()) + tuple(PER_STEP.values()) + tuple(LEG_METRICS.values())
 
 
 def _finite(x: Any) -> Optional[float]:
@@ -106,13 +116,50 @@ def numerics_from_wandb(run: Any) -> dict[str, dict[str, float]]:
     return {k: series_stats(run.series(k)) for k in keys}
 
 
-def steady_mean(values: list[Any]) -> Optional[float]:
-    """Mean of the finite values without the first (compile, allocator and wandb warm-up);
-    None when there is none."""
-    vals = [v for v in (_finite(x) for x in values) if v is not None]
-    if len(vals) > 1:
-        vals = vals[1:]
-    return sum(vals) / len(vals) if vals else None
+def ratio_of_sums(pairs: list[tuple[Any, Any]]) -> Optional[float]:
+    """sum(value x weight) / sum(weight) over the pairs with a finite value and a positive
+    weight; None when there is none."""
+    kept = [(v, w) for v, w in ((_finite(v), _finite(w)) for v, w in pairs)
+            if v is not None and w is not None and w > 0]
+    total = sum(w for _, w in kept)
+    return sum(v * w for v, w in kept) / total if kept else None
+
+
+def steady_numbers(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """RunSummary's headline fields from a run's log windows, in step order: each window a dict of
+    its ``WINDOW_STEPS`` and the metrics logged for it (``PER_SECOND``, ``PER_STEP``,
+    ``LEG_METRICS``; absent ones are left out, e.g. TFLOPS on CPU).
+
+    Only the steady windows count: all but the first (compile, allocator and wandb warm-up),
+    or the one window a run has. A window's seconds are its step time x its steps; a rate is
+    sum(rate x seconds) / sum(seconds) (tokens over time), a per-step figure sum(value x steps)
+    / sum(steps) (so the step time is seconds over steps). Also ``steady_steps``, the steps
+    they cover."""
+    steady = windows[1:] if len(windows) > 1 else windows
+    steps = [w.get(WINDOW_STEPS) for w in steady]
+    seconds = [None if w.get(STEP_TIME) is None or n is None else w[STEP_TIME] * n
+               for w, n in zip(steady, steps)]
+    out: dict[str, Any] = {
+        name: ratio_of_sums([(w.get(metric), s) for w, s in zip(steady, seconds)])
+        for name, metric in PER_SECOND.items()}
+    out.update({name: ratio_of_sums([(w.get(metric), n) for w, n in zip(steady, steps)])
+                for name, metric in PER_STEP.items()})
+    by_leg = {leg: ratio_of_sums([(w.get(metric), n) for w, n in zip(steady, steps)])
+              for leg, metric in LEG_METRICS.items()}
+    out["a2a_bytes_per_step_by_leg"] = {leg: v for leg, v in by_leg.items() if v is not None}
+    out["steady_steps"] = int(sum(n for n, s in zip(steps, seconds) if s is not None)) or None
+    return out
+
+
+def windows_from_history(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``steady_numbers``' windows from the training rows of a wandb history (``_step`` order):
+    a window's steps are its ``_step`` less the row before's (the first row's: its ``_step``)."""
+    windows, last = [], 0
+    for row in rows:
+        step = int(row["_step"])
+        windows.append({WINDOW_STEPS: step - last, **row})
+        last = step
+    return windows
 
 
 @dataclass
@@ -143,8 +190,8 @@ class RunSummary:
     # every validation of the run (training.val_every), same convention
     val_logged_steps: list[int] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
-    # headline numbers of this launch (steady means); None where they mean nothing (TFLOPS
-    # and MFU on CPU) or were not measured
+    # headline numbers of this launch (steady_numbers: totals over the steady windows' seconds
+    # or steps); None where they mean nothing (TFLOPS and MFU on CPU) or were not measured
     final_loss: Optional[float] = None
     final_val_loss: Optional[float] = None
     tokens_per_s: Optional[float] = None  # per rank
@@ -155,6 +202,7 @@ class RunSummary:
     tflops: Optional[float] = None
     mfu_pct: Optional[float] = None
     max_memory_gib: Optional[float] = None
+    steady_steps: Optional[int] = None  # the steps the headline numbers cover
     # numerics telemetry of this launch: metric name -> series_stats of its samples
     numerics: dict[str, dict[str, float]] = field(default_factory=dict)
     # the symm transport's elastic capacity (earlier launches of a resumed run included): steps
@@ -192,7 +240,7 @@ class RunSummary:
 
     def wandb_summary(self) -> dict[str, float]:
         """The headline numbers under their wandb metric names (for the wandb run summary)."""
-        out = {metric: getattr(self, name) for name, metric in MEAN_OF.items()}
+        out = {metric: getattr(self, name) for name, metric in {**PER_SECOND, **PER_STEP}.items()}
         out[LOSS] = self.final_loss
         out[VAL_LOSS] = self.final_val_loss
         out[A2A_REPLAYS] = self.capacity_replays if self.capacity_rows is not None else None
@@ -212,7 +260,7 @@ class RunSummary:
         losses = [float(row[LOSS]) for row in rows]
         val_rows = [row for row in run.history if VAL_LOSS in row]
         val_losses = [float(row[VAL_LOSS]) for row in val_rows]
-        summary = cls(
+        return cls(
             run_name=run.name or os.path.basename(path),
             experiment=recipe.get("experiment", run.group),
             a2a=a2a.get("name", "?"),
@@ -238,7 +286,5 @@ class RunSummary:
             wandb_mode="offline",
             wandb_run_id=run.run_id,
             wandb_dirs=list(run.paths),
+            **steady_numbers(windows_from_history(rows)),
         )
-        for name, metric in MEAN_OF.items():
-            setattr(summary, name, steady_mean(run.series(metric)))
-        return summary

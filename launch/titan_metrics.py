@@ -57,18 +57,13 @@ _WIRE_KEYS = LEGS + ("other",)
 
 @dataclass
 class RunHistory:
-    """What the runner reports at the end (rank 0): one entry per logged step. TFLOPS and MFU
-    stay empty on CPU."""
+    """What the runner reports at the end (rank 0): one entry per logged step. ``windows``: each
+    log window's steps and its throughput, step time and byte metrics as logged (TFLOPS and MFU
+    absent on CPU), which ``run_summary.steady_numbers`` sums up."""
 
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    tps: list[float] = field(default_factory=list)
-    global_tps: list[float] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)
-    a2a_bytes_per_step: list[float] = field(default_factory=list)
-    a2a_leg_bytes_per_step: list[dict[str, float]] = field(default_factory=list)
-    tflops: list[float] = field(default_factory=list)
-    mfu: list[float] = field(default_factory=list)
+    windows: list[dict[str, float]] = field(default_factory=list)
     max_reserved_gib: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
@@ -291,14 +286,8 @@ class RecipeMetricsProcessor(MetricsProcessor):
         h = self.history
         h.steps.append(step)
         h.losses.append(float(global_avg_loss))
-        h.tps.append(tps)
-        h.global_tps.append(global_tps)
-        h.step_times.append(step_time)
-        h.a2a_bytes_per_step.append(a2a_bytes_per_step)
-        h.a2a_leg_bytes_per_step.append({leg: wire[leg] / steps_in_window for leg in _WIRE_KEYS})
-        if tflops is not None:
-            h.tflops.append(tflops)
-            h.mfu.append(mfu)
+        h.windows.append({names.WINDOW_STEPS: steps_in_window,
+                          **{k: float(metrics[k]) for k in names.SUMMARY_METRICS if k in metrics}})
         h.max_reserved_gib.append(mem.max_reserved_gib)
 
         c = self.color

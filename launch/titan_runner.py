@@ -39,7 +39,7 @@ from mxfp8_ep.titan022 import ReplayOverflowedSteps
 
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
-from launch.run_summary import RunSummary, series_stats, steady_mean
+from launch.run_summary import RunSummary, series_stats, steady_numbers
 from launch.schema import PROFILER_WARMUP_STEPS
 from launch.stop import Stopped, StopSignals, signal_name
 from launch.titan_metrics import WandbSettings
@@ -306,7 +306,6 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             val_steps, val_losses = _continue(earlier.val_logged_steps, earlier.val_losses,
                                               self.start_step, val_steps, val_losses)
         replay_steps = self.earlier_replay_steps + self.capacity_replay_steps
-        legs = h.a2a_leg_bytes_per_step
         saved = checkpoint_steps(self.run_dir, jc.checkpoint.folder) if jc.checkpoint.enable else []
         return RunSummary(
             run_name=str(cfg.logging.run_name or cfg.experiment),
@@ -334,15 +333,7 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             val_losses=val_losses,
             final_loss=losses[-1] if losses else None,
             final_val_loss=val_losses[-1] if val_losses else None,
-            tokens_per_s=steady_mean(h.tps),
-            tokens_per_s_global=steady_mean(h.global_tps),
-            step_time_s=steady_mean(h.step_times),
-            a2a_bytes_per_step=steady_mean(h.a2a_bytes_per_step),
-            a2a_bytes_per_step_by_leg={
-                leg: steady_mean([row[leg] for row in legs]) for leg in (legs[0] if legs else {})
-            },
-            tflops=steady_mean(h.tflops),
-            mfu_pct=steady_mean(h.mfu),
+            **steady_numbers(h.windows),
             max_memory_gib=max(h.max_reserved_gib) if h.max_reserved_gib else None,
             numerics={k: series_stats(v) for k, v in h.numerics.items()},
             capacity_replays=len(replay_steps),

@@ -150,20 +150,23 @@ def test_no_finished_runs_is_an_error(tmp_path: Path):
         main([str(tmp_path), "--out", str(tmp_path / "out")])
 
 
-def _fake_launch(step_times: dict[int, list[float]], launched: list, returncode: int = 0):
-    """``launch_run`` without training: each run leaves a summary.json with the next step time of
-    its ``logging.numerics_every``."""
+def _fake_launch(step_times: dict[int, list[float]], launched: list, returncode: int = 0,
+                 steady_steps: dict[int, list[int]] | None = None):
+    """``launch_run`` without training: each run leaves a summary.json with the next step time
+    (and steady steps) of its ``logging.numerics_every``."""
     def launch_run(overrides, run_dir):
         every = int(overrides[-1].removeprefix("logging.numerics_every="))
         launched.append((overrides, run_dir.name))
         run_dir.mkdir(parents=True)
         if returncode == 0:
-            step_time = step_times[every][sum(1 for o, _ in launched if o[-1] == overrides[-1]) - 1]
+            nth = sum(1 for o, _ in launched if o[-1] == overrides[-1]) - 1
+            step_time = step_times[every][nth]
             RunSummary(run_name="r", experiment="e", a2a="mxfp8", a2a_legs={}, model="m", model_flavor="f",
                        parallelism="single", world_size=1, ep=1, launcher="local", device="cpu",
                        run_dir=str(run_dir), steps=10, target_steps=10, step_time_s=step_time,
                        tokens_per_s=1000.0 / step_time, tokens_per_s_global=1000.0 / step_time,
-                       final_loss=2.5).write(run_dir)
+                       final_loss=2.5, steady_steps=steady_steps[every][nth] if steady_steps else None,
+                       ).write(run_dir)
         return subprocess.CompletedProcess(["train.py", *overrides], returncode, "out", "err")
 
     return launch_run
@@ -187,6 +190,16 @@ def test_numerics_arms_in_turn_and_the_overhead_of_their_means(tmp_path, monkeyp
     assert rows[1]["tokens_per_s"] == pytest.approx(1000.0 / 1.05) and rows[1]["final_loss"] == 2.5
     assert rows[1]["run_dir"].endswith("numerics_every_5_0") and Path(rows[1]["run_dir"]).is_dir()
     assert (row["step_times_off"], row["step_times_on"], row["repeats"]) == ([1.0, 1.2], [1.05, 1.21], 2)
+
+
+def test_runs_of_unequal_length_weigh_by_their_steps(tmp_path, monkeypatch):
+    """Each arm's step time is its runs' seconds over their steps, not the mean of their step times."""
+    monkeypatch.setattr(train, "launch_run", _fake_launch({0: [1.0, 2.0], 5: [1.0, 1.0]}, [],
+                                                          steady_steps={0: [30, 10], 5: [20, 20]}))
+    row = main(["--numerics-every", "5", "--repeats", "2", "--out", str(tmp_path), "--", "a2a=mxfp8"])
+    off = (1.0 * 30 + 2.0 * 10) / 40
+    assert row["step_time_s_off"] == pytest.approx(off) and row["step_time_s_on"] == pytest.approx(1.0)
+    assert row["overhead_pct"] == pytest.approx(100 * (1.0 / off - 1))
 
 
 def test_a_failed_numerics_run_stops_with_its_output(tmp_path, monkeypatch):

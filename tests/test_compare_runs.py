@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.compare_runs import collect, compare, format_table
+from launch.compare_runs import collect, compare, format_table, throughput_verdicts
 from launch.compare_runs import main as compare_main
 from launch.run_summary import RunSummary
 from launch.wandb_offline import find_runs, iter_records, read_run, read_runs
@@ -308,3 +308,58 @@ def test_short_cpu_run_integer_ticks_and_cpu_note(tmp_path, capsys):
     assert compare_main([str(gpu)]) == 0
     assert "CPU run" not in capsys.readouterr().out
     assert json.loads((gpu / "comparison.json").read_text())["plots"]["throughput"]["texts"] == []
+
+
+# ------------------------------------------------------------------------------ throughput
+def write_speed(root: Path, a2a: str, seed: int, tokens_per_s: float, steady_steps: int = 9,
+                device: str = "cuda") -> None:
+    """A run of 512 tokens per step whose steady windows ran at ``tokens_per_s``."""
+    d = root / f"{a2a}_{seed}"
+    d.mkdir(parents=True)
+    RunSummary(
+        run_name=f"a2a={a2a},training.seed={seed}", experiment="e", a2a=a2a, a2a_legs={}, model="m",
+        model_flavor="f/f", parallelism="ep2", world_size=2, ep=2, launcher="local", device=device,
+        run_dir=str(d), steps=10, target_steps=10, seed=seed, logged_steps=list(range(1, 11)),
+        losses=[5.0] * 10, final_loss=5.0, tokens_per_s_global=tokens_per_s, tokens_per_s=tokens_per_s / 2,
+        step_time_s=512 / tokens_per_s, steady_steps=steady_steps, a2a_bytes_per_step=1.0,
+    ).write(d)
+
+
+def test_throughput_ratio_with_its_spread_and_no_speed_up_inside_it(tmp_path):
+    write_speed(tmp_path, "bf16", 0, 1000.0)
+    write_speed(tmp_path, "bf16", 1, 1100.0, steady_steps=19)
+    write_speed(tmp_path, "mxfp8", 0, 1050.0)  # faster than bf16 seed 0, slower than seed 1
+    write_speed(tmp_path, "mxfp8", 1, 1080.0)
+    write_speed(tmp_path, "mxfp8_all", 0, 1200.0)  # faster than both bf16 runs
+    write_speed(tmp_path, "mxfp8_all", 1, 1250.0)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert compare_main([str(tmp_path)]) == 0
+    cmp = json.loads((tmp_path / "comparison.json").read_text())
+    by_arm = {v["arm"]: v for v in cmp["throughput_verdicts"]}
+    assert set(by_arm) == {"mxfp8", "mxfp8_all"}  # one per arm, not per run
+    # all runs of an arm together: their tokens over their time (bf16 seed 1 ran 19 steady steps)
+    base = (1000 * 9 * 512 / 1000 + 1100 * 19 * 512 / 1100) / (9 * 512 / 1000 + 19 * 512 / 1100)
+    mx = by_arm["mxfp8"]
+    assert mx["ratio"] == pytest.approx(2 * 9 * 512 / (9 * 512 / 1050 + 9 * 512 / 1080) / base)
+    assert mx["pair_ratios"] == pytest.approx([1050 / 1100, 1080 / 1000])
+    assert mx["verdict"] == "within spread" and "speed-up" not in mx["text"]
+    assert mx["text"] == (f"mxfp8: tokens/s ×{mx['ratio']:.3f} vs bf16, 2 vs 2 runs (pairs ×0.955-×1.080) -> "
+                          "inside the run-to-run spread: no speed difference shown")
+    assert by_arm["mxfp8_all"]["verdict"] == "faster" and by_arm["mxfp8_all"]["text"].endswith(": a speed-up")
+    assert mx["text"] in printed.getvalue() and cmp["throughput_rule"]
+
+
+def test_one_run_each_is_not_called_faster(tmp_path):
+    write_speed(tmp_path, "bf16", 0, 1000.0)
+    write_speed(tmp_path, "mxfp8", 0, 1500.0)
+    assert compare_main([str(tmp_path)]) == 0
+    (v,) = json.loads((tmp_path / "comparison.json").read_text())["throughput_verdicts"]
+    assert v["ratio"] == pytest.approx(1.5) and v["verdict"] == "not judged"
+    assert "speed-up" not in v["text"] and "no run-to-run spread" in v["text"]
+    cpu = tmp_path / "cpu"
+    write_speed(cpu, "bf16", 0, 1000.0, device="cpu")
+    write_speed(cpu, "bf16", 1, 1010.0, device="cpu")
+    write_speed(cpu, "mxfp8", 0, 1500.0, device="cpu")
+    (v,) = throughput_verdicts(compare(collect([str(cpu)])))
+    assert v["verdict"] == "faster" and "speed-up" not in v["text"] and "not a speed claim" in v["text"]

@@ -47,7 +47,8 @@ def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch
     assert "results.md (generated)" in capsys.readouterr().out
     assert report.main([]) == 0
     text = readme.read_text()
-    assert text.startswith("# x\n\n<!-- results:begin -->\n| result |") and text.endswith("<!-- results:end -->\n\nrest\n")
+    assert text.startswith("# x\n\n<!-- results:begin -->\nEach figure against its target") and \
+        "\n| result |" in text and text.endswith("<!-- results:end -->\n\nrest\n")
     assert report.main(["--check"]) == 0
     results.write_text(results.read_text().replace("1.349×", "1.50×"))  # a hand-edited figure
     assert report.main(["--check"]) == 1
@@ -200,10 +201,12 @@ def test_an_explicit_commit_wins_over_git(tmp_path, monkeypatch):
     from benchmarks import rows
 
     monkeypatch.setenv(rows.COMMIT_ENV, "f" * 40)
-    assert rows.git_commit() == ("f" * 40, False)
+    commit, dirty, why = rows.git_commit()
+    assert (commit, dirty) == ("f" * 40, None) and rows.DIRTY_ENV in why  # not in this history
     written = rows.ResultsFile("demo", tmp_path, machine=rows.Machine("NVIDIA H200", 1, "none", 16),
                                versions={"torch": "2.11.0+cu130"}, command="python x.py").write(ms=1.0)
     assert written["commit"] == "f" * 40 and written["versions"] == {"torch": "2.11.0+cu130"}
+    assert written["dirty"] is None and written["dirty_reason"] == why
     assert (tmp_path / f"{written['date'][:10]}_fffffff_h200x1_demo.jsonl").is_file()
     monkeypatch.delenv(rows.COMMIT_ENV)
     assert rows.git_commit()[0] == subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
@@ -220,3 +223,168 @@ def test_every_claim_id_the_design_notes_cite_exists():
     ids = {c["id"] for c in yaml.safe_load((REPO / "benchmarks" / "claims.yaml").read_text())["claims"]}
     cited = set(re.findall(r"\[([a-z0-9]+(?:-[a-z0-9]+)+)\](?!\()", (REPO / "docs" / "design.md").read_text()))
     assert cited and cited <= ids, f"cited in docs/design.md but not in claims.yaml: {sorted(cited - ids)}"
+
+
+def test_dirty_of_a_copied_tree_is_what_its_files_say_or_unknown(tmp_path, monkeypatch):
+    """A copy of the tree (no .git, or a .git of another commit) named by $MXFP8EP_COMMIT."""
+    import shutil
+
+    from benchmarks import rows
+
+    repo, c = _repo_with_history(tmp_path)
+    monkeypatch.setenv(rows.COMMIT_ENV, c["b"])
+    # with a .git that holds the commit: the files against that commit, whatever HEAD is
+    assert rows.git_commit(repo) == (c["b"], True, None)  # HEAD is d: the tree is not b's
+    _git(repo, "checkout", "-q", c["b"])
+    assert rows.git_commit(repo) == (c["b"], False, None)
+    (repo / "mxfp8_ep" / "x.py").write_text("edited")
+    assert rows.git_commit(repo) == (c["b"], True, None)
+    # without one: unknown, and said why, unless the one who copied it says
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git"))
+    commit, dirty, why = rows.git_commit(copy)
+    assert (commit, dirty) == (c["b"], None) and "without a git history" in why
+    monkeypatch.setenv(rows.DIRTY_ENV, "false")
+    assert rows.git_commit(copy) == (c["b"], False, None)
+    monkeypatch.setenv(rows.DIRTY_ENV, "maybe")
+    with pytest.raises(ValueError, match="MXFP8EP_DIRTY"):
+        rows.git_commit(copy)
+    # a row written there says so
+    monkeypatch.delenv(rows.DIRTY_ENV)
+    monkeypatch.setattr(rows, "REPO", copy)
+    row = rows.ResultsFile("demo", tmp_path / "out", machine=rows.Machine("cpu", 2, "gloo", 2),
+                           versions={"torch": "x"}, command="x").write(ms=1.0)
+    assert row["dirty"] is None and "without a git history" in row["dirty_reason"]
+
+
+# ------------------------------------------------------------------------------ what counts as a change
+CODE = '''"""A module."""
+
+
+def f(x):
+    """Doubles."""
+    return 2 * x  # twice
+'''
+SAME_CODE = '''"""A module, described again."""
+def f(x):
+    # the comment moved
+    return (2 *
+            x)
+'''
+
+
+def test_code_ignores_comments_docstrings_and_formatting():
+    assert report.code_of("m.py", CODE) == report.code_of("m.py", SAME_CODE)
+    assert report.code_of("m.py", CODE) != report.code_of("m.py", CODE.replace("2 * x", "3 * x"))
+    assert report.code_of("c.yaml", "a: 1  # one\nb: [2]\n") == report.code_of("c.yaml", "# lead\nb:\n  - 2\na: 1\n")
+    assert report.code_of("c.yaml", "a: 1\n") != report.code_of("c.yaml", "a: 2\n")
+    assert report.code_of("m.py", "def (") == "def ("  # does not parse: its text
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def test_only_code_changes_mark_a_run_and_the_measuring_script_counts(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    measured = _commit(repo, {"mxfp8_ep/m.py": CODE, "benchmarks/layer.py": CODE, "benchmarks/legs.py": CODE,
+                              "benchmarks/harness.py": CODE, "conf/c.yaml": "a: 1\n", "launch/l.py": CODE},
+                       "measured here")
+    layer, legs, train = (report.BENCHES[b].paths for b in ("layer", "legs", "train"))
+    _commit(repo, {"mxfp8_ep/m.py": SAME_CODE, "conf/c.yaml": "a: 1  # why\n"}, "comments only")
+    h = report.History(repo)
+    assert h.status(measured, layer) == h.status(measured, train) == "current"
+    _commit(repo, {"benchmarks/layer.py": CODE.replace("2 * x", "3 * x")}, "the layer bench changed")
+    h = report.History(repo)
+    assert h.status(measured, layer) == "STALE" and h.changed(measured, layer) == ["benchmarks/layer.py"]
+    assert h.status(measured, legs) == h.status(measured, train) == "current"
+    _commit(repo, {"benchmarks/layer.py": CODE}, "and back")
+    assert report.History(repo).status(measured, layer) == "current"  # the code is the measured code again
+
+
+def test_tables_show_target_met_hardware_commit_and_the_marks(tmp_path, monkeypatch):
+    runs = _run(tmp_path, [
+        {"shape": "dsv3", "pass": "fwd+bwd", "arm": "torchtitan", "ms": 60.0},
+        {"shape": "dsv3", "pass": "fwd+bwd", "arm": "mxfp8/symm", "ms": 40.0},
+    ])
+    (run,) = runs.values()
+    for row in run.rows:
+        row.update(dirty=None, dirty_reason="copied tree without a git history")
+    spec = {"id": "x", "claim": "the layer", "short": "layer", "run": run.name, "readme": True,
+            "where": {"shape": "dsv3", "pass": "fwd+bwd"}, "row": {"arm": "mxfp8/symm"},
+            "baseline": {"arm": "torchtitan"}, "key": "ms", "better": "lower", "target": 1.4}
+    claim = report.evaluate(spec, runs)
+
+    class Stale(report.History):
+        def changed(self, commit, paths):
+            return ["benchmarks/layer.py"]
+
+    history = Stale(REPO)
+    block = report.render_readme_block([claim], history)
+    assert "| result | measured | target | met | hardware | commit, date | data |" in block
+    assert "| layer | 1.500× † | ≥1.4× | yes | 2×H200 NVLink | `abcdef0` (dirty?) 2026-01-01 | [layer] |" in block
+    lead = block.split("\n")[1]
+    assert "† marks a figure whose measured code" in lead and "(dirty?): measured from a copy" in lead
+    header = "\n".join(report.run_header(run, history))
+    assert "dirty: unknown, copied tree without a git history" in header
+    assert "**STALE**: the code changed since in `benchmarks/layer.py`" in header
+
+    class Current(report.History):
+        def changed(self, commit, paths):
+            return []
+
+    block = report.render_readme_block([claim], Current(REPO))
+    assert "| layer | 1.500× | ≥1.4× | yes |" in block
+
+
+@pytest.mark.skipif(_shallow_or_no_git(), reason="the report's marks need the full git history")
+def test_report_check_in_a_clone_passes_a_comment_commit_and_marks_a_layer_bench_change(tmp_path):
+    """In a clone of this repository with the layer runs made current (their rows' commit set to
+    HEAD): a commit of comments and docstrings under mxfp8_ep/ leaves `--check` passing; a code
+    change in benchmarks/layer.py fails it, and the report marks exactly the layer rows."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, capture_output=True)
+    _git(clone, "checkout", "-q", _git(REPO, "rev-parse", "HEAD"))
+    for name in ("report.py", "rows.py"):  # the report as in this working tree
+        (clone / "benchmarks" / name).write_text((REPO / "benchmarks" / name).read_text())
+    head = _git(clone, "rev-parse", "HEAD")
+    for path in (clone / "benchmarks" / "results").glob("*_layer.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        path.write_text("".join(json.dumps({**r, "commit": head}) + "\n" for r in rows))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "benchmarks.report", *args], cwd=clone, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(clone)}, timeout=120)
+
+    def marked() -> dict[str, bool]:
+        block = (clone / "README.md").read_text().split(report.BEGIN)[1].split(report.END)[0]
+        cells = [line.split(" | ") for line in block.splitlines() if line.startswith("| ") and "[" in line]
+        return {c[0]: c[1].endswith("†") for c in cells}
+
+    assert run().returncode == 0
+    _commit(clone, {}, "layer runs at HEAD, report regenerated")
+    before = marked()
+    layer = {name for name in before if "layer" in name and "titan 0.3.0" not in name}
+    assert layer and not any(before[n] for n in layer)
+
+    config = clone / "mxfp8_ep" / "config.py"
+    text = config.read_text()
+    first_doc_end = text.index('"""', 3)
+    _commit(clone, {"mxfp8_ep/config.py": text[:first_doc_end] + " Reworded." + text[first_doc_end:]
+                    + "\n# a comment at the end\n"}, "comments and a docstring")
+    proc = run("--check")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+
+    layer_py = clone / "benchmarks" / "layer.py"
+    _commit(clone, {"benchmarks/layer.py": layer_py.read_text() + "\nWARMUP_DEFAULT = 3\n"}, "layer bench code")
+    assert run("--check").returncode == 1
+    assert run().returncode == 0
+    after = marked()
+    assert {n for n in after if after[n] != before[n]} == layer and all(after[n] for n in layer)

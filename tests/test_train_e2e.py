@@ -24,7 +24,7 @@ from tests.train_cli import TRAIN, run_train, train_cmd, train_env
 
 from launch.compare_runs import main as compare_main
 from launch.run_dir import run_name
-from launch.run_summary import A2A_BYTES, LOSS, TOKENS_PER_S_GLOBAL, RunSummary
+from launch.run_summary import A2A_BYTES, LOSS, STEP_TIME, TOKENS_PER_S_GLOBAL, RunSummary
 from launch.wandb_offline import find_runs, read_run, read_runs
 
 # What the console used to be full of: torchtitan's log, library warnings, wandb's banner,
@@ -42,6 +42,20 @@ def readme_first_command() -> list[str]:
     words = command.split()
     assert words[:2] == ["python", "launch/train.py"], words
     return words[2:]
+
+
+def step_tokens(run_dir: Path) -> int:
+    """Tokens of one training step over all ranks, from the run's config."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run_dir / "train_config.yaml")
+    ranks = cfg.parallelism.nodes * cfg.parallelism.procs_per_node
+    return ranks * cfg.training.local_batch_size * cfg.training.seq_len
+
+
+def agrees_with_step_time(tokens_per_s: float, step_time_s: float, run_dir: Path) -> bool:
+    """tokens/s within 1% of world x tokens per step / step time."""
+    return abs(tokens_per_s * step_time_s / step_tokens(run_dir) - 1) < 0.01
 
 
 def check_run(run_dir: Path, steps: int, a2a: str) -> RunSummary:
@@ -65,6 +79,11 @@ def check_run(run_dir: Path, steps: int, a2a: str) -> RunSummary:
     # one metrics contract: console, summary.json and wandb's summary show the same numbers
     assert run.summary[A2A_BYTES] == pytest.approx(s.a2a_bytes_per_step)
     assert run.summary[TOKENS_PER_S_GLOBAL] == pytest.approx(s.tokens_per_s_global)
+    assert run.summary[STEP_TIME] == pytest.approx(s.step_time_s)
+    # tokens/s and step time describe the same steps
+    assert agrees_with_step_time(s.tokens_per_s_global, s.step_time_s, run_dir)
+    assert s.tokens_per_s * s.world_size == pytest.approx(s.tokens_per_s_global)
+    assert s.steady_steps == steps - 1  # every window but the first (one step each)
     assert run.exit_code == 0
     return s
 
@@ -99,6 +118,8 @@ def test_readme_command_has_a_quiet_console(readme_run):
     out = proc.stdout
     assert "==== mxfp8ep run a2a=bf16 ====" in out
     assert f"a2a bytes/step  {s.a2a_bytes_per_step:,.0f}" in out
+    assert f"tokens/s        {s.tokens_per_s_global:,.0f} all ranks" in out
+    assert f"step time (s)   {s.step_time_s:.4f}" in out
     assert "TFLOPS, MFU     n/a, n/a" in out
     for text in ("final loss", str(run_dir), s.wandb_dirs[0], "wandb sync"):
         assert text in out
@@ -109,7 +130,7 @@ def test_readme_command_has_a_quiet_console(readme_run):
     assert (run_dir / "train_config.yaml").is_file()
 
 
-def test_multirun_sweep_compare_and_plots(tmp_path, readme_run):
+def test_multirun_sweep_compare_and_plots(tmp_path, readme_run, capsys):
     sweep = tmp_path / "sweep"
     proc = run_train(tmp_path, "--multirun", "a2a=bf16,mxfp8", "training.steps=4",
                      "logging.verbose=true", "logging.tags=[ci]", f"hydra.sweep.dir={sweep}")
@@ -128,10 +149,23 @@ def test_multirun_sweep_compare_and_plots(tmp_path, readme_run):
     assert 0.6 < mxfp8.a2a_bytes_per_step / bf16.a2a_bytes_per_step < 0.9
     assert mxfp8.final_loss == pytest.approx(bf16.final_loss, abs=0.1)  # same data and init
 
+    for s in (bf16, mxfp8):  # the console's summary of each run
+        assert f"tokens/s        {s.tokens_per_s_global:,.0f} all ranks" in proc.stdout
+        assert f"step time (s)   {s.step_time_s:.4f}" in proc.stdout
+
+    capsys.readouterr()
     assert compare_main([str(sweep)]) == 0
+    table = capsys.readouterr().out.split("\n\n")[0]
     cmp = json.loads((sweep / "comparison.json").read_text())
     by_a2a = {r["a2a"]: r for r in cmp["runs"]}
     assert set(by_a2a) == {"bf16", "mxfp8"} and all(r["source"] == "summary" for r in cmp["runs"])
+    for run_dir, s in zip(runs, (bf16, mxfp8)):
+        r = by_a2a[s.a2a]
+        assert agrees_with_step_time(r["tokens_per_s_global"], r["step_time_s"], run_dir)
+        (line,) = [t for t in table.splitlines() if t.startswith(s.run_name + " ")]
+        assert f"{s.tokens_per_s_global:,.0f}" in line and f"{s.step_time_s:.4f}" in line
+    assert by_a2a["mxfp8"]["vs_baseline"]["tokens_per_s_ratio"] == pytest.approx(
+        bf16.step_time_s / mxfp8.step_time_s, rel=0.01)
     assert by_a2a["mxfp8"]["vs_baseline"]["baseline"] == by_a2a["bf16"]["run_name"]
     assert by_a2a["mxfp8"]["vs_baseline"]["bytes_ratio"] < 0.9
     for png in ("comparison_loss.png", "comparison_throughput.png"):
@@ -147,6 +181,10 @@ def test_multirun_sweep_compare_and_plots(tmp_path, readme_run):
     assert all(r["source"] == "wandb" for r in cmp["runs"])
     assert {r["a2a"]: r["a2a_bytes_per_step"] for r in cmp["runs"]} == pytest.approx(
         {"bf16": bf16.a2a_bytes_per_step, "mxfp8": mxfp8.a2a_bytes_per_step})
+    # ... and the same throughput and step time, read from the logged windows
+    for r in cmp["runs"]:
+        s = bf16 if r["a2a"] == "bf16" else mxfp8
+        assert (r["tokens_per_s_global"], r["step_time_s"]) == pytest.approx((s.tokens_per_s_global, s.step_time_s))
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
