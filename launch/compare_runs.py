@@ -21,9 +21,9 @@ difference is judged: one verdict line per arm, e.g.
 
     mxfp8_all: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
 
-``comparison.json`` goes into the one directory given, else into the folder of the runs (one
-run's when the paths are its wandb launches) or the folder that holds them all, or where
-``--out`` says; the command prints where. Next to it go ``comparison_loss.png``
+``comparison.json`` goes where ``--out`` says, else into the one sweep directory given, else
+into the folder of the runs (one run's when the paths are its wandb launches) or the folder
+that holds them all, never the current directory by default; the command prints where. Next to it go ``comparison_loss.png``
 (training loss, its difference to the baseline smoothed, with the seed spread as a band;
 validation loss and its difference when the runs have one) and ``comparison_throughput.png``
 (tokens/s and all-to-all bytes per step, values on the bars). The JSON holds the series
@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import RUN_CONFIG, SUMMARY
-from launch.run_summary import NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric
+from launch.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
+                                parse_numerics_metric)
 from launch.wandb_offline import OfflineRun, read_runs
 from mxfp8_ep.wire_format import quantized_formats
 
-BASELINE = "bf16"
 # An arm is at parity when |its final loss - the baseline's| <= max(bf16 seed spread, this
 # share of the baseline's loss).
 PARITY_SHARE = 0.005
@@ -105,10 +105,10 @@ class Compared:
 
 
 def _recipe_config(run: OfflineRun) -> dict:
-    """The composed recipe config: logged to wandb under "recipe" by the runner, else the
-    train_config.yaml the launcher wrote into the run dir above the wandb folder."""
-    if isinstance(run.config.get("recipe"), dict):
-        return run.config["recipe"]
+    """The composed recipe config: logged to wandb under ``RECIPE_CONFIG`` by the runner, else
+    the train_config.yaml the launcher wrote into the run dir above the wandb folder."""
+    if isinstance(run.config.get(RECIPE_CONFIG), dict):
+        return run.config[RECIPE_CONFIG]
     for parent in Path(run.path).parents:
         candidate = parent / RUN_CONFIG
         if candidate.is_file():
@@ -625,15 +625,19 @@ def run_folder(c: Compared) -> Path:
     return parent.parent if parent.name == "wandb" else parent
 
 
-def beside_the_runs(paths: list[str], runs: list[Compared]) -> Path:
-    """Where ``comparison.*`` go without ``--out``: the one folder given (a sweep or a run),
-    else the folder of the runs (one run's, when the paths are its wandb launches) or the
-    folder that holds them all."""
-    given = Path(paths[0])
-    if len(paths) == 1 and given.is_dir() and not any(given.glob("*.wandb")):
-        return given
-    folders = sorted({run_folder(c) for c in runs})
-    return folders[0] if len(folders) == 1 else Path(os.path.commonpath(folders))
+def beside_the_runs(paths: list[str], runs: list[Compared]) -> Optional[Path]:
+    """Where ``comparison.*`` go without ``--out``: the one folder given that holds runs (a
+    sweep), else the folder of the runs (one run's, when the paths are its wandb launches) or
+    the folder that holds them all; None when that is only the current directory or the
+    filesystem root (runs from unrelated places: ``--out`` says where)."""
+    folders = sorted({run_folder(c).resolve() for c in runs})
+    sweeps = [g for g in (Path(p).resolve() for p in paths) if any(g in f.parents for f in folders)]
+    if len(set(sweeps)) == 1:
+        return sweeps[0]
+    common = Path(os.path.commonpath(folders))
+    if len(folders) > 1 and common in (Path.cwd().resolve(), Path(common.anchor)):
+        return None
+    return common
 
 
 def _refuse(message: str) -> int:
@@ -641,14 +645,56 @@ def _refuse(message: str) -> int:
     return 2
 
 
+def wandb_dashboard(target: str, group: Optional[str], preview: Optional[str]) -> int:
+    """``--wandb-dashboard``: draw (``preview``) or save the workspace of ``target``'s runs."""
+    entity, _, project = target.partition("/")
+    if not entity or not project or "/" in project:
+        return _refuse(f"--wandb-dashboard {target}: give ENTITY/PROJECT, e.g. my-team/mxfp8-ep")
+    if preview is not None:
+        problem = unwritable(Path(preview))
+        if problem:
+            return _refuse(f"--preview {preview}: {problem}")
+    import wandb
+
+    from launch import dashboard_preview
+    from launch.wandb_dashboard import dashboard, save_dashboard
+
+    if preview is not None:
+        Path(preview).parent.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {dashboard_preview.draw(dashboard(entity, project, group), Path(preview))}")
+        return 0
+    try:
+        workspace, baseline = save_dashboard(entity, project, group)
+    except (wandb.errors.Error, OSError, ValueError) as e:
+        print(f"compare_runs: could not save the workspace to {target}: {e}", file=sys.stderr)
+        return 1
+    if baseline is None:
+        print(f"compare_runs: no {BASELINE} run in {target}" + (f" group {group}" if group else "")
+              + ": the workspace has no baseline run", file=sys.stderr)
+    print(f"saved the workspace: {workspace.url}")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", help="run / sweep / offline wandb run directories")
     ap.add_argument("--out", default=None,
                     help=f"where to write: a .json file (the plots go next to it) or a folder ({JSON_NAME} "
-                         "and the plots go in it); default: the one folder given, else the folder "
+                         "and the plots go in it); default: the sweep folder given, else the folder "
                          "holding the runs")
+    board = ap.add_argument_group("wandb dashboard (instead of comparing local runs)")
+    board.add_argument("--wandb-dashboard", metavar="ENTITY/PROJECT", default=None,
+                       help="save a wandb workspace comparing the project's runs by a2a mode (needs wandb login)")
+    board.add_argument("--group", default=None, help="only the runs of this experiment (their wandb group)")
+    board.add_argument("--preview", metavar="PNG", default=None,
+                       help="draw the workspace's panels into PNG instead of saving it (no server)")
     args = ap.parse_args(argv)
+    if args.wandb_dashboard is not None:
+        if args.paths or args.out:
+            return _refuse("--wandb-dashboard reads the runs on the wandb server: give no run paths or --out")
+        return wandb_dashboard(args.wandb_dashboard, args.group, args.preview)
+    if args.group is not None or args.preview is not None:
+        return _refuse("--group and --preview go with --wandb-dashboard ENTITY/PROJECT")
     if not args.paths:
         return _refuse("give the run, sweep or offline wandb run directories to compare")
     out = requested_json(args.out) if args.out is not None else None
@@ -665,8 +711,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     if out is None:
         folder = beside_the_runs(args.paths, runs)
-        if folder == Path(folder.anchor):
-            return _refuse(f"the runs share no folder but {folder}: give --out")
+        if folder is None:
+            return _refuse("the runs lie in unrelated folders (the one holding them all is the current "
+                           "directory or /): say where the comparison goes with --out <folder>")
         out = folder / JSON_NAME
         problem = unwritable(out)
         if problem:

@@ -32,6 +32,12 @@ TFLOPS = "tflops"
 MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
 VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan_validation)
+# The a2a preset every other one is compared with (compare_runs, the wandb dashboard):
+# torchtitan's own all-to-all.
+BASELINE = "bf16"
+# The wandb config key the runner logs the composed recipe config under (so its a2a preset is
+# config "recipe.a2a.name").
+RECIPE_CONFIG = "recipe"
 
 # MXFP8 numerics telemetry (logging.numerics_every, launch.numerics_log): per MoE layer, all-to-all
 # leg (mxfp8_ep.config.LEGS) and statistic (NUMERICS_STATS, defined in mxfp8_ep.numerics),

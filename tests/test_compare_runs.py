@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
 
@@ -18,6 +17,7 @@ from launch.compare_runs import collect, compare, format_table, verdicts
 from launch.compare_runs import main as compare_main
 from launch.run_summary import RunSummary
 from launch.wandb_offline import find_runs, iter_records, read_run, read_runs
+from tests.figures import axes_titled, lines_of, saved_figures, spans_of
 
 WRITE_RUN = """
 import sys, wandb
@@ -48,39 +48,6 @@ def write_wandb_run(d: Path, name: str, a2a: str, steps: int, loss0: float, nbyt
     args = [str(first), run_id] if run_id else []
     subprocess.run([sys.executable, "-c", WRITE_RUN, str(d), name, a2a, str(steps), str(loss0),
                     str(nbytes), *args], check=True, env=env, timeout=120)
-
-
-@contextlib.contextmanager
-def saved_figures() -> Iterator[dict[str, Any]]:
-    """The matplotlib figures compare_runs saves, by file name, as they are when saved."""
-    from matplotlib.figure import Figure
-
-    saved: dict[str, Any] = {}
-    original = Figure.savefig
-
-    def savefig(fig, fname, *args, **kwargs):
-        saved[Path(fname).name] = fig
-        return original(fig, fname, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Figure, "savefig", savefig)
-        yield saved
-
-
-def axes_titled(fig, title: str):
-    (ax,) = [ax for ax in fig.axes if ax.get_title() == title]
-    return ax
-
-
-def lines_of(ax) -> dict[str, Any]:
-    """An axes' labelled lines by label."""
-    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
-
-
-def spans_of(ax, label_start: str) -> list[tuple[float, float]]:
-    """(low, high) of the horizontal bands (``axhspan``) whose label starts with ``label_start``."""
-    return sorted((p.get_y(), p.get_y() + p.get_height()) for p in ax.patches
-                  if p.get_label().startswith(label_start))
 
 
 DELTA_TITLE = "Training loss minus the bf16 baseline's"
@@ -427,6 +394,25 @@ def test_short_cpu_run_integer_ticks_and_cpu_note(tmp_path, capsys):
     assert compare_main([str(gpu)]) == 0
     assert "CPU run" not in capsys.readouterr().out
     assert json.loads((gpu / "comparison.json").read_text())["plots"]["throughput"]["texts"] == []
+
+
+def test_a_sweep_and_a_run_elsewhere_are_compared_in_the_sweep(tmp_path, monkeypatch, capsys):
+    """The parity recipe's form: a sweep folder and a second bf16 seed run from outputs/, both
+    named relative to the current directory (the repository root), which gets nothing."""
+    monkeypatch.chdir(tmp_path)
+    steps = [1, 2, 3, 4]
+    write_summary(tmp_path / "multirun" / "T", "0_bf16", "bf16", steps=steps)
+    write_summary(tmp_path / "multirun" / "T", "1_mxfp8", "mxfp8", steps=steps)
+    write_summary(tmp_path / "outputs", "T_bf16_seed1", "bf16", seed=1, steps=steps)
+    assert compare_main(["multirun/T", "outputs/T_bf16_seed1"]) == 0
+    cmp = json.loads((tmp_path / "multirun" / "T" / "comparison.json").read_text())
+    assert len(cmp["runs"]) == 3 and not list(tmp_path.glob("comparison*"))
+    assert f"wrote {tmp_path / 'multirun' / 'T' / 'comparison.json'}" in capsys.readouterr().out
+    # two runs from unrelated folders: what holds both is the current directory -> --out
+    assert compare_main(["multirun/T/0_bf16", "outputs/T_bf16_seed1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--out" in err and err.count("\n") == 1
+    assert not list(tmp_path.glob("comparison*"))
 
 
 def test_delta_panel_shows_the_verdicts_bound_with_one_bf16_seed(tmp_path):
