@@ -659,9 +659,13 @@ def wandb_dashboard(target: str, group: Optional[str], preview: Optional[str]) -
     from launch import dashboard_preview
     from launch.wandb_dashboard import dashboard, save_dashboard
 
+    try:
+        spec = dashboard(entity, project, group)  # the save makes it again, with its baseline run
+    except ValueError as e:
+        return _refuse(str(e))
     if preview is not None:
         Path(preview).parent.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {dashboard_preview.draw(dashboard(entity, project, group), Path(preview))}")
+        print(f"wrote {dashboard_preview.draw(spec, Path(preview))}")
         return 0
     try:
         workspace, baseline = save_dashboard(entity, project, group)

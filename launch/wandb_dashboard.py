@@ -16,6 +16,7 @@ leg. Every metric is named from ``launch.run_summary``, the names the runner log
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, Iterable, Optional
 
 import wandb_workspaces.reports.v2 as wr
@@ -47,6 +48,13 @@ def _config_column(key: str) -> str:
     entry under ``value``)."""
     top, rest = key.split(".", 1)
     return f"config:{top}.value.{rest}"
+
+
+def workspace_name(group: Optional[str], project: str) -> str:
+    """The workspace's name, without the symbols wandb refuses in one (Unicode categories S*,
+    e.g. the ``=`` of an experiment named after an override)."""
+    name = f"mxfp8-ep: {group or project} by a2a mode"
+    return "".join(c for c in name if not unicodedata.category(c).startswith("S"))
 
 
 def _loss_section() -> ws.Section:
@@ -94,20 +102,36 @@ def _numerics_section(leg: str) -> ws.Section:
     return ws.Section(name=f"MXFP8 numerics: {leg}", panels=panels)
 
 
+def _group_filter(group: str) -> ws.And:
+    """The runs filter ``Group == group``. wandb-workspaces writes a filter through its own
+    expression syntax and reads it back, which changes some values (``a=b`` becomes ``a==b``);
+    such a group is refused rather than filtered wrongly."""
+    where = ws.And(ws.Metric("Group") == group)
+    try:
+        probe = ws.Workspace(entity="e", project="p", runset_settings=ws.RunsetSettings(filters=where))
+        (written,) = probe._to_model().spec.section.run_sets[0].filters["filters"]
+    except (SyntaxError, ValueError):
+        written = {}
+    if written.get("value") != group:
+        raise ValueError(f"--group {group!r}: wandb-workspaces cannot filter on this name (it writes "
+                         f"{written.get('value')!r}); choose the runs in the workspace instead")
+    return where
+
+
 def dashboard(entity: str, project: str, group: Optional[str] = None,
               baseline_run: Optional[str] = None) -> ws.Workspace:
     """The workspace, offline: the runs of ``group`` (a wandb group is an experiment; all runs
     of the project without one), ``baseline_run`` (a run id) as the baseline of the runs
-    table's deltas and the plots."""
+    table's deltas and the plots. ValueError: a group name wandb-workspaces cannot filter on."""
     summary_columns = [f"summary:{m}" for m in (LOSS, VAL_LOSS, TOKENS_PER_S_GLOBAL, A2A_BYTES)]
     return ws.Workspace(
         entity=entity,
         project=project,
-        name=f"mxfp8-ep: {group or project} by a2a mode",
+        name=workspace_name(group, project),
         sections=[_loss_section(), _baseline_section(), _throughput_section()]
         + [_numerics_section(leg) for leg in LEGS],
         runset_settings=ws.RunsetSettings(
-            filters=ws.And(ws.Metric("Group") == group) if group else "",
+            filters=_group_filter(group) if group else "",
             pinned_columns=[_config_column(MODEL), _config_column(A2A_MODE), _config_column(SEED)]
             + summary_columns,
             baseline_run=baseline_run,

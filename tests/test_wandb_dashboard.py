@@ -116,6 +116,21 @@ def test_filter_by_group_and_baseline_run():
     assert runset.filters["filters"] == [] and runset.baseline_run_id is None
 
 
+def test_experiment_names_with_symbols(capsys):
+    """wandb refuses symbols in a workspace's name (they are dropped there); a group name its
+    filter would change is refused (exit 2), not filtered wrongly."""
+    workspace = board.dashboard("team", "proj", "moe+ep 2")
+    assert workspace.name == "mxfp8-ep: moeep 2 by a2a mode"
+    (runset,) = workspace._to_model().spec.section.run_sets
+    assert runset.filters["filters"][0]["value"] == "moe+ep 2"
+    for group in ("lr=1e-3", "it's"):
+        with pytest.raises(ValueError, match="cannot filter on this name"):
+            board.dashboard("team", "proj", group)
+    assert compare_main(["--wandb-dashboard", "team/proj", "--group", "lr=1e-3"]) == 2
+    assert capsys.readouterr().err == ("compare_runs: --group 'lr=1e-3': wandb-workspaces cannot filter on this "
+                                       "name (it writes 'lr==1e-3'); choose the runs in the workspace instead\n")
+
+
 def run(run_id: str, a2a: str, seed, name: str = "") -> SimpleNamespace:
     return SimpleNamespace(id=run_id, name=name or run_id,
                            config={RECIPE_CONFIG: {"a2a": {"name": a2a}, "training": {"seed": seed}}})
