@@ -4,6 +4,7 @@ plots.
     python launch/compare_runs.py multirun/default/2026-11-30_10-00-00     # a sweep
     python launch/compare_runs.py outputs/a/run1 outputs/b/run2 --out cmp/   # into cmp/
     python launch/compare_runs.py path/to/wandb/offline-run-*              # wandb runs only
+    python launch/compare_runs.py --wandb-dashboard my-team/mxfp8-ep --group parity  # wandb workspace
 
 Each argument may be a run directory (with ``summary.json`` and/or ``wandb/``), a sweep
 directory holding run directories, an ``offline-run-*`` directory or a ``.wandb`` file. The
@@ -23,8 +24,8 @@ difference is judged: one verdict line per arm, e.g.
 
 ``comparison.json`` goes where ``--out`` says, else into the one sweep directory given, else
 into the folder of the runs (one run's when the paths are its wandb launches) or the folder
-that holds them all, never the current directory by default; the command prints where. Next to it go ``comparison_loss.png``
-(training loss, its difference to the baseline smoothed, with the seed spread as a band;
+that holds them all, never the current directory by default; the command prints where. Next
+to it go ``comparison_loss.png`` (training loss, its difference to the baseline smoothed, with the seed spread as a band;
 validation loss and its difference when the runs have one) and ``comparison_throughput.png``
 (tokens/s and all-to-all bytes per step, values on the bars). The JSON holds the series
 behind every panel (``plots``), the verdicts and, when runs logged MXFP8 numerics telemetry
@@ -645,40 +646,6 @@ def _refuse(message: str) -> int:
     return 2
 
 
-def wandb_dashboard(target: str, group: Optional[str], preview: Optional[str]) -> int:
-    """``--wandb-dashboard``: draw (``preview``) or save the workspace of ``target``'s runs."""
-    entity, _, project = target.partition("/")
-    if not entity or not project or "/" in project:
-        return _refuse(f"--wandb-dashboard {target}: give ENTITY/PROJECT, e.g. my-team/mxfp8-ep")
-    if preview is not None:
-        problem = unwritable(Path(preview))
-        if problem:
-            return _refuse(f"--preview {preview}: {problem}")
-    import wandb
-
-    from launch import dashboard_preview
-    from launch.wandb_dashboard import dashboard, save_dashboard
-
-    try:
-        spec = dashboard(entity, project, group)  # the save makes it again, with its baseline run
-    except ValueError as e:
-        return _refuse(str(e))
-    if preview is not None:
-        Path(preview).parent.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {dashboard_preview.draw(spec, Path(preview))}")
-        return 0
-    try:
-        workspace, baseline = save_dashboard(entity, project, group)
-    except (wandb.errors.Error, OSError, ValueError) as e:
-        print(f"compare_runs: could not save the workspace to {target}: {e}", file=sys.stderr)
-        return 1
-    if baseline is None:
-        print(f"compare_runs: no {BASELINE} run in {target}" + (f" group {group}" if group else "")
-              + ": the workspace has no baseline run", file=sys.stderr)
-    print(f"saved the workspace: {workspace.url}")
-    return 0
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", help="run / sweep / offline wandb run directories")
@@ -696,7 +663,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.wandb_dashboard is not None:
         if args.paths or args.out:
             return _refuse("--wandb-dashboard reads the runs on the wandb server: give no run paths or --out")
-        return wandb_dashboard(args.wandb_dashboard, args.group, args.preview)
+        from launch.wandb_dashboard import command
+
+        return command(args.wandb_dashboard, args.group, args.preview)
     if args.group is not None or args.preview is not None:
         return _refuse("--group and --preview go with --wandb-dashboard ENTITY/PROJECT")
     if not args.paths:

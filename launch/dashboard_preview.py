@@ -66,8 +66,8 @@ def draw(workspace: ws.Workspace, path: Path) -> Path:
             ax.add_patch(FancyBboxPatch((x0, y0), _BOX_W, _BOX_H, boxstyle="round,pad=0,rounding_size=0.06",
                                         facecolor="0.97", edgecolor="0.6", linewidth=0.8))
             title, lines = panel_lines(panel)
-            ax.text(x0 + 0.08, y0 + _BOX_H - 0.08, "\n".join(textwrap.wrap(title, 46, break_on_hyphens=False)[:2]), fontsize=8,
-                    weight="bold", va="top")
+            title_lines = textwrap.wrap(title, 46, break_on_hyphens=False)[:2]
+            ax.text(x0 + 0.08, y0 + _BOX_H - 0.08, "\n".join(title_lines), fontsize=8, weight="bold", va="top")
             ax.text(x0 + 0.08, y0 + _BOX_H - 0.45, "\n".join(lines), fontsize=6.5, va="top",
                     family="monospace", color="0.25")
         y -= n_rows * (_BOX_H + _GAP)

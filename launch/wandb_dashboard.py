@@ -10,13 +10,16 @@ all-to-all bytes per step per arm (and per leg); the MXFP8 numerics telemetry, o
 leg. Every metric is named from ``launch.run_summary``, the names the runner logs.
 
 :func:`dashboard` builds the workspace offline (a pure function of its arguments);
-:func:`save_dashboard` asks the server for the baseline run and saves it (needs ``wandb login``).
+:func:`save_dashboard` asks the server for the baseline run and saves it (needs ``wandb login``);
+:func:`command` is the command line's part (``--preview`` draws the workspace, no server).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import unicodedata
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import wandb_workspaces.reports.v2 as wr
@@ -26,7 +29,8 @@ from launch.run_summary import (A2A_BYTES, BASELINE, LOSS, NUMERICS_PREFIX, RECI
                                 a2a_leg_metric, numerics_metric)
 from mxfp8_ep.config import LEGS, NUMERICS_STATS
 
-# wandb config keys (the recipe config as the runner logs it) the panels group and sort by.
+# wandb config keys (the recipe config as the runner logs it) the panels group by and the runs
+# table shows.
 A2A_MODE = f"{RECIPE_CONFIG}.a2a.name"
 SEED = f"{RECIPE_CONFIG}.training.seed"
 MODEL = f"{RECIPE_CONFIG}.model.name"
@@ -182,3 +186,45 @@ def save_dashboard(entity: str, project: str, group: Optional[str]) -> tuple[ws.
     workspace = dashboard(entity, project, group, baseline)
     workspace.save()
     return workspace, baseline
+
+
+# ------------------------------------------------------------------------------ command
+def _say(message: str) -> None:
+    print(f"compare_runs: {message}", file=sys.stderr)
+
+
+def command(target: str, group: Optional[str], preview: Optional[str]) -> int:
+    """``compare_runs.py --wandb-dashboard TARGET [--group] [--preview PNG]``: save the
+    workspace, or draw it into ``preview``. Exit code: 0, 1 (the server did not take it), 2 (a
+    mistake in the arguments, reported before anything is asked of the server)."""
+    import wandb
+
+    from launch import dashboard_preview
+
+    entity, _, project = target.partition("/")
+    if not entity or not project or "/" in project:
+        _say(f"--wandb-dashboard {target}: give ENTITY/PROJECT, e.g. my-team/mxfp8-ep")
+        return 2
+    try:
+        spec = dashboard(entity, project, group)  # saving builds it again, with the baseline run
+    except ValueError as e:
+        _say(str(e))
+        return 2
+    if preview is not None:
+        try:
+            Path(preview).parent.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {dashboard_preview.draw(spec, Path(preview))}")
+        except OSError as e:
+            _say(f"--preview {preview}: {e.strerror}")
+            return 2
+        return 0
+    try:
+        workspace, baseline = save_dashboard(entity, project, group)
+    except (wandb.errors.Error, OSError, ValueError) as e:
+        _say(f"could not save the workspace to {target}: {e}")
+        return 1
+    if baseline is None:
+        _say(f"no {BASELINE} run in {target}" + (f" group {group}" if group else "")
+             + ": the workspace has no baseline run")
+    print(f"saved the workspace: {workspace.url}")
+    return 0

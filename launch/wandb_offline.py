@@ -153,7 +153,10 @@ def find_runs(root: str) -> list[str]:
     (``root`` itself included), oldest first."""
     found = glob.glob(os.path.join(root, "**", "*.wandb"), recursive=True)
     # realpath: wandb's "latest-run" symlink points at one of the real run directories.
-    dirs = {os.path.realpath(os.path.dirname(p)) for p in found}
+    return _oldest_first({os.path.realpath(os.path.dirname(p)) for p in found})
+
+
+def _oldest_first(dirs: set[str]) -> list[str]:
     return sorted(dirs, key=lambda d: (os.path.getmtime(d), d))
 
 
@@ -162,7 +165,7 @@ def read_runs(*roots: str) -> list[OfflineRun]:
     folder), each run id once: its launches merged in start order. A later launch's rows
     replace an earlier one's for the steps both logged (a run resumed from a checkpoint
     before its last logged step repeats those steps); its summary and exit code win."""
-    dirs = dict.fromkeys(d for root in roots for d in find_runs(root))  # one folder once
+    dirs = _oldest_first({d for root in roots for d in find_runs(root)})
     launches = sorted((read_run(d) for d in dirs), key=lambda r: r.started)  # stable: ties keep mtime order
     runs: dict[str, OfflineRun] = {}
     for run in launches:
