@@ -2,11 +2,14 @@
 plots.
 
     python launch/compare_runs.py multirun/default/2026-11-30_10-00-00     # a sweep
-    python launch/compare_runs.py outputs/a/run1 outputs/b/run2 --out cmp.json
+    python launch/compare_runs.py outputs/a/run1 outputs/b/run2 --out cmp/   # into cmp/
     python launch/compare_runs.py path/to/wandb/offline-run-*              # wandb runs only
+    python launch/compare_runs.py --wandb-dashboard my-team/mxfp8-ep --group parity  # wandb workspace
 
 Each argument may be a run directory (with ``summary.json`` and/or ``wandb/``), a sweep
-directory holding run directories, an ``offline-run-*`` directory or a ``.wandb`` file.
+directory holding run directories, an ``offline-run-*`` directory or a ``.wandb`` file. The
+offline wandb runs of one run id (the launches of a resumed run) are one run, whether found
+under one folder or named one by one.
 Runs are read as ``launch.run_summary.RunSummary``: from their ``summary.json`` when they
 have one, otherwise from their offline wandb run(s), so SLURM runs that never wrote one are
 compared too.
@@ -25,8 +28,11 @@ shows it, and with one run on each side (no spread to judge by) not at all:
 
     mxfp8: tokens/s ×1.031 vs bf16, 2 vs 2 runs (pairs ×0.992-×1.070) -> inside the run-to-run spread ...
 
-Next to the JSON (``<dir>/comparison.json`` for one directory) go ``comparison_loss.png``
-(training loss, its difference to the baseline smoothed, with the seed spread as a band;
+``comparison.json`` goes where ``--out`` says, else into the one sweep directory given, else
+into the folder of the runs (one run's when the paths are its wandb launches) or the folder
+that holds them all, never the current directory by default; the command prints where. Next
+to it go ``comparison_loss.png`` (training loss, its difference to the baseline smoothed, with
+the seed spread as a band;
 validation loss and its difference when the runs have one) and ``comparison_throughput.png``
 (tokens/s and all-to-all bytes per step, values on the bars). The JSON holds the series
 behind every panel (``plots``), the verdicts and, when runs logged MXFP8 numerics telemetry
@@ -46,12 +52,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import RUN_CONFIG, SUMMARY
-from launch.run_summary import (NUMERICS_STATS, RunSummary, numerics_from_wandb, parse_numerics_metric,
-                                ratio_of_sums)
-from launch.wandb_offline import OfflineRun, read_run, read_runs
+from launch.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
+                                parse_numerics_metric, ratio_of_sums)
+from launch.wandb_offline import OfflineRun, read_runs
 from mxfp8_ep.wire_format import quantized_formats
 
-BASELINE = "bf16"
 # An arm is at parity when |its final loss - the baseline's| <= max(bf16 seed spread, this
 # share of the baseline's loss).
 PARITY_SHARE = 0.005
@@ -111,10 +116,10 @@ class Compared:
 
 
 def _recipe_config(run: OfflineRun) -> dict:
-    """The composed recipe config: logged to wandb under "recipe" by the runner, else the
-    train_config.yaml the launcher wrote into the run dir above the wandb folder."""
-    if isinstance(run.config.get("recipe"), dict):
-        return run.config["recipe"]
+    """The composed recipe config: logged to wandb under ``RECIPE_CONFIG`` by the runner, else
+    the train_config.yaml the launcher wrote into the run dir above the wandb folder."""
+    if isinstance(run.config.get(RECIPE_CONFIG), dict):
+        return run.config[RECIPE_CONFIG]
     for parent in Path(run.path).parents:
         candidate = parent / RUN_CONFIG
         if candidate.is_file():
@@ -143,10 +148,11 @@ def collect(paths: list[str]) -> list[Compared]:
             where = str(Path(run.paths[0]))
             found.append(Compared(RunSummary.from_wandb(run, _recipe_config(run), where), where, "wandb"))
 
+    wandb_roots: list[str] = []  # searched together: one run's launches may be named one by one
     for arg in paths:
         p = Path(arg)
         if p.is_file() and p.suffix == ".wandb":
-            add_wandb(read_run(str(p.parent)))
+            wandb_roots.append(str(p.parent))
             continue
         if not p.is_dir():
             raise FileNotFoundError(f"{arg}: no such run, sweep or wandb directory")
@@ -158,8 +164,9 @@ def collect(paths: list[str]) -> list[Compared]:
             if not s.numerics and quantized_formats(s.a2a_legs.values()):
                 s.numerics = _numerics_logged_to_wandb(s, summary_file.parent)
             found.append(Compared(s, str(summary_file.parent), "summary"))
-        for run in read_runs(str(p)):
-            add_wandb(run)
+        wandb_roots.append(str(p))
+    for run in read_runs(*wandb_roots):
+        add_wandb(run)
     return found
 
 
@@ -259,6 +266,13 @@ def seed_spread(base: Compared) -> Optional[float]:
     return max(spreads) if spreads else None
 
 
+def parity_bound(base: Compared) -> Optional[float]:
+    """The largest |Δ end loss| at which an arm of this baseline is at parity:
+    max(bf16 seed spread, ``PARITY_SHARE`` of the baseline's end loss); None without one."""
+    ref, _ = end_loss(base.run)
+    return None if ref is None else max(seed_spread(base) or 0.0, PARITY_SHARE * abs(ref))
+
+
 def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
     """One verdict per run that has a baseline, seed replicas included (their line is the
     spread itself)."""
@@ -270,7 +284,7 @@ def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
         d, what = c.vs_baseline["end_loss_delta"], c.vs_baseline["end_loss_is"]
         ref, _ = end_loss(base.run)
         spread = seed_spread(base)
-        tol = max(spread or 0.0, PARITY_SHARE * abs(ref))
+        tol = parity_bound(base)
         replica = c in base.seed_replicas
         within = abs(d) <= tol
         text = (f"{c.label}: {what} {d:+.4f} ({100 * d / ref:+.2f}%) vs {base.label}; "
@@ -425,17 +439,21 @@ def plot_labels(runs: list[Compared], width: int = 48) -> dict[str, str]:
 _COLORS = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
            "tab:olive", "tab:cyan")
 _DASHES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+# Baselines (one per sweep point, e.g. per model): dark colours none of the arms has.
+_BASELINE_COLORS = ("black", "navy", "darkgreen", "maroon", "indigo", "darkgoldenrod")
+_BOUND_COLOR = "tab:green"
 
 
 def line_styles(runs: list[Compared]) -> dict[str, dict[str, Any]]:
-    """Per run: baselines solid, thick, black-ish and drawn on top (half transparent, so a
-    line right under one still shows); seed replicas solid grey; every other arm its own
-    colour and dash pattern."""
-    styles, k = {}, 0
+    """Per run: baselines solid, thick, dark and drawn on top (half transparent, so a line
+    right under one still shows), each its own colour; seed replicas solid grey; every other
+    arm its own colour and dash pattern."""
+    styles, k, b = {}, 0, 0
     for c in ordered(runs):
         if c.is_baseline:
-            styles[c.run.run_name] = {"color": "black", "linestyle": "-", "linewidth": 2.4,
-                                      "alpha": 0.55, "zorder": 4}
+            styles[c.run.run_name] = {"color": _BASELINE_COLORS[b % len(_BASELINE_COLORS)], "linestyle": "-",
+                                      "linewidth": 2.4, "alpha": 0.55, "zorder": 4}
+            b += 1
         elif c.baseline is not None and c in c.baseline.seed_replicas:
             styles[c.run.run_name] = {"color": "0.45", "linestyle": "-", "linewidth": 1.6,
                                       "alpha": 0.9, "zorder": 3}
@@ -473,6 +491,7 @@ def _panel_series(runs: list[Compared], which: str) -> dict[str, Any]:
         series.append({"run": c.run.run_name, "label": names[c.run.run_name], "steps": list(steps),
                        "raw": list(values), "values": trailing_mean(list(values), window),
                        "window": window})
+    bounds = []
     if which.endswith("delta"):
         replicas = {c.run.run_name for c in runs if c.baseline is not None and c in c.baseline.seed_replicas}
         spread = [s for s in series if s["run"] in replicas]
@@ -481,7 +500,23 @@ def _panel_series(runs: list[Compared], which: str) -> dict[str, Any]:
             width = [max(abs(s["values"][i]) for s in spread if i < len(s["values"])) for i in range(len(steps))]
             band = {"steps": steps, "low": [-w for w in width], "high": width,
                     "label": "bf16 seed-to-seed spread"}
-    return {"series": series, "band": band}
+        bounds = parity_bands(runs, {s["run"] for s in series})
+    return {"series": series, "band": band, "bounds": bounds}
+
+
+def parity_bands(runs: list[Compared], shown: set[str]) -> list[dict[str, Any]]:
+    """The verdicts' parity bound (±``parity_bound``) of each baseline whose arms are among
+    the ``shown`` runs: a band on the Δ panels, so a difference reads against the size that
+    decides the verdict rather than the axis' auto-zoom."""
+    bases = {id(c.baseline): c.baseline for c in ordered(runs) if c.baseline is not None and c.run.run_name in shown}
+    names = plot_labels(runs)
+    out = []
+    for base in bases.values():
+        tol = parity_bound(base)
+        if tol:
+            of = f" vs {names[base.run.run_name]}" if len(bases) > 1 else ""
+            out.append({"baseline": base.run.run_name, "tolerance": tol, "label": f"parity bound ±{tol:.4f}{of}"})
+    return out
 
 
 _PANELS = {
@@ -512,6 +547,9 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
         delta = name.endswith("delta")
         if delta:
             ax.axhline(0.0, color="black", linewidth=0.8, alpha=0.6)
+        for bound in data["bounds"]:
+            ax.axhspan(-bound["tolerance"], bound["tolerance"], color=_BOUND_COLOR, alpha=0.12, linewidth=0,
+                       label=bound["label"], zorder=0)
         if data["band"]:
             b = data["band"]
             ax.fill_between(b["steps"], b["low"], b["high"], color="0.6", alpha=0.3, linewidth=0,
@@ -612,22 +650,108 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
     }
 
 
+# ------------------------------------------------------------------------------ where to write
+JSON_NAME = "comparison.json"
+
+
+def requested_json(out: str) -> Path:
+    """``--out``: a ``.json`` file (the plots go next to it) or a folder (``comparison.json``
+    and the plots go in it)."""
+    p = Path(out)
+    return p if p.suffix == ".json" else p / JSON_NAME
+
+
+def unwritable(json_path: Path) -> Optional[str]:
+    """Why ``json_path`` cannot be written (its folder may not exist yet), or None."""
+    if json_path.is_dir():
+        return f"{json_path} is a folder"
+    folder = json_path.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def run_folder(c: Compared) -> Path:
+    """The folder of one run: its run dir, or the folder above the ``wandb/`` one its offline
+    wandb run lies in."""
+    if c.source == "summary":
+        return Path(c.path)
+    parent = Path(c.path).parent
+    return parent.parent if parent.name == "wandb" else parent
+
+
+def beside_the_runs(paths: list[str], runs: list[Compared]) -> Optional[Path]:
+    """Where ``comparison.*`` go without ``--out``: the one folder given that holds runs (a
+    sweep), else the folder of the runs (one run's, when the paths are its wandb launches) or
+    the folder that holds them all; None when that is only the current directory or the
+    filesystem root (runs from unrelated places: ``--out`` says where)."""
+    folders = sorted({run_folder(c).resolve() for c in runs})
+    sweeps = [g for g in (Path(p).resolve() for p in paths) if any(g in f.parents for f in folders)]
+    if len(set(sweeps)) == 1:
+        return sweeps[0]
+    common = Path(os.path.commonpath(folders))
+    if len(folders) > 1 and common in (Path.cwd().resolve(), Path(common.anchor)):
+        return None
+    return common
+
+
+def _refuse(message: str) -> int:
+    print(f"compare_runs: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs="+", help="run / sweep / offline wandb run directories")
+    ap.add_argument("paths", nargs="*", help="run / sweep / offline wandb run directories")
     ap.add_argument("--out", default=None,
-                    help="JSON output (default: <dir>/comparison.json for one directory, "
-                         "else ./comparison.json); the plots go next to it")
+                    help=f"where to write: a .json file (the plots go next to it) or a folder ({JSON_NAME} "
+                         "and the plots go in it); default: the sweep folder given, else the folder "
+                         "holding the runs")
+    board = ap.add_argument_group("wandb dashboard (instead of comparing local runs)")
+    board.add_argument("--wandb-dashboard", metavar="ENTITY/PROJECT", default=None,
+                       help="save a wandb workspace comparing the project's runs by a2a mode (needs wandb login)")
+    board.add_argument("--group", default=None, help="only the runs of this experiment (their wandb group)")
+    board.add_argument("--preview", metavar="PNG", default=None,
+                       help="draw the workspace's panels into PNG instead of saving it (no server)")
     args = ap.parse_args(argv)
+    if args.wandb_dashboard is not None:
+        if args.paths or args.out:
+            return _refuse("--wandb-dashboard reads the runs on the wandb server: give no run paths or --out")
+        from launch.wandb_dashboard import command
+
+        return command(args.wandb_dashboard, args.group, args.preview)
+    if args.group is not None or args.preview is not None:
+        return _refuse("--group and --preview go with --wandb-dashboard ENTITY/PROJECT")
+    if not args.paths:
+        return _refuse("give the run, sweep or offline wandb run directories to compare")
+    out = requested_json(args.out) if args.out is not None else None
+    problem = out and unwritable(out)
+    if problem:
+        return _refuse(f"--out {args.out}: {problem}")
     try:
         runs = compare(collect(args.paths))
     except FileNotFoundError as e:
-        print(f"compare_runs: {e}", file=sys.stderr)
-        return 2
+        return _refuse(str(e))
     if not runs:
         print("compare_runs: no runs found (no summary.json or .wandb file) under "
               + ", ".join(args.paths), file=sys.stderr)
         return 1
+    if out is None:
+        folder = beside_the_runs(args.paths, runs)
+        if folder is None:
+            return _refuse("the runs lie in unrelated folders (the one holding them all is the current "
+                           "directory or /): say where the comparison goes with --out <folder>")
+        out = folder / JSON_NAME
+        problem = unwritable(out)
+        if problem:
+            return _refuse(f"cannot write beside the runs ({problem}): give --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return _refuse(f"cannot create {out.parent}: {e.strerror}")
     verdict_list = verdicts(runs)
     print(format_table(runs))
     if verdict_list:
@@ -638,10 +762,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     numerics = format_numerics(runs)
     if numerics:
         print("\n" + numerics)
-    if args.out is None:
-        only = Path(args.paths[0])
-        args.out = str(only / "comparison.json") if len(args.paths) == 1 and only.is_dir() else "comparison.json"
-    out = Path(args.out)
     plots = write_plots(runs, out.parent, verdict_list)
     out.write_text(json.dumps(to_json(runs, verdict_list, plots), indent=2))
     print(f"\nwrote {out}, " + ", ".join(str(out.parent / p["file"]) for p in plots.values()))

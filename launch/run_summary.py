@@ -39,6 +39,12 @@ VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.t
 # (rows) after the window, and the steps run again after an overflow, since the run started.
 A2A_CAPACITY_ROWS = "a2a/capacity_rows"
 A2A_REPLAYS = "a2a/replays"
+# The a2a preset every other one is compared with (compare_runs, the wandb dashboard):
+# torchtitan's own all-to-all.
+BASELINE = "bf16"
+# The wandb config key the runner logs the composed recipe config under (so its a2a preset is
+# config "recipe.a2a.name").
+RECIPE_CONFIG = "recipe"
 
 # MXFP8 numerics telemetry (logging.numerics_every, launch.numerics_log): per MoE layer, all-to-all
 # leg (mxfp8_ep.config.LEGS) and statistic (NUMERICS_STATS, defined in mxfp8_ep.numerics),

@@ -39,7 +39,7 @@ from mxfp8_ep.titan022 import ReplayOverflowedSteps
 
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
-from launch.run_summary import RunSummary, series_stats, steady_numbers
+from launch.run_summary import RECIPE_CONFIG, RunSummary, series_stats, steady_numbers
 from launch.schema import PROFILER_WARMUP_STEPS
 from launch.stop import Stopped, StopSignals, signal_name
 from launch.titan_metrics import WandbSettings
@@ -254,7 +254,7 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             tag,
             a2a_name=str(self.cfg.a2a.name),
             wandb_settings=wandb_settings(self.cfg, self.run_dir),
-            wandb_config={"recipe": recipe, "torchtitan": job_config.to_dict(),
+            wandb_config={RECIPE_CONFIG: recipe, "torchtitan": job_config.to_dict(),
                           "device": "cuda" if torch.cuda.is_available() else "cpu"},
             console_path=os.path.join(self.run_dir, CONSOLE_LOG),
         )

@@ -7,7 +7,8 @@ FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4 reassembles one serialized
 
 A resumed run (same run dir, or a requeued SLURM job) logs each launch into its own
 ``offline-run-*`` folder with the same run id; :func:`read_runs` merges them the way
-``wandb sync`` uploads them: one run, history appended in start order.
+``wandb sync`` uploads them: one run, history appended in start order, whether the folders
+are found under one root or named one by one.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class OfflineRun:
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: Optional[int] = None
+    started: float = 0.0  # the launch's start time (seconds since the epoch; 0 if not recorded)
     # The offline-run folder(s) this run was read from (several: a resumed run's launches).
     paths: list[str] = field(default_factory=list)
 
@@ -124,6 +126,7 @@ def read_run(path: str) -> OfflineRun:
             r = rec.run
             run.run_id, run.name, run.group, run.project = r.run_id, r.display_name, r.run_group, r.project
             run.tags = list(r.tags)
+            run.started = r.start_time.ToMicroseconds() / 1e6
             run.config.update(_config_items(r.config.update))
         elif kind == "config":
             run.config.update(_config_items(rec.config.update))
@@ -146,22 +149,26 @@ def _config_items(items: Any) -> dict[str, Any]:
 
 
 def find_runs(root: str) -> list[str]:
-    """Every ``offline-run-*`` / ``run-*`` directory holding a ``.wandb`` file under ``root``,
-    oldest first."""
+    """Every ``offline-run-*`` / ``run-*`` directory holding a ``.wandb`` file under ``root``
+    (``root`` itself included), oldest first."""
     found = glob.glob(os.path.join(root, "**", "*.wandb"), recursive=True)
     # realpath: wandb's "latest-run" symlink points at one of the real run directories.
-    dirs = {os.path.realpath(os.path.dirname(p)) for p in found}
+    return _oldest_first({os.path.realpath(os.path.dirname(p)) for p in found})
+
+
+def _oldest_first(dirs: set[str]) -> list[str]:
     return sorted(dirs, key=lambda d: (os.path.getmtime(d), d))
 
 
-def read_runs(root: str) -> list[OfflineRun]:
-    """Every wandb run under ``root``, the launches of one run id merged in start order: a
-    later launch's rows replace an earlier one's for the steps both logged (a run resumed
-    from a checkpoint before its last logged step repeats those steps), its summary and exit
-    code win."""
+def read_runs(*roots: str) -> list[OfflineRun]:
+    """Every wandb run under ``roots`` (each a folder to search, or one ``offline-run-*``
+    folder), each run id once: its launches merged in start order. A later launch's rows
+    replace an earlier one's for the steps both logged (a run resumed from a checkpoint
+    before its last logged step repeats those steps); its summary and exit code win."""
+    dirs = _oldest_first({d for root in roots for d in find_runs(root)})
+    launches = sorted((read_run(d) for d in dirs), key=lambda r: r.started)  # stable: ties keep mtime order
     runs: dict[str, OfflineRun] = {}
-    for d in find_runs(root):
-        run = read_run(d)
+    for run in launches:
         first = runs.setdefault(run.run_id, run)
         if first is run:
             continue

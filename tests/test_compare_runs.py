@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from launch.compare_runs import collect, compare, format_table, throughput_verdicts
+from launch.compare_runs import collect, compare, format_table, throughput_verdicts, verdicts
 from launch.compare_runs import main as compare_main
 from launch.run_summary import RunSummary
 from launch.wandb_offline import find_runs, iter_records, read_run, read_runs
+from tests.figures import axes_titled, lines_of, saved_figures, spans_of
 
 WRITE_RUN = """
 import sys, wandb
@@ -47,6 +48,9 @@ def write_wandb_run(d: Path, name: str, a2a: str, steps: int, loss0: float, nbyt
     args = [str(first), run_id] if run_id else []
     subprocess.run([sys.executable, "-c", WRITE_RUN, str(d), name, a2a, str(steps), str(loss0),
                     str(nbytes), *args], check=True, env=env, timeout=120)
+
+
+DELTA_TITLE = "Training loss minus the bf16 baseline's"
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +106,23 @@ def test_resumed_run_launches_merge_into_one_run(tmp_path):
     assert losses[3:] == pytest.approx([20.0 / s for s in range(4, 9)])
 
 
+def test_launches_named_one_by_one_are_one_run(tmp_path, capsys):
+    """A resumed run's offline-run folders given one by one (``<run>/wandb/offline-run-*``):
+    one run, its launches merged by step, the comparison written into the run's folder."""
+    run = tmp_path / "run"
+    write_wandb_run(run, "a2a=bf16", "bf16", 5, 10.0, 100.0, first=1, run_id="res12345")
+    write_wandb_run(run, "a2a=bf16", "bf16", 8, 20.0, 100.0, first=4, run_id="res12345")
+    launches = sorted(str(p) for p in (run / "wandb").glob("offline-run-*"))
+    assert len(launches) == 2
+    (c,) = collect(launches)
+    assert c.run.wandb_run_id == "res12345" and sorted(c.run.wandb_dirs) == launches
+    assert c.run.logged_steps == list(range(1, 9))
+    assert c.run.losses == pytest.approx([10.0, 5.0, 10.0 / 3] + [20.0 / s for s in range(4, 9)])
+    assert compare_main(list(reversed(launches))) == 0
+    assert json.loads((run / "comparison.json").read_text())["runs"][0]["logged_steps"] == list(range(1, 9))
+    assert f"wrote {run / 'comparison.json'}" in capsys.readouterr().out
+
+
 def test_compare_from_wandb_runs(sweep, tmp_path, capsys):
     found = compare(collect([str(sweep)]))
     by = {c.run.a2a: c for c in found}
@@ -123,13 +144,21 @@ def test_compare_from_wandb_runs(sweep, tmp_path, capsys):
     assert "a2a MiB/step" in table and "0.760" in table
 
     out = tmp_path / "cmp.json"
-    assert compare_main([str(sweep), "--out", str(out)]) == 0
+    with saved_figures() as figs:
+        assert compare_main([str(sweep), "--out", str(out)]) == 0
     runs = json.loads(out.read_text())["runs"]
     assert runs[0]["a2a"] == "bf16" and len(runs[0]["losses"]) == 1500
-    # the plots, next to the JSON
-    for png in ("comparison_loss.png", "comparison_throughput.png"):
-        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "wrote" in capsys.readouterr().out
+    # the plots, next to the JSON: each run's loss curve, and the bytes each sent
+    assert set(figs) == {"comparison_loss.png", "comparison_throughput.png"}
+    loss = lines_of(axes_titled(figs["comparison_loss.png"], "Training loss"))
+    assert set(loss) == {"bf16", "mxfp8"}
+    assert list(loss["bf16"].get_xdata()) == list(range(1, 1501))
+    assert loss["mxfp8"].get_ydata()[-1] == pytest.approx(6.3 * sum(1 / s for s in range(1451, 1501)) / 50)
+    wire = axes_titled(figs["comparison_throughput.png"], "All-to-all bytes")
+    assert [bar.get_width() for bar in wire.patches] == pytest.approx([1000 / 2**20, 760 / 2**20])
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith(f"wrote {out}, {tmp_path / 'comparison_loss.png'}, "
+                                     f"{tmp_path / 'comparison_throughput.png'}")
 
 
 def test_pairs_by_sweep_point(tmp_path):
@@ -152,8 +181,12 @@ def test_pairs_by_sweep_point(tmp_path):
     assert rec.vs_baseline["baseline"] == "a2a=bf16,lr=2"
     assert rec.vs_baseline["loss_delta"] == pytest.approx(0.5)
     assert rec.vs_baseline["bytes_ratio"] == pytest.approx(0.75)
-    assert compare_main([str(tmp_path)]) == 0
-    assert (tmp_path / "comparison_loss.png").is_file()
+    with saved_figures() as figs:
+        assert compare_main([str(tmp_path)]) == 0
+    # the Δ panel: the mxfp8 run against the bf16 run of its point (lr=2), not lr=1's
+    (line,) = lines_of(axes_titled(figs["comparison_loss.png"], DELTA_TITLE)).values()
+    assert line.get_label() == "mxfp8 [lr=2]"
+    assert list(line.get_ydata()) == pytest.approx([0.0, 0.0, 0.5])
 
 
 def test_numerics_only_in_wandb_are_read_from_there(tmp_path):
@@ -171,19 +204,63 @@ def test_numerics_only_in_wandb_are_read_from_there(tmp_path):
 def test_cli_errors(tmp_path):
     assert compare_main([str(tmp_path / "missing")]) == 2
     assert compare_main([str(tmp_path)]) == 1  # exists, but no runs in it
+    assert compare_main([]) == 2
+
+
+def two_runs(root: Path) -> list[Path]:
+    """A bf16 and an mxfp8 run in folders of their own under ``root``."""
+    for a2a in ("bf16", "mxfp8"):
+        write_summary(root / a2a, "run", a2a, steps=[1, 2, 3, 4])
+    return [root / "bf16" / "run", root / "mxfp8" / "run"]
+
+
+def test_out_in_a_new_folder_is_created(tmp_path, capsys):
+    two_runs(tmp_path / "runs")
+    out = tmp_path / "new" / "deeper" / "x.json"
+    assert compare_main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert [r["a2a"] for r in json.loads(out.read_text())["runs"]] == ["bf16", "mxfp8"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["comparison_loss.png", "comparison_throughput.png",
+                                                            "x.json"]
+    # a folder: comparison.json and the plots go in it
+    assert compare_main([str(tmp_path / "runs"), "--out", str(tmp_path / "cmp")]) == 0
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["comparison.json", "comparison_loss.png",
+                                                                   "comparison_throughput.png"]
+    assert f"wrote {tmp_path / 'cmp' / 'comparison.json'}" in capsys.readouterr().out
+
+
+def test_out_that_cannot_be_written_is_refused_before_the_table(tmp_path, capsys):
+    runs = two_runs(tmp_path / "runs")
+    (tmp_path / "file").write_text("")
+    assert compare_main([str(r) for r in runs] + ["--out", str(tmp_path / "file" / "x.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"compare_runs: --out {tmp_path / 'file' / 'x.json'}: {tmp_path / 'file'} is a file, not a folder\n"
+    assert not list(tmp_path.glob("**/comparison*"))
+
+
+def test_runs_in_two_folders_are_compared_beside_them(tmp_path, monkeypatch, capsys):
+    """Not into the current directory: into the folder that holds both runs."""
+    runs = two_runs(tmp_path / "runs")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert compare_main([str(r) for r in runs]) == 0
+    assert list(cwd.iterdir()) == []
+    assert json.loads((tmp_path / "runs" / "comparison.json").read_text())["runs"]
+    assert f"wrote {tmp_path / 'runs' / 'comparison.json'}" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------ long runs
 def write_summary(root: Path, d: str, a2a: str, *, seed: int = 0, offset: float = 0.0,
                   steps: list[int], val_every: int = 0, device: str = "cuda",
-                  numerics: dict | None = None) -> None:
-    """A run whose loss is a smooth curve plus ``offset`` (and a wiggle that averages out)."""
+                  numerics: dict | None = None, model: str = "m") -> None:
+    """A run whose loss is a smooth curve plus ``offset`` (and a wiggle that averages out);
+    a ``model`` other than the default one is named in the run name, as a sweep over it does."""
     losses = [3.0 + 5.0 / s ** 0.5 + offset + 0.01 * (-1) ** s for s in steps]
     val_steps = [s for s in steps if val_every and s % val_every == 0]
     val = [3.2 + 5.0 / s ** 0.5 + offset for s in val_steps]
-    name = f"a2a={a2a},training.seed={seed}"
+    name = f"a2a={a2a},training.seed={seed}" + (f",model={model}" if model != "m" else "")
     RunSummary(
-        run_name=name, experiment="e", a2a=a2a, a2a_legs={}, model="m", model_flavor="f/f",
+        run_name=name, experiment="e", a2a=a2a, a2a_legs={}, model=model, model_flavor="f/f",
         parallelism="single", world_size=1, ep=1, launcher="local", device=device,
         run_dir=str(root / d), steps=steps[-1], target_steps=steps[-1], seed=seed,
         logged_steps=steps, losses=losses, val_logged_steps=val_steps, val_losses=val,
@@ -210,10 +287,10 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
     })
     write_summary(root, "mxfp8_all", "mxfp8_all", offset=0.03, steps=steps, val_every=100)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), saved_figures() as figs:
         assert compare_main([str(root)]) == 0
     cmp = json.loads((root / "comparison.json").read_text())
-    return root, {**cmp, "printed": printed.getvalue()}
+    return root, {**cmp, "printed": printed.getvalue(), "figures": figs}
 
 
 def test_verdict_per_arm_against_the_seed_spread(study):
@@ -253,7 +330,16 @@ def test_delta_panels_and_seed_band(study):
     assert panels["val_delta"]["band"]["high"] == pytest.approx([0.004] * 30)
     for name, panel in panels.items():
         assert panel["xticks"] and all(t == int(t) for t in panel["xticks"]), (name, panel["xticks"])
-    assert (root / "comparison_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # what the saved figure shows: the arms' Δ lines, the seed spread band and the verdicts'
+    # parity bound (max(0.004, 0.5% of the baseline's final val loss)) as a band
+    ax = axes_titled(cmp["figures"]["comparison_loss.png"], DELTA_TITLE)
+    assert set(lines_of(ax)) == {"bf16 seed 1", "mxfp8", "mxfp8_all"}
+    assert list(lines_of(ax)["mxfp8"].get_ydata()) == pytest.approx([0.002] * 300, abs=1e-9)
+    (spread,) = [c for c in ax.collections if c.get_label() == "bf16 seed-to-seed spread"]
+    assert spread.get_paths()[0].get_extents().y1 == pytest.approx(0.004)
+    tol = cmp["verdicts"][0]["tolerance"]
+    assert tol == pytest.approx(0.005 * (3.2 + 5.0 / 3000 ** 0.5))
+    assert spans_of(ax, "parity bound") == [pytest.approx((-tol, tol))]
 
 
 def test_lines_tell_apart(study):
@@ -297,7 +383,7 @@ def test_short_cpu_run_integer_ticks_and_cpu_note(tmp_path, capsys):
     tp = cmp["plots"]["throughput"]
     assert any("CPU run: throughput is not a speed claim" in t for t in tp["texts"])
     assert "CPU" in tp["titles"][0]
-    assert tp["value_labels"]["tokens_per_s"] == ["1,234", "1,234"] or tp["value_labels"]["tokens_per_s"] == ["1,235", "1,235"]
+    assert tp["value_labels"]["tokens_per_s"] == ["1,234", "1,234"]  # 1234.5: format rounds half to even
     assert tp["value_labels"]["a2a_mib_per_step"] == ["0.00", "0.00"]
     png = Image.open(tmp_path / "comparison_throughput.png")
     assert "CPU run: throughput is not a speed claim" in png.text["Comment"]
@@ -363,3 +449,64 @@ def test_one_run_each_is_not_called_faster(tmp_path):
     write_speed(cpu, "mxfp8", 0, 1500.0, device="cpu")
     (v,) = throughput_verdicts(compare(collect([str(cpu)])))
     assert v["verdict"] == "faster" and "speed-up" not in v["text"] and "not a speed claim" in v["text"]
+
+
+def test_a_sweep_and_a_run_elsewhere_are_compared_in_the_sweep(tmp_path, monkeypatch, capsys):
+    """The parity recipe's form: a sweep folder and a second bf16 seed run from outputs/, both
+    named relative to the current directory (the repository root), which gets nothing."""
+    monkeypatch.chdir(tmp_path)
+    steps = [1, 2, 3, 4]
+    write_summary(tmp_path / "multirun" / "T", "0_bf16", "bf16", steps=steps)
+    write_summary(tmp_path / "multirun" / "T", "1_mxfp8", "mxfp8", steps=steps)
+    write_summary(tmp_path / "outputs", "T_bf16_seed1", "bf16", seed=1, steps=steps)
+    assert compare_main(["multirun/T", "outputs/T_bf16_seed1"]) == 0
+    cmp = json.loads((tmp_path / "multirun" / "T" / "comparison.json").read_text())
+    assert len(cmp["runs"]) == 3 and not list(tmp_path.glob("comparison*"))
+    assert f"wrote {tmp_path / 'multirun' / 'T' / 'comparison.json'}" in capsys.readouterr().out
+    # two runs from unrelated folders: what holds both is the current directory -> --out
+    assert compare_main(["multirun/T/0_bf16", "outputs/T_bf16_seed1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--out" in err and err.count("\n") == 1
+    assert not list(tmp_path.glob("comparison*"))
+
+
+def test_delta_panel_shows_the_verdicts_bound_with_one_bf16_seed(tmp_path):
+    """One bf16 seed, so no spread band: the verdict's bound (0.5% of the loss) is drawn as a
+    band, and the Δ axis spans it instead of zooming onto a 0.0016 difference."""
+    steps = list(range(10, 1001, 10))
+    write_summary(tmp_path, "bf16", "bf16", steps=steps)
+    write_summary(tmp_path, "mxfp8", "mxfp8", offset=0.0016, steps=steps)
+    with saved_figures() as figs:
+        assert compare_main([str(tmp_path)]) == 0
+    (verdict,) = verdicts(compare(collect([str(tmp_path)])))
+    tol = verdict["tolerance"]
+    base_end = sum(3.01 + 5.0 / s ** 0.5 for s in (980, 990, 1000)) / 3  # mean of the last 1/30 of the steps
+    assert verdict["seed_spread"] is None and tol == pytest.approx(0.005 * base_end)
+    ax = axes_titled(figs["comparison_loss.png"], DELTA_TITLE)
+    assert not ax.collections  # no seed spread band
+    assert spans_of(ax, f"parity bound ±{tol:.4f}") == [pytest.approx((-tol, tol))]
+    low, high = ax.get_ylim()
+    assert low <= -tol and high >= tol
+
+
+def test_each_models_baseline_has_its_own_style(tmp_path):
+    """A sweep over two models: two bf16 baselines, told apart by colour, both drawn as
+    baselines (thick, on top)."""
+    steps = list(range(1, 21))
+    for model in ("a", "b"):
+        write_summary(tmp_path, f"{model}_bf16", "bf16", steps=steps, model=model)
+        write_summary(tmp_path, f"{model}_mxfp8", "mxfp8", offset=0.01, steps=steps, model=model)
+    with saved_figures() as figs:
+        assert compare_main([str(tmp_path)]) == 0
+    lines = lines_of(axes_titled(figs["comparison_loss.png"], "Training loss"))
+    assert set(lines) == {"bf16 [model=a]", "bf16 [model=b]", "mxfp8 [model=a]", "mxfp8 [model=b]"}
+    base_a, base_b = lines["bf16 [model=a]"], lines["bf16 [model=b]"]
+    assert base_a.get_color() != base_b.get_color()
+    arms = (lines["mxfp8 [model=a]"], lines["mxfp8 [model=b]"])
+    assert {base_a.get_color(), base_b.get_color()}.isdisjoint(arm.get_color() for arm in arms)
+    for base in (base_a, base_b):
+        assert base.get_zorder() > max(arm.get_zorder() for arm in arms)
+        assert base.get_linewidth() > max(arm.get_linewidth() for arm in arms)
+    # each baseline's parity bound on the Δ panel, named after it
+    delta = axes_titled(figs["comparison_loss.png"], DELTA_TITLE)
+    assert [p.get_label().split(" vs ")[1] for p in delta.patches] == ["bf16 [model=a]", "bf16 [model=b]"]
