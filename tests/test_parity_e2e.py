@@ -31,9 +31,9 @@ def test_mxfp8_at_parity_with_bf16_validation_checkpoints_and_resume_on_a_corpus
               "training.val_every=2", "training.val_batches=2", "training.checkpoint_interval=2",
               "logging.log_freq=1"]
     # the bf16 arm alongside the MXFP8 arm's first launch
-    bf16 = subprocess.Popen(train_cmd(*common, "a2a=bf16", "training.steps=3", f"hydra.run.dir={bf16_dir}"), cwd=tmp_path,
-                            env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    bf16 = subprocess.Popen(train_cmd(*common, "a2a=bf16", "training.steps=3", f"hydra.run.dir={bf16_dir}"),
+                            cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
         proc = run_train(tmp_path, *common, "a2a=mxfp8_all", "training.steps=3", f"hydra.run.dir={run_dir}")
         bf16_out, bf16_err = bf16.communicate(timeout=300)

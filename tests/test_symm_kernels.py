@@ -165,7 +165,8 @@ def _difference(got: torch.Tensor, ref: torch.Tensor) -> str | None:
     if not differ.any():
         return None
     first = tuple(int(i) for i in differ.nonzero()[0])
-    return f"{int(differ.sum())} of {got.numel()} elements, first at {first}: {got[first].item()} vs {ref[first].item()}"
+    return (f"{int(differ.sum())} of {got.numel()} elements, first at {first}: "
+            f"{got[first].item()} vs {ref[first].item()}")
 
 
 def _assert_same_pushes(bufs, ref_bufs, sent: int, ref_sent: int, where) -> None:
