@@ -1,14 +1,22 @@
-"""scripts/parity_study.py without starting anything: the arms, what each call does with a run
-dir (new / resume / done), the commands, and the refusal without local quantization."""
+"""scripts/parity_study.py without starting a run: the arms and the runs their commands compose,
+what each call does with a run dir (new / resume / done), the dry run and the refusal of an
+unknown study, and a finished study (fake finished run dirs) turned into its comparison, its
+rows (each value traced back to its run's summary, the verdict to the bf16 runs') and its
+export."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
+import pytest
 
-from launch.run_summary import RunSummary
-from tests.hydra_compose import REPO
+from launch.compare_runs import PARITY_SHARE
+from launch.run_dir import CONSOLE_LOG, RUN_CONFIG, SUMMARY, run_name
+from launch.run_summary import RunSummary, numerics_metric
+from mxfp8_ep.config import A2AConfig
+from tests.hydra_compose import REPO, compose_cfg
 
 spec = importlib.util.spec_from_file_location("parity_study", REPO / "scripts" / "parity_study.py")
 parity_study = importlib.util.module_from_spec(spec)
@@ -16,44 +24,61 @@ sys.modules["parity_study"] = parity_study  # dataclasses look their module up t
 spec.loader.exec_module(parity_study)
 
 
+def _summary(arm, out: Path, **fields) -> RunSummary:
+    """What the trainer leaves in ``arm``'s run dir (``fields`` on top), written there."""
+    cmd = parity_study.command(arm, out, "new", [])
+    quantized = A2AConfig.preset(arm.a2a).any_quantized
+    s = RunSummary(run_name=run_name(cmd[2:], arm.a2a), experiment=arm.recipe, a2a=arm.a2a,
+                   a2a_legs={"dispatch_fwd": "mxfp8" if quantized else "bf16"}, model=arm.recipe,
+                   model_flavor=f"f/{arm.recipe}", parallelism="single", world_size=1, ep=1,
+                   launcher="local", device="cuda", run_dir=str(arm.run_dir(out)), steps=3000,
+                   target_steps=3000, seed=arm.seed)
+    for name, value in fields.items():
+        setattr(s, name, value)
+    arm.run_dir(out).mkdir(parents=True, exist_ok=True)
+    s.write(arm.run_dir(out))
+    return s
+
+
 def test_arms_are_the_study():
     arms = {(a.study, a.a2a, a.seed) for a in parity_study.ARMS}
     assert arms == {("dsv3", "bf16", 0), ("dsv3", "bf16", 1), ("dsv3", "mxfp8", 0),
                     ("dsv3", "mxfp8_all", 0), ("llama4", "bf16", 0), ("llama4", "mxfp8_all", 0)}
-    assert {a.recipe for a in parity_study.ARMS} == {"parity_dsv3", "parity_llama4"}
-    assert all((REPO / "recipes" / f"{a.recipe}.yaml").is_file() for a in parity_study.ARMS)
+    assert parity_study.STUDIES == ("dsv3", "llama4")
+    assert len({a.run_dir(Path("out")) for a in parity_study.ARMS}) == len(parity_study.ARMS)
 
 
-def test_mxfp8_arms_quantize_every_row_and_sample_the_telemetry():
-    """The options exist in the recipe's schema, and only the MXFP8 arms take them."""
-    from tests.hydra_compose import compose_cfg
+@pytest.mark.parametrize("arm", parity_study.ARMS, ids=lambda a: f"{a.study}/{a.name}")
+def test_each_arm_command_composes_its_run(arm, tmp_path):
+    """The command's overrides, composed as train.py composes them: the study's recipe at EP 1 in
+    one process, the arm's preset and seed, its run dir; the MXFP8 arms with every row through
+    MXFP8 and the telemetry on (without them they would train like bf16 at EP 1)."""
+    plain = compose_cfg(f"+recipe={arm.recipe}")
+    cmd = parity_study.command(arm, tmp_path, "new", ["training.steps=9"])
+    assert cmd[:2] == [sys.executable, str(REPO / "launch" / "train.py")]
+    cfg = compose_cfg(*cmd[2:], hydra_node=True)
+    assert cfg.experiment == arm.recipe == f"parity_{arm.study}"
+    assert (cfg.parallelism.ep, cfg.parallelism.procs_per_node) == (1, 1)
+    assert cfg.a2a.name == arm.a2a and cfg.training.seed == arm.seed and cfg.training.steps == 9
+    assert cfg.hydra.run.dir == str(arm.run_dir(tmp_path))
+    quantized = A2AConfig.preset(arm.a2a).any_quantized
+    assert quantized == (arm.a2a != "bf16")
+    assert cfg.a2a.quantize_local_rows is quantized
+    assert cfg.logging.numerics_every == (50 if quantized else plain.logging.numerics_every)
 
-    cfg = compose_cfg("+recipe=parity_dsv3", "a2a=mxfp8_all", *parity_study.MXFP8_ARM_OPTIONS)
-    assert cfg.a2a.quantize_local_rows is True and cfg.logging.numerics_every == 50
-    for arm in parity_study.ARMS:
-        expected = list(parity_study.MXFP8_ARM_OPTIONS) if arm.a2a != "bf16" else []
-        assert parity_study.study_options(arm) == expected, arm
+    resumed = compose_cfg(*parity_study.command(arm, tmp_path, "resume", [])[2:])
+    assert resumed.training.resume == str(arm.run_dir(tmp_path))
 
 
 def test_each_call_starts_new_resumes_or_skips(tmp_path):
     arm = parity_study.ARMS[0]
     run_dir = arm.run_dir(tmp_path)
     assert parity_study.state(arm, tmp_path)[0] == "new"
-    cmd = parity_study.command(arm, tmp_path, "new", ["training.steps=9"])
-    assert cmd[1:5] == [str(REPO / "launch" / "train.py"), "+recipe=parity_dsv3", "a2a=bf16", "training.seed=0"]
-    assert cmd[-2:] == ["training.steps=9", f"hydra.run.dir={run_dir}"]
-
     (run_dir / "checkpoint" / "step-250").mkdir(parents=True)
     (run_dir / "checkpoint" / "step-250" / ".metadata").write_text("")
-    summary = RunSummary(run_name="r", experiment="parity_dsv3", a2a="bf16", a2a_legs={}, model="m",
-                         model_flavor="f/f", parallelism="single", world_size=1, ep=1, launcher="local",
-                         device="cuda", run_dir=str(run_dir), steps=250, target_steps=3000,
-                         stopped_by="SIGTERM")
-    summary.write(run_dir)
+    _summary(arm, tmp_path, steps=250, stopped_by="SIGTERM")
     assert parity_study.state(arm, tmp_path)[0] == "resume"
-    assert parity_study.command(arm, tmp_path, "resume", [])[-1] == f"training.resume={run_dir}"
-    summary.steps, summary.stopped_by = 3000, None
-    summary.write(run_dir)
+    _summary(arm, tmp_path)
     assert parity_study.state(arm, tmp_path)[0] == "done"
 
 
@@ -64,27 +89,95 @@ def test_dry_run_prints_the_commands_and_unknown_studies_are_refused(tmp_path, c
     assert parity_study.main(["--study", "gpt", "--out", str(tmp_path)]) == 2
 
 
-def test_a_finished_study_becomes_rows(tmp_path, monkeypatch):
-    """One row per arm, from compare_runs' comparison: losses, the verdict, the worst numerics."""
-    import json
+# A finished dsv3 study: final validation loss per arm, against bf16 seed 0 (4.40) with bf16
+# seed 1 as the seed spread (0.01 < PARITY_SHARE * 4.40 = 0.022): mxfp8 within, mxfp8_all outside.
+FINAL_VAL = {"bf16_seed0": 4.40, "bf16_seed1": 4.41, "mxfp8": 4.415, "mxfp8_all": 4.45}
+# rel_l2_err per MoE layer of the MXFP8 arms' dispatch_fwd (mean over the samples).
+REL_L2 = {1: 0.026, 2: 0.029}
 
+
+def _finish(arm, out: Path, i: int) -> RunSummary:
+    """A finished run of ``arm``: its summary (numbers particular to the arm), console, config,
+    a checkpoint, worker logs, a wandb file and the study's launch log."""
+    numerics = {}
+    if A2AConfig.preset(arm.a2a).any_quantized:
+        for layer, err in REL_L2.items():
+            numerics[numerics_metric("dispatch_fwd", "rel_l2_err", layer)] = {
+                "n": 3, "mean": err + i / 1000, "min": err - 0.001, "max": err + 0.005, "last": err}
+            numerics[numerics_metric("dispatch_fwd", "scale_exp_min", layer)] = {
+                "n": 3, "mean": -8.0, "min": -9.0 - layer - i, "max": -8.0, "last": -8.0}
+    val = FINAL_VAL[arm.name]
+    s = _summary(arm, out, logged_steps=[10, 3000], losses=[9.0 + i, 4.5 + i / 100],
+                 val_logged_steps=[100, 3000], val_losses=[7.0 + i, val], final_loss=4.5 + i / 100,
+                 final_val_loss=val, tokens_per_s=1e4 + i, tokens_per_s_global=1e4 + i,
+                 step_time_s=0.1 + i / 100, a2a_bytes_per_step=0.0, numerics=numerics)
+    run_dir = arm.run_dir(out)
+    for path in (CONSOLE_LOG, RUN_CONFIG, "checkpoint/step-3000/.metadata", "worker_logs/0/stdout.log",
+                 "wandb/debug.log"):
+        (run_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / path).write_text(f"{arm.name} {path}\n")
+    (run_dir.parent / f"{arm.name}.launch.log").write_text("$ train.py\n")
+    return s
+
+
+def test_a_finished_study_becomes_its_comparison_rows_and_export(tmp_path, monkeypatch, capsys):
+    """One row per arm from its run's summary, the verdict against bf16 seed 0 with bf16 seed 1's
+    distance as the seed spread, the worst layer of each numerics statistic; the export holds the
+    rows and the small files, not the checkpoints or worker logs."""
     from benchmarks.rows import COMMIT_ENV, read_rows
 
     monkeypatch.setenv(COMMIT_ENV, "a" * 40)
-    run = {"model": "parity_dsv3", "seed": 0, "ep": 1, "world_size": 1, "device": "cuda", "steps": 3000,
-           "final_loss": 4.84, "val_logged_steps": [100, 200], "val_losses": [7.0, 4.4],
-           "tokens_per_s": 1e4, "step_time_s": 0.1, "a2a_bytes_per_step": 0.0}
-    comparison = {"runs": [
-        {**run, "run_name": "a2a=bf16", "a2a": "bf16", "final_val_loss": 4.40, "numerics_worst": None},
-        {**run, "run_name": "a2a=mxfp8_all", "a2a": "mxfp8_all", "final_val_loss": 4.41,
-         "numerics_worst": {"dispatch_fwd": {"rel_l2_err": {"value": 0.0266, "layer": 2, "layers": 7}}}},
-    ], "verdicts": [{"run": "a2a=mxfp8_all", "baseline": "a2a=bf16", "delta": 0.01, "seed_spread": None,
-                     "tolerance": 0.022, "within": True, "text": "mxfp8_all: ..."}]}
-    (tmp_path / "comparison.json").write_text(json.dumps(comparison))
-    path = parity_study.write_rows(tmp_path, "dsv3", tmp_path / "rows")
-    rows = read_rows(path)
-    assert [r["arm"] for r in rows] == ["bf16", "mxfp8_all"] and {r["commit"] for r in rows} == {"a" * 40}
-    assert rows[0]["val_loss_delta"] is None and rows[0]["baseline"] == "a2a=bf16"
-    assert rows[1]["val_loss_delta"] == 0.01 and rows[1]["within_tolerance"] is True
-    assert rows[1]["numerics_worst"] == {"dispatch_fwd": {"rel_l2_err": 0.0266}}
-    assert rows[1]["val_losses"] == [7.0, 4.4] and rows[1]["study"] == "dsv3"
+    monkeypatch.setattr(parity_study.subprocess, "Popen", lambda *a, **k: pytest.fail(f"started {a}"))
+    out, export = tmp_path / "out", tmp_path / "export"
+    arms = [a for a in parity_study.ARMS if a.study == "dsv3"]
+    summaries = {a.name: _finish(a, out, i) for i, a in enumerate(arms)}
+
+    assert parity_study.main(["--study", "dsv3", "--out", str(out), "--export", str(export)]) == 0
+    printed = capsys.readouterr().out
+    assert "  dsv3/mxfp8_all    done: step 3000/3000, loss 4.5300, val loss 4.4500, 0.130 s/step" in printed
+
+    rows = read_rows(export)
+    assert len(rows) == len(arms) and {r["commit"] for r in rows} == {"a" * 40}
+    by_name = {r["run_name"]: r for r in rows}
+    assert set(by_name) == {s.run_name for s in summaries.values()}
+    base = summaries["bf16_seed0"]
+    spread = abs(FINAL_VAL["bf16_seed1"] - FINAL_VAL["bf16_seed0"])
+    tolerance = max(spread, PARITY_SHARE * base.final_val_loss)
+    for name, s in summaries.items():
+        row = by_name[s.run_name]
+        where = f"{name}: {row}"
+        assert row["bench"] == "parity" and row["study"] == "dsv3", where
+        assert (row["model"], row["arm"], row["seed"], row["ep"], row["world_size"], row["device"],
+                row["steps"]) == (s.model, s.a2a, s.seed, s.ep, s.world_size, s.device, s.steps), where
+        assert (row["final_loss"], row["final_val_loss"], row["val_steps"], row["val_losses"]) == (
+            s.final_loss, s.final_val_loss, s.val_logged_steps, s.val_losses), where
+        assert (row["tokens_per_s"], row["step_time_s"], row["a2a_bytes_per_step"]) == (
+            s.tokens_per_s, s.step_time_s, s.a2a_bytes_per_step), where
+        assert row["baseline"] == base.run_name, where
+        if name == "bf16_seed0":
+            assert row["val_loss_delta"] is None and row["within_tolerance"] is None, where
+            assert row["verdict"] is None, where
+            continue
+        assert row["val_loss_delta"] == pytest.approx(s.final_val_loss - base.final_val_loss), where
+        assert row["bf16_seed_spread"] == pytest.approx(spread), where
+        assert row["tolerance"] == pytest.approx(tolerance), where
+        # the seed replica's line is the spread itself: no verdict of its own
+        within = {"bf16_seed1": None, "mxfp8": True, "mxfp8_all": False}[name]
+        assert row["within_tolerance"] is within, where
+        if within is not None:
+            assert ("-> within " if within else "-> outside ") in row["verdict"], where
+
+    # the worst layer: the largest mean rel_l2_err, the smallest scale exponent seen
+    for i, arm in enumerate(arms):
+        worst = by_name[summaries[arm.name].run_name]["numerics_worst"]
+        if arm.a2a == "bf16":
+            assert worst == {}, arm
+        else:
+            assert worst == {"dispatch_fwd": {"rel_l2_err": pytest.approx(max(REL_L2.values()) + i / 1000),
+                                              "scale_exp_min": -9.0 - max(REL_L2) - i}}, arm
+
+    exported = {str(p.relative_to(export)) for p in export.rglob("*") if p.is_file()}
+    small = {f"dsv3/{a.name}/{f}" for a in arms for f in (SUMMARY, CONSOLE_LOG, RUN_CONFIG, "wandb/debug.log")}
+    small |= {f"dsv3/{a.name}.launch.log" for a in arms}
+    small |= {f"dsv3/{f}" for f in ("comparison.json", "comparison_loss.png", "comparison_throughput.png")}
+    assert exported == small | {p.name for p in export.glob("*.jsonl")}
