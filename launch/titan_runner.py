@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchtitan.train import Trainer
 
 from mxfp8_ep import elastic
-from mxfp8_ep.titan022 import ReplayOverflowedSteps
+from mxfp8_ep.elastic import ReplayOverflowedSteps
 
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
@@ -172,7 +172,7 @@ def wandb_settings(cfg: Any, run_dir: str) -> Optional[WandbSettings]:
 
 class RecipeTrainer(ReplayOverflowedSteps, Trainer):
     """torchtitan's ``Trainer`` with the recipe's metrics processor, clean stops, and steps run
-    again after a symm capacity overflow (``mxfp8_ep.titan022.ReplayOverflowedSteps``).
+    again after a symm capacity overflow (``mxfp8_ep.elastic.ReplayOverflowedSteps``).
 
     ``Trainer.__init__`` picks its metrics processor builder from the model's ``TrainSpec``.
     Rather than registering a modified TrainSpec globally, ``train_spec`` is a property here:

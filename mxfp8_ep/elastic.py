@@ -23,6 +23,9 @@ A training loop::
             loss_fn(model(batch)).backward()
         optimizer.step()
 
+torchtitan's ``Trainer`` (0.2.2 and 0.3.0) gets the same from the mixin
+``ReplayOverflowedSteps``: ``class MyTrainer(ReplayOverflowedSteps, Trainer)``.
+
 Without a ``ReplayGuard`` (or ``expect_replays``), an overflow is an error instead
 (``dispatcher.symm.CapacityOverflowError``; a device assert on CUDA).
 """
@@ -39,12 +42,13 @@ import torch.nn as nn
 from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import CapacityOverflowError, expect_replays
 
-__all__ = ["CapacityOverflowError", "LOAD_BALANCE_BUFFERS", "Overflow", "ReplayGuard", "StepState", "capacity_rows",
-           "check_overflow", "expect_replays"]
+__all__ = ["CapacityOverflowError", "LOAD_BALANCE_BUFFERS", "Overflow", "ReplayGuard", "ReplayOverflowedSteps",
+           "StepState", "capacity_rows", "check_overflow", "expect_replays"]
 
 # Module buffers a forward pass adds to and an optimizer step consumes: torchtitan's MoE counts
-# the tokens routed to each expert for its load-balancing expert bias (DeepSeek-V3).
-LOAD_BALANCE_BUFFERS = ("tokens_per_expert",)
+# the tokens routed to each expert for its load-balancing expert bias (DeepSeek-V3), as
+# ``tokens_per_expert`` (0.2.2) or ``tokens_per_expert_E`` (0.3.0).
+LOAD_BALANCE_BUFFERS = ("tokens_per_expert", "tokens_per_expert_E")
 
 
 @dataclass
@@ -146,3 +150,74 @@ class ReplayGuard:
     def close(self) -> None:
         """Overflows are errors again (``dispatcher.symm.expect_replays``)."""
         expect_replays(False)
+
+
+class _OverflowedStep(Exception):
+    """Raised after a step's last backward when a dispatch overflowed: the step runs again."""
+
+
+class _RecordedBatches:
+    """A step's microbatches, drawn from the data iterator once and handed out again on a
+    replay (the data loader, and the token counts torchtitan takes as it draws, move once)."""
+
+    def __init__(self, data_iterator):
+        self._source = data_iterator
+        self._drawn: list = []
+        self._next = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._next == len(self._drawn):
+            self._drawn.append(next(self._source))
+        self._next += 1
+        return self._drawn[self._next - 1]
+
+    def rewind(self) -> None:
+        self._next = 0
+
+
+class ReplayOverflowedSteps:
+    """Mixin for torchtitan's ``Trainer`` (``class MyTrainer(ReplayOverflowedSteps, Trainer)``;
+    0.2.2 and 0.3.0, whose ``train_step`` draws the step's microbatches from the data iterator
+    and calls ``forward_backward_step`` once per accumulation step): each step whose symm
+    dispatches overflowed their capacity runs again. After a step's last forward-backward,
+    before gradient clipping and the optimizer, every rank checks the overflow counters (one
+    device-to-host copy, one all-reduce of one integer over the default group); on an overflow
+    the step's gradients are dropped (``train_step`` zeroes them first), the random number
+    generators and the MoE load-balancing counters go back to where the step started, and the
+    same microbatches run again at the grown capacity. ``capacity_replays`` counts the steps run again,
+    ``capacity_grown`` the (old, new) capacities."""
+
+    capacity_replays: int = 0
+
+    def train_step(self, data_iterator):
+        if not hasattr(self, "capacity_grown"):
+            expect_replays(True)
+            self.capacity_grown: list[tuple[int, int]] = []
+        batches = _RecordedBatches(data_iterator)
+        state = StepState(m for part in self.model_parts for m in part.modules())
+        while True:
+            self._backwards_left = self.gradient_accumulation_steps
+            try:
+                return super().train_step(batches)
+            except _OverflowedStep as overflow:
+                self.capacity_replays += 1
+                self.capacity_grown.extend(overflow.args[0].grown)
+                self.on_capacity_replay(overflow.args[0])
+                state.restore()
+                batches.rewind()
+
+    def forward_backward_step(self, *args, **kwargs):
+        loss = super().forward_backward_step(*args, **kwargs)
+        self._backwards_left -= 1
+        if self._backwards_left == 0:
+            overflow = check_overflow()
+            if overflow.replay:
+                raise _OverflowedStep(overflow)
+        return loss
+
+    def on_capacity_replay(self, overflow: Overflow) -> None:
+        """Called before a step runs again (a subclass may log it or drop what the step
+        recorded)."""

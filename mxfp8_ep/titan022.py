@@ -22,9 +22,8 @@ Without EP torchtitan parallelizes no experts, and its own MoE path never quanti
 ``dispatch_without_expert_parallel`` after torchtitan's parallelize: every MoE layer then runs
 the dispatcher over a one-rank group (transport nccl).
 
-The symm transport's elastic capacity (``mxfp8_ep.elastic``): ``ReplayOverflowedSteps`` is a
-mixin for torchtitan's ``Trainer`` that checks, after each step's last backward and before the
-optimizer, whether a dispatch overflowed its capacity, and then runs the step again.
+The symm transport's elastic capacity: ``mxfp8_ep.elastic.ReplayOverflowedSteps`` is a mixin
+for torchtitan's ``Trainer`` that runs a step again when a dispatch overflowed its capacity.
 
 ``uninstall_expert_parallel`` restores ``ExpertParallel``; ``MoE.forward`` stays patched, so
 models parallelized while the dispatcher was installed keep using it (for any other MoE the
@@ -49,7 +48,6 @@ from torch.distributed.tensor import distribute_module
 from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.models.moe import moe as titan_moe
 
-from mxfp8_ep import elastic
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 from mxfp8_ep.grouped_experts import grouped_swiglu_experts
@@ -195,76 +193,6 @@ class _SharedExperts:
         main.wait_stream(self.stream)
         self.out.record_stream(main)
         return self.out
-
-
-class _OverflowedStep(Exception):
-    """Raised after a step's last backward when a dispatch overflowed: the step runs again."""
-
-
-class _RecordedBatches:
-    """A step's microbatches, drawn from the data iterator once and handed out again on a
-    replay (the data loader, and the token counts torchtitan takes as it draws, move once)."""
-
-    def __init__(self, data_iterator):
-        self._source = data_iterator
-        self._drawn: list = []
-        self._next = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._next == len(self._drawn):
-            self._drawn.append(next(self._source))
-        self._next += 1
-        return self._drawn[self._next - 1]
-
-    def rewind(self) -> None:
-        self._next = 0
-
-
-class ReplayOverflowedSteps:
-    """Mixin for torchtitan 0.2.2's ``Trainer`` (``class MyTrainer(ReplayOverflowedSteps,
-    Trainer)``): each step whose symm dispatches overflowed their capacity runs again
-    (``mxfp8_ep.elastic``). After a step's last forward-backward, before gradient clipping and
-    the optimizer, every rank checks the overflow counters (one device-to-host copy, one
-    all-reduce of one integer over the default group); on an overflow the step's gradients are
-    dropped (``train_step`` zeroes them first), the random number generators and the MoE
-    load-balancing counters go back to where the step started, and the same microbatches run
-    again at the grown capacity. ``capacity_replays`` counts the steps run again,
-    ``capacity_grown`` the (old, new) capacities."""
-
-    capacity_replays: int = 0
-
-    def train_step(self, data_iterator):
-        if not hasattr(self, "capacity_grown"):
-            elastic.expect_replays(True)
-            self.capacity_grown: list[tuple[int, int]] = []
-        batches = _RecordedBatches(data_iterator)
-        state = elastic.StepState(m for part in self.model_parts for m in part.modules())
-        while True:
-            self._backwards_left = self.gradient_accumulation_steps
-            try:
-                return super().train_step(batches)
-            except _OverflowedStep as overflow:
-                self.capacity_replays += 1
-                self.capacity_grown.extend(overflow.args[0].grown)
-                self.on_capacity_replay(overflow.args[0])
-                state.restore()
-                batches.rewind()
-
-    def forward_backward_step(self, *args, **kwargs):
-        loss = super().forward_backward_step(*args, **kwargs)
-        self._backwards_left -= 1
-        if self._backwards_left == 0:
-            overflow = elastic.check_overflow()
-            if overflow.replay:
-                raise _OverflowedStep(overflow)
-        return loss
-
-    def on_capacity_replay(self, overflow: elastic.Overflow) -> None:
-        """Called before a step runs again (a subclass may log it or drop what the step
-        recorded)."""
 
 
 def install_expert_parallel(

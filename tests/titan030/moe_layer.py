@@ -36,6 +36,8 @@ from torchtitan.models.common.config_utils import (
 )
 from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher, TorchAOTokenDispatcher
 
+from mxfp8_ep.elastic import ReplayGuard
+
 EXPERT_WEIGHTS = ("w1_EFD", "w2_EDF", "w3_EFD")
 
 
@@ -130,11 +132,14 @@ def rank_inputs(spec: MoESpec, rank: int, step: int):
 
 
 def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types", checkpointed: bool = False,
-            dispatchers: list | None = None) -> list[dict]:
+            dispatchers: list | None = None, replay: bool = False) -> list[dict]:
     """``spec.steps`` SGD steps of the EP MoE layer; per step its tensors by name.
     ``checkpointed``: under activation checkpointing (non-reentrant; the backward recomputes
     the forward, exchanges included). ``dispatchers``: gets the layer's token dispatcher and,
-    for ours, the library dispatcher it delegates to (``_ours``), once the layer has run."""
+    for ours, the library dispatcher it delegates to (``_ours``), once the layer has run.
+    ``replay``: each step's forward and backward run through ``mxfp8_ep.elastic.ReplayGuard``
+    (again after a symm capacity overflow); the step's tensors then include the replays so far
+    (``replays``) and the layer's load-balancing counts (``tokens_per_expert_E``)."""
     set_spmd_backend(backend)
     moe = build_ep_moe(spec, dispatcher_config, mesh)
     seen: dict = {}
@@ -145,18 +150,25 @@ def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types",
 
     moe.routed_experts.inner_experts.register_forward_hook(on_experts)
     steps = []
+    guard = ReplayGuard(moe.modules()) if replay else None
     for step in range(spec.steps):
-        x, grad_out = rank_inputs(spec, mesh.get_local_rank(), step)
-        x.requires_grad_(True)
-        out = checkpoint(moe, x, use_reentrant=False) if checkpointed else moe(x)
-        out.backward(grad_out)
+        x_in, grad_out = rank_inputs(spec, mesh.get_local_rank(), step)
+        for _ in guard.attempts() if guard is not None else (0,):
+            moe.zero_grad(set_to_none=True)
+            x = x_in.clone().requires_grad_(True)
+            out = checkpoint(moe, x, use_reentrant=False) if checkpointed else moe(x)
+            out.backward(grad_out)
         tensors = {"out": out.detach(), "x.grad": x.grad}
         tensors.update({f"{name}.grad": p.grad.clone() for name, p in moe.named_parameters()})
+        if guard is not None:
+            tensors.update(replays=guard.replays, tokens_per_expert_E=moe.tokens_per_expert_E.clone())
         steps.append({**tensors, **seen})
         with torch.no_grad():
             for p in moe.parameters():
                 p -= spec.lr * p.grad
                 p.grad = None
+    if guard is not None:
+        guard.close()
     if dispatchers is not None:
         token_dispatcher = moe.routed_experts.token_dispatcher
         dispatchers.extend(d for d in (token_dispatcher, getattr(token_dispatcher, "_ours", None)) if d is not None)

@@ -1,0 +1,71 @@
+"""The elastic capacity through the torchtitan 0.3.0 adapter: our symm dispatcher in 0.3.0's MoE
+layer (2 gloo ranks, its load-balancing counts on), each step run through
+``mxfp8_ep.elastic.ReplayGuard``. At half the balanced case's rows the first step overflows and
+runs again; every step's output, input gradient, parameter gradients and the layer's
+``tokens_per_expert_E`` (what its expert-bias update reads: a replay must not count a step twice)
+are then the worst-case capacity's, bit for bit. Without a guard the overflow is an error on
+every rank, naming what to do."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+titan030 = pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
+
+import torch  # noqa: E402
+
+from mxfp8_ep.config import A2AConfig  # noqa: E402
+from mxfp8_ep.dispatcher import release_peer_buffers  # noqa: E402
+from mxfp8_ep.elastic import CapacityOverflowError  # noqa: E402
+from tests.moe_harness import run_forked  # noqa: E402
+from tests.titan030.moe_layer import MoESpec, reference_config, run_arm, setup_rank  # noqa: E402
+
+SPEC = MoESpec()
+LEG_ROWS = ("expert_input", "expert_output_grad")  # the experts' rows: tensors of the capacity's rows
+
+
+def _arm(factor):
+    return titan030.replacement_config(reference_config(SPEC, None),
+                                       A2AConfig.preset("mxfp8_all", transport="symm", capacity_factor=factor))
+
+
+def _differ(got: dict, want: dict) -> list[str]:
+    """The tensors that differ; the experts' rows (tensors of each run's capacity) up to the
+    last expert segment, the rows the experts use."""
+    rows = int(want["tokens_per_expert"].sum())
+    differ = []
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor):
+            a, b = (got[name][:rows], value[:rows]) if name in LEG_ROWS else (got[name], value)
+            if not torch.equal(a, b):
+                differ.append(name)
+    return differ
+
+
+def compare(rank: int, world: int, out_dir) -> None:
+    mesh = setup_rank(world)
+    worst = run_arm(SPEC, _arm(None), mesh, replay=True)
+    release_peer_buffers()
+    elastic = run_arm(SPEC, _arm(0.5), mesh, replay=True)
+    release_peer_buffers()
+    report = {"replays": [s["replays"] for s in elastic], "worst_replays": [s["replays"] for s in worst],
+              "differ": [_differ(e, w) for e, w in zip(elastic, worst, strict=True)]}
+    try:
+        run_arm(SPEC, _arm(0.5), mesh)
+        report["unguarded"] = "no error"
+    except CapacityOverflowError as e:
+        report["unguarded"] = str(e)
+    release_peer_buffers()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def test_an_overflowed_step_replays_to_the_worst_case_bit_for_bit(tmp_path):
+    run_forked(2, compare, tmp_path)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["worst_replays"] == [0] * SPEC.steps, report
+        assert report["replays"][0] == 1, report
+        assert report["differ"] == [[]] * SPEC.steps, report
+        assert "ReplayGuard" in report["unguarded"] and "capacity_factor=None" in report["unguarded"], report
