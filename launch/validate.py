@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launch import model_facts
 from launch.launcher import Launcher, Target, launcher_class, typed_launcher
 from launch.machine import GIB, Machine
-from launch.memory import estimate
+from launch.memory import MemoryEstimate, estimate
 from launch.model_facts import ModelFacts
 from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                              unknown_key_problem)
@@ -66,7 +66,7 @@ def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
         target = machine_launcher.target(cfg, machine)
         _check_device(cfg, r, target, facts)
         if facts is not None and world is not None:
-            _check_memory(cfg, r, target, facts, world)
+            _check_memory(cfg, r, target, facts)
     if r.errors:
         raise ConfigError(r.errors)
     return r.warnings
@@ -365,15 +365,21 @@ def _runs_symm(cfg: Any, target: Target) -> bool:
     return target.device == "cuda" and p.ep > 1 and (p.nodes == 1 or p.procs_per_node % p.ep == 0)
 
 
-def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts, world: int) -> None:
+def memory_estimate(cfg: Any, target: Target, facts: ModelFacts) -> MemoryEstimate:
+    """``launch.memory.estimate`` of one process of ``cfg`` run on ``target``."""
+    p, t = cfg.parallelism, cfg.training
+    return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
+                    seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
+                    device=target.device, symm=_runs_symm(cfg, target),
+                    combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums),
+                    capacity_factor=cfg.a2a.capacity_factor)
+
+
+def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
     if target.memory_bytes is None:
         return
     p, t = cfg.parallelism, cfg.training
-    est = estimate(facts, world=world, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
-                   seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
-                   device=target.device, symm=_runs_symm(cfg, target),
-                   combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums),
-                   capacity_factor=cfg.a2a.capacity_factor)
+    est = memory_estimate(cfg, target, facts)
     procs = 1 if target.device == "cuda" else p.procs_per_node
     need = est.total * procs
     if need <= target.memory_bytes:

@@ -236,6 +236,36 @@ def test_recipe_composes_validates_and_sweeps_a2a(recipe, corpus):
         validate(compose_cfg(f"+recipe={recipe}", f"a2a={value}", *data), machine=GPU_BOX)
 
 
+EP8_RECIPES = {"dsv3_16b_ep8_bf16_vs_mxfp8": [], "dsv3_16b_2nodes_sweep": ["parallelism.ep=8", "parallelism.ep=16"],
+               "llama4_ep8_bf16_vs_mxfp8": []}
+GPU_80GB = 80 * 10**9
+
+
+@pytest.mark.parametrize("recipe", sorted(EP8_RECIPES))
+def test_ep8_recipes_fit_80gb_gpus_with_the_lightest_checkpointing_that_fits(recipe):
+    """Every sweep point's memory estimate (launch/memory.py, the symm transport inside a node
+    at the default capacity factor) fits an 80 GB GPU with the recipe's activation
+    checkpointing, and the next lighter one (full -> selective -> none) does not fit some point:
+    the recipe checkpoints no more than it must."""
+    from launch.launcher import Target
+    from launch.model_facts import facts
+    from launch.validate import memory_estimate
+
+    target = Target(device="cuda", memory_bytes=GPU_80GB, memory_name="an 80 GB GPU", where="")
+    base = compose_cfg(f"+recipe={recipe}", hydra_node=True)
+    checkpointing = base.training.activation_checkpoint
+    lighter = {"full": "selective", "selective": "none"}[checkpointing]
+    points = [[f"a2a={a2a}", *extra] for a2a in base.hydra.sweeper.params["a2a"].split(",")
+              for extra in ([[e] for e in EP8_RECIPES[recipe]] or [[]])]
+
+    def need(overrides, ckpt):
+        cfg = compose_cfg(f"+recipe={recipe}", *overrides, f"training.activation_checkpoint={ckpt}")
+        return memory_estimate(cfg, target, facts(cfg.model.family, cfg.model.flavor)).total
+
+    assert all(need(p, checkpointing) <= GPU_80GB for p in points), [need(p, checkpointing) / 2**30 for p in points]
+    assert any(need(p, lighter) > GPU_80GB for p in points), [need(p, lighter) / 2**30 for p in points]
+
+
 def test_recipe_sweeps_ep_across_nodes():
     cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "parallelism.ep=16")
     assert cfg.parallelism.nodes * cfg.parallelism.procs_per_node == 16
