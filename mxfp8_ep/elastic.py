@@ -32,6 +32,8 @@ Without a ``ReplayGuard`` (or ``expect_replays``), an overflow is an error inste
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -43,7 +45,9 @@ from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import CapacityOverflowError, expect_replays
 
 __all__ = ["CapacityOverflowError", "LOAD_BALANCE_BUFFERS", "Overflow", "ReplayGuard", "ReplayOverflowedSteps",
-           "StepState", "capacity_rows", "check_overflow", "expect_replays"]
+           "StepState", "capacity_rows", "check_overflow", "expect_replays", "install_replays"]
+
+_log = logging.getLogger(__name__)
 
 # Module buffers a forward pass adds to and an optimizer step consumes: torchtitan's MoE counts
 # the tokens routed to each expert for its load-balancing expert bias (DeepSeek-V3), as
@@ -178,6 +182,45 @@ class _RecordedBatches:
         self._next = 0
 
 
+def replaying_train_step(trainer, data_iterator, train_step):
+    """``train_step(batches)`` (torchtitan's ``Trainer.train_step`` of ``trainer``) until no
+    dispatch of the step overflowed (``ReplayOverflowedSteps``)."""
+    if not hasattr(trainer, "capacity_grown"):
+        expect_replays(True)
+        trainer.capacity_grown = []
+        trainer.capacity_replays = getattr(trainer, "capacity_replays", 0)
+    batches = _RecordedBatches(data_iterator)
+    state = StepState(m for part in trainer.model_parts for m in part.modules())
+    while True:
+        trainer._backwards_left = trainer.gradient_accumulation_steps
+        try:
+            return train_step(batches)
+        except _OverflowedStep as overflow:
+            trainer.capacity_replays += 1
+            trainer.capacity_grown.extend(overflow.args[0].grown)
+            on_replay = getattr(trainer, "on_capacity_replay", None)
+            if on_replay is not None:
+                on_replay(overflow.args[0])
+            else:
+                _log.warning("step %s: a symm dispatch overflowed its expert capacity; grown %s, step run again "
+                             "(replay %d)", getattr(trainer, "step", "?"), overflow.args[0].grown,
+                             trainer.capacity_replays)
+            state.restore()
+            batches.rewind()
+
+
+def checked_forward_backward(trainer, forward_backward_step, *args, **kwargs):
+    """``forward_backward_step`` of ``trainer``; after the step's last one, the overflow check
+    (``ReplayOverflowedSteps``)."""
+    loss = forward_backward_step(*args, **kwargs)
+    trainer._backwards_left -= 1
+    if trainer._backwards_left == 0:
+        overflow = check_overflow()
+        if overflow.replay:
+            raise _OverflowedStep(overflow)
+    return loss
+
+
 class ReplayOverflowedSteps:
     """Mixin for torchtitan's ``Trainer`` (``class MyTrainer(ReplayOverflowedSteps, Trainer)``;
     0.2.2 and 0.3.0, whose ``train_step`` draws the step's microbatches from the data iterator
@@ -187,37 +230,35 @@ class ReplayOverflowedSteps:
     device-to-host copy, one all-reduce of one integer over the default group); on an overflow
     the step's gradients are dropped (``train_step`` zeroes them first), the random number
     generators and the MoE load-balancing counters go back to where the step started, and the
-    same microbatches run again at the grown capacity. ``capacity_replays`` counts the steps run again,
-    ``capacity_grown`` the (old, new) capacities."""
+    same microbatches run again at the grown capacity. ``capacity_replays`` counts the steps run
+    again, ``capacity_grown`` the (old, new) capacities; ``on_capacity_replay(overflow)``, where
+    defined, is called before each replay. ``install_replays`` gives an existing trainer class
+    the same behaviour."""
 
     capacity_replays: int = 0
 
     def train_step(self, data_iterator):
-        if not hasattr(self, "capacity_grown"):
-            expect_replays(True)
-            self.capacity_grown: list[tuple[int, int]] = []
-        batches = _RecordedBatches(data_iterator)
-        state = StepState(m for part in self.model_parts for m in part.modules())
-        while True:
-            self._backwards_left = self.gradient_accumulation_steps
-            try:
-                return super().train_step(batches)
-            except _OverflowedStep as overflow:
-                self.capacity_replays += 1
-                self.capacity_grown.extend(overflow.args[0].grown)
-                self.on_capacity_replay(overflow.args[0])
-                state.restore()
-                batches.rewind()
+        return replaying_train_step(self, data_iterator, super().train_step)
 
     def forward_backward_step(self, *args, **kwargs):
-        loss = super().forward_backward_step(*args, **kwargs)
-        self._backwards_left -= 1
-        if self._backwards_left == 0:
-            overflow = check_overflow()
-            if overflow.replay:
-                raise _OverflowedStep(overflow)
-        return loss
+        return checked_forward_backward(self, super().forward_backward_step, *args, **kwargs)
 
-    def on_capacity_replay(self, overflow: Overflow) -> None:
-        """Called before a step runs again (a subclass may log it or drop what the step
-        recorded)."""
+
+def install_replays(trainer_cls: type) -> None:
+    """Give ``trainer_cls`` (torchtitan's ``Trainer``, whose construction a caller does not
+    control: torchtitan 0.3.0's entry point builds it from its config) ``ReplayOverflowedSteps``'
+    behaviour by wrapping its ``train_step`` and ``forward_backward_step``. Idempotent."""
+    if getattr(trainer_cls, "replays_overflowed_steps", False):
+        return
+    train_step, forward_backward_step = trainer_cls.train_step, trainer_cls.forward_backward_step
+
+    @functools.wraps(train_step)
+    def replaying(self, data_iterator):
+        return replaying_train_step(self, data_iterator, functools.partial(train_step, self))
+
+    @functools.wraps(forward_backward_step)
+    def checked(self, *args, **kwargs):
+        return checked_forward_backward(self, functools.partial(forward_backward_step, self), *args, **kwargs)
+
+    trainer_cls.train_step, trainer_cls.forward_backward_step = replaying, checked
+    trainer_cls.replays_overflowed_steps = True

@@ -24,6 +24,10 @@ and each transport takes the path it takes under torchtitan 0.2.2 (``mxfp8_ep.ti
   the last expert segment are unused; it reduces each token's top-k outputs in fp32.
 * ``auto``: symm on one node with CUDA and >= 2 EP ranks, nccl otherwise.
 
+Where the transport may be symm at an elastic capacity (``A2AConfig.capacity_factor``), the
+override also makes torchtitan's ``Trainer`` run a step again when a dispatch overflowed its
+capacity (``mxfp8_ep.elastic.install_replays``): one device-to-host copy per step.
+
 The override also swaps 0.3.0's ``GroupedExperts`` for ``ValidRowGroupedExperts``: the same
 math (bf16-identical), but its elementwise work -- the SwiGLU and the sum of the two
 input-gradient GEMMs -- covers only the rows inside the expert offsets
@@ -43,6 +47,7 @@ import torch
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
+from mxfp8_ep.elastic import install_replays
 
 try:
     from torchtitan.config.override import derive, override
@@ -216,6 +221,11 @@ def token_dispatcher(model_cfg, *, preset: str = "mxfp8", max_tokens_per_rank: i
         _replace(parent, attr, replacement_config(cfg, a2a, max_tokens_per_rank))
     for _fqn, cfg, parent, attr in list(model_cfg.traverse(GroupedExperts.Config)):
         _replace(parent, attr, valid_row_experts_config(cfg))
+    if a2a.transport != "nccl" and a2a.capacity_factor is not None:
+        # symm's elastic capacity: torchtitan's Trainer runs an overflowed step again.
+        from torchtitan.trainer import Trainer
+
+        install_replays(Trainer)
     return model_cfg
 
 

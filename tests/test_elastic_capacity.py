@@ -251,3 +251,56 @@ def _replayed_training(rank, world):
 def test_a_replayed_training_matches_the_worst_case_bit_for_bit():
     preload()
     run_forked(2, _replayed_training, timeout_s=120)
+
+
+class _StubTrainer:
+    """torchtitan's ``Trainer`` as far as the replay touches it: ``train_step`` zeroes the
+    gradients, draws its microbatches, runs ``forward_backward_step`` on each, then steps the
+    optimizer; here every forward-backward records what it saw and adds to a load-balancing
+    counter, and a scripted overflow counter stands in for the dispatches."""
+
+    gradient_accumulation_steps = 2
+
+    def __init__(self, overflows: list[bool]):
+        layer = torch.nn.Module()
+        layer.register_buffer("tokens_per_expert", torch.zeros(2))
+        self.model_parts = [layer]
+        self.overflows, self.seen, self.optimizer_steps, self.step = overflows, [], 0, 1
+
+    def train_step(self, data_iterator):
+        batches = [next(data_iterator) for _ in range(self.gradient_accumulation_steps)]
+        for batch in batches:
+            self.forward_backward_step(batch)
+        self.optimizer_steps += 1
+
+    def forward_backward_step(self, batch):
+        self.seen.append((batch, torch.rand(()).item()))
+        self.model_parts[0].tokens_per_expert += 1
+        return batch
+
+
+def _scripted_overflow(trainer):
+    def check():
+        return elastic.Overflow(replay=trainer.overflows.pop(0) if trainer.overflows else False)
+    return check
+
+
+@pytest.mark.parametrize("how", ["mixin", "installed"])
+def test_a_trainer_replays_an_overflowed_step_from_the_same_batches_rng_and_counters(how, monkeypatch):
+    cls = type("Trainer", (_StubTrainer,), {})
+    if how == "mixin":
+        cls = type("ReplayingTrainer", (elastic.ReplayOverflowedSteps, cls), {})
+    else:
+        elastic.install_replays(cls)
+        elastic.install_replays(cls)  # idempotent
+    trainer = cls([True, False])
+    monkeypatch.setattr(elastic, "check_overflow", _scripted_overflow(trainer))
+    torch.manual_seed(0)
+    try:
+        trainer.train_step(iter(range(10)))
+    finally:
+        elastic.expect_replays(False)
+    first, second = trainer.seen[:2], trainer.seen[2:]
+    assert first == second and [b for b, _ in first] == [0, 1], trainer.seen  # same batches, same RNG draws
+    assert trainer.optimizer_steps == 1 and trainer.capacity_replays == 1
+    assert trainer.model_parts[0].tokens_per_expert.tolist() == [2.0, 2.0]  # counted once

@@ -123,3 +123,16 @@ def test_dispatcher_says_it_needs_expert_parallelism(cls):
     x, ids = torch.zeros(4, 64), torch.zeros(4, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match="expert_parallel_degree > 1"):
         unwired.dispatch(x, torch.ones(4, 2), ids, torch.bincount(ids.view(-1), minlength=8))
+
+
+def test_override_makes_the_trainer_replay_an_overflowed_step():
+    """With the symm transport possible at an elastic capacity, torchtitan's Trainer (built by
+    0.3.0's entry point from its config) runs an overflowed step again: the override wraps its
+    train_step and forward_backward_step (mxfp8_ep.elastic.install_replays)."""
+    from torchtitan.trainer import Trainer
+
+    cfg = trainer_config("deepseek_v3", "deepseek_v3_debugmodel")
+    apply_overrides(cfg.override, cfg)
+    assert Trainer.replays_overflowed_steps
+    assert Trainer.train_step.__wrapped__.__qualname__ == "Trainer.train_step"
+    assert Trainer.forward_backward_step.__wrapped__.__qualname__ == "Trainer.forward_backward_step"
