@@ -96,6 +96,12 @@ BENCHES = {
                     "quantized rows that cross no wire; CPU runs say nothing about GPUs",
                     paths=RECIPE + ("recipes/", "scripts/parity_study.py"), key="final_val_loss",
                     hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device")),
+    "memory_estimate": Bench("The recipe's memory estimate before launch (`launch/memory.py`), GiB per GPU: "
+                             "the all-to-all (nccl), symm at the default `a2a.capacity_factor`, symm at "
+                             "the worst case (`capacity_factor=None`)",
+                             paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "launch/memory.py",
+                                    "launch/model_facts.py", "benchmarks/memory.py"),
+                             group=("model", "activation_checkpoint"), baselines=("nccl",), key="gib"),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
                       baselines=("alltoall", "minimal_async_ep"),
@@ -376,6 +382,8 @@ class Claim:
     def target(self) -> str:
         if "target" in self.spec:
             return f"≥{self.spec['target']}×"
+        if "target_max" in self.spec:
+            return f"≤{self.spec['target_max']}×"
         return "" if self.limit is None else f"|Δ| ≤ {self.limit:.4f}"
 
     def met(self) -> str:
@@ -383,6 +391,8 @@ class Claim:
             return ""
         if self.limit is not None:
             return "yes" if abs(self.value) <= self.limit else "no"
+        if "target_max" in self.spec:
+            return "yes" if self.value <= self.spec["target_max"] else "no"
         t = self.spec.get("target")
         return "" if t is None else ("yes" if self.value >= t else "no")
 
@@ -414,6 +424,8 @@ def evaluate(spec: dict, runs: dict[str, Run]) -> Claim:
         claim.row = row
         if spec.get("compare") == "value":
             claim.value = v
+        elif spec.get("compare") == "quotient":
+            claim.value = v / b
         else:
             claim.value = v - b if spec.get("compare") == "difference" else _ratio(v, b, spec.get("better", "lower"))
     except (LookupError, KeyError) as e:
@@ -462,7 +474,7 @@ def legend(claims: list[Claim], history: History) -> str:
     """The lead of a claims table: what its columns and marks say (the marks it uses)."""
     states = {claim_status(c, history) for c in claims}
     dirty = {c.run.first.get("dirty", False) for c in claims if c.run}
-    text = ("Each figure against its target (met: figure ≥ target, or |figure| ≤ its bound), measured on "
+    text = ("Each figure against its target (met: figure ≥ target, figure ≤ a target written ≤, or |figure| ≤ its bound), measured on "
             f"the hardware, commit and date shown. {MARKS['STALE']} marks a figure whose measured code (the "
             "library, the recipe or the benchmark script) has changed since that commit: it holds for that "
             "commit, not necessarily for the code in front of you, until it is measured again (changes to "
