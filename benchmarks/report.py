@@ -475,10 +475,11 @@ def legend(claims: list[Claim], history: History) -> str:
     states = {claim_status(c, history) for c in claims}
     dirty = {c.run.first.get("dirty", False) for c in claims if c.run}
     text = ("Each figure against its target (met: figure ≥ target, figure ≤ a target written ≤, or "
-            f"|figure| ≤ its bound), measured on the hardware, commit and date shown. {MARKS['STALE']} marks "
-            "a figure whose measured code (the library, the recipe or the benchmark script) has changed since that commit: it holds for that "
-            "commit, not necessarily for the code in front of you, until it is measured again (changes to "
-            "comments, docstrings or formatting do not count).")
+            f"|figure| ≤ its bound), measured on the hardware, commit and date shown. {MARKS['STALE']} "
+            "marks a figure whose measured code (the library, the recipe or the benchmark script) has "
+            "changed since that commit: it holds for that commit, not necessarily for the code in front "
+            "of you, until it is measured again (changes to comments, docstrings or formatting do not "
+            "count).")
     if "unknown" in states:
         text += f" {MARKS['unknown']}: whether that code changed cannot be told here (see the note above)."
     if True in dirty:
