@@ -62,6 +62,15 @@ def _steady(s: RunSummary) -> str:
     return f" (tokens / time of the last {s.steady_steps} steps)" if s.steady_steps else ""
 
 
+def _capacity(s: RunSummary) -> str:
+    """The symm transport's expert capacity at the end, and the steps run again to grow it."""
+    if s.capacity_rows is None:
+        return ""
+    steps = ", ".join(str(step) for step in s.capacity_replay_steps)
+    replays = f", {s.capacity_replays} steps run again to grow it ({steps})" if s.capacity_replays else ""
+    return f"  a2a capacity    {s.capacity_rows:,} expert rows{replays}\n"
+
+
 def format_summary(s: RunSummary) -> str:
     wandb = ", ".join(s.wandb_dirs) if s.wandb_dirs else "none"
     if s.wandb_dirs and s.wandb_mode == "offline":
@@ -83,7 +92,8 @@ def format_summary(s: RunSummary) -> str:
         f"  TFLOPS, MFU     {_num(s.tflops, ',.2f')}, {_num(s.mfu_pct, '.2f')}"
         f"{'%' if s.mfu_pct is not None else ''}\n"
         f"  a2a bytes/step  {_num(s.a2a_bytes_per_step, ',.0f')}\n"
-        f"  run dir         {s.run_dir}\n"
+        + _capacity(s)
+        + f"  run dir         {s.run_dir}\n"
         f"  wandb ({s.wandb_mode})  {wandb}"
     )
 

@@ -93,3 +93,12 @@ def test_console_prints_what_the_numbers_are_over():
     assert f"tokens/s        {s.tokens_per_s_global:,.0f} all ranks, {s.tokens_per_s:,.0f} per rank" in text
     assert "last 9 steps" in text
     assert f"step time (s)   {s.step_time_s:.4f}" in text
+
+
+def test_console_and_wandb_summary_keep_the_capacity_replays():
+    s = from_wandb()
+    assert "a2a capacity" not in format_summary(s)  # no symm buffers: nothing to say
+    assert names.A2A_REPLAYS not in s.wandb_summary()
+    s.capacity_rows, s.capacity_replays, s.capacity_replay_steps = 88_064, 2, [1, 7]
+    assert "a2a capacity    88,064 expert rows, 2 steps run again to grow it (1, 7)" in format_summary(s)
+    assert s.wandb_summary()[names.A2A_REPLAYS] == 2 and s.wandb_summary()[names.A2A_CAPACITY_ROWS] == 88_064
