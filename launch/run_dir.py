@@ -194,12 +194,14 @@ class RunDirBefore:
     existed: bool
     entries: frozenset[str] = frozenset()
     sizes: tuple[tuple[str, int], ...] = ()
+    # A folder the launch did not make: the run dir's nearest ancestor that existed.
+    kept_ancestor: Optional[Path] = None
 
     @classmethod
     def take(cls, run_dir: str | Path) -> "RunDirBefore":
-        d = Path(run_dir)
+        d = Path(run_dir).absolute()
         if not d.is_dir():
-            return cls(d, existed=False)
+            return cls(d, existed=False, kept_ancestor=next(p for p in d.parents if p.is_dir()))
         entries = {p.relative_to(d).as_posix() for top in d.iterdir()
                    for p in ([top, *top.iterdir()] if top.is_dir() else [top])}
         sizes = tuple((p.name, p.stat().st_size) for p in d.iterdir() if p.is_file())
@@ -208,6 +210,10 @@ class RunDirBefore:
     def restore(self) -> None:
         if not self.existed:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            for parent in self.run_dir.parents:  # outputs/<experiment>/ when the launch made them
+                if parent == self.kept_ancestor or any(parent.iterdir()):
+                    break
+                parent.rmdir()
             return
         for rel in sorted(RunDirBefore.take(self.run_dir).entries - self.entries):
             parent = Path(rel).parent.as_posix()

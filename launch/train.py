@@ -39,7 +39,7 @@ from launch.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # The launching process's record (train.log in the run dir; not the console).
-log = logging.getLogger(__name__)
+log = logging.getLogger("launch.train")
 
 
 def resume_command(run_dir: str) -> str:
@@ -61,8 +61,8 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
                             f"first ({RUN_CONFIG}); nothing was started. Launch again (a new run "
                             f"gets a free folder) or continue that run with training.resume={run_dir}"]))
     console.start_console_log(run_dir, resume)
-    log.info("launch: %s", shlex.join(sys.argv))
-    log.info("%s in %s", resume.line.removeprefix("[mxfp8ep] ") if resume else "a new run", run_dir)
+    log.info("launch: %s", " ".join(sys.argv))
+    log.info(resume.line.removeprefix("[mxfp8ep] ") if resume else f"a new run in {run_dir}")
     try:
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
@@ -94,7 +94,8 @@ def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSumm
         reject(e)
     for w in warnings:
         console.warn(w)
-    return launch(cfg, run_dir, None, RunDirBefore(Path(run_dir), existed=False))
+    point = Path(run_dir).absolute()  # made for this job by Hydra's launcher
+    return launch(cfg, run_dir, None, RunDirBefore(point, existed=False, kept_ancestor=point.parent))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
