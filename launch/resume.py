@@ -49,7 +49,7 @@ class Resume:
     """What ``training.resume=<asked>`` continues: ``step`` None means a new run."""
 
     run_dir: str
-    asked: str = AUTO
+    asked: str
     step: Optional[int] = None
     # "key=value" of what the command line changed in the saved config.
     changed: list[str] = field(default_factory=list)

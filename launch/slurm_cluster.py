@@ -46,8 +46,9 @@ class ClusterView:
 
 
 def controller_down() -> Optional[str]:
-    """``scontrol ping``'s line when it says the controller is down; None when it is up, or
-    when that cannot be known (no scontrol on PATH, no answer in time)."""
+    """``scontrol ping``'s line when it says every controller (primary, backups) is down; None
+    when one is up, or when that cannot be known (no scontrol on PATH, no answer in time, an
+    answer without controller lines: then sinfo says what is wrong)."""
     exe = shutil.which("scontrol")
     if exe is None:
         return None
@@ -55,9 +56,9 @@ def controller_down() -> Optional[str]:
         out = subprocess.run([exe, "ping"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
     except (subprocess.TimeoutExpired, OSError):
         return None
-    said = (out.stdout.strip().splitlines() or out.stderr.strip().splitlines() or [""])[0]
-    if out.returncode != 0 or "DOWN" in said:
-        return f"scontrol ping: {said or f'exit {out.returncode}'}"
+    controllers = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("Slurmctld(")]
+    if controllers and all(line.endswith("DOWN") for line in controllers):
+        return f"scontrol ping: {'; '.join(controllers)}"
     return None
 
 

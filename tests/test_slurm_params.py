@@ -238,6 +238,14 @@ def test_a_controller_that_is_down_is_an_error_before_sinfo(tmp_path, monkeypatc
                    "is DOWN); check that the cluster is up (`scontrol ping`), or use launcher=local")
     assert report.warnings == [] and not (tmp_path / "sinfo-ran").exists()
 
+    # a backup controller that is up: sinfo is asked as usual
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'Slurmctld(primary) at ctl is DOWN'\n"
+                                       "echo 'Slurmctld(backup) at ctl2 is UP'\nexit 1\n")
+    (tmp_path / "sinfo").write_text("#!/bin/sh\necho 'debug*|2|(null)|infinite'\n")
+    report = Report()
+    slurm_cluster.check_request(compose_cfg("launcher=slurm", "launcher.gpus_per_node=0"), 0, report)
+    assert report.errors == [] and report.warnings == []
+
 
 def test_validation_asks_sinfo_for_launcher_slurm(monkeypatch):
     from launch.validate import ConfigError, validate
