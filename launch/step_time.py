@@ -38,6 +38,6 @@ def step_flops(m: ModelFacts, *, local_batch_size: int, seq_len: int, tp: int = 
     return StepFlops((6.0 * used * tokens + attention) / tp, attention / tp)
 
 
-def cpu_step_seconds(flops: StepFlops, cores_per_process: float) -> float:
+def cpu_step_seconds(flops: StepFlops, cores_per_process: int) -> float:
     """The least time a step takes on ``cores_per_process`` CPU cores."""
-    return flops.total / (CPU_FLOPS_PER_CORE * max(cores_per_process, 1.0))
+    return flops.total / (CPU_FLOPS_PER_CORE * max(cores_per_process, 1))

@@ -5,7 +5,8 @@ seconds (no torch, no torchtitan: model numbers come from ``launch.model_facts``
 from ``launch.machine``): keys the schema does not have (also ones added with ``+``), values,
 what torchtitan requires of the sequence length and the parallel degrees, the model against
 the parallel layout, the kernel and transport against the device, data and tokenizer paths,
-the launcher's own settings, and a memory estimate against this machine.
+the launcher's own settings, a memory estimate against this machine and, for CPU processes, a
+bound on the time of a step.
 
 Every problem found is collected and raised together as one :class:`ConfigError`, each line
 saying what to change. Things that are legal but probably not what the user meant come back
@@ -28,8 +29,8 @@ from launch.memory import estimate
 from launch.model_facts import ModelFacts
 from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                              unknown_key_problem)
-from launch.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
+from launch.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.titan_data import check_data
 from mxfp8_ep.config import KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS
 from mxfp8_ep.wire_format import WireFormat, quantized_formats
@@ -407,7 +408,7 @@ def _check_step_time(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> 
     if target.device != "cpu" or not target.cores or limit <= 0 or t.seq_len <= 0 or t.local_batch_size <= 0:
         return
     flops = step_flops(facts, local_batch_size=t.local_batch_size, seq_len=t.seq_len, tp=p.tp)
-    cores = target.cores / p.procs_per_node
+    cores = max(1, target.cores // p.procs_per_node)  # the runner's torch threads per process
     seconds = cpu_step_seconds(flops, cores)
     if seconds <= limit:
         return
@@ -417,7 +418,7 @@ def _check_step_time(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> 
     why = (f"{attention:.0%} of them attention over {t.seq_len:,}² token pairs per sequence, "
            f"which grows with the square of training.seq_len" if attention > 0.5 else
            f"for model={cfg.model.name}")
-    r.error(f"{field}: every training step would take at least {format_eta(seconds)} on {cores:g} CPU "
+    r.error(f"{field}: every training step would take at least {format_eta(seconds)} on {cores} CPU "
             f"core(s) per process ({flops.total:.1e} FLOPs per process and step, {why}; a core "
             f"computes at most ~{CPU_FLOPS_PER_CORE:.0e} FLOP/s). Use a smaller training.seq_len or "
             f"training.local_batch_size, or GPUs; validate.max_step_s=0 launches anyway")
