@@ -19,7 +19,7 @@ ARG TORCH_VERSION=2.11.0
 FROM ${BASE_IMAGE} AS runtime
 ARG TORCH_VERSION
 WORKDIR /opt/mxfp8-ep
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY mxfp8_ep ./mxfp8_ep
 COPY launch ./launch
 # Keep the image's CUDA build of torch (pinning it stops pip from swapping it), then install

@@ -2,25 +2,32 @@
 
 * :class:`PrepareRun` (a single run): before Hydra creates the run dir, resolve
   ``training.resume``, check the config and hand the job the config it launches with
-  (``launch.prepare.prepare_run``). A mistake is reported before any folder is made.
+  (``launch.prepare.prepare_run``). A mistake is reported before any folder is made. A resume
+  gets its own ``resumes/<n>/`` in the run dir, where Hydra writes its ``.hydra/`` files: the
+  first launch's stay as they were.
 * :class:`CheckEverySweepPoint` (``--multirun``): Hydra's basic sweeper composes all points up front (so typos
   fail early) but our validation would only run as each job starts: a sweep with one bad
   point (say ``parallelism.ep=16`` for a model with 8 experts) would train or submit the
   points before it and then stop. This validates every point before the first job starts.
+  Hydra's own "Launching N jobs locally" is replaced by a line that does not assume where the
+  jobs run (a SLURM sweep submits them).
 * :class:`PrintCompareCommand`: a sweep ends with the command that compares its runs.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, read_write
 
 from launch.problems import ConfigError, reject
 
 _BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+# The logger of Hydra's basic launcher ("Launching N jobs locally", then one line per job).
+_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher"
 
 
 def sweep_points(sweep_config: Any) -> list[list[str]]:
@@ -41,24 +48,31 @@ class PrepareRun(Callback):
         from hydra import compose
 
         from launch import console, prepare
+        from launch.run_dir import RunDirBefore, claim_resume, resume_folder
 
         name = config.hydra.job.config_name
         given = any(str(o).lstrip("+").startswith("hydra.run.dir=")
                     for o in config.hydra.overrides.hydra)
-        new_run = config.training.resume is None
         try:
             run_dir = str(config.hydra.run.dir)
-            cfg, warnings, line = prepare.prepare_run(
+            before = RunDirBefore.take(run_dir)
+            cfg, warnings, resume = prepare.prepare_run(
                 prepare.task_config(config), list(config.hydra.overrides.task), run_dir,
                 lambda overrides: compose(config_name=name, overrides=overrides), given)
         except ConfigError as e:
             reject(e)
-        if line:
-            print(line, flush=True)
+        if resume is not None:
+            print(resume.line, flush=True)
+            if resume.step is None:  # training.resume=auto found nothing: a new run
+                resume = None
+            else:
+                resume.number = claim_resume(run_dir)
+                with read_write(config.hydra):
+                    config.hydra.output_subdir = str(resume_folder(".", resume.number) / ".hydra")
         for w in warnings:
             console.warn(w)
         prepare.replace_task_config(config, cfg)
-        prepare.mark_prepared(run_dir, new_run=new_run)
+        prepare.mark_prepared(run_dir, resume, before)
 
 
 class CheckEverySweepPoint(Callback):
@@ -90,6 +104,9 @@ class CheckEverySweepPoint(Callback):
         if problems:
             reject(ConfigError(problems + [f"nothing was started: fix or drop these points of "
                                            f"the {len(points)}-job sweep"]))
+        logging.getLogger(_BASIC_LAUNCHER).setLevel(logging.WARNING)
+        print(f"[mxfp8ep] sweep of {len(points)} runs, launched one after another with "
+              f"launcher={config.launcher.get('name')}", flush=True)
 
 
 class PrintCompareCommand(Callback):

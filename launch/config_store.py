@@ -8,23 +8,17 @@
   them as a group).
 * ``${mxfp8ep.run_dir:...}`` (``hydra.run.dir``): the run dir ``training.resume`` asks for.
 * ``${mxfp8ep.folder_name:<overrides>,<a2a>}`` (run and sweep folder names): what the run
-  trains, from its overrides (``launch.run_dir.run_name``).
+  trains, from its overrides (``launch.run_dir.folder_name``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from launch.run_dir import resolve_run_dir, run_name
+from launch.run_dir import folder_name, resolve_run_dir
 from launch.schema import A2ASchema, TrainConfig
 from mxfp8_ep.config import PRESETS
-
-
-def folder_name(overrides: Any, a2a: str) -> str:
-    return run_name(list(overrides or []), a2a, for_path=True)
 
 
 def register_configs() -> None:
@@ -34,7 +28,9 @@ def register_configs() -> None:
     for name, legs in PRESETS.items():
         cs.store(name=f"a2a_preset_{name}", node=A2ASchema(name=name, **legs))
     OmegaConf.register_new_resolver("mxfp8ep.run_dir", resolve_run_dir, replace=True, use_cache=True)
-    OmegaConf.register_new_resolver("mxfp8ep.folder_name", folder_name, replace=True)
+    OmegaConf.register_new_resolver("mxfp8ep.folder_name",
+                                     lambda overrides, a2a: folder_name(list(overrides or []), a2a),
+                                     replace=True)
 
 
 register_configs()

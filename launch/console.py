@@ -1,23 +1,33 @@
 """What a run prints: a header, one line per log window, the summary, and nothing else.
 
 The launching process prints the header and, at the end, the summary (or one line when a
-signal stopped the run). Rank 0 writes the progress lines to ``<run dir>/console.log``; the
-launcher follows that file (torch elastic's own ``TailLog``). Everything else the processes
-print (torchtitan's log, wandb, library warnings, the torch elastic agent) goes to the run's
-log files, named in the header. ``logging.verbose=true`` shows all of it on the console too.
+signal stopped the run). Rank 0 writes the progress lines to ``<run dir>/console.log`` (and,
+while a step runs longer than ``logging.heartbeat_s``, a line that says so); the launcher
+prints what is added to that file while the run goes (:func:`follow`). A resumed run appends to
+the file below a line that names the resume (:func:`start_console_log`). Everything else the
+processes print (torchtitan's log, wandb, library warnings) goes to the run's log files, named
+in the header; the launching process's own record (what was launched, the torch elastic
+agent, how it ended) to ``train.log``. ``logging.verbose=true`` shows all of it on the console.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import math
+import os
+import shlex
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from launch.run_dir import CONSOLE_LOG
+from launch.run_dir import CONSOLE_LOG, resume_folder
 from launch.run_summary import RunSummary
+
+if TYPE_CHECKING:
+    from launch.resume import Resume
 
 
 def _num(x: Optional[float], spec: str) -> str:
@@ -71,11 +81,46 @@ def _capacity(s: RunSummary) -> str:
     return f"  a2a capacity    {s.capacity_rows:,} expert rows{replays}\n"
 
 
+def still_running_line(step: int, steps: int, seconds: float) -> str:
+    """The heartbeat while a step runs long (``logging.heartbeat_s``)."""
+    return (f"step {step:>{len(str(steps))}}/{steps}  still running ({format_eta(seconds)} so "
+            f"far; stuck? see docs/usage.md#when-a-step-never-finishes)")
+
+
+def resume_line(resume: "Resume") -> str:
+    """The line in ``console.log`` above a resumed launch's lines."""
+    changed = " ".join(resume.changed) or "nothing"
+    return (f"==== resume {resume.number} ({datetime.datetime.now():%Y-%m-%d %H:%M:%S}): from "
+            f"step {resume.step}, changed on the command line: {changed}; its config in "
+            f"{resume_folder('.', resume.number or 0)}/ ====")
+
+
+def start_console_log(run_dir: str, resume: Optional["Resume"]) -> None:
+    """Make the run's ``console.log``; a resume appends :func:`resume_line` to the earlier
+    launches' lines."""
+    with (Path(run_dir) / CONSOLE_LOG).open("a") as f:
+        if resume is not None:
+            f.write(resume_line(resume) + "\n")
+
+
+def _wandb_lines(s: RunSummary) -> str:
+    """The wandb folders, named once, relative to the run dir; for offline runs the command
+    that uploads them (every launch's, one after the other: the history appended)."""
+    if not s.wandb_dirs:
+        return "none"
+    run_dir = Path(s.run_dir).resolve()
+    rel = [os.path.relpath(Path(d).resolve(), run_dir) for d in s.wandb_dirs]
+    inside = not any(r.startswith("..") for r in rel)
+    text = ", ".join(rel if inside else s.wandb_dirs) + (" (in the run dir)" if inside else "")
+    if s.wandb_mode == "offline":
+        sync = (shlex.quote(str(run_dir / "wandb")) + "/offline-run-*" if inside
+                else " ".join(shlex.quote(d) for d in s.wandb_dirs))
+        text += f"\n    upload later with: wandb sync {sync}"
+    return text
+
+
 def format_summary(s: RunSummary) -> str:
-    wandb = ", ".join(s.wandb_dirs) if s.wandb_dirs else "none"
-    if s.wandb_dirs and s.wandb_mode == "offline":
-        # wandb sync uploads attempts of one run id one after the other: history appended.
-        wandb += "\n    upload later with: wandb sync " + " ".join(s.wandb_dirs)
+    wandb = _wandb_lines(s)
     stopped = f" (stopped by {s.stopped_by})" if s.stopped_by else ""
     resumed = f", resumed from step {s.start_step}" if s.start_step else ""
     return (
@@ -117,28 +162,67 @@ def warn(message: str) -> None:
 
 
 @contextlib.contextmanager
-def follow(run_dir: str) -> Iterator[None]:
-    """Print rank 0's console lines (``<run dir>/console.log``) while the block runs."""
-    from torch.distributed.elastic.multiprocessing.tail_log import TailLog
-
+def follow(run_dir: str, every_s: float = 0.2) -> Iterator[None]:
+    """Print the lines rank 0 adds to ``<run dir>/console.log`` while the block runs; what the
+    file held before (an earlier launch's lines) is not printed again."""
     path = Path(run_dir) / CONSOLE_LOG
-    tail = TailLog("console", {0: str(path)}, sys.stdout, log_line_prefixes={0: ""}).start()
+    offset = path.stat().st_size if path.is_file() else 0
+    done = threading.Event()
+
+    def pump() -> None:
+        nonlocal offset
+        while True:
+            last = done.is_set()
+            offset = _print_added(path, offset, whole=last)
+            if last:
+                return
+            done.wait(every_s)
+
+    thread = threading.Thread(target=pump, name="console-follow", daemon=True)
+    thread.start()
     try:
         yield
     finally:
-        tail.stop()
+        done.set()
+        thread.join()
+
+
+def _print_added(path: Path, offset: int, whole: bool) -> int:
+    """Print the complete lines of ``path`` from ``offset`` on (``whole``: also a last line
+    without its newline); the offset after them."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    end = len(data) if whole else data.rfind(b"\n") + 1
+    if end:
+        text = data[:end].decode(errors="replace")
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+    return offset + end
 
 
 def _ours(record: logging.LogRecord) -> bool:
-    return record.name.startswith("launch")
+    return record.name.startswith("launch") and record.levelno >= logging.WARNING
+
+
+# torch's loggers whose INFO records go to train.log: the elastic agent starting, watching and
+# stopping the workers (torch sets them to WARNING unless LOGLEVEL is set).
+_RECORDED = ("torch.distributed.elastic", "torch.distributed.launcher")
 
 
 def route_logging(verbose: bool) -> None:
-    """In the launching process: our own log records on the console, everything else (torch
-    elastic's agent, library warnings) only in the run's ``train.log`` (Hydra's file handler).
-    Call it again after importing torch: torch's logging setup replaces the handlers of the
-    "torch" logger."""
+    """In the launching process: our own warnings on the console, everything else (our record
+    of the launch, torch elastic's agent, library warnings) only in the run's ``train.log``
+    (Hydra's file handler). Call it again after importing torch: torch's logging setup
+    replaces the handlers of the "torch" logger."""
     logging.captureWarnings(True)
+    if "LOGLEVEL" not in os.environ:
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if isinstance(logger, logging.Logger) and name.startswith(_RECORDED):
+                logger.setLevel(logging.INFO)
     if verbose:
         return
     root = logging.getLogger()

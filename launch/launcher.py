@@ -64,6 +64,9 @@ class Target:
     memory_name: str
     # How the messages name the device, e.g. "this machine has no GPU".
     where: str
+    # device "cpu": the cores one node gives the run's processes; None when not known before
+    # the job starts.
+    cores: Optional[int] = None
 
 
 class Launcher(Protocol):

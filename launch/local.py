@@ -3,19 +3,22 @@ launcher (the API behind ``torchrun --standalone``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import uuid
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from launch import console
 from launch.launcher import LauncherConfig, RunFailed, RunStopped, Target
 from launch.machine import Machine
-from launch.run_dir import CONSOLE_LOG, WORKER_LOGS
+from launch.run_dir import WORKER_LOGS
 from launch.run_summary import RunSummary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,7 +42,8 @@ class LocalLauncher:
             return Target("cuda", smallest, f"each GPU's memory (the smallest of {machine.gpus})",
                           f"this machine has {machine.gpus} GPU(s)")
         return Target("cpu", machine.ram_bytes, "this machine's RAM",
-                      "this machine has no GPU (the processes would run on CPU with gloo)")
+                      "this machine has no GPU (the processes would run on CPU with gloo)",
+                      cores=machine.cpu_count)
 
     def check(self, cfg: Any, machine: Machine, report: Any) -> None:
         p = cfg.parallelism
@@ -71,7 +75,7 @@ class LocalLauncher:
                 else f"{config.nproc_per_node} CPU processes (gloo)")
         print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
               flush=True)
-        Path(run_dir, CONSOLE_LOG).write_text("")  # this launch's lines only
+        log.info("starting %s; their output: %s/%s/", what, run_dir, WORKER_LOGS)
         try:
             with console.follow(run_dir):
                 elastic_launch(config, worker_entrypoint)(config_to_yaml(cfg), run_dir)
@@ -85,6 +89,7 @@ class LocalLauncher:
             log_dir = Path(failure.error_file).parent if failure.error_file else Path(run_dir) / WORKER_LOGS
             raise RunFailed(f"rank {rank} failed: {reason[-1] if reason else '?'}; its full output: "
                             f"{log_dir}/stderr.log and stdout.log") from None
+        log.info("every process exited cleanly")
         return RunSummary.read(run_dir)
 
 

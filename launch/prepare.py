@@ -21,12 +21,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from launch.launcher import with_typed_launcher
 from launch.problems import ConfigError
 from launch.resume import AUTO, Resume, check_new_run_dir, check_resumable, resumed_config
-from launch.run_dir import run_name
+from launch.run_dir import RunDirBefore, run_name
 from launch.validate import validate
 
-# The run dir PrepareRun prepared the config for: train.py does not prepare it again.
+# The run dir PrepareRun prepared the config for (train.py does not prepare it again), what
+# the launch resumes (None: a new run) and what the run dir held before.
 _prepared: Optional[str] = None
-_prepared_new_run = True
+_prepared_launch: tuple[Optional[Resume], Optional[RunDirBefore]] = (None, None)
 
 
 def finalize(cfg: DictConfig, overrides: list[str]) -> DictConfig:
@@ -49,37 +50,36 @@ def prepare(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str
 
 def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
                 compose: Callable[[list[str]], DictConfig],
-                run_dir_given: bool = False) -> tuple[DictConfig, list[str], Optional[str]]:
-    """A single run: the launch config, the warnings and the line that says what
-    ``training.resume`` does (None without it). ``composed``: Hydra's config without its own
-    node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line."""
+                run_dir_given: bool = False) -> tuple[DictConfig, list[str], Optional[Resume]]:
+    """A single run: the launch config, the warnings and what ``training.resume`` continues
+    (None without it; its ``line`` says what it does). ``composed``: Hydra's config without its
+    own node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line."""
     asked = composed.training.resume
-    line = None
+    resume = None
     cfg = composed
     if asked is None:
-        check_new_run_dir(run_dir)
+        check_new_run_dir(run_dir, composed.training.checkpoint_folder)
     else:
         if run_dir_given and asked != AUTO and os.path.abspath(asked) != os.path.abspath(run_dir):
             raise ConfigError([f"training.resume={asked} and hydra.run.dir={run_dir} name two "
                                f"folders: give training.resume alone (the run stays in its folder)"])
         step = check_resumable(asked, run_dir, composed.training.checkpoint_folder)
-        resume = Resume(run_dir)
+        resume = Resume(run_dir, asked)
         if step is not None:
             cfg, resume = resumed_config(composed, overrides, run_dir, step, compose)
-        line = resume.line(asked)
     cfg, warnings = prepare(cfg, overrides)
-    return cfg, warnings, line
+    return cfg, warnings, resume
 
 
-def mark_prepared(run_dir: str, new_run: bool) -> None:
-    global _prepared, _prepared_new_run
+def mark_prepared(run_dir: str, resume: Optional[Resume], before: RunDirBefore) -> None:
+    global _prepared, _prepared_launch
     _prepared = os.path.abspath(run_dir)
-    _prepared_new_run = new_run
+    _prepared_launch = (resume, before)
 
 
-def prepared_new_run() -> bool:
-    """Whether the prepared run is a new one (not ``training.resume``)."""
-    return _prepared_new_run
+def prepared_launch() -> tuple[Optional[Resume], Optional[RunDirBefore]]:
+    """What the prepared launch resumes (None: a new run) and what its run dir held before."""
+    return _prepared_launch
 
 
 def was_prepared(run_dir: str) -> bool:

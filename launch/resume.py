@@ -1,9 +1,10 @@
 """``training.resume``: which run continues, with which config, and what stops it.
 
-* ``training.resume=<run dir>`` continues that run: its saved config (``train_config.yaml``)
-  with the overrides of the same command line on top (listed in one line), from its newest
-  complete checkpoint, in its folder and its wandb run. A path that is not a run, or a run
-  without a checkpoint, is refused before anything starts.
+* ``training.resume=<run dir>`` continues that run: the config its newest launch ran with
+  (``launch.run_dir.latest_run_config``) with the overrides of the same command line on top
+  (listed in one line), from its newest complete checkpoint, in its folder and its wandb run.
+  A path that is not a run, or a run without a checkpoint, is refused before anything starts;
+  so is a command line that changes what the run measures (only :data:`RESUMABLE` may change).
 * ``training.resume=auto`` does the same with the newest run of the experiment that has a
   checkpoint, or says that it starts a new run.
 * Without ``training.resume``, a run dir that already holds a run is refused: launching into it
@@ -22,14 +23,20 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from launch.problems import ConfigError
-from launch.run_dir import RUN_CONFIG, checkpoint_steps
+from launch.run_dir import RUN_CONFIG, checkpoint_steps, key_under, latest_run_config, override_key
 
 AUTO = "auto"
 # Groups whose option a command line may change as a whole (``a2a=mxfp8``).
 GROUPS = ("model", "parallelism", "a2a", "launcher", "logging")
-# What a resumed run cannot change: the checkpoint would not load, or would not be found.
+# What a resume may change (keys, and the groups and fields under them): how long the run
+# trains, how often it saves, profiles and validates, where it runs and how it is logged and
+# checked. Anything else (the a2a legs, the parallel layout, the model, batch, data, optimizer,
+# seed) would change what the run measures part way through; that is a new run.
+RESUMABLE = ("training.steps", "training.checkpoint_interval",
+             "training.checkpoint_keep", "training.val_every", "training.profile_freq",
+             "launcher", "logging", "validate")
+# What must stay as it was, with the reason its message gives.
 FIXED = {
-    "model": "the checkpoint holds this model's weights",
     "training.checkpoint_folder": "its checkpoints are there",
     "logging.run_id": "it continues in its own wandb run",
 }
@@ -39,15 +46,20 @@ KEPT = ("logging.run_id", "logging.run_name")
 
 @dataclass
 class Resume:
-    """What a launch continues: ``step`` None means a new run."""
+    """What ``training.resume=<asked>`` continues: ``step`` None means a new run."""
 
     run_dir: str
+    asked: str
     step: Optional[int] = None
     # "key=value" of what the command line changed in the saved config.
     changed: list[str] = field(default_factory=list)
+    # Which resume of the run this is (1 for the first; launch.run_dir.claim_resume), once known.
+    number: Optional[int] = None
 
-    def line(self, asked: str) -> str:
+    @property
+    def line(self) -> str:
         """The one line that says what ``training.resume=<asked>`` does."""
+        asked = self.asked
         if self.step is None:
             return (f"[mxfp8ep] training.resume=auto: no run of this experiment has a checkpoint; "
                     f"starting a new run in {self.run_dir}")
@@ -58,17 +70,24 @@ class Resume:
                 f"with its saved config{changed}")
 
 
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
+def _checkpoints(run_dir: Path, checkpoint_folder: str) -> tuple[DictConfig, list[int]]:
+    """The run's newest config and the steps of its complete checkpoints."""
+    saved = OmegaConf.load(latest_run_config(run_dir))
+    folder = OmegaConf.select(saved, "training.checkpoint_folder", default=checkpoint_folder)
+    return saved, checkpoint_steps(run_dir, folder)
 
 
-def check_new_run_dir(run_dir: str) -> None:
+def check_new_run_dir(run_dir: str, checkpoint_folder: str) -> None:
     """A run without ``training.resume`` must not land in a folder that holds a run."""
-    if (Path(run_dir) / RUN_CONFIG).is_file():
-        raise ConfigError([
-            f"hydra.run.dir={run_dir} already holds a run ({RUN_CONFIG}); launching into it would "
-            f"overwrite it. Continue it with training.resume={run_dir}, or choose a new "
-            f"hydra.run.dir (or leave it out: each run gets its own folder)"])
+    if not (Path(run_dir) / RUN_CONFIG).is_file():
+        return
+    _, steps = _checkpoints(Path(run_dir), checkpoint_folder)
+    instead = (f"Continue it with training.resume={run_dir}, or choose" if steps else
+               "It has no complete checkpoint to continue from either: choose")
+    raise ConfigError([
+        f"hydra.run.dir={run_dir} already holds a run ({RUN_CONFIG}); launching into it would "
+        f"overwrite it. {instead} a new hydra.run.dir (or leave it out: each run gets its own "
+        f"folder)"])
 
 
 def check_resumable(asked: str, run_dir: str, checkpoint_folder: str) -> Optional[int]:
@@ -85,9 +104,7 @@ def check_resumable(asked: str, run_dir: str, checkpoint_folder: str) -> Optiona
         raise ConfigError([f"training.resume={asked}: not a run folder (it has no {RUN_CONFIG}). "
                            f"Give the folder of a run (printed as 'run dir'), or "
                            f"training.resume=auto for the newest run with a checkpoint"])
-    saved = OmegaConf.load(d / RUN_CONFIG)
-    folder = OmegaConf.select(saved, "training.checkpoint_folder", default=checkpoint_folder)
-    steps = checkpoint_steps(d, folder)
+    saved, steps = _checkpoints(d, checkpoint_folder)
     if steps:
         return steps[-1]
     if asked == AUTO:
@@ -102,7 +119,7 @@ def check_resumable(asked: str, run_dir: str, checkpoint_folder: str) -> Optiona
 
 def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, step: int,
                    compose: Callable[[list[str]], DictConfig]) -> tuple[DictConfig, Resume]:
-    """The run's saved config with the command line's ``overrides`` on top.
+    """The config of the run's newest launch with the command line's ``overrides`` on top.
 
     ``composed`` is what Hydra composed from ``conf/`` and ``overrides``: a key override takes
     its value from there, a group override (``a2a=mxfp8``) the whole group, and any other
@@ -110,13 +127,13 @@ def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, ste
     composes ``conf/`` with a list of overrides). The wandb run id and name stay the run's."""
     from launch.worker import config_from_yaml
 
-    saved = config_from_yaml((Path(run_dir) / RUN_CONFIG).read_text())
+    saved = config_from_yaml(latest_run_config(run_dir).read_text())
     result = copy.deepcopy(saved)
     paths: list[str] = []
     problems: list[str] = []
     plain: Optional[DictConfig] = None
     for o in overrides:
-        key = _key(o)
+        key = override_key(o)
         if key in ("training.resume", "hydra") or key.startswith("hydra."):
             continue
         if o.startswith("~"):
@@ -144,6 +161,11 @@ def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, ste
             problems.append(f"{_shown(key, OmegaConf.select(result, key), OmegaConf.select(saved, key))}"
                             f": a resumed run keeps {key} as it was ({why}); to train something "
                             f"else, start a new run")
+    measured = _changes_what_it_measures(saved, result)
+    if measured:
+        problems.append(f"training.resume={run_dir}: a resumed run keeps what it measures, but the "
+                        f"command line changes {', '.join(measured)}; start a new run for that "
+                        f"(a resume may change {', '.join(RESUMABLE)})")
     steps = result.training.steps
     if steps <= step:
         problems.append(f"the run in {run_dir} has trained {step} of training.steps={steps}: "
@@ -155,7 +177,7 @@ def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, ste
     if problems:
         raise ConfigError(problems)
     result.training.resume = composed.training.resume
-    return result, Resume(run_dir, step, changed)
+    return result, Resume(run_dir, str(composed.training.resume), step, changed)
 
 
 _ABSENT = object()
@@ -171,6 +193,26 @@ def _shown(key: str, new: Any, old: Any) -> str:
         return f"{key}={new.name}"
     value = _plain(new)
     return f"{key}={'null' if value is None else value}"
+
+
+def _changes_what_it_measures(saved: DictConfig, result: DictConfig) -> list[str]:
+    """``key=new (was old)`` for each change outside :data:`RESUMABLE` (a group whose option
+    changed as one: ``a2a=mxfp8 (was bf16)``). Keys with a message of their own are left out."""
+    own = (*FIXED, "training.checkpoint_enable")
+    out: list[str] = []
+    for key in _differences(saved, result):
+        if key_under(key, RESUMABLE) or key in own:
+            continue
+        group = key.split(".", 1)[0]
+        new, old = OmegaConf.select(result, group), OmegaConf.select(saved, group)
+        if group in GROUPS and new.get("name") != old.get("name"):
+            shown = f"{group}={new.name} (was {old.name})"
+        else:
+            old_value = _plain(OmegaConf.select(saved, key, default=None))
+            shown = f"{_shown(key, OmegaConf.select(result, key), None)} (was {old_value})"
+        if shown not in out:
+            out.append(shown)
+    return out
 
 
 def _differences(a: DictConfig, b: DictConfig, prefix: str = "") -> list[str]:

@@ -82,6 +82,9 @@ class LoggingConfig:
     # Console: header, one line per log window and the summary; true = every process's full
     # output (torchtitan, wandb, warnings), as in the run's log files.
     verbose: bool = False
+    # While a step runs longer than this, a console line every this many seconds says which step
+    # is still running and for how long (launch/heartbeat.py); 0: off.
+    heartbeat_s: int = 60
 
 
 # Steps torchtitan's profiler runs (untraced) before the one step it records, each cycle.
@@ -131,6 +134,9 @@ class ValidateConfig:
     # The memory estimate against this machine's RAM / GPU memory: "error" stops before
     # launch when it does not fit, "warn" only says so.
     memory: str = "error"
+    # CPU processes: refuse a run whose every step would take longer than this (seconds) even at
+    # the best speed a CPU core reaches (launch/step_time.py); 0: no check.
+    max_step_s: int = 300
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +26,8 @@ from launch.launcher import LauncherConfig, RunFailed, RunRefused, RunStopped, T
 from launch.machine import GIB, Machine
 from launch.run_dir import CONSOLE_LOG
 from launch.run_summary import RunSummary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,7 +79,9 @@ class SlurmLauncher:
         lc = cfg.launcher
         if lc.gpus_per_node == 0:
             ram = lc.mem_gb * GIB if lc.mem_gb else None
-            return Target("cpu", ram, "launcher.mem_gb", "launcher.gpus_per_node=0 (a CPU cluster)")
+            cores = lc.cpus_per_task * cfg.parallelism.procs_per_node if lc.cpus_per_task else None
+            return Target("cpu", ram, "launcher.mem_gb", "launcher.gpus_per_node=0 (a CPU cluster)",
+                          cores=cores)
         # The compute nodes' GPUs cannot be seen from here: no memory check.
         return Target("cuda", None, "each GPU's memory", "the job asks for GPUs")
 
@@ -190,8 +195,11 @@ class SlurmTrainJob:
             set_cuda_visible_devices=False, overwrite=True
         )
         if env.rank == 0 and self.requeues:
-            print(f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
-                  f"last checkpoint in {self.run_dir}", flush=True)
+            line = (f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
+                    f"last checkpoint in {self.run_dir}")
+            print(line, flush=True)
+            with Path(self.run_dir, CONSOLE_LOG).open("a") as f:
+                f.write(f"==== {line.removeprefix('[mxfp8ep] ')} ====\n")
         # The runner writes the run's summary.json (rank 0) and stops cleanly on signals.
         stopped_by = None
         try:
@@ -250,9 +258,9 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
     except (NameError, ValueError, TypeError) as e:  # a parameter submitit does not take
         raise RunRefused(f"submitit rejected the job's parameters ({str(e).splitlines()[0]}); check "
                          f"launcher.additional_parameters and launcher.srun_args") from e
-    Path(run_dir, CONSOLE_LOG).write_text("")  # this submission's lines only
     job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
     sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder)
+    log.info("submitted SLURM job %s; task 0's log: %s", sub.job_id, sub.log_path)
     print(f"[mxfp8ep] submitted SLURM job {sub.job_id}\n"
           f"[mxfp8ep]   log (task 0): {sub.log_path}\n"
           f"[mxfp8ep]   run dir:      {run_dir}", flush=True)

@@ -1,8 +1,8 @@
-"""What SLURM itself says, in ``launcher.*`` terms: the partitions ``sinfo`` lists (checked
-before submitting) and what an sbatch refusal means (after).
+"""What SLURM itself says, in ``launcher.*`` terms: whether its controller is up and the
+partitions ``sinfo`` lists (checked before submitting), and what an sbatch refusal means (after).
 
 Both answer the same question for the user: which option to change. Nothing here imports
-submitit or torch; ``sinfo`` is asked only when it is on PATH.
+submitit or torch; ``scontrol`` and ``sinfo`` are asked only when they are on PATH.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 from launch.problems import Report, choice_problem
 
-# sinfo against a controller that does not answer retries for ~10 s; the checks before launch
-# must stay fast.
+# sinfo against a controller that is down retries for ~10 s (`scontrol ping` says so at once);
+# the checks before launch must stay fast.
 SINFO_TIMEOUT_S = 3.0
 
 
@@ -36,7 +36,8 @@ class ClusterView:
 
     partitions: dict[str, Partition]
     error: Optional[str] = None
-    # sinfo gave no answer in time (a slow controller): the checks are left to sbatch.
+    # sinfo gave no answer in time, though `scontrol ping` did not say the controller is down (a
+    # slow controller): the checks are left to sbatch.
     timed_out: bool = False
 
     @property
@@ -44,11 +45,32 @@ class ClusterView:
         return next((p for p in self.partitions.values() if p.default), None)
 
 
+def controller_down() -> Optional[str]:
+    """``scontrol ping``'s line when it says every controller (primary, backups) is down; None
+    when one is up, or when that cannot be known (no scontrol on PATH, no answer in time, an
+    answer without controller lines: then sinfo says what is wrong)."""
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "ping"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    controllers = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("Slurmctld(")]
+    if controllers and all(line.endswith("DOWN") for line in controllers):
+        return f"scontrol ping: {'; '.join(controllers)}"
+    return None
+
+
 def partitions() -> Optional[ClusterView]:
-    """Ask ``sinfo``; None when it is not on PATH (not a SLURM login node)."""
+    """Ask ``sinfo`` (after ``scontrol ping``: a controller that is down is said at once);
+    None when sinfo is not on PATH (not a SLURM login node)."""
     exe = shutil.which("sinfo")
     if exe is None:
         return None
+    down = controller_down()
+    if down is not None:
+        return ClusterView({}, down)
     try:
         out = subprocess.run([exe, "-h", "-o", "%P|%D|%G|%l"], capture_output=True, text=True,
                              timeout=SINFO_TIMEOUT_S)

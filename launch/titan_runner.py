@@ -21,6 +21,7 @@ MASTER_PORT) and call :func:`run_training` with the composed config. It:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -37,6 +38,7 @@ from torchtitan.train import Trainer
 from mxfp8_ep import elastic
 from mxfp8_ep.elastic import ReplayOverflowedSteps
 
+from launch.heartbeat import StepHeartbeat, append_line
 from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
 from launch.run_summary import RECIPE_CONFIG, RunSummary, series_stats, steady_numbers
@@ -179,6 +181,8 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
     the spec ``__init__`` assigns gets our builder swapped in for this trainer only.
     """
 
+    _heartbeat: Optional[StepHeartbeat] = None
+
     def __init__(self, job_config: Any, cfg: DictConfig, run_dir: str, stop: StopSignals) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -190,6 +194,10 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         super().__init__(job_config)
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        every_s = float(cfg.logging.heartbeat_s)
+        self._heartbeat = (StepHeartbeat(append_line(os.path.join(run_dir, CONSOLE_LOG)),
+                                         int(job_config.training.steps), every_s)
+                           if every_s > 0 and dist.get_rank() == 0 else None)
 
     @property
     def train_spec(self) -> Any:
@@ -226,10 +234,13 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         return model
 
     def train_step(self, data_iterator: Any) -> None:
-        """torchtitan's step, with the numerics telemetry armed on the steps it samples."""
+        """torchtitan's step, with the numerics telemetry armed on the steps it samples, and
+        the heartbeat watching it (rank 0)."""
         arm_for_step(self.step, int(self.cfg.logging.numerics_every))
+        watched = self._heartbeat.step(self.step) if self._heartbeat else contextlib.nullcontext()
         try:
-            super().train_step(data_iterator)
+            with watched:
+                super().train_step(data_iterator)
         finally:
             arm_for_step(self.step, 0)
 
@@ -241,6 +252,10 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         PROBE.collect()
         self.capacity_replay_steps.append(self.step)
         self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays)
+    def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
+        super().close()
 
     def _build_metrics_processor(self, job_config: Any, parallel_dims: Any,
                                  model_args: Any = None,  # noqa: ARG002 (torchtitan's signature)

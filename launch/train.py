@@ -15,6 +15,7 @@ line per log window and a summary (launch/console.py); Ctrl-C / SIGTERM stop it 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shlex
 import signal
@@ -32,10 +33,13 @@ from launch import config_store  # noqa: F401  (registers the schemas and resolv
 from launch import console, prepare
 from launch.launcher import RunFailed, RunRefused, RunStopped, launcher_for
 from launch.problems import ConfigError, reject
-from launch.run_dir import RUN_CONFIG, claim_run_config
+from launch.resume import Resume
+from launch.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config
 from launch.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
+# The launching process's record (train.log in the run dir; not the console).
+log = logging.getLogger("launch.train")
 
 
 def resume_command(run_dir: str) -> str:
@@ -43,36 +47,46 @@ def resume_command(run_dir: str) -> str:
     return f"python {shlex.quote(sys.argv[0])} training.resume={shlex.quote(run_dir)}"
 
 
-def launch(cfg: DictConfig, run_dir: str, new_run: bool) -> Optional[RunSummary]:
-    """Write the run's config and hand it to its launcher; map how it ended to an exit code.
-    ``new_run``: not a resumed run, so its folder must not hold a run yet."""
+def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
+           before: RunDirBefore) -> Optional[RunSummary]:
+    """Write the launch's config and hand it to its launcher; map how it ended to an exit code.
+    ``resume``: what it continues (None: a new run, whose folder must not hold a run yet);
+    ``before``: what the run dir held before, restored when the launcher refuses the run."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    number = resume.number if resume is not None else None
     try:
-        claim_run_config(run_dir, OmegaConf.to_yaml(cfg, resolve=True), new_run)
+        claim_run_config(run_dir, OmegaConf.to_yaml(cfg, resolve=True), number)
     except FileExistsError:
         reject(ConfigError([f"hydra.run.dir={run_dir}: another launch started a run in this folder "
                             f"first ({RUN_CONFIG}); nothing was started. Launch again (a new run "
                             f"gets a free folder) or continue that run with training.resume={run_dir}"]))
+    console.start_console_log(run_dir, resume)
+    log.info("launch: %s", " ".join(sys.argv))
+    log.info(resume.line.removeprefix("[mxfp8ep] ") if resume else f"a new run in {run_dir}")
     try:
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
+        log.info("stopped by signal %d", e.signum)
         print(console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
               file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     except RunFailed as e:
+        log.info("failed: %s", e)
         print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except RunRefused as e:
         if cfg.logging.verbose:
             traceback.print_exc()
+        before.restore()  # nothing was started: the run dir is as it was before this launch
         reject(str(e))
     if summary is not None:
+        log.info("ended: step %d of %d", summary.steps, summary.target_steps)
         print(console.format_summary(summary), flush=True)
     return summary
 
 
 def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSummary]:
-    """Check and launch a composed config (what a sweep's job does)."""
+    """Check and launch a composed config (what a sweep's job does: a new run in a new folder)."""
     console.route_logging(verbose=cfg.logging.verbose)
     try:
         cfg, warnings = prepare.prepare(cfg, overrides)
@@ -80,7 +94,8 @@ def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSumm
         reject(e)
     for w in warnings:
         console.warn(w)
-    return launch(cfg, run_dir, new_run=cfg.training.resume is None)
+    point = Path(run_dir).absolute()  # made for this job by Hydra's launcher
+    return launch(cfg, run_dir, None, RunDirBefore(point, existed=False, kept_ancestor=point.parent))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -89,7 +104,7 @@ def main(cfg: DictConfig) -> Optional[RunSummary]:
     run_dir = hc.runtime.output_dir
     if hc.mode == RunMode.RUN and prepare.was_prepared(run_dir):  # by launch.callbacks.PrepareRun
         console.route_logging(verbose=cfg.logging.verbose)
-        return launch(cfg, run_dir, prepare.prepared_new_run())
+        return launch(cfg, run_dir, *prepare.prepared_launch())
     return run(cfg, run_dir, list(hc.overrides.task))
 
 

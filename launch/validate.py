@@ -5,7 +5,8 @@ seconds (no torch, no torchtitan: model numbers come from ``launch.model_facts``
 from ``launch.machine``): keys the schema does not have (also ones added with ``+``), values,
 what torchtitan requires of the sequence length and the parallel degrees, the model against
 the parallel layout, the kernel and transport against the device, data and tokenizer paths,
-the launcher's own settings, and a memory estimate against this machine.
+the launcher's own settings, a memory estimate against this machine and, for CPU processes, a
+bound on the time of a step.
 
 Every problem found is collected and raised together as one :class:`ConfigError`, each line
 saying what to change. Things that are legal but probably not what the user meant come back
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launch import model_facts
+from launch.console import format_eta
 from launch.launcher import Launcher, Target, launcher_class, typed_launcher
 from launch.machine import GIB, Machine
 from launch.memory import MemoryEstimate, estimate
@@ -28,6 +30,7 @@ from launch.model_facts import ModelFacts
 from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                              unknown_key_problem)
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
+from launch.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.titan_data import check_data
 from mxfp8_ep.config import KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS, capacity_factor_error
 from mxfp8_ep.wire_format import WireFormat, quantized_formats
@@ -67,6 +70,8 @@ def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
         _check_device(cfg, r, target, facts)
         if facts is not None and world is not None:
             _check_memory(cfg, r, target, facts)
+        if facts is not None:
+            _check_step_time(cfg, r, target, facts)
     if r.errors:
         raise ConfigError(r.errors)
     return r.warnings
@@ -150,6 +155,9 @@ def _check_training(cfg: Any, r: Report) -> None:
         )
     if cfg.validate.memory not in MEMORY_CHECK:
         r.error(choice_problem("validate.memory", cfg.validate.memory, MEMORY_CHECK))
+    if cfg.validate.max_step_s < 0:
+        r.error(f"validate.max_step_s={cfg.validate.max_step_s}: 0 (no check) or the seconds a "
+                f"step on CPU may take at most (e.g. 300)")
 
 
 # ------------------------------------------------------------------------ parallelism
@@ -400,3 +408,27 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
            f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
            f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway")
     (r.warn if cfg.validate.memory == "warn" else r.error)(msg)
+
+
+# ------------------------------------------------------------------------------ step time
+def _check_step_time(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
+    """CPU processes: a step that would take longer than ``validate.max_step_s`` even at the
+    best speed of a CPU core (``launch.step_time``) is refused."""
+    limit, p, t = cfg.validate.max_step_s, cfg.parallelism, cfg.training
+    if target.device != "cpu" or not target.cores or limit <= 0 or t.seq_len <= 0 or t.local_batch_size <= 0:
+        return
+    flops = step_flops(facts, local_batch_size=t.local_batch_size, seq_len=t.seq_len, tp=p.tp)
+    cores = max(1, target.cores // p.procs_per_node)  # the runner's torch threads per process
+    seconds = cpu_step_seconds(flops, cores)
+    if seconds <= limit:
+        return
+    attention = flops.attention / flops.total
+    field = (f"training.seq_len={t.seq_len}" if attention > 0.5 else
+             f"training.local_batch_size={t.local_batch_size} × training.seq_len={t.seq_len}")
+    why = (f"{attention:.0%} of them attention over {t.seq_len:,}² token pairs per sequence, "
+           f"which grows with the square of training.seq_len" if attention > 0.5 else
+           f"for model={cfg.model.name}")
+    r.error(f"{field}: every training step would take at least {format_eta(seconds)} on {cores} CPU "
+            f"core(s) per process ({flops.total:.1e} FLOPs per process and step, {why}; a core "
+            f"computes at most ~{CPU_FLOPS_PER_CORE:.0e} FLOP/s). Use a smaller training.seq_len or "
+            f"training.local_batch_size, or GPUs; validate.max_step_s=0 launches anyway")

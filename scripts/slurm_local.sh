@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A real, tiny SLURM cluster on this one machine, for trying the launcher and for tests/slurm.
 #
-#   scripts/slurm_local.sh install   # apt packages (skipped when already present); needs root
+#   scripts/slurm_local.sh install   # apt packages (skipped when already present)
 #   scripts/slurm_local.sh start     # munge + MariaDB + slurmdbd + slurmctld + 2 fake nodes
 #   scripts/slurm_local.sh status    # daemons, sinfo, accounting; exit 0 only when healthy
 #   scripts/slurm_local.sh env       # prints `export SLURM_CONF=...` (eval it if needed)
 #   scripts/slurm_local.sh stop      # stops only the daemons `start` started (pid files)
 #   scripts/slurm_local.sh purge     # stop, then delete the state dir (job ids restart at 1)
 #
+# install (when packages are missing), start, stop and purge need root; another user's call
+# runs itself again through sudo.
 # Layout: nodes n1, n2 (2 CPUs each, 127.0.0.1 ports 17001/17002), partitions `debug`
 # (default, no time limit) and `short` (MaxTime 5 min, limits enforced at submission).
 # Everything (configs, munge socket and key, MariaDB datadir, spool, logs, pid files) lives in
@@ -49,7 +51,17 @@ export SLURM_CONF=$CONF
 log() { echo "[slurm_local] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-need_root() { [[ $(id -u) == 0 ]] || die "must run as root (daemons run as root/munge/mysql)"; }
+# Packages and daemons (run as root/munge/mysql) need root: another user re-runs the command
+# through sudo, keeping the state dir and timeout; without sudo that user is told to be root.
+ARGS=("$@")
+need_root() {
+  [[ $(id -u) == 0 ]] && return 0
+  command -v sudo >/dev/null 2>&1 ||
+    die "must run as root (daemons run as root/munge/mysql), and there is no sudo here: run it as root"
+  log "not root: running '$0 ${ARGS[*]}' through sudo"
+  exec sudo MXFP8EP_SLURM_STATE="$STATE" MXFP8EP_SLURM_START_TIMEOUT="$START_TIMEOUT" \
+    bash "$0" "${ARGS[@]}"
+}
 
 # ---------------------------------------------------------------------------------- install
 cmd_install() {
@@ -455,9 +467,7 @@ locked() {
 
 case ${1:-} in
   install) cmd_install ;;
-  start) locked cmd_start ;;
-  stop) locked cmd_stop ;;
-  purge) locked cmd_purge ;;
+  start|stop|purge) need_root; locked "cmd_$1" ;;  # root before the lock: sudo would hold it
   status) cmd_status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
   *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;

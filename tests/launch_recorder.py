@@ -1,6 +1,6 @@
 """A launcher for tests of what happens before a launch: it records the config it was given in
-``<run dir>/launched.yaml`` and starts nothing. Picked on the command line with
-``launcher._target_=tests.launch_recorder.Recorder``."""
+``<run dir>/launched.yaml``, adds a line to ``console.log`` as rank 0 would, and starts nothing.
+Picked on the command line with ``launcher._target_=tests.launch_recorder.Recorder``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from launch.launcher import LauncherConfig, Target
+from launch.run_dir import CONSOLE_LOG
 
 LAUNCHED = "launched.yaml"
 
@@ -32,3 +33,5 @@ class Recorder:
 
     def launch(self, cfg: Any, run_dir: str) -> None:
         Path(run_dir, LAUNCHED).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        with Path(run_dir, CONSOLE_LOG).open("a") as f:
+            f.write(f"launched to step {cfg.training.steps}\n")

@@ -35,7 +35,8 @@ def make_run(run_dir: Path, *overrides: str, checkpoints=(6,), complete=True) ->
 
 
 def prepared(*overrides: str):
-    """What launch.callbacks.PrepareRun does for this command line: (config, warnings, line)."""
+    """What launch.callbacks.PrepareRun does for this command line: (config, warnings, what it
+    resumes)."""
     args = literal_paths(list(overrides))
     cfg = compose_cfg(*args, hydra_node=True)
     given = any(a.startswith("hydra.run.dir=") for a in args)
@@ -58,20 +59,41 @@ RUN = ("training.checkpoint_enable=true", "training.checkpoint_interval=2", "tra
 def test_resume_takes_the_runs_config_and_lists_the_changes(tmp_path):
     run = tmp_path / "outputs" / "run,a2a=bf16"  # folder names hold "," and "="
     saved = make_run(run, *RUN)
-    cfg, _, line = prepared(f"training.resume={run}")
-    assert line == (f"[mxfp8ep] resuming {run} from step 6 (its newest checkpoint) with its saved "
-                    f"config; nothing changed on the command line")
+    cfg, _, resume = prepared(f"training.resume={run}")
+    assert resume.line == (f"[mxfp8ep] resuming {run} from step 6 (its newest checkpoint) with its "
+                           f"saved config; nothing changed on the command line")
     assert cfg.training.seq_len == 32 and cfg.training.steps == 10  # the run's, not conf/'s
     assert cfg.training.checkpoint_enable and cfg.logging.run_id == saved["logging"]["run_id"]
 
-    cfg, _, line = prepared(f"training.resume={run}", "training.steps=20", "a2a=mxfp8",
-                            "training.seq_len=32", "logging=none")
-    assert line.endswith("changed on the command line: training.steps=20 a2a=mxfp8 logging=none")
-    assert cfg.training.steps == 20 and cfg.a2a.name == "mxfp8" and cfg.a2a.dispatch_fwd == "mxfp8"
+    cfg, _, resume = prepared(f"training.resume={run}", "training.steps=20", "training.checkpoint_interval=4",
+                              "training.seq_len=32", "logging=none", "launcher.name=local")
+    assert resume.line.endswith("changed on the command line: training.steps=20 "
+                                "training.checkpoint_interval=4 logging=none")
+    assert cfg.training.steps == 20 and cfg.training.checkpoint_interval == 4
     # a new logging group keeps the run's wandb run
     assert (cfg.logging.run_id, cfg.logging.run_name) == (saved["logging"]["run_id"],
                                                           saved["logging"]["run_name"])
     assert cfg.logging.wandb_mode == "disabled"
+
+
+def test_a_resume_that_changes_what_the_run_measures_is_refused(tmp_path):
+    """The a2a legs, the parallel layout, the model, the batch, the data, the optimizer: the run
+    would measure one thing up to the checkpoint and another after it, under one name."""
+    run = tmp_path / "run"
+    make_run(run, *RUN)
+    assert refused(f"training.resume={run}", "training.steps=20", "a2a=mxfp8") == (
+        f"training.resume={run}: a resumed run keeps what it measures, but the command line changes "
+        f"a2a=mxfp8 (was bf16); start a new run for that (a resume may change training.steps, "
+        f"training.checkpoint_interval, training.checkpoint_keep, training.val_every, "
+        f"training.profile_freq, launcher, logging, validate)")
+    problem = refused(f"training.resume={run}", "training.steps=20", "a2a.kernel=torch",
+                      "parallelism.ep=1", "model=tiny_dsv3", "training.seq_len=64", "training.lr=0.01",
+                      "training.dataset=debian_docs", "experiment=other")
+    changes = problem.split("the command line changes ")[1].split("; start a new run")[0].split(", ")
+    assert sorted(changes) == sorted([
+        "a2a.kernel=torch (was auto)", "parallelism.ep=1 (was 2)", "model=tiny_dsv3 (was tiny_llama4)",
+        "training.seq_len=64 (was 32)", "training.lr=0.01 (was 0.0008)",
+        "training.dataset=debian_docs (was mxfp8ep_tiny)", "experiment=other (was default)"])
 
 
 @pytest.mark.parametrize("case,overrides,text", [
@@ -79,9 +101,10 @@ def test_resume_takes_the_runs_config_and_lists_the_changes(tmp_path):
     ("not a run", (), "not a run folder (it has no train_config.yaml)"),
     ("finished", ("training.resume={run}",), "has trained 10 of training.steps=10: nothing left to "
                                              "train. Add training.steps=<more than 10>"),
-    ("model", ("training.resume={run}", "training.steps=20", "model=tiny_dsv3"),
-     "model=tiny_dsv3: a resumed run keeps model as it was (the checkpoint holds this model's "
-     "weights)"),
+    ("checkpoint folder", ("training.resume={run}", "training.steps=20",
+                           "training.checkpoint_folder=ckpt"),
+     "training.checkpoint_folder=ckpt: a resumed run keeps training.checkpoint_folder as it was "
+     "(its checkpoints are there)"),
     ("no checkpointing", ("training.resume={run}", "training.steps=20",
                           "training.checkpoint_enable=false"), "training.checkpoint_enable=false: "
                                                                "a resumed run loads its checkpoint"),
@@ -90,10 +113,13 @@ def test_resume_takes_the_runs_config_and_lists_the_changes(tmp_path):
     ("into a run", ("hydra.run.dir={run}",), "already holds a run (train_config.yaml); launching "
                                              "into it would overwrite it. Continue it with "
                                              "training.resume={run}"),
+    ("into a run without checkpoints", ("hydra.run.dir={run}",),
+     "launching into it would overwrite it. It has no complete checkpoint to continue from either: "
+     "choose a new hydra.run.dir"),
 ])
 def test_what_cannot_be_resumed_is_refused(tmp_path, case, overrides, text):
     run = tmp_path / "run"
-    make_run(run, *RUN, checkpoints=(4, 10))
+    make_run(run, *RUN, checkpoints=() if case == "into a run without checkpoints" else (4, 10))
     if case == "missing":
         overrides = (f"training.resume={run}/nope",)
     elif case == "not a run":
@@ -115,26 +141,28 @@ def test_a_run_without_a_checkpoint_says_why(tmp_path):
 
 def test_auto_says_whether_it_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg, _, line = prepared("training.resume=auto", *RUN)
-    assert line.startswith("[mxfp8ep] training.resume=auto: no run of this experiment has a "
-                           "checkpoint; starting a new run in outputs/default/")
+    cfg, _, resume = prepared("training.resume=auto", *RUN)
+    assert resume.line.startswith("[mxfp8ep] training.resume=auto: no run of this experiment has a "
+                                  "checkpoint; starting a new run in outputs/default/")
     assert cfg.training.steps == 10
     make_run(tmp_path / "outputs" / "default" / "a", *RUN, checkpoints=(4,))
-    cfg, _, line = prepared("training.resume=auto", "training.checkpoint_enable=true")
-    assert line == (f"[mxfp8ep] training.resume=auto: resuming {Path('outputs/default/a')} from step "
-                    f"4 (its newest checkpoint) with its saved config; nothing changed on the "
-                    f"command line")
+    cfg, _, resume = prepared("training.resume=auto", "training.checkpoint_enable=true")
+    assert resume.line == (f"[mxfp8ep] training.resume=auto: resuming {Path('outputs/default/a')} from "
+                           f"step 4 (its newest checkpoint) with its saved config; nothing changed on "
+                           f"the command line")
     assert cfg.training.seq_len == 32
 
 
-def test_cli_resume_continues_the_run_with_its_config(tmp_path):
+def test_cli_resume_continues_the_run_and_keeps_its_record(tmp_path):
     """python launch/train.py training.resume=<run dir>: the launcher gets the run's config with
-    the command line's changes, the run keeps its folder and wandb run, and its config file
-    says what this launch runs."""
+    the command line's changes, the run keeps its folder and wandb run; the first launch's
+    record stays as it was, each resume's config and command line is kept beside it, and
+    console.log holds every launch's lines, each resume below a line that names it."""
     run = tmp_path / "run"
     first = run_train(tmp_path, RECORDER, *RUN, f"hydra.run.dir={run}", timeout=120)
     assert first.returncode == 0, first.stderr[-3000:]
-    before = OmegaConf.load(run / RUN_CONFIG)
+    before = {name: (run / name).read_text() for name in (RUN_CONFIG, ".hydra/config.yaml",
+                                                          ".hydra/overrides.yaml")}
     (run / "checkpoint" / "step-6").mkdir(parents=True)
     (run / "checkpoint" / "step-6" / ".metadata").write_text("")
 
@@ -145,9 +173,27 @@ def test_cli_resume_continues_the_run_with_its_config(tmp_path):
         f"changed on the command line: training.steps=12")
     launched = OmegaConf.load(run / LAUNCHED)
     assert launched.training.steps == 12 and launched.training.seq_len == 32
-    assert launched.logging.run_id == before.logging.run_id
-    assert OmegaConf.load(run / RUN_CONFIG) == launched
+    assert launched.logging.run_id == OmegaConf.load(run / RUN_CONFIG).logging.run_id
+    assert {name: (run / name).read_text() for name in before} == before  # the first launch's record
+    assert OmegaConf.load(run / "resumes" / "1" / RUN_CONFIG) == launched
+    assert list(OmegaConf.load(run / "resumes" / "1" / ".hydra" / "overrides.yaml")) == [
+        f"training.resume='{run}'", "training.steps=12"]
     assert not (tmp_path / "outputs").exists()  # no new run was made
+
+    # A second resume starts from what the first one ran (12 steps), not the first launch.
+    (run / "checkpoint" / "step-12").mkdir(parents=True)
+    (run / "checkpoint" / "step-12" / ".metadata").write_text("")
+    proc = run_train(tmp_path, f"training.resume={run}", "training.steps=14", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert OmegaConf.load(run / "resumes" / "2" / RUN_CONFIG).training.steps == 14
+    lines = (run / "console.log").read_text().splitlines()
+    assert lines[0] == "launched to step 10" and lines[2] == "launched to step 12"
+    assert lines[1].startswith("==== resume 1 (") and lines[1].endswith(
+        "): from step 6, changed on the command line: training.steps=12; its config in resumes/1/ ====")
+    assert lines[3].startswith("==== resume 2 (") and "from step 12" in lines[3]
+    assert lines[4:] == ["launched to step 14"]
+    log = (run / "train.log").read_text()  # the launching process's record, every launch's
+    assert log.count("launch: ") == 3 and "resuming" in log
 
 
 def test_cli_resume_of_a_folder_that_is_not_there_makes_nothing(tmp_path):

@@ -220,6 +220,33 @@ def test_a_cluster_that_does_not_answer():
     assert report.errors == [] and "checked only when sbatch submits" in report.warnings[0]
 
 
+def test_a_controller_that_is_down_is_an_error_before_sinfo(tmp_path, monkeypatch):
+    """A controller that is down: `scontrol ping` says so at once, where sinfo would retry for
+    ~10 s and then time out the check into a warning; the launch is refused before sbatch."""
+    import stat
+
+    monkeypatch.undo()  # the autouse fixture's "no cluster": ask the fake clients below
+    for name, text in (("scontrol", "#!/bin/sh\necho 'Slurmctld(primary) at ctl is DOWN'\nexit 1\n"),
+                       ("sinfo", f"#!/bin/sh\ntouch {tmp_path}/sinfo-ran\nsleep 30\n")):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    report = Report()
+    slurm_cluster.check_request(compose_cfg("launcher=slurm"), 2, report)
+    (msg,) = report.errors
+    assert msg == ("launcher=slurm: SLURM does not answer (scontrol ping: Slurmctld(primary) at ctl "
+                   "is DOWN); check that the cluster is up (`scontrol ping`), or use launcher=local")
+    assert report.warnings == [] and not (tmp_path / "sinfo-ran").exists()
+
+    # a backup controller that is up: sinfo is asked as usual
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'Slurmctld(primary) at ctl is DOWN'\n"
+                                       "echo 'Slurmctld(backup) at ctl2 is UP'\nexit 1\n")
+    (tmp_path / "sinfo").write_text("#!/bin/sh\necho 'debug*|2|(null)|infinite'\n")
+    report = Report()
+    slurm_cluster.check_request(compose_cfg("launcher=slurm", "launcher.gpus_per_node=0"), 0, report)
+    assert report.errors == [] and report.warnings == []
+
+
 def test_validation_asks_sinfo_for_launcher_slurm(monkeypatch):
     from launch.validate import ConfigError, validate
 
@@ -319,7 +346,7 @@ def test_cli_sbatch_refusal_exits_2_without_a_traceback(refusing_sbatch, tmp_pat
     assert proc.returncode == 2 and "Traceback" in proc.stderr  # asked for: the whole story
 
 
-def test_a_launch_whose_folder_name_is_taken_gets_its_own_folder(refusing_sbatch, tmp_path):
+def test_a_launch_whose_folder_name_is_taken_gets_its_own_folder(tmp_path):
     """Two launches in the same second with the same overrides: the second runs in
     ``<name>_2`` instead of being refused (or overwriting the first)."""
     import datetime
@@ -333,12 +360,57 @@ def test_a_launch_whose_folder_name_is_taken_gets_its_own_folder(refusing_sbatch
     for name in taken:  # whatever second the launch lands in, its folder name is taken
         (runs / name).mkdir(parents=True)
         (runs / name / RUN_CONFIG).write_text("an earlier run\n")
-    proc = run_train(tmp_path, "launcher=slurm", "logging=none", PATH=os.environ["PATH"], timeout=120)
-    assert proc.returncode == 2 and "SLURM refused the job" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    proc = run_train(tmp_path, "launcher._target_=tests.launch_recorder.Recorder", "logging=none",
+                     timeout=120)
+    assert proc.returncode == 0, proc.stderr
     (new,) = [d for d in runs.iterdir() if d.name not in taken]
     assert new.name in {f"{name}_2" for name in taken}
     assert (new / RUN_CONFIG).read_text() != "an earlier run\n"
     assert all((runs / name / RUN_CONFIG).read_text() == "an earlier run\n" for name in taken)
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    return {p.relative_to(d).as_posix(): (p.read_bytes() if p.is_file() else b"")
+            for p in sorted(d.rglob("*"))}
+
+
+def test_a_refused_launch_leaves_no_trace(refusing_sbatch, tmp_path):
+    """sbatch refuses: a new run leaves no folder behind, a resumed run its folder as it was
+    (no resumes/<n>, no submitit files, no lines in its logs): resume and compare_runs never
+    meet a run that never ran."""
+    from launch.run_dir import RUN_CONFIG
+    from tests.train_cli import run_train
+
+    proc = run_train(tmp_path, "launcher=slurm", "logging=none", PATH=os.environ["PATH"], timeout=120)
+    assert proc.returncode == 2 and "SLURM refused the job" in proc.stderr, proc.stderr
+    assert not (tmp_path / "outputs").exists()
+
+    run = tmp_path / "run"
+    proc = run_train(tmp_path, "launcher._target_=tests.launch_recorder.Recorder", "logging=none",
+                     "training.checkpoint_enable=true", f"hydra.run.dir={run}", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (run / "checkpoint" / "step-10").mkdir(parents=True)
+    (run / "checkpoint" / "step-10" / ".metadata").write_text("")
+    (run / "slurm").mkdir()
+    (run / "slurm" / "7_submitted.pkl").write_text("an earlier job")
+    before = _tree(run)
+    proc = run_train(tmp_path, f"training.resume={run}", "training.steps=30", "launcher=slurm",
+                     PATH=os.environ["PATH"], timeout=120)
+    assert proc.returncode == 2 and "SLURM refused the job" in proc.stderr, proc.stderr
+    assert _tree(run) == before
+    assert (run / RUN_CONFIG).is_file()
+
+
+def test_a_slurm_sweep_does_not_say_it_launches_locally(refusing_sbatch, tmp_path):
+    from tests.train_cli import run_train
+
+    proc = run_train(tmp_path, "--multirun", "launcher=slurm", "logging=none", "a2a=bf16,mxfp8",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", PATH=os.environ["PATH"], timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "SLURM refused the job" in proc.stderr, out
+    assert "locally" not in out and "[HYDRA]" not in out
+    assert "[mxfp8ep] sweep of 2 runs, launched one after another with launcher=slurm" in proc.stdout
+    assert not list((tmp_path / "sweep").glob("*/*"))  # the refused point's folder is gone
 
 
 def test_site_launcher_file_built_on_the_slurm_one(tmp_path):

@@ -23,7 +23,7 @@ from tests.hydra_compose import REPO
 from tests.train_cli import TRAIN, run_train, train_cmd, train_env
 
 from launch.compare_runs import main as compare_main
-from launch.run_dir import run_name
+from launch.run_dir import folder_name
 from launch.run_summary import A2A_BYTES, LOSS, STEP_TIME, TOKENS_PER_S_GLOBAL, RunSummary
 from launch.wandb_offline import find_runs, read_run, read_runs
 
@@ -96,7 +96,7 @@ def readme_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     (run_dir,) = (cwd / "outputs" / "default").iterdir()
     # the folder says what was trained, as a sweep's folders do: <time>_a2a=bf16[,overrides]
-    assert run_dir.name.endswith("_" + run_name(args, "bf16", for_path=True)), run_dir.name
+    assert run_dir.name.endswith("_" + folder_name(args, "bf16")), run_dir.name
     return run_dir, proc
 
 
@@ -121,7 +121,7 @@ def test_readme_command_has_a_quiet_console(readme_run):
     assert f"tokens/s        {s.tokens_per_s_global:,.0f} all ranks" in out
     assert f"step time (s)   {s.step_time_s:.4f}" in out
     assert "TFLOPS, MFU     n/a, n/a" in out
-    for text in ("final loss", str(run_dir), s.wandb_dirs[0], "wandb sync"):
+    for text in ("final loss", str(run_dir), os.path.basename(s.wandb_dirs[0]), "wandb sync"):
         assert text in out
     # the full output went to the run's log files
     assert list((run_dir / "worker_logs").rglob("stderr.log"))
@@ -136,11 +136,13 @@ def test_multirun_sweep_compare_and_plots(tmp_path, readme_run, capsys):
                      "logging.verbose=true", "logging.tags=[ci]", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     out = proc.stdout + proc.stderr
-    assert "Launching 2 jobs locally" in out
+    assert "[mxfp8ep] sweep of 2 runs, launched one after another with launcher=local" in out
+    assert "[HYDRA]" not in out
     assert "[rank0]:" in out and "[titan]" in out  # logging.verbose=true: everything
     # launcher / logging overrides stay out of folder and run names
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [p.name for p in runs] == ["0_a2a=bf16,training.steps=4", "1_a2a=mxfp8,training.steps=4"]
+    assert [p.name for p in runs] == [f"{n}_{folder_name([f'a2a={a2a}', 'training.steps=4'], a2a)}"
+                                      for n, a2a in enumerate(("bf16", "mxfp8"))]
     bf16, mxfp8 = check_run(runs[0], steps=4, a2a="bf16"), check_run(runs[1], steps=4, a2a="mxfp8")
     # the sweep ends with the command that compares it
     assert proc.stdout.rstrip().endswith(f"python launch/compare_runs.py {sweep}")
@@ -249,6 +251,11 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
     assert [row["_step"] for p in run.paths for row in read_run(p).history] == list(range(1, steps + 1))
     assert run.series(LOSS)[: s.steps] == pytest.approx(s.losses)
     assert not list(tmp_path.glob("outputs"))  # no new run dir was made
+    # console.log: the first launch's lines, then the resume's below the line that names it
+    lines = (run_dir / "console.log").read_text().splitlines()
+    assert [int(line.split()[1].split("/")[0]) for line in lines[: s.steps]] == list(range(1, s.steps + 1))
+    assert lines[s.steps].startswith("==== resume 1 (") and f"from step {s.steps}," in lines[s.steps]
+    assert [line.split()[1] for line in lines[s.steps + 1:]] == [f"{n}/{steps}" for n in range(s.steps + 1, steps + 1)]
 
 
 def test_sigterm_to_the_launcher_stops_the_workers(tmp_path):
@@ -264,6 +271,20 @@ def test_sigterm_to_the_launcher_stops_the_workers(tmp_path):
         f"[mxfp8ep] stopped by SIGTERM at step {s.steps}/200: no checkpoint "
         f"(training.checkpoint_enable=false), so it cannot be resumed"
     ]
+
+
+def test_a_long_step_says_it_is_still_running(tmp_path):
+    """logging.heartbeat_s: while a step runs longer than that, the console says which step and
+    for how long (a first step that takes minutes no longer looks like a hang)."""
+    slow_steps = {"PYTHONPATH": os.pathsep.join((str(REPO / "tests" / "slurm"), str(REPO))),
+                  "MXFP8EP_RUNNER": "slurm_fault_runner:run_training", "MXFP8EP_TEST_STEP_SLEEP": "2.5"}
+    proc = run_train(tmp_path, "training.steps=2", "logging=none", "logging.heartbeat_s=1", **slow_steps)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    lines = proc.stdout.splitlines()
+    for step in (1, 2):
+        done = next(i for i, line in enumerate(lines) if line.startswith(f"step {step}/2  loss"))
+        assert lines[done - 1].startswith(f"step {step}/2  still running ("), lines
+        assert lines[done - 1].endswith(" so far; stuck? see docs/usage.md#when-a-step-never-finishes)")
 
 
 def test_help_lists_groups_options_and_examples(tmp_path):

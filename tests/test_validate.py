@@ -337,6 +337,20 @@ def test_memory_warn_launches_anyway():
     assert "validate.memory='never'" in one_problem("validate.memory=never")
 
 
+def test_a_step_that_cpu_cores_cannot_finish_is_refused():
+    """On CPU, attention's work grows with seq_len²: the tiny default at seq_len=100000 would
+    print nothing for hours. Refused before launch, naming the field and the estimate."""
+    msg = one_problem("training.seq_len=100000")  # CPU_BOX: 2 cores, one per process
+    assert msg.startswith("training.seq_len=100000: every training step would take at least 10m")
+    assert "on 1 CPU core(s) per process" in msg and "attention over 100,000² token pairs" in msg
+    assert msg.endswith("validate.max_step_s=0 launches anyway")
+    assert check("training.seq_len=16384") == []  # 26 s a step measured on such a box
+    assert check("training.seq_len=100000", "validate.max_step_s=0") == []
+    assert check("training.seq_len=100000", machine=Machine(24 * GIB, 32)) == []  # 16 cores each
+    assert check("training.seq_len=100000", machine=Machine(64 * GIB, 2, gpu_memory_bytes=(80 * GIB,) * 2)) == []
+    assert "validate.max_step_s=-1: 0 (no check)" in one_problem("validate.max_step_s=-1")
+
+
 def test_default_run_fits_a_small_laptop():
     check(machine=Machine(4 * GIB, 2))
     assert "needs about" in one_problem(machine=Machine(1 * GIB, 2))

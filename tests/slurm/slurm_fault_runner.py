@@ -18,6 +18,8 @@ from typing import Any
 
 
 def run_training(cfg: Any, run_dir: str) -> Any:
+    from torchtitan.train import Trainer
+
     from launch import titan_runner
 
     rank = int(os.environ.get("RANK", "0"))
@@ -25,19 +27,25 @@ def run_training(cfg: Any, run_dir: str) -> Any:
     crash_step = int(os.environ.get("MXFP8EP_TEST_CRASH_STEP", "1"))
     step_sleep = float(os.environ.get("MXFP8EP_TEST_STEP_SLEEP", "0"))
 
-    if rank == crash_rank or step_sleep > 0:
-        original = titan_runner.RecipeTrainer.train_step
+    if rank == crash_rank:
+        recipe_step = titan_runner.RecipeTrainer.train_step
 
-        def train_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def crash_first(self: Any, *args: Any, **kwargs: Any) -> Any:
             # torchtitan increments self.step before calling train_step
-            if rank == crash_rank and self.step >= crash_step:
+            if self.step >= crash_step:
                 print(f"[fault-runner] rank {rank}: injected crash at step {self.step}", flush=True)
                 print(f"[fault-runner] rank {rank}: injected crash", file=sys.stderr, flush=True)
                 os._exit(3)
-            if step_sleep > 0:
-                time.sleep(step_sleep)
-            return original(self, *args, **kwargs)
+            return recipe_step(self, *args, **kwargs)
 
-        titan_runner.RecipeTrainer.train_step = train_step
+        titan_runner.RecipeTrainer.train_step = crash_first
+    if step_sleep > 0:
+        titan_step = Trainer.train_step
+
+        def slow(self: Any, *args: Any, **kwargs: Any) -> Any:  # part of the step, as a slow one
+            time.sleep(step_sleep)
+            return titan_step(self, *args, **kwargs)
+
+        Trainer.train_step = slow
 
     return titan_runner.run_training(cfg, run_dir)

@@ -161,11 +161,11 @@ def test_multirun_submits_one_job_per_point(train, tmp_path):
         assert s.steps == 3 and math.isfinite(s.final_loss)
     assert summaries[1].a2a_legs != summaries[0].a2a_legs
     # folder names leave the launcher overrides out
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == [
-        "0_a2a=bf16,parallelism.ep=2,parallelism.nodes=2,parallelism.procs_per_node=1,training.steps=3",
-        "1_a2a=mxfp8,parallelism.ep=2,parallelism.nodes=2,parallelism.procs_per_node=1,training.steps=3",
-    ]
+    named = "parallelism.ep=2,parallelism.nodes=2,parallelism.procs_per_node=1,others="
+    assert sorted(p.name.split(",others=")[0] + ",others=" for p in sweep.iterdir() if p.is_dir()) == [
+        f"0_a2a=bf16,{named}", f"1_a2a=mxfp8,{named}"]
     assert f"python launch/compare_runs.py {sweep}" in out
+    assert "locally" not in out  # Hydra's "Launching 2 jobs locally": they went to SLURM
 
 
 def test_crash_on_one_rank_is_failed_with_log_path(train, tmp_path):
@@ -277,6 +277,32 @@ def test_sbatch_refusals_are_one_message(train, tmp_path, without_sinfo, overrid
     (line,) = proc.stderr.splitlines()
     assert line.startswith("[mxfp8ep] SLURM refused the job: ") and said in line and option in line
     assert _next_job_id() == next_id  # refused: no job id was used
+
+
+def test_a_controller_that_is_down_is_refused_before_sbatch(slurm_cluster, tmp_path):
+    """The SLURM clients pointed at a controller that is not there (ports nothing listens on):
+    `scontrol ping` says it is down, and the launch stops there with one line, exit 2, no run
+    folder; sinfo would have retried ~10 s and then only warned, sbatch retried and refused."""
+    import socket
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        ctld, slurmd = a.getsockname()[1], b.getsockname()[1]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=down\nSlurmctldHost=localhost\nSlurmctldPort={ctld}\n"
+                    f"SlurmdPort={slurmd}\nAuthType=auth/munge\nNodeName=n1 CPUs=2 State=UNKNOWN\n"
+                    f"PartitionName=debug Nodes=n1 Default=YES MaxTime=INFINITE State=UP\n")
+    proc = subprocess.run(train_cmd("launcher=slurm", "launcher.gpus_per_node=0", "logging=none"),
+                          cwd=tmp_path, env=train_env(SLURM_CONF=str(conf)), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    head, line = proc.stderr.splitlines()
+    assert head == "[mxfp8ep] 1 problem(s) in the training config:"
+    assert re.fullmatch(r"  - launcher=slurm: SLURM does not answer \(scontrol ping: Slurmctld\(primary\) "
+                        r"at \S+ is DOWN\); check that the cluster is up \(`scontrol ping`\), or use "
+                        r"launcher=local", line), line
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):

@@ -1,0 +1,90 @@
+"""launch/console.py and launch/heartbeat.py: what a run prints and records. The local launcher
+end to end with a stand-in trainer (tests/console_runner.py): the console shows this launch's
+lines only, console.log keeps every launch's, train.log records the launch; the summary names
+each long path once; the heartbeat while a step runs long. The real trainer's console is in
+test_train_e2e.py."""
+
+from __future__ import annotations
+
+import threading
+
+from tests.train_cli import run_train
+
+from launch.console import format_summary
+from launch.heartbeat import StepHeartbeat, append_line
+from launch.run_summary import RunSummary
+
+STAND_IN = "tests.console_runner:run_training"
+
+
+def test_a_resumed_run_prints_its_own_lines_and_keeps_every_launchs(tmp_path):
+    run = tmp_path / "run"
+    first = run_train(tmp_path, "training.steps=3", "logging=none", "training.checkpoint_enable=true",
+                      f"hydra.run.dir={run}", MXFP8EP_RUNNER=STAND_IN, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "stand-in step 3/3" in first.stdout
+    (run / "checkpoint" / "step-3").mkdir(parents=True)
+    (run / "checkpoint" / "step-3" / ".metadata").write_text("")
+
+    resumed = run_train(tmp_path, f"training.resume={run}", "training.steps=5", MXFP8EP_RUNNER=STAND_IN,
+                        timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    printed = [line for line in resumed.stdout.splitlines() if line.startswith("stand-in")]
+    assert printed == [f"stand-in step {s}/5" for s in range(1, 6)]  # not the first launch's again
+    lines = (run / "console.log").read_text().splitlines()
+    assert lines[:3] == [f"stand-in step {s}/3" for s in range(1, 4)]
+    assert lines[3].startswith("==== resume 1 (") and lines[4:] == printed
+
+    # train.log: what the launching process did, every launch (it was empty after a clean run)
+    log = (run / "train.log").read_text()
+    assert log.count("launch: ") == 2 and "a new run in" in log and "resuming" in log
+    assert "starting 2 CPU processes (gloo)" in log and "every process exited cleanly" in log
+    assert "torch.distributed.elastic" in log  # the agent starting and watching the workers
+    assert log.count("ended: step ") == 2
+
+
+def _summary(run_dir: str, mode: str, dirs: list[str]) -> RunSummary:
+    return RunSummary(run_name="a2a=bf16", experiment="default", a2a="bf16", a2a_legs={}, model="tiny_llama4",
+                      model_flavor="llama4/tiny", parallelism="ep2", world_size=2, ep=2, launcher="local",
+                      device="cpu", run_dir=run_dir, steps=110, target_steps=110, start_step=100,
+                      wandb_mode=mode, wandb_dirs=dirs)
+
+
+def test_the_summary_names_each_long_path_once(tmp_path):
+    run = str(tmp_path / "outputs" / "default" / ("2026-12-02_13-26-46_a2a=bf16,model=tiny_dsv3," + "x" * 60))
+    dirs = [f"{run}/wandb/offline-run-20261202_13265{i}-d3e5b708" for i in (5, 9)]  # a resumed run
+    text = format_summary(_summary(run, "offline", dirs))
+    assert text.count(run) == 2  # the run dir, and the upload command
+    assert (f"  wandb (offline)  wandb/offline-run-20261202_132655-d3e5b708, "
+            f"wandb/offline-run-20261202_132659-d3e5b708 (in the run dir)\n"
+            f"    upload later with: wandb sync {run}/wandb/offline-run-*") in text
+    online = format_summary(_summary(run, "online", [f"{run}/wandb/run-20261202_132655-d3e5b708"]))
+    assert online.count(run) == 1 and "wandb/run-20261202_132655-d3e5b708 (in the run dir)" in online
+
+
+def test_the_heartbeat_says_which_step_still_runs(tmp_path):
+    console = tmp_path / "console.log"
+    console.write_text("step 1/20  loss 6.8\n")
+    written = append_line(str(console))
+    beats = threading.Event()
+
+    def write(line: str) -> None:
+        written(line)
+        if console.read_text().count("still running") >= 2:
+            beats.set()
+
+    heartbeat = StepHeartbeat(write, steps=20, every_s=0.05)
+    with heartbeat.step(2):
+        assert beats.wait(timeout=60), console.read_text()  # the step runs until two beats came
+    heartbeat.close()
+    lines = console.read_text().splitlines()
+    assert lines[0] == "step 1/20  loss 6.8"
+    assert lines[1].startswith("step  2/20  still running (0s so far; stuck? see docs/usage.md#")
+    assert all(line.startswith("step  2/20  still running") for line in lines[1:])
+
+    quiet = tmp_path / "quiet.log"
+    heartbeat = StepHeartbeat(append_line(str(quiet)), steps=20, every_s=3600)
+    with heartbeat.step(1):  # a step shorter than the interval: nothing to say
+        pass
+    heartbeat.close()
+    assert not quiet.exists()

@@ -1,0 +1,71 @@
+"""docs/usage.md's commands as written: the folder layout for your own data and the commands
+that train on it, and the wandb online command, pass every check before launch (a folder built
+exactly as the page describes it; nothing is trained or uploaded)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shlex
+import shutil
+
+from tests.hydra_compose import REPO, compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
+
+from launch.machine import GIB, Machine
+from launch.titan_data import TOKENIZER_DIR
+from launch.validate import validate
+
+USAGE = (REPO / "docs" / "usage.md").read_text()
+GPU_BOX = Machine(ram_bytes=512 * GIB, cpu_count=32, gpu_memory_bytes=(141 * GIB,) * 8)
+
+
+def section(title: str) -> str:
+    return USAGE.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def train_commands(text: str) -> list[list[str]]:
+    """The overrides of every `python launch/train.py` command in the section's code blocks."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for command in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(command)
+            if words[:2] == ["python", "launch/train.py"]:
+                out.append([w for w in words[2:] if not w.startswith("--")])
+    return out
+
+
+def test_your_own_data_as_the_page_lays_it_out(tmp_path):
+    text = section("Training on your own data")
+    layout = re.search(r"```\n(<folder>/.*?)```", text, flags=re.S).group(1)
+    files = [line.split()[0].removeprefix("<folder>/") for line in layout.splitlines()]
+    assert files == ["train.jsonl.gz", "validation.jsonl.gz", "tokenizer/", "manifest.json"]
+    folder = tmp_path / "mycorpus"
+    folder.mkdir()
+    for split, docs in (("train", 400), ("validation", 200)):
+        with gzip.open(folder / f"{split}.jsonl.gz", "wt") as f:
+            for i in range(docs):
+                f.write(json.dumps({"text": f"document {i}: " + "words of a document " * 40}) + "\n")
+    shutil.copytree(TOKENIZER_DIR, folder / "tokenizer")
+    (folder / "manifest.json").write_text(json.dumps(
+        {"splits": {"train": {"tokens": 2_000_000}, "validation": {"tokens": 400_000}}}))
+
+    (command,) = train_commands(text)
+    command = [w.replace("/data/mycorpus", str(folder)) for w in command]
+    assert validate(compose_cfg(*command), machine=GPU_BOX) == []
+
+    single = re.search(r"`(training.dataset=mxfp8ep_tiny [^`]*)`", text).group(1).split()
+    (tmp_path / "my.jsonl").write_text("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(50)))
+    single = [w.replace("/data/my.jsonl", str(tmp_path / "my.jsonl")).replace("<dir>", str(TOKENIZER_DIR))
+              for w in single]
+    assert validate(compose_cfg(*single), machine=GPU_BOX) == []
+
+
+def test_the_wandb_online_command(tmp_path):
+    (command,) = train_commands(section("wandb"))
+    (sweep,) = [o for o in command if o.startswith("a2a=")]
+    for a2a in sweep.removeprefix("a2a=").split(","):  # each point of the --multirun sweep
+        cfg = compose_cfg(*[f"a2a={a2a}" if o == sweep else o for o in command])
+        assert (cfg.logging.wandb_mode, cfg.logging.entity, cfg.logging.project) == (
+            "online", "my-team", "moe-a2a")
+        assert validate(cfg, machine=GPU_BOX) == []
