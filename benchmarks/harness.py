@@ -127,6 +127,7 @@ class Arm:
     """One side of a comparison. A baseline by name (``torchtitan``, ...), or our dispatcher:
     ``<preset>/<transport>`` with modifiers ``:overlap`` (shared experts on a side stream),
     ``:rows`` (combine's forward row by row: ``A2AConfig.symm_combine_partial_sums=False``),
+    ``:worst`` (symm's expert capacity at the worst case: ``A2AConfig.capacity_factor=None``),
     ``:<kernel>=BxW[xD]`` or ``:<kernel>.<fmt>=BxW[xD]`` (that kernel's launch shape, for both
     leg formats or one), and the suffix ``@local``: every rank runs the layer alone with its
     share of the experts (no exchange; the layer's floor, not comparable to the others)."""
@@ -136,6 +137,7 @@ class Arm:
     transport: str | None = None
     overlap: bool = False
     rows: bool = False
+    worst: bool = False
     local: bool = False
     launch: tuple = ()  # ((kernel, fmt or None, LaunchShape), ...)
 
@@ -146,7 +148,9 @@ class Arm:
     def a2a(self):
         from mxfp8_ep.config import A2AConfig
 
-        return A2AConfig.preset(self.preset, transport=self.transport, symm_combine_partial_sums=not self.rows)
+        factor = {"capacity_factor": None} if self.worst else {}
+        return A2AConfig.preset(self.preset, transport=self.transport, symm_combine_partial_sums=not self.rows,
+                                **factor)
 
     def launch_shapes(self):
         """``TokenDispatcher.Config.launch_shapes`` of this arm (None: the defaults)."""
@@ -164,6 +168,9 @@ class Arm:
         return out
 
 
+MODIFIERS = ("overlap", "rows", "worst")  # an arm's flags (``Arm``)
+
+
 def parse_arm(text: str, baselines=("torchtitan",)) -> Arm:
     if text in baselines:
         return Arm(text)
@@ -177,14 +184,15 @@ def parse_arm(text: str, baselines=("torchtitan",)) -> Arm:
                          f"{sorted(PRESETS)} and transport symm or nccl")
     flags, launch = set(), []
     for mod in mods:
-        if mod in ("overlap", "rows"):
+        if mod in MODIFIERS:
             flags.add(mod)
         elif "=" in mod:
             kernel, fmt, (shape,) = parse_kernel_launch(mod)  # one shape per modifier (commas split arms)
             launch.append((kernel, fmt, shape))
         else:
-            raise ValueError(f"arm {text!r}: unknown modifier {mod!r}; known: overlap, rows, KERNEL[.FMT]=BxW[xD]")
-    return Arm(text, preset, transport, "overlap" in flags, "rows" in flags, local, tuple(launch))
+            raise ValueError(f"arm {text!r}: unknown modifier {mod!r}; known: {', '.join(MODIFIERS)}, "
+                             f"KERNEL[.FMT]=BxW[xD]")
+    return Arm(text, preset, transport, "overlap" in flags, "rows" in flags, "worst" in flags, local, tuple(launch))
 
 
 def parse_arms(text: str, baselines=("torchtitan",), first: str | None = None) -> list[Arm]:

@@ -1,22 +1,51 @@
 """Memory of the symm transport's elastic capacity against the all-to-all's and the worst case.
 
-    python -m benchmarks.memory --out OUT                       # the recipe's estimate (CPU)
+    python -m benchmarks.memory --out OUT                                   # the recipe's estimate
+    torchrun --nproc_per_node=W -m benchmarks.memory --layer --out OUT      # the layer, measured
 
 Estimate (bench ``memory_estimate``): ``launch/memory.py``'s bytes per GPU, the check the
 recipe makes before launch, for DeepSeek-V3 16B at EP=8 on 8 GPUs (seq 4096, local batch 2) and
 every activation checkpointing, per arm: ``nccl`` (all-to-all: the rows received), ``symm`` at
 the default ``a2a.capacity_factor``, ``symm:worst`` (``capacity_factor=None``, EP x tokens x
 top_k rows). ``vs_nccl``: the arm's bytes over nccl's.
+
+Layer (bench ``layer_memory``): the DeepSeek-V3-like MoE layer (``harness.SHAPES``; ``--tokens``
+per rank), one forward+backward, each rank's peak: the allocator's peak plus its peer buffers,
+max over ranks (``peak_gib``), and that less the layer's parameters and their gradients
+(``above_weights_gib``: what the arms differ in). With CUDA the W ranks share GPU 0 (a gloo group,
+peer buffers over CUDA IPC: ``peer_memory.share_one_device``), so one GPU measures EP=W; the
+rows say ``gpu_shared``. Arms: ``<preset>/symm`` at the default capacity factor and ``:worst``;
+``torchtitan``: torchtitan 0.2.2's ``ExpertParallel`` on rank 0 alone (a one-rank NCCL group)
+with that rank's share of the experts, the rows and buffers one rank of EP=W holds under an even
+routing. Every rank builds only its own experts. ``capacity_rows``: the symm arm's expert rows.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from benchmarks.harness import Results
+import torch
+import torch.distributed as dist
+
+from benchmarks.harness import (
+    MoEShape,
+    Results,
+    free_peer_buffers,
+    layer_inputs,
+    leave_process_group,
+    max_over_ranks,
+    nbytes,
+    parse_arms,
+    parse_shape_names,
+    parsed,
+    reset_peak,
+)
 from launch.memory import estimate
 from launch.model_facts import MODELS
-from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR
+from mxfp8_ep import peer_memory
+from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR, A2AConfig
+from mxfp8_ep.titan022 import install_expert_parallel
 
 # (model family, flavor, GPUs, EP, seq_len, local batch): what the EP=8 recipes train.
 ESTIMATED = (("deepseek_v3", "16B", 8, 8, 4096, 2),)
@@ -46,12 +75,151 @@ def estimate_rows() -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------------- the layer
+
+LAYER_ARMS = ("torchtitan", "bf16/symm", "bf16/symm:worst", "mxfp8/symm", "mxfp8/symm:worst")
+
+
+def init_ranks() -> torch.device:
+    """A gloo group; with CUDA every rank on GPU 0 with peer buffers over CUDA IPC."""
+    dist.init_process_group("gloo")
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    torch.cuda.set_device(0)
+    peer_memory.share_one_device(True)
+    return torch.device("cuda", 0)
+
+
+def local_moe(shape: MoEShape, experts: int, device, dtype):
+    """torchtitan 0.2.2's MoE of ``shape`` whose experts module holds ``experts`` experts (this
+    rank's), the router over ``shape.experts``; the router and shared expert the same on every
+    rank and in every arm, the experts drawn per rank."""
+    from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs
+
+    args = MoEArgs(num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,
+                   route_scale=shape.route_scale, score_before_experts=shape.score_before_experts, top_k=shape.top_k,
+                   use_grouped_mm=device.type == "cuda", load_balance_coeff=None)
+    with torch.device("meta"):
+        moe = MoE(args, dim=shape.dim, hidden_dim=shape.hidden)
+        moe.experts = GroupedExperts(shape.dim, shape.hidden, experts, use_grouped_mm=args.use_grouped_mm)
+    moe.to_empty(device=device)
+    torch.manual_seed(1234)
+    with torch.no_grad():
+        moe.init_weights(0.02, device)
+    moe.experts.num_experts = shape.experts  # what the dispatcher routes over
+    return moe.to(dtype)
+
+
+def ep_moe(shape: MoEShape, arm, device, dtype):
+    """Our dispatcher's layer over every rank: this rank's experts and the plan
+    ``DispatcherExpertParallel`` would record (built by hand: every rank allocates only its
+    experts)."""
+    from mxfp8_ep.titan022 import CapacityGroupedExperts, ExpertParallelPlan
+
+    world = dist.get_world_size()
+    moe = local_moe(shape, shape.experts // world, device, dtype)
+    if device.type == "cuda":
+        moe.experts.__class__ = CapacityGroupedExperts
+    moe.experts.expert_parallel_plan = ExpertParallelPlan(dist.group.WORLD, arm.a2a(), shape.tokens)
+    return moe
+
+
+def titan_moe_alone(shape: MoEShape, group, device, dtype):
+    """torchtitan's ``ExpertParallel`` over the one-rank ``group``, with one rank's share of the
+    experts: the router routes every row to them, as an even routing sends one rank its share."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.distributed.expert_parallel import ExpertParallel
+
+    share = replace(shape, experts=shape.experts // dist.get_world_size())
+    moe = local_moe(share, share.experts, device, dtype)
+    mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("ep",))
+    parallelize_module(moe.experts, mesh, ExpertParallel())
+    return moe
+
+
+def weights_bytes(moe) -> int:
+    """The layer's parameters and their gradients (a DTensor's local shard)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in moe.parameters()]
+    return 2 * nbytes(local)
+
+
+def pass_peak(moe, x, grad, device) -> tuple[float, float, int]:
+    """One forward+backward after a warm-up one, each again after a capacity overflow
+    (``elastic.ReplayGuard``): (peak GiB, peak less weights and grads GiB, replays), this
+    rank's."""
+    from mxfp8_ep.dispatcher import peer_buffer_nbytes
+    from mxfp8_ep.elastic import ReplayGuard
+
+    guard = ReplayGuard(moe.modules())
+    try:
+        for measured in (False, True):
+            for _ in guard.attempts():
+                moe.zero_grad(set_to_none=True)
+                xi = x.clone().requires_grad_()
+                if measured:
+                    reset_peak(device)
+                moe(xi).backward(grad)
+    finally:
+        guard.close()
+    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda" else 0) + peer_buffer_nbytes()
+    return peak / GIB, (peak - weights_bytes(moe)) / GIB, guard.replays
+
+
+def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
+    from mxfp8_ep import elastic
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    titan_group = dist.new_group([0], backend="nccl" if device.type == "cuda" else "gloo")
+    x, grad = layer_inputs(shape, device)
+    rows = []
+    for arm in arms:
+        free_peer_buffers()
+        if arm.baseline:
+            *peaks, replays = pass_peak(titan_moe_alone(shape, titan_group, device, torch.bfloat16), x, grad,
+                                        device) if rank == 0 else (0.0, 0.0, 0)
+            capacity = None
+        else:
+            *peaks, replays = pass_peak(ep_moe(shape, arm, device, torch.bfloat16), x, grad, device)
+            capacity = elastic.capacity_rows()
+        peak, above = (max_over_ranks(p, torch.device("cpu")) for p in peaks)
+        rows.append({**shape.row_fields(), "ep": world, "arm": arm.name, "pass": "fwd+bwd",
+                     "peak_gib": round(peak, 3), "above_weights_gib": round(above, 3), "capacity_rows": capacity,
+                     "replays": replays, "gpu_shared": device.type == "cuda" and world > 1})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for row in rows:
+        base = next((r for r in rows if r["arm"] == "torchtitan"), None)
+        row["vs_torchtitan"] = round(row["peak_gib"] / base["peak_gib"], 4) if base and base["peak_gib"] else None
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the rows")
+    parser.add_argument("--layer", action="store_true", help="measure the layer (under torchrun), not the estimate")
+    parser.add_argument("--shape", type=parse_shape_names, default="dsv3", help="a harness.SHAPES name")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (default: the shape's)")
+    parser.add_argument("--arms", default=",".join(LAYER_ARMS), help="comma-separated (harness.Arm)")
     args = parser.parse_args(argv)
-    Results("memory_estimate", args.out, count=1).write(
-        estimate_rows(), ("model", "activation_checkpoint", "arm", "capacity_factor", "gib", "vs_nccl"))
+    if not args.layer:
+        Results("memory_estimate", args.out, count=1).write(
+            estimate_rows(), ("model", "activation_checkpoint", "arm", "capacity_factor", "gib", "vs_nccl"))
+        return
+    arms = parsed(parser, parse_arms, args.arms, first="torchtitan")
+    (shape,) = args.shape
+    if args.tokens:
+        shape = replace(shape, tokens=args.tokens)
+    device = init_ranks()
+    if device.type == "cpu":
+        from launch.titan_cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()
+    install_expert_parallel(A2AConfig())  # MoE.forward through the dispatcher where a plan says so
+    results = Results("layer_memory", args.out)
+    results.write(layer_rows(shape, arms, device),
+                  ("shape", "ep", "arm", "peak_gib", "above_weights_gib", "capacity_rows", "vs_torchtitan"))
+    leave_process_group()
 
 
 if __name__ == "__main__":
