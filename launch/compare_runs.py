@@ -18,13 +18,18 @@ Every run is compared with its baseline: the bf16 run of the same sweep point (i
 without the ``a2a`` and ``training.seed`` parts), the one with the lowest seed when there are
 several, else the first bf16 run of the same model, world size and EP degree. Further bf16
 runs of the point with other seeds measure the seed-to-seed spread, against which each arm's
-difference is judged: one verdict line per arm, e.g.
+end loss is judged (``PARITY_SHARE`` and ``bf16_reference``: with three or more bf16 seeds,
+its distance from their mean against max(2 × their sample std, 0.5% of the loss); with one or
+two, its distance from the baseline against max(their distance, 0.5% of the loss)): one verdict
+line per run, e.g.
 
     mxfp8_all: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
+    mxfp8_all seed 1: final val loss -0.0250 (-0.57%) vs bf16 mean of 3 seeds; bf16 std 0.0100 over 3 seeds -> outside ...
 
 and one throughput verdict per arm: its runs' tokens/s together over the bf16 runs', with the
 ratios of every (arm run, bf16 run) pair; a difference is called a speed-up only when every pair
-shows it, and with one run on each side (no spread to judge by) not at all:
+shows it, with one run on each side (no spread to judge by) not at all, and for runs whose ranks
+shared one GPU (``RunSummary.gpu_shared``) never:
 
     mxfp8: tokens/s ×1.031 vs bf16, 2 vs 2 runs (pairs ×0.992-×1.070) -> inside the run-to-run spread ...
 
