@@ -2,7 +2,7 @@
 written as docs/results.md, as the README's results block, and as its Numerics table (the parity
 studies side by side, ``benchmarks.parity_table``).
 
-    python -m benchmarks.report            # rewrite docs/results.md and the README block
+    python -m benchmarks.report            # rewrite docs/results.md and the README blocks
     python -m benchmarks.report --check    # exit 1 with a diff when either differs from what it makes
 
 A run measured on a commit older than the last change to the code its bench measures (the bench's
@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         for path, text in targets:
             path.write_text(text)
-        print(f"wrote {REPORT.relative_to(REPO)} and the results block of {README.relative_to(REPO)}")
+        print(f"wrote {REPORT.relative_to(REPO)} and the results block and Numerics table of {README.relative_to(REPO)}")
         return 0
     differ = False
     for path, text in targets:
@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\nThe committed report is not what `python -m benchmarks.report` makes of the committed rows"
                   " and history: run it and commit the result.", file=sys.stderr)
         return 1
-    print("docs/results.md and the README's results block are current")
+    print("docs/results.md and the README's results block and Numerics table are current")
     return 0
 
 
