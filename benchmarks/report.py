@@ -1,7 +1,8 @@
 """The results report: the rows in benchmarks/results/ and the claims in benchmarks/claims.yaml,
-written as docs/results.md and as the README's results block.
+written as docs/results.md, as the README's results block, and as its Numerics table (the parity
+studies side by side, ``benchmarks.parity_table``).
 
-    python -m benchmarks.report            # rewrite docs/results.md and the README block
+    python -m benchmarks.report            # rewrite docs/results.md and the README blocks
     python -m benchmarks.report --check    # exit 1 with a diff when either differs from what it makes
 
 A run measured on a commit older than the last change to the code its bench measures (the bench's
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks import speed_model
+from benchmarks import parity_table, speed_model
 from benchmarks.rows import OPTIONAL_PROVENANCE_KEYS, PROVENANCE_KEYS, read_rows
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,13 +90,17 @@ BENCHES = {
                                paths=TRAIN_CODE, baselines=("off",), key="step_time_s",
                                hide=("overrides", "run_dir", "step_times_off", "step_times_on")),
     "parity": Bench("bf16 against MXFP8 training on the debian_docs corpus (`scripts/parity_study.py`): "
-                    "final training and validation loss, the validation loss's difference from the bf16 "
-                    "baseline against the bound max(bf16 seed spread, 0.5% of the loss), and the worst "
-                    "layer of each quantization statistic per MXFP8 leg (`numerics/`). tokens/s is no "
-                    "speed figure: on the GPU the arms shared one GPU and, at EP=1, the MXFP8 arms "
-                    "quantized rows that cross no wire; CPU runs say nothing about GPUs",
+                    "final training and validation loss, the validation loss's distance from the bf16 "
+                    "reference against the bound (`parity_rule`: with three or more bf16 seeds their mean "
+                    "and max(2 × their std, 0.5% of the loss), else bf16 seed 0 and max(seed spread, 0.5% "
+                    "of the loss)), the symm capacity replays, the corpus (its sha256 and Debian package "
+                    "versions), and the worst layer of each quantization statistic per MXFP8 leg "
+                    "(`numerics/`). tokens/s is no speed figure: on the GPU the arms shared one GPU (and "
+                    "`gpu_shared` runs their ranks too) and, at EP=1, the MXFP8 arms quantized rows that "
+                    "cross no wire; CPU runs say nothing about GPUs",
                     paths=RECIPE + ("recipes/", "scripts/parity_study.py"), key="final_val_loss",
-                    hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device")),
+                    hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device", "parity_rule",
+                          "capacity_replay_steps")),
     "memory_estimate": Bench("The recipe's memory estimate before launch (`launch/memory.py`), GiB per GPU: "
                              "the all-to-all (nccl), symm at the default `a2a.capacity_factor`, symm at "
                              "the worst case (`capacity_factor=None`)",
@@ -584,12 +589,18 @@ def render_readme_block(claims: list[Claim], history: History) -> str:
     return "\n".join([BEGIN, *lead, *lines, *note, *(f"[{k}]: {v}" for k, v in refs.items()), END])
 
 
-def splice_readme(text: str, block: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+def splice_readme(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with what lies from ``begin`` to ``end`` replaced by ``block`` (which holds them)."""
+    if begin not in text or end not in text:
+        raise ValueError(f"README.md has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     return head + block + tail
+
+
+def render_numerics_block(runs: dict[str, Run], history: History) -> str:
+    """The README's Numerics table (``benchmarks.parity_table``) with the runs' marks."""
+    return parity_table.render(runs, lambda run: history.status(run.first["commit"], run.bench.paths), MARKS, REPO)
 
 
 def build(history: History | None = None) -> tuple[str, str]:
@@ -600,7 +611,9 @@ def build(history: History | None = None) -> tuple[str, str]:
     broken = [f"{c.id}: {c.error}" for c in claims if c.error]
     if broken:
         raise ValueError("claims that no row backs:\n  " + "\n  ".join(broken))
-    return render_report(runs, claims, history), splice_readme(README.read_text(), render_readme_block(claims, history))
+    readme = splice_readme(README.read_text(), render_readme_block(claims, history))
+    readme = splice_readme(readme, render_numerics_block(runs, history), parity_table.BEGIN, parity_table.END)
+    return render_report(runs, claims, history), readme
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -620,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         for path, text in targets:
             path.write_text(text)
-        print(f"wrote {REPORT.relative_to(REPO)} and the results block of {README.relative_to(REPO)}")
+        print(f"wrote {REPORT.relative_to(REPO)} and the results block and Numerics table of {README.relative_to(REPO)}")
         return 0
     differ = False
     for path, text in targets:
@@ -638,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\nThe committed report is not what `python -m benchmarks.report` makes of the committed rows"
                   " and history: run it and commit the result.", file=sys.stderr)
         return 1
-    print("docs/results.md and the README's results block are current")
+    print("docs/results.md and the README's results block and Numerics table are current")
     return 0
 
 

@@ -13,6 +13,8 @@ give one row: its arm
 (all ranks), step time, the loss at every logged step, all-to-all bytes per step, peak reserved
 memory; and against the ``--baseline`` arm's run of the same model: ``speedup_vs_<baseline>``
 (tokens/s over the baseline's) and ``loss_delta_vs_<baseline>`` (final loss minus the baseline's).
+A run whose ranks shared one GPU (``parallelism.share_gpu``) says so (``gpu_shared``) and gets no
+speed-up: its tokens/s are no speed figure.
 
 ``--step-profile``: ``training.profile_freq=N`` has torchtitan write one step's Chrome trace per
 rank every ``N`` steps (``<run>/profile_traces/iteration_<step>/rank<r>_trace.json``). The newest
@@ -72,7 +74,7 @@ def run_rows(paths: list[str], baseline: str) -> list[dict]:
             "tokens_per_s": s.tokens_per_s_global, "tokens_per_s_per_rank": s.tokens_per_s,
             "step_time_s": s.step_time_s, "final_loss": s.final_loss, "a2a_bytes_per_step": s.a2a_bytes_per_step,
             "max_memory_gib": s.max_memory_gib, "mfu_pct": s.mfu_pct, "steady_steps": s.steady_steps,
-            "run_name": s.run_name,
+            "run_name": s.run_name, "gpu_shared": s.gpu_shared,
             "logged_steps": s.logged_steps, "losses": s.losses,
         })
     add_throughput_ratios(rows, baseline)
@@ -81,12 +83,13 @@ def run_rows(paths: list[str], baseline: str) -> list[dict]:
 
 def add_throughput_ratios(rows: list[dict], baseline: str) -> None:
     """``speedup_vs_<baseline>`` (tokens/s over the baseline run's, same model) and
-    ``loss_delta_vs_<baseline>`` on every row; None where the sweep has no baseline run."""
+    ``loss_delta_vs_<baseline>`` on every row; None where the sweep has no baseline run, and
+    no speed-up where either run's ranks shared one GPU (``gpu_shared``: no speed figure)."""
     base = {r["model"]: r for r in rows if r["arm"] == baseline}
     name = key_of(baseline)
     for r in rows:
         b = base.get(r["model"])
-        ok = b is not None and r["tokens_per_s"] and b["tokens_per_s"]
+        ok = b is not None and r["tokens_per_s"] and b["tokens_per_s"] and not (r["gpu_shared"] or b["gpu_shared"])
         r[f"speedup_vs_{name}"] = round(r["tokens_per_s"] / b["tokens_per_s"], 3) if ok else None
         ok = b is not None and r["final_loss"] is not None and b["final_loss"] is not None
         r[f"loss_delta_vs_{name}"] = round(r["final_loss"] - b["final_loss"], 4) if ok else None

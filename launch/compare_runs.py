@@ -18,13 +18,18 @@ Every run is compared with its baseline: the bf16 run of the same sweep point (i
 without the ``a2a`` and ``training.seed`` parts), the one with the lowest seed when there are
 several, else the first bf16 run of the same model, world size and EP degree. Further bf16
 runs of the point with other seeds measure the seed-to-seed spread, against which each arm's
-difference is judged: one verdict line per arm, e.g.
+end loss is judged (``PARITY_SHARE`` and ``bf16_reference``: with three or more bf16 seeds,
+its distance from their mean against max(2 × their sample std, 0.5% of the loss); with one or
+two, its distance from the baseline against max(their distance, 0.5% of the loss)): one verdict
+line per run, e.g.
 
     mxfp8_all: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
+    mxfp8_all seed 1: final val loss -0.0250 (-0.57%) vs bf16 mean of 3 seeds; bf16 std 0.0100 over 3 seeds -> outside ...
 
 and one throughput verdict per arm: its runs' tokens/s together over the bf16 runs', with the
 ratios of every (arm run, bf16 run) pair; a difference is called a speed-up only when every pair
-shows it, and with one run on each side (no spread to judge by) not at all:
+shows it, with one run on each side (no spread to judge by) not at all, and for runs whose ranks
+shared one GPU (``RunSummary.gpu_shared``) never:
 
     mxfp8: tokens/s ×1.031 vs bf16, 2 vs 2 runs (pairs ×0.992-×1.070) -> inside the run-to-run spread ...
 
@@ -46,6 +51,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,12 +60,24 @@ from typing import Any, Optional
 from launch.run_dir import RUN_CONFIG, SUMMARY
 from launch.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
                                 parse_numerics_metric, ratio_of_sums)
+from launch.shared_gpu import SHARED_GPU_NOTE
 from launch.wandb_offline import OfflineRun, read_runs
 from mxfp8_ep.wire_format import quantized_formats
 
-# An arm is at parity when |its final loss - the baseline's| <= max(bf16 seed spread, this
-# share of the baseline's loss).
+# An arm is at parity when its end loss lies within the bound of the bf16 reference
+# (``bf16_reference``): with n bf16 seeds of its sweep point,
+#   n >= SEED_STATS_MIN: |loss - bf16 mean| <= max(SPREAD_STDS x bf16 sample std, PARITY_SHARE x mean);
+#   n = 2: |loss - lowest seed's| <= max(their distance, PARITY_SHARE x that loss);
+#   n = 1: |loss - bf16's| <= PARITY_SHARE x bf16's loss.
+# Two seeds give one degree of freedom, no usable standard deviation: their distance stands in
+# for the spread, as it did before there were more.
 PARITY_SHARE = 0.005
+SPREAD_STDS = 2
+SEED_STATS_MIN = 3
+PARITY_RULE = (f"|end loss - bf16 reference| <= bound; with n >= {SEED_STATS_MIN} bf16 seeds the reference is "
+               f"their mean, the bound max({SPREAD_STDS} × their sample std, {PARITY_SHARE:g} × mean); with 2 the "
+               f"lowest seed's loss, max(their distance, {PARITY_SHARE:g} × that loss); with 1 its loss, "
+               f"{PARITY_SHARE:g} × that loss")
 CPU_NOTE = "CPU run: throughput is not a speed claim"
 # When a throughput difference is called a speed-up (or a slow-down).
 THROUGHPUT_RULE = ("faster (slower) only when every run of the arm is faster (slower) than every "
@@ -266,35 +284,80 @@ def seed_spread(base: Compared) -> Optional[float]:
     return max(spreads) if spreads else None
 
 
-def parity_bound(base: Compared) -> Optional[float]:
-    """The largest |Δ end loss| at which an arm of this baseline is at parity:
-    max(bf16 seed spread, ``PARITY_SHARE`` of the baseline's end loss); None without one."""
+@dataclass(frozen=True)
+class Bf16Reference:
+    """What the arms of one baseline are judged against (the rule at ``PARITY_SHARE``): the bf16
+    runs of its sweep point, the baseline and its seed replicas."""
+
+    value: float  # the end loss an arm's distance is taken from
+    label: str  # what that is, e.g. "bf16 seed 0" or "bf16 mean of 3 seeds"
+    seeds: int  # bf16 runs with an end loss
+    mean: float
+    std: Optional[float]  # their sample standard deviation (None with one)
+    spread: Optional[float]  # the largest distance of another seed from the baseline (``seed_spread``)
+    bound: float  # the largest |distance| at parity
+    rule: str  # the bound's formula
+
+    @property
+    def by_mean(self) -> bool:
+        return self.seeds >= SEED_STATS_MIN
+
+    def describe(self) -> str:
+        """The seeds' part of a verdict line."""
+        if self.by_mean:
+            return f"bf16 std {self.std:.4f} over {self.seeds} seeds"
+        return f"bf16 seed spread {self.spread:.4f}" if self.spread is not None else "no second bf16 seed"
+
+
+def bf16_reference(base: Compared) -> Optional[Bf16Reference]:
+    """The bf16 reference of ``base``'s arms (module constants above); None when the baseline has
+    no end loss."""
     ref, _ = end_loss(base.run)
-    return None if ref is None else max(seed_spread(base) or 0.0, PARITY_SHARE * abs(ref))
+    if ref is None:
+        return None
+    values = [ref] + [x for x in (end_loss(r.run)[0] for r in base.seed_replicas) if x is not None]
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else None
+    share = f"{100 * PARITY_SHARE:g}% of loss"
+    if len(values) >= SEED_STATS_MIN:
+        return Bf16Reference(mean, f"bf16 mean of {len(values)} seeds", len(values), mean, std, seed_spread(base),
+                             max(SPREAD_STDS * std, PARITY_SHARE * abs(mean)), f"max({SPREAD_STDS} × bf16 std, {share})")
+    spread = seed_spread(base)
+    return Bf16Reference(ref, base.label, len(values), mean, std, spread,
+                         max(spread or 0.0, PARITY_SHARE * abs(ref)), f"max(seed spread, {share})")
+
+
+def parity_bound(base: Compared) -> Optional[float]:
+    """The largest |end loss - bf16 reference| at which an arm of this baseline is at parity
+    (``bf16_reference``); None without one."""
+    ref = bf16_reference(base)
+    return None if ref is None else ref.bound
 
 
 def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
     """One verdict per run that has a baseline, seed replicas included (their line is the
-    spread itself)."""
+    spread itself): its end loss's distance from the bf16 reference against the bound. With
+    ``SEED_STATS_MIN`` or more bf16 seeds every bf16 run, the baseline too, has a line: its
+    distance from their mean."""
     out = []
     for c in ordered(runs):
-        base = c.baseline
-        if base is None or c.vs_baseline.get("end_loss_delta") is None:
+        base = c.baseline or (c if c.is_baseline else None)
+        ref = bf16_reference(base) if base is not None else None
+        if ref is None or (c is base and not ref.by_mean):
             continue
-        d, what = c.vs_baseline["end_loss_delta"], c.vs_baseline["end_loss_is"]
-        ref, _ = end_loss(base.run)
-        spread = seed_spread(base)
-        tol = parity_bound(base)
-        replica = c in base.seed_replicas
-        within = abs(d) <= tol
-        text = (f"{c.label}: {what} {d:+.4f} ({100 * d / ref:+.2f}%) vs {base.label}; "
-                + (f"bf16 seed spread {spread:.4f}" if spread is not None else "no second bf16 seed")
-                + ("" if replica else
-                   f" -> {'within' if within else 'outside'} max(seed spread, {100 * PARITY_SHARE:g}% of "
-                   f"loss) = {tol:.4f}"))
+        mine, what = end_loss(c.run)
+        if mine is None:
+            continue
+        d = mine - ref.value
+        replica = c is base or c in base.seed_replicas
+        within = abs(d) <= ref.bound
+        text = (f"{c.label}: {what} {d:+.4f} ({100 * d / ref.value:+.2f}%) vs {ref.label}; {ref.describe()}"
+                + ("" if replica else f" -> {'within' if within else 'outside'} {ref.rule} = {ref.bound:.4f}"))
         point = f"[{c.point}] " if c.point else ""
-        out.append({"run": c.run.run_name, "baseline": base.run.run_name, "delta": d, "measure": what,
-                    "seed_spread": spread, "tolerance": tol, "within": None if replica else within,
+        out.append({"run": c.run.run_name, "baseline": base.run.run_name, "reference": ref.label,
+                    "reference_loss": ref.value, "delta": d, "measure": what, "bf16_seeds": ref.seeds,
+                    "bf16_mean": ref.mean, "bf16_std": ref.std, "seed_spread": ref.spread,
+                    "tolerance": ref.bound, "rule": ref.rule, "within": None if replica else within,
                     "text": point + text})
     return out
 
@@ -327,7 +390,10 @@ def throughput_verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
         ratio = _ratio(pooled_tokens_per_s([c.run for c in arm]), pooled_tokens_per_s([c.run for c in base]))
         pairs = [m / b for m in mine for b in theirs]
         low, high = min(pairs), max(pairs)
-        if len(pairs) == 1:
+        if any(c.run.gpu_shared for c in arm + base):
+            verdict = "not judged"
+            said = f"not judged: {SHARED_GPU_NOTE}"
+        elif len(pairs) == 1:
             verdict = "not judged"
             said = "one run each -> not judged: no run-to-run spread to judge it by (sweep training.seed for one)"
         else:
@@ -379,6 +445,17 @@ def on_cpu(runs: list[Compared]) -> bool:
     return any(c.run.device == "cpu" for c in runs)
 
 
+def on_shared_gpu(runs: list[Compared]) -> bool:
+    return any(c.run.gpu_shared for c in runs)
+
+
+def throughput_notes(runs: list[Compared]) -> list[str]:
+    """Why the runs' tokens/s are no speed figures, if they are not: CPU runs, ranks that shared
+    one GPU."""
+    return [note for note, applies in ((CPU_NOTE, on_cpu(runs)), (SHARED_GPU_NOTE, on_shared_gpu(runs)))
+            if applies]
+
+
 def format_table(runs: list[Compared]) -> str:
     header = ("run", "a2a", "model", "world/ep", "device", "final loss", "Δloss", "val loss", "Δval",
               "tokens/s", "×bf16", "step s", "a2a MiB/step", "×bf16")
@@ -390,7 +467,7 @@ def format_table(runs: list[Compared]) -> str:
             s.a2a,
             s.model,
             f"{s.world_size or '?'}/{s.ep or '?'}",
-            s.device,
+            f"{s.device} (shared)" if s.gpu_shared else s.device,
             _f(s.final_loss, ".4f"),
             "" if base else _f(v.get("loss_delta"), "+.4f"),
             _f(s.final_val_loss, ".4f"),
@@ -407,6 +484,8 @@ def format_table(runs: list[Compared]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if on_cpu(runs):
         lines.append(f"* {CPU_NOTE}: tokens/s and step times of CPU (gloo) runs say nothing about GPUs.")
+    if on_shared_gpu(runs):
+        lines.append(f"* cuda (shared): {SHARED_GPU_NOTE}; the ranks took turns on the GPU and met at host barriers.")
     return "\n".join(lines)
 
 
@@ -512,10 +591,14 @@ def parity_bands(runs: list[Compared], shown: set[str]) -> list[dict[str, Any]]:
     names = plot_labels(runs)
     out = []
     for base in bases.values():
-        tol = parity_bound(base)
-        if tol:
+        ref = bf16_reference(base)
+        if ref is not None and ref.bound:
             of = f" vs {names[base.run.run_name]}" if len(bases) > 1 else ""
-            out.append({"baseline": base.run.run_name, "tolerance": tol, "label": f"parity bound ±{tol:.4f}{of}"})
+            # Around the reference, drawn on axes of the difference to the baseline run.
+            center = ref.value - end_loss(base.run)[0]
+            around = f" around the {ref.label}" if ref.by_mean else ""
+            out.append({"baseline": base.run.run_name, "tolerance": ref.bound, "center": center,
+                        "label": f"parity bound ±{ref.bound:.4f}{around}{of}"})
     return out
 
 
@@ -548,8 +631,8 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
         if delta:
             ax.axhline(0.0, color="black", linewidth=0.8, alpha=0.6)
         for bound in data["bounds"]:
-            ax.axhspan(-bound["tolerance"], bound["tolerance"], color=_BOUND_COLOR, alpha=0.12, linewidth=0,
-                       label=bound["label"], zorder=0)
+            ax.axhspan(bound["center"] - bound["tolerance"], bound["center"] + bound["tolerance"], color=_BOUND_COLOR,
+                       alpha=0.12, linewidth=0, label=bound["label"], zorder=0)
         if data["band"]:
             b = data["band"]
             ax.fill_between(b["steps"], b["low"], b["high"], color="0.6", alpha=0.3, linewidth=0,
@@ -591,7 +674,7 @@ def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     runs = ordered(runs)
     names = plot_labels(runs)
     labels = [names[c.run.run_name] for c in runs]
-    cpu = on_cpu(runs)
+    cpu, shared = on_cpu(runs), on_shared_gpu(runs)
     fig, (tps, wire) = plt.subplots(1, 2, figsize=(11, 0.5 * len(runs) + 2.8))
     ys = list(range(len(runs)))
     colors = ["0.3" if c.baseline is None else "tab:orange" for c in runs]
@@ -601,7 +684,8 @@ def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     bars = tps.barh(ys, tokens, color=colors)
     tps.bar_label(bars, labels=value_labels["tokens_per_s"], padding=3, fontsize="small")
     tps.set(yticks=ys, yticklabels=labels, xlabel="tokens/s (all ranks)",
-            title="Throughput" + (" (CPU: not a speed claim)" if cpu else ""))
+            title="Throughput" + (" (CPU: not a speed claim)" if cpu else " (GPU shared: not a speed claim)"
+                                  if shared else ""))
     bars = wire.barh(ys, mib, color=colors)
     wire.bar_label(bars, labels=value_labels["a2a_mib_per_step"], padding=3, fontsize="small")
     wire.set(yticks=ys, yticklabels=[], xlabel="MiB per step", title="All-to-all bytes")
@@ -612,9 +696,12 @@ def plot_throughput(runs: list[Compared], path: Path) -> dict[str, Any]:
     texts = []
     if cpu:
         texts.append(f"{CPU_NOTE}: tokens/s of CPU processes over gloo say nothing about GPUs")
+    elif shared:
+        texts.append(f"{SHARED_GPU_NOTE}: the ranks took turns on one GPU")
+    if texts:
         fig.text(0.5, 0.01, texts[0], ha="center", va="bottom", color="tab:red", fontsize="medium",
                  weight="bold")
-    fig.tight_layout(rect=(0, 0.07 if cpu else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.07 if texts else 0, 1, 1))
     fig.savefig(path, dpi=110, metadata={"Comment": "\n".join(texts)})
     plt.close(fig)
     return {"file": path.name, "labels": labels, "tokens_per_s": tokens, "a2a_mib_per_step": mib,
@@ -638,8 +725,8 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
             plots: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {
         "baseline": BASELINE,
-        "parity_rule": f"|Δ end loss| <= max(bf16 seed spread, {PARITY_SHARE:g} × baseline loss)",
-        "notes": [CPU_NOTE] if on_cpu(runs) else [],
+        "parity_rule": PARITY_RULE,
+        "notes": throughput_notes(runs),
         "verdicts": verdict_list if verdict_list is not None else verdicts(runs),
         "throughput_rule": THROUGHPUT_RULE,
         "throughput_verdicts": throughput_verdicts(runs),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from launch.run_dir import CONSOLE_LOG, resume_folder
 from launch.run_summary import RunSummary
+from launch.shared_gpu import SHARED_GPU_NOTE
 
 if TYPE_CHECKING:
     from launch.resume import Resume
@@ -132,7 +133,8 @@ def format_summary(s: RunSummary) -> str:
         + (f"  val loss        {_num(s.final_val_loss, '.4f')} at step {s.val_logged_steps[-1]}\n"
            if s.val_logged_steps else "")
         + f"  tokens/s        {_num(s.tokens_per_s_global, ',.0f')} all ranks, "
-        f"{_num(s.tokens_per_s, ',.0f')} per rank{_steady(s)}\n"
+        f"{_num(s.tokens_per_s, ',.0f')} per rank{_steady(s)}"
+        + (f" ({SHARED_GPU_NOTE})" if s.gpu_shared else "") + "\n"
         f"  step time (s)   {_num(s.step_time_s, '.4f')}\n"
         f"  TFLOPS, MFU     {_num(s.tflops, ',.2f')}, {_num(s.mfu_pct, '.2f')}"
         f"{'%' if s.mfu_pct is not None else ''}\n"

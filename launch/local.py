@@ -17,6 +17,7 @@ from launch.launcher import LauncherConfig, RunFailed, RunStopped, Target
 from launch.machine import Machine
 from launch.run_dir import WORKER_LOGS
 from launch.run_summary import RunSummary
+from launch.shared_gpu import SHARED_GPU_NOTE
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,9 @@ class LocalLauncherConfig(LauncherConfig):
 
 
 class LocalLauncher:
-    """One node: ``parallelism.procs_per_node`` processes, one per GPU, or CPU processes
-    talking over gloo on a machine without GPUs. Waits for the run and returns its summary."""
+    """One node: ``parallelism.procs_per_node`` processes, one per GPU (or all on one with
+    ``parallelism.share_gpu``), or CPU processes talking over gloo on a machine without GPUs.
+    Waits for the run and returns its summary."""
 
     Config = LocalLauncherConfig
 
@@ -52,7 +54,11 @@ class LocalLauncher:
                 f"launcher=local starts processes on this machine only, but parallelism={p.name} "
                 f"asks for {p.nodes} nodes; use launcher=slurm, or parallelism.nodes=1"
             )
-        if machine.gpus and p.procs_per_node > machine.gpus:
+        if p.share_gpu:
+            if not machine.gpus:
+                report.warn(f"parallelism.share_gpu=true, but this machine has no GPU to share: the "
+                            f"{p.procs_per_node} processes run on CPU over gloo, as without it")
+        elif machine.gpus and p.procs_per_node > machine.gpus:
             report.error(
                 f"parallelism={p.name} starts {p.procs_per_node} processes, one per GPU, but this "
                 f"machine has {machine.gpus} GPU(s); {_fits(machine.gpus)}, or launcher=slurm"
@@ -71,8 +77,12 @@ class LocalLauncher:
         console.route_logging(cfg.logging.verbose)  # again: importing torch reset its loggers
         config = launch_config(cfg, run_dir)
         machine = Machine.probe()
-        what = (f"{config.nproc_per_node} GPU processes (NCCL)" if machine.gpus
-                else f"{config.nproc_per_node} CPU processes (gloo)")
+        if not machine.gpus:
+            what = f"{config.nproc_per_node} CPU processes (gloo)"
+        elif cfg.parallelism.share_gpu:
+            what = f"{config.nproc_per_node} processes sharing GPU 0 (gloo; {SHARED_GPU_NOTE})"
+        else:
+            what = f"{config.nproc_per_node} GPU processes (NCCL)"
         print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
               flush=True)
         log.info("starting %s; their output: %s/%s/", what, run_dir, WORKER_LOGS)
@@ -97,7 +107,8 @@ def _fits(gpus: int) -> str:
     """What to run on a machine with ``gpus`` GPUs."""
     if gpus == 1:
         return ("use parallelism=single (one process; EP 1 sends nothing over the wire, so "
-                "bf16 and MXFP8 cost the same there)")
+                "bf16 and MXFP8 cost the same there), or parallelism=ep2_shared_gpu for EP numerics "
+                "(two processes take turns on the GPU: no speed figure)")
     return (f"use parallelism.procs_per_node={gpus} with parallelism.ep={gpus} (or a divisor "
             f"of it)")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.run_dir import SUMMARY
+from launch.shared_gpu import gpu_shared
 from mxfp8_ep.config import LEGS, NUMERICS_STATS  # noqa: F401  (NUMERICS_STATS: read by compare_runs)
 
 # wandb metric names (torchtitan's where it has one, so dashboards match stock runs).
@@ -186,6 +187,8 @@ class RunSummary:
     # how far it got
     steps: int  # last step trained
     target_steps: int
+    # the ranks shared one GPU (parallelism.share_gpu, launch.shared_gpu): no speed figure
+    gpu_shared: bool = False
     start_step: int = 0  # the checkpoint step this launch resumed from
     stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "SIGUSR2" when stopped early
     checkpoint: Optional[str] = None  # newest checkpoint folder, when checkpointing is on
@@ -266,6 +269,8 @@ class RunSummary:
         losses = [float(row[LOSS]) for row in rows]
         val_rows = [row for row in run.history if VAL_LOSS in row]
         val_losses = [float(row[VAL_LOSS]) for row in val_rows]
+        world_size = par.get("nodes", 0) * par.get("procs_per_node", 0)
+        device = str(run.config.get("device", "?"))
         return cls(
             run_name=run.name or os.path.basename(path),
             experiment=recipe.get("experiment", run.group),
@@ -274,10 +279,11 @@ class RunSummary:
             model=model.get("name", "?"),
             model_flavor=f"{model.get('family', '?')}/{model.get('flavor', '?')}",
             parallelism=par.get("name", "?"),
-            world_size=par.get("nodes", 0) * par.get("procs_per_node", 0),
+            world_size=world_size,
             ep=par.get("ep", 0),
             launcher=recipe.get("launcher", {}).get("name", "?"),
-            device=str(run.config.get("device", "?")),
+            device=device,
+            gpu_shared=gpu_shared(par.get("share_gpu", False), device, world_size),
             run_dir=path,
             steps=int(rows[-1]["_step"]) if rows else 0,
             target_steps=recipe.get("training", {}).get("steps", 0),

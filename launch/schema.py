@@ -40,6 +40,11 @@ class ParallelismConfig:
     # the GPU waits on a slow link (transport nccl across nodes); no gain measured on symm, whose
     # pushes hold every SM. x's bf16 gradient terms then add in another order than torchtitan's.
     overlap_shared_experts: bool = False
+    # Every process on this machine's first GPU (launcher=local, one node), talking over gloo,
+    # the EP exchange through the symm transport's peer buffers over CUDA IPC: EP numerics on a
+    # one-GPU machine (launch/shared_gpu.py). Its throughput is no speed figure: the ranks take
+    # turns on one GPU and meet at host barriers. Without it a machine needs a GPU per process.
+    share_gpu: bool = False
 
 
 def _a2a_schema() -> type:

@@ -99,6 +99,10 @@ class SlurmLauncher:
                 f"launcher.gpus_per_node={gpus} < parallelism.procs_per_node={p.procs_per_node}: "
                 f"each process needs its own GPU; set launcher.gpus_per_node=null"
             )
+        if p.share_gpu:
+            report.error("parallelism.share_gpu=true puts every process on one GPU of the machine it runs on, "
+                         "for numerics studies: use launcher=local, or parallelism.share_gpu=false on SLURM "
+                         "(a GPU per process)")
         if lc.container_mounts and not lc.container_image:
             report.error("launcher.container_mounts is set but launcher.container_image is not")
         if lc.max_num_timeout > 0 and not cfg.training.checkpoint_enable:

@@ -20,6 +20,7 @@ run that has the same batch shape, so every arm of a comparison is scored on the
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,8 @@ __all__ = [
     "TOKENIZER_DIR",
     "TOKENIZER_FILES",
     "check_data",
+    "corpus_provenance",
+    "corpus_sha256",
     "data_source",
     "load_jsonl_dataset",
     "register_datasets",
@@ -80,6 +83,24 @@ DATASET_PATHS = {
 # What torchtitan's HuggingFaceTokenizer loads from a tokenizer directory (one of them).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
 BUILD_CORPUS = "python scripts/build_corpus.py"
+
+
+# ------------------------------------------------------------------------------ identity
+def corpus_sha256(files: dict[str, dict]) -> str:
+    """A corpus folder's digest: SHA-256 of its files' names and SHA-256s (``files``: relative
+    path -> {"sha256": ...}, the manifest's ``files``), in name order. Equal digests, equal files."""
+    lines = "".join(f"{name} {files[name]['sha256']}\n" for name in sorted(files))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def corpus_provenance(corpus: str | Path) -> dict[str, Any]:
+    """What a result trained on this corpus folder records of it, from its manifest: the corpus's
+    ``sha256`` and the Debian package versions it was built from (``{"corpus_sha256": None}``
+    when the folder has no manifest that says)."""
+    path = Path(corpus) / CORPUS_FILES.manifest
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    packages = {p["package"]: p.get("version") for p in manifest.get("packages", [])}
+    return {"corpus_sha256": manifest.get("sha256"), "corpus_packages": packages or None}
 
 
 # ------------------------------------------------------------------------------ reading

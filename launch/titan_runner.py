@@ -6,7 +6,9 @@ MASTER_PORT) and call :func:`run_training` with the composed config. It:
 
 1. notes stop signals from here on (``launch.stop``: Ctrl-C, SIGTERM, SLURM's SIGUSR2);
 2. on a machine without CUDA, patches torchtitan's CPU gaps (``launch.titan_cpu_compat``);
-   the process group is then gloo (torchtitan maps device type "cpu" to gloo);
+   the process group is then gloo (torchtitan maps device type "cpu" to gloo); with
+   ``parallelism.share_gpu`` on CUDA, puts every rank on GPU 0 in a gloo group
+   (``launch.shared_gpu``);
 3. registers our model flavors and datasets (``launch.titan_models`` / ``launch.titan_data``);
 4. installs the EP all-to-all from ``cfg.a2a`` (``mxfp8_ep.install_expert_parallel``);
 5. translates the config into torchtitan's ``JobConfig`` (:func:`build_job_config`);
@@ -43,6 +45,7 @@ from launch.numerics_log import arm_for_step
 from launch.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
 from launch.run_summary import RECIPE_CONFIG, RunSummary, series_stats, steady_numbers
 from launch.schema import PROFILER_WARMUP_STEPS
+from launch.shared_gpu import gpu_shared, join_one_gpu
 from launch.stop import Stopped, StopSignals, signal_name
 from launch.titan_metrics import WandbSettings
 from launch.wandb_offline import find_runs
@@ -224,8 +227,13 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
     def _parallelize(self, model: Any, parallel_dims: Any, job_config: Any) -> Any:
         """torchtitan's parallelize; then, without EP and with ``a2a.quantize_local_rows``, every
         MoE layer through our dispatcher over a one-rank group (torchtitan's own MoE path
-        quantizes nothing)."""
+        quantizes nothing). Over gloo (CPU, or ranks sharing a GPU) FSDP reduces with SUM:
+        gloo has neither AVG nor PREMUL_SUM."""
         model = self._titan_parallelize(model, parallel_dims, job_config)
+        if dist.get_backend() == "gloo":
+            from launch.titan_cpu_compat import force_sum_reduction
+
+            force_sum_reduction(model)
         if self.cfg.a2a.quantize_local_rows and not parallel_dims.ep_enabled:
             from mxfp8_ep.titan022 import dispatch_without_expert_parallel
 
@@ -334,6 +342,7 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             ep=self.parallel_dims.ep,
             launcher=str(cfg.launcher.name),
             device=self.device.type,
+            gpu_shared=gpu_shared(cfg.parallelism.share_gpu, self.device.type, self.parallel_dims.world_size),
             run_dir=os.path.abspath(self.run_dir),
             steps=self.step,
             target_steps=jc.training.steps,
@@ -454,9 +463,12 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
         install_dispatcher(cfg)
 
         owns_process_group = not dist.is_initialized()
+        job_config = build_job_config(cfg, run_dir)
+        if cfg.parallelism.share_gpu and not cpu and owns_process_group:
+            join_one_gpu(job_config.comm.init_timeout_seconds)
         trainer: RecipeTrainer | None = None
         try:
-            trainer = RecipeTrainer(build_job_config(cfg, run_dir), cfg, run_dir, stop)
+            trainer = RecipeTrainer(job_config, cfg, run_dir, stop)
             trainer.train()
             summary = trainer.finish()
         except BaseException:

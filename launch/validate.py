@@ -349,6 +349,11 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
             r.error(f"a2a.transport=symm needs one node with CUDA and >= 2 GPUs, but "
                     f"{'; '.join(why)}; use a2a.transport=auto (symm where it can, nccl elsewhere) "
                     f"or a2a.transport=nccl")
+    if p.share_gpu and target.device == "cuda" and not _runs_symm(cfg, target):
+        r.error(f"parallelism.share_gpu=true: the ranks on one GPU talk over gloo, whose CUDA all-gather "
+                f"torch's functional collectives cannot run, so the EP exchange must be the symm transport "
+                f"(peer buffers over CUDA IPC), but a2a.transport={a.transport} with parallelism.ep={p.ep} "
+                f"does not run it; use parallelism.ep >= 2 with a2a.transport=symm or auto")
     if facts is not None and target.device == "cpu" and facts.attention == "flex":
         r.error(f"model={cfg.model.name} uses flex attention ({cfg.model.family}/"
                 f"{cfg.model.flavor}), which torch cannot train on CPU (no backward kernel), and "
@@ -388,7 +393,7 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
         return
     p, t = cfg.parallelism, cfg.training
     est = memory_estimate(cfg, target, facts)
-    procs = 1 if target.device == "cuda" else p.procs_per_node
+    procs = 1 if target.device == "cuda" and not p.share_gpu else p.procs_per_node
     need = est.total * procs
     if need <= target.memory_bytes:
         return

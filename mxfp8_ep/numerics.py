@@ -20,11 +20,21 @@ Statistics of one (layer, leg), over its sampled elements (``mxfp8_ep.config.NUM
 * ``scale_exp_min`` / ``scale_exp_max``: the range of the blocks' e8m0 scale exponents
   (``byte - 127``: an element's value is ``e4m3 * 2**exp``), over blocks that are not all zero.
 
-The rows a leg reports are the rows it carries before its quantizer: tokens for the
-expert-bound legs (dispatch's forward, combine's backward), expert rows for the token-bound
-ones (combine's forward, dispatch's backward; padding and unused rows left out). Where a
-transport sends a token's rows weighted by their router scores, or summed per rank, these are
-the rows those are made of.
+The rows a leg reports are the rows its quantizer encodes, as the transport sends them
+(``PushTokenDispatcher._wire_rows_to_experts`` / ``_wire_rows_to_tokens``), of which only those
+that leave the rank count (with ``A2AConfig.quantize_local_rows`` also those that stay, which
+take the same round trip):
+
+* expert-bound legs (dispatch's forward, combine's backward): on symm with top-k > 1 each token
+  a peer needs, once and unweighted (its owner applies the router score after decoding); on
+  symm with top-1 and on the nccl transport each routed row, times its router score where the
+  leg carries the scores (dispatch's forward when they come before the experts, combine's
+  backward when after);
+* token-bound legs (combine's forward, dispatch's backward): on symm with the scores after the
+  experts and top-k > 1, the partial sums it sends, one per token of another rank
+  (``symm_reference.partial_sums``; combine's forward weighted by the scores, with
+  ``A2AConfig.symm_combine_partial_sums``); otherwise each expert-major row that goes back,
+  unweighted (the token's rank weighs it as it adds it up).
 """
 
 from __future__ import annotations

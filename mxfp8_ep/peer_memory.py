@@ -2,6 +2,13 @@
 mapped in all ranks, plus a barrier after which all writes into this rank's buffer are visible.
 
 * CUDA: ``torch.distributed._symmetric_memory`` (NVLink peer memory on one node).
+* CUDA, every rank of the group in its own process on one shared GPU (``share_one_device``;
+  torch's symmetric memory refuses ranks on one device): each rank allocates its buffer on the
+  GPU and the ranks open each other's through CUDA IPC handles, exchanged over the group
+  (``torch.multiprocessing``'s own tensor sharing); the barrier waits on the host, for this
+  rank's stream and then for the group. Stores into a peer are HBM stores there, and the
+  barrier is stronger than symmetric memory's stream-ordered one: for numerics and logic on
+  one GPU, not for NVLink ordering or speed.
 * CPU: files in ``/dev/shm`` mapped by every process of the group (``torch.from_file`` with
   ``shared=True``); the barrier is the group's (gloo) barrier. This runs the very same push
   kernels (Triton interpreter or torch twins) that CUDA runs, so CI exercises the symm
@@ -22,6 +29,19 @@ import torch
 import torch.distributed as dist
 
 DISABLE_MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
+_SHARED_DEVICE = False
+# The shared-device barrier's host wait is the emulation's own, not a sync the transport makes:
+# it goes through Stream.synchronize as it was at import, with the sync debug mode off, so
+# checks that patch or trap host syncs (``torch.cuda.set_sync_debug_mode("error")``) see none.
+_stream_synchronize = torch.cuda.Stream.synchronize
+
+
+def share_one_device(on: bool = True) -> None:
+    """Whether the CUDA peer buffers of this process's groups are those of ranks that share one
+    GPU (module docstring): every rank a process of its own on the same device, the group a
+    gloo one. Every rank of the group sets it alike, before its first ``PeerBuffer``."""
+    global _SHARED_DEVICE
+    _SHARED_DEVICE = bool(on)
 
 
 class PeerBuffer:
@@ -34,7 +54,8 @@ class PeerBuffer:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         if self.device.type == "cuda":
-            self._peers, self._handle = _map_symmetric_memory(self.nbytes, group, self.device)
+            mapping = _map_over_cuda_ipc if _SHARED_DEVICE else _map_symmetric_memory
+            self._peers, self._handle = mapping(self.nbytes, group, self.device)
         elif self.device.type == "cpu":
             self._peers, self._handle = _map_shared_files(self.nbytes, group), None
         else:
@@ -91,6 +112,43 @@ def _map_symmetric_memory(nbytes: int, group: dist.ProcessGroup, device: torch.d
     peers = [handle.get_buffer(r, (nbytes,), torch.uint8) for r in range(dist.get_world_size(group))]
     peers[dist.get_rank(group)] = buf
     return peers, handle
+
+
+class _HostBarrier:
+    """A symmetric-memory handle's ``barrier`` for ranks on one GPU: once every rank has
+    finished what its stream did before (its stores into peers included), all ranks go on."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+
+    def barrier(self, channel: int = 0) -> None:  # noqa: ARG002 (symm_mem's signature)
+        _wait_for_stream()
+        dist.barrier(group=self.group)
+
+
+def _wait_for_stream() -> None:
+    """The shared-device barrier's wait for this rank's stream (see ``_stream_synchronize``)."""
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        _stream_synchronize(torch.cuda.current_stream())
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+
+
+def _map_over_cuda_ipc(nbytes: int, group: dist.ProcessGroup, device: torch.device):
+    """``_map_symmetric_memory``'s result for ranks on one GPU: every rank's buffer, opened in
+    this process through its CUDA IPC handle, and a host barrier."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    mine = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    _wait_for_stream()  # zeroed before any peer opens it
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shared: list = [None] * world
+    dist.all_gather_object(shared, reduce_tensor(mine), group=group)
+    peers = [mine if r == rank else rebuild(*args) for r, (rebuild, args) in enumerate(shared)]
+    dist.barrier(group=group)
+    return peers, _HostBarrier(group)
 
 
 def _map_shared_files(nbytes: int, group: dist.ProcessGroup) -> list[torch.Tensor]:

@@ -182,22 +182,16 @@ def partial_slots(row_slot: torch.Tensor, num_slots: int) -> tuple[torch.Tensor,
     return order, start
 
 
-def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
-                  weight=None, shape=None) -> None:  # noqa: ARG001
-    """The token-bound push with one row per token and rank: for every slot ``s`` of another
-    rank's token (``s // max_tokens``) with rows here (``partial_slots``; at most
-    ``max_rows``), the fp32 sum of its rows of ``src`` in ``order``, rounded to the activation
-    dtype (and quantized, ``fmt``), goes to that rank's staging buffer at row ``rank *
-    max_tokens + s % max_tokens``. ``sent`` (int64, one element) grows by the rows put on the
-    wire. The token's rank adds it once to the rows it kept (``reduce_slots`` with a
-    ``stage_row`` from ``partial_stage_rows``). With ``weight`` (fp32, per row of ``src``):
-    each row times its weight is added (separate multiply and add), the weighted sum of
-    combine's forward."""
+def partial_sums(src, order, start, rank, max_rows, max_tokens, weight=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``push_partials`` sends: per slot ``s`` (``partial_slots``), the fp32 sum of its
+    rows of ``src`` in ``order`` (at most ``max_rows``; with ``weight``, fp32 per row of
+    ``src``, each row times its weight, separate multiply and add), rounded to the activation
+    dtype; and whether it is sent: ``s`` has rows here and is another rank's token
+    (``s // max_tokens``). Device ops only."""
     num_slots, dim = start.numel() - 1, src.shape[1]
     slots = torch.arange(num_slots, device=src.device)
     first, count = start[:-1], start[1:] - start[:-1]
-    dest = slots // max_tokens
-    active = (count > 0) & (dest != rank)
+    active = (count > 0) & (slots // max_tokens != rank)
     acc = torch.zeros((num_slots, dim), dtype=torch.float32, device=src.device)
     order = order if order.numel() else torch.zeros(1, dtype=torch.int64, device=src.device)
     for j in range(max_rows):
@@ -205,7 +199,20 @@ def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding,
         rows = order[(first + j).clamp(max=order.numel() - 1)]
         value = src[rows].float() if weight is None else src[rows].float() * weight[rows].unsqueeze(1)
         acc = acc + torch.where(has.unsqueeze(1), value, 0.0)
-    values = acc.to(src.dtype)
+    return acc.to(src.dtype), active
+
+
+def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
+                  weight=None, shape=None) -> None:  # noqa: ARG001
+    """The token-bound push with one row per token and rank: for every slot ``s`` of another
+    rank's token with rows here, its partial sum (``partial_sums``), quantized (``fmt``), goes
+    to that rank's staging buffer at row ``rank * max_tokens + s % max_tokens``. ``sent``
+    (int64, one element) grows by the rows put on the wire. The token's rank adds it once to
+    the rows it kept (``reduce_slots`` with a ``stage_row`` from ``partial_stage_rows``). With
+    ``weight``: the weighted sum of combine's forward."""
+    values, active = partial_sums(src, order, start, rank, max_rows, max_tokens, weight)
+    slots = torch.arange(values.shape[0], device=src.device)
+    dest = slots // max_tokens
     encoded = encode_rows(values, rounding, fmt)
     staged = rank * max_tokens + slots % max_tokens
     for peer in range(staging.world_size):

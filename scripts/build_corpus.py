@@ -3,6 +3,7 @@ train / validation, plus a byte-level BPE tokenizer trained on the train split.
 
     python scripts/build_corpus.py                       # apt-get download, write data/corpus/
     python scripts/build_corpus.py --debs DIR            # use the .deb files in DIR
+    python scripts/build_corpus.py --keep-debs           # keep what apt-get downloaded (data/debs/)
     python scripts/build_corpus.py --out /tmp/c --vocab-size 8192
 
 Why these packages: they install from Debian's archive (which the machines reach; nothing
@@ -48,7 +49,12 @@ Processing, deterministic from the same .deb files:
 6. ``tokenizer/``: byte-level BPE (``tokenizers``) with ``--vocab-size`` ids, trained on the
    train split only; torchtitan's ``HuggingFaceTokenizer`` loads the folder.
 7. ``manifest.json``: per split documents, characters, bytes and tokens; per package the
-   version, licence and counts; the output files with sizes and SHA-256.
+   Debian version it was built from, licence and counts; the output files with sizes and
+   SHA-256, and ``sha256``, the corpus's own (``launch.titan_data.corpus_sha256``: of the files'
+   names and digests), which the parity rows record beside the package versions.
+
+The .deb files ``apt-get download`` fetched are removed once the corpus is built (``--keep-debs``
+keeps them); .deb files that were in ``--debs`` before stay.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ from typing import Callable, Iterable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from launch.titan_data import CORPUS_DATASET, CORPUS_DIR, CORPUS_FILES  # noqa: E402
+from launch.titan_data import CORPUS_DATASET, CORPUS_DIR, CORPUS_FILES, corpus_sha256  # noqa: E402
 from launch.titan_models import CORPUS_VOCAB_SIZE  # noqa: E402  (the parity flavors' vocab)
 
 DEFAULT_OUT = CORPUS_DIR
@@ -326,10 +332,12 @@ def _deb_for(package: str, debs: Path) -> Optional[Path]:
     return found[-1] if found else None
 
 
-def fetch_debs(sources: Iterable[Source], debs: Path, download: bool) -> dict[str, Path]:
-    """The .deb of every source in ``debs``; missing ones come from ``apt-get download``."""
+def fetch_debs(sources: Iterable[Source], debs: Path, download: bool) -> tuple[dict[str, Path], list[Path]]:
+    """The .deb of every source in ``debs``, and those of them this call downloaded: missing
+    ones come from ``apt-get download``."""
     debs.mkdir(parents=True, exist_ok=True)
     found: dict[str, Path] = {}
+    downloaded: list[Path] = []
     for s in sources:
         deb = _deb_for(s.package, debs)
         if deb is None and download:
@@ -343,11 +351,21 @@ def fetch_debs(sources: Iterable[Source], debs: Path, download: bool) -> dict[st
                 why = (r.stderr or r.stdout).strip().splitlines()
                 raise CorpusError(f"apt-get download {s.package} failed ({why[-1] if why else r.returncode});"
                                   f" run apt-get update first, or put the .deb into {debs}")
+            downloaded.append(deb)
         if deb is None:
             raise CorpusError(f"no {s.package}_*.deb in {debs} (and --no-download); "
                               f"get it with: cd {debs} && apt-get download {s.package}")
         found[s.package] = deb
-    return found
+    return found, downloaded
+
+
+def remove_downloads(downloaded: list[Path], debs: Path) -> None:
+    """The .deb files this call downloaded, and ``debs`` itself when that leaves it empty; .deb
+    files that were there before stay."""
+    for deb in downloaded:
+        deb.unlink(missing_ok=True)
+    if debs.is_dir() and not any(debs.iterdir()):
+        debs.rmdir()
 
 
 def _deb_field(deb: Path, name: str) -> str:
@@ -518,6 +536,7 @@ def build(out: Path, roots: dict[str, Path], versions: dict[str, str], *,
                for p in sorted(out.rglob("*")) if p.is_file() and p.name != CORPUS_FILES.manifest}
     manifest = {
         "dataset": CORPUS_DATASET,
+        "sha256": corpus_sha256(outputs),
         "built_by": "scripts/build_corpus.py",
         "split_rule": f"validation iff int(sha256(whitespace-normalised text)[:8], 16) % 10000 < {val_permyriad}",
         "max_piece_chars": MAX_PIECE_CHARS,
@@ -539,6 +558,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="folder with the .deb files (default data/debs); missing ones are "
                          "fetched with apt-get download unless --no-download")
     ap.add_argument("--no-download", action="store_true", help="use only the .deb files in --debs")
+    ap.add_argument("--keep-debs", action="store_true",
+                    help="keep the .deb files this call downloads (default: removed once the corpus is built)")
     ap.add_argument("--only", default=",".join(SOURCE_NAMES),
                     help=f"comma-separated packages (default all: {','.join(SOURCE_NAMES)})")
     ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
@@ -561,7 +582,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sources = [s for s in SOURCES if s.package in wanted]
     debs_dir = args.debs
     try:
-        debs = fetch_debs(sources, debs_dir, download=not args.no_download)
+        debs, downloaded = fetch_debs(sources, debs_dir, download=not args.no_download)
         with tempfile.TemporaryDirectory(prefix="corpus-") as tmp:
             roots = {p: extract(deb, Path(tmp) / p) for p, deb in debs.items()}
             versions = {p: _deb_field(deb, "Version") for p, deb in debs.items()}
@@ -571,9 +592,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except CorpusError as e:
         print(f"build_corpus: {e}", file=sys.stderr)
         return 2
+    if downloaded and not args.keep_debs:
+        remove_downloads(downloaded, debs_dir)
+        print(f"removed the {len(downloaded)} downloaded .deb files (--keep-debs keeps them in {debs_dir})")
     for name, s in manifest["splits"].items():
         print(f"  {name}: {s['pieces']} pieces, {s['characters'] / 1e6:.1f} M chars, "
               f"{s['tokens'] / 1e6:.2f} M tokens")
+    print(f"corpus sha256 {manifest['sha256']}")
     print(f"wrote {args.out} ({manifest['total_bytes'] / 2**20:.1f} MiB: "
           + ", ".join(f"{k} {v['bytes'] / 2**20:.1f} MiB" for k, v in manifest["files"].items()
                       if v["bytes"] > 2**18) + ")")

@@ -94,7 +94,7 @@ def test_newest_iteration_and_cpu_only_traces(tmp_path: Path):
 
 
 def _run(root: Path, name: str, a2a: str, transport: str, tps: float, loss: float, overlap: bool = False,
-         model: str = "dsv3_ep_bench") -> Path:
+         model: str = "dsv3_ep_bench", gpu_shared: bool = False) -> Path:
     """A finished run dir: its summary.json and train_config.yaml, as launch/train.py leaves them."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
@@ -102,7 +102,7 @@ def _run(root: Path, name: str, a2a: str, transport: str, tps: float, loss: floa
                model_flavor="deepseek_v3/ep_bench", parallelism="ep2", world_size=2, ep=2, launcher="local",
                device="cuda", run_dir=str(run_dir), steps=50, target_steps=50, final_loss=loss,
                tokens_per_s_global=tps, tokens_per_s=tps / 2, step_time_s=16384 / tps,
-               a2a_bytes_per_step=1e9).write(run_dir)
+               a2a_bytes_per_step=1e9, gpu_shared=gpu_shared).write(run_dir)
     config = {"parallelism": {"overlap_shared_experts": overlap}, "training": {"seq_len": 4096, "local_batch_size": 2}}
     (run_dir / "train_config.yaml").write_text(yaml.safe_dump(config))
     return run_dir
@@ -129,6 +129,18 @@ def test_runs_become_rows_with_ratios_to_the_baseline_arm(tmp_path: Path, monkey
         "dsv3_ep_bench", 48000.0, 4096, 2, 2)
     assert r["bench"] == "train_shm" and r["machine"]["link"] == "nccl-shm" and r["machine"]["count"] == 2
     assert r["command"].startswith("python3 launch/train.py")
+
+
+def test_runs_whose_ranks_shared_a_gpu_are_flagged_and_get_no_speedup(tmp_path: Path):
+    runs = tmp_path / "runs"
+    _run(runs, "a", "bf16", "symm", 40000.0, 1.10, gpu_shared=True)
+    _run(runs, "b", "mxfp8", "symm", 48000.0, 1.12, gpu_shared=True)
+    main([str(runs), "--out", str(tmp_path / "out"), "--bench", "train", "--baseline", "bf16/symm"])
+    (path,) = (tmp_path / "out").glob("*_train.jsonl")
+    rows = {r["arm"]: r for r in map(json.loads, path.read_text().splitlines())}
+    assert rows["mxfp8/symm"]["gpu_shared"] is True and rows["mxfp8/symm"]["speedup_vs_bf16_symm"] is None
+    assert rows["bf16/symm"]["gpu_shared"] is True
+    assert rows["mxfp8/symm"]["loss_delta_vs_bf16_symm"] == pytest.approx(0.02)
 
 
 def test_step_profiles_become_a_row_per_rank(tmp_path: Path):

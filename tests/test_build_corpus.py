@@ -159,6 +159,55 @@ def test_rebuild_is_byte_identical_and_tokenizer_loads(corpus, debs, tmp_path):
     assert manifest["tokenizer"]["vocab_size"] == tokenizer_vocab_size(corpus / "tokenizer")
 
 
+def test_the_corpus_sha256_and_package_versions_are_what_results_record(corpus, debs, tmp_path):
+    """The manifest's sha256 digests every file's name and SHA-256: a rebuild gives the same
+    one, a changed file another; the parity rows read it and the package versions back."""
+    import shutil
+
+    from launch.titan_data import corpus_provenance, corpus_sha256
+
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    assert manifest["sha256"] == corpus_sha256(manifest["files"]) and len(manifest["sha256"]) == 64
+    assert set(manifest["files"]) >= {"train.jsonl.gz", "validation.jsonl.gz", "tokenizer/tokenizer.json"}
+    assert corpus_provenance(corpus) == {"corpus_sha256": manifest["sha256"],
+                                         "corpus_packages": {p: "1.0-test" for p in ONLY.split(",")}}
+    edited = tmp_path / "edited"
+    shutil.copytree(corpus, edited)
+    (edited / "validation.jsonl.gz").write_bytes(b"other")
+    files = {**manifest["files"], "validation.jsonl.gz": {"sha256": build_corpus._sha256(edited / "validation.jsonl.gz")}}
+    assert corpus_sha256(files) != manifest["sha256"]
+    assert corpus_provenance(tmp_path / "none") == {"corpus_sha256": None, "corpus_packages": None}
+
+
+def test_downloaded_debs_are_removed_unless_kept(debs, tmp_path, monkeypatch, capsys):
+    """apt-get (faked: it copies the package's fake .deb into the folder) fetches what --debs
+    lacks; once the corpus is built those files go, the ones that were there stay; --keep-debs
+    keeps both."""
+    import shutil
+
+    def fake_apt(cmd, cwd=None, **kw):
+        if cmd[:2] == ["apt-get", "download"]:
+            shutil.copy(debs / f"{cmd[2]}_1.0-test_all.deb", cwd)
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return real_run(cmd, cwd=cwd, **kw)
+
+    real_run = subprocess.run
+    monkeypatch.setattr(build_corpus.subprocess, "run", fake_apt)
+    monkeypatch.setattr(build_corpus.shutil, "which", lambda name: f"/usr/bin/{name}")
+    for keep in (False, True):
+        folder = tmp_path / f"debs{keep}"
+        folder.mkdir()
+        shutil.copy(debs / "manpages_1.0-test_all.deb", folder)  # the user's own
+        extra = ("--keep-debs",) if keep else ()
+        assert build_corpus.main(["--debs", str(folder), "--only", ONLY, "--out", str(tmp_path / f"c{keep}"),
+                                  "--vocab-size", "300", "--val-permyriad", "3000", *extra]) == 0
+        left = sorted(p.name for p in folder.iterdir())
+        want = ["manpages_1.0-test_all.deb"] + (["postgresql-doc-15_1.0-test_all.deb",
+                                                  "python3.11-doc_1.0-test_all.deb"] if keep else [])
+        assert left == want, keep
+        assert ("removed the 2 downloaded .deb files" in capsys.readouterr().out) is not keep
+
+
 def test_errors_before_anything_is_built(debs, tmp_path, capsys):
     out = tmp_path / "out"
     assert build_corpus.main(["--debs", str(debs), "--no-download", "--only", "python3.11-doc,perl-doc",

@@ -398,7 +398,7 @@ def test_short_cpu_run_integer_ticks_and_cpu_note(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ throughput
 def write_speed(root: Path, a2a: str, seed: int, tokens_per_s: float, steady_steps: int = 9,
-                device: str = "cuda") -> None:
+                device: str = "cuda", gpu_shared: bool = False) -> None:
     """A run of 512 tokens per step whose steady windows ran at ``tokens_per_s``."""
     d = root / f"{a2a}_{seed}"
     d.mkdir(parents=True)
@@ -407,7 +407,7 @@ def write_speed(root: Path, a2a: str, seed: int, tokens_per_s: float, steady_ste
         model_flavor="f/f", parallelism="ep2", world_size=2, ep=2, launcher="local", device=device,
         run_dir=str(d), steps=10, target_steps=10, seed=seed, logged_steps=list(range(1, 11)),
         losses=[5.0] * 10, final_loss=5.0, tokens_per_s_global=tokens_per_s, tokens_per_s=tokens_per_s / 2,
-        step_time_s=512 / tokens_per_s, steady_steps=steady_steps, a2a_bytes_per_step=1.0,
+        step_time_s=512 / tokens_per_s, steady_steps=steady_steps, a2a_bytes_per_step=1.0, gpu_shared=gpu_shared,
     ).write(d)
 
 
@@ -449,6 +449,106 @@ def test_one_run_each_is_not_called_faster(tmp_path):
     write_speed(cpu, "mxfp8", 0, 1500.0, device="cpu")
     (v,) = throughput_verdicts(compare(collect([str(cpu)])))
     assert v["verdict"] == "faster" and "speed-up" not in v["text"] and "not a speed claim" in v["text"]
+
+
+def test_ranks_sharing_a_gpu_get_no_speed_verdict(tmp_path):
+    """Runs whose ranks shared one GPU: however clear the ratio, no speed-up is called; the
+    table, the JSON and the throughput figure say why."""
+    from launch.shared_gpu import SHARED_GPU_NOTE
+
+    for seed, tps in ((0, 1000.0), (1, 1010.0)):
+        write_speed(tmp_path, "bf16", seed, tps, gpu_shared=True)
+    write_speed(tmp_path, "mxfp8", 0, 1500.0, gpu_shared=True)
+    write_speed(tmp_path, "mxfp8", 1, 1600.0, gpu_shared=True)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert compare_main([str(tmp_path)]) == 0
+    cmp = json.loads((tmp_path / "comparison.json").read_text())
+    (v,) = cmp["throughput_verdicts"]
+    assert v["verdict"] == "not judged" and "speed-up" not in v["text"] and SHARED_GPU_NOTE in v["text"]
+    table = printed.getvalue().split("\n\n")[0]
+    assert "cuda (shared)" in table and SHARED_GPU_NOTE in table
+    assert cmp["notes"] == [SHARED_GPU_NOTE]
+    assert "GPU shared" in cmp["plots"]["throughput"]["titles"][0]
+    assert any(SHARED_GPU_NOTE in t for t in cmp["plots"]["throughput"]["texts"])
+
+
+# ------------------------------------------------------------------------------ seeds
+# Final validation losses of the symm study's shape: bf16 at three seeds, mxfp8_all at two,
+# mxfp8 at one. bf16: mean 4.41, sample std 0.01, so the bound is max(2 × 0.01, 0.5% × 4.41).
+SEED_STUDY = {("bf16", 0): 4.40, ("bf16", 1): 4.41, ("bf16", 2): 4.42,
+              ("mxfp8_all", 0): 4.425, ("mxfp8_all", 1): 4.385, ("mxfp8", 0): 4.435}
+
+
+def _final_val(root: Path, losses: dict, steps: int = 300) -> None:
+    for (a2a, seed), final in losses.items():
+        d = root / f"{a2a}_seed{seed}"
+        RunSummary(
+            run_name=f"a2a={a2a},training.seed={seed}", experiment="e", a2a=a2a, a2a_legs={}, model="m",
+            model_flavor="f/f", parallelism="ep2_shared_gpu", world_size=2, ep=2, launcher="local", device="cuda",
+            run_dir=str(d), steps=steps, target_steps=steps, seed=seed, logged_steps=[10, steps],
+            losses=[6.0, final + 0.4], val_logged_steps=[100, steps], val_losses=[6.5, final], final_loss=final + 0.4,
+            final_val_loss=final, gpu_shared=True,
+        ).write(d.mkdir(parents=True) or d)
+
+
+def test_three_bf16_seeds_judge_each_arm_by_their_mean_and_std(tmp_path):
+    """With >= 3 bf16 seeds, each MXFP8 run's distance from their mean against max(2 × their
+    sample std, 0.5% of the mean); every bf16 seed's line gives its own distance, no verdict."""
+    import statistics
+
+    from launch.compare_runs import PARITY_SHARE, SPREAD_STDS
+
+    _final_val(tmp_path, SEED_STUDY)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert compare_main([str(tmp_path)]) == 0
+    cmp = json.loads((tmp_path / "comparison.json").read_text())
+    bf16 = [SEED_STUDY["bf16", s] for s in range(3)]
+    mean, std = statistics.fmean(bf16), statistics.stdev(bf16)
+    bound = max(SPREAD_STDS * std, PARITY_SHARE * mean)
+    assert bound == pytest.approx(0.022050)  # the 0.5% floor here: 2 × 0.01 < 0.02205
+    by_run = {v["run"]: v for v in cmp["verdicts"]}
+    assert set(by_run) == {f"a2a={a},training.seed={s}" for a, s in SEED_STUDY}
+    for (a2a, seed), final in SEED_STUDY.items():
+        v = by_run[f"a2a={a2a},training.seed={seed}"]
+        assert v["reference"] == "bf16 mean of 3 seeds" and v["bf16_seeds"] == 3
+        assert (v["bf16_mean"], v["bf16_std"], v["tolerance"]) == pytest.approx((mean, std, bound))
+        assert v["delta"] == pytest.approx(final - mean), v
+        assert v["within"] == (None if a2a == "bf16" else abs(final - mean) <= bound), v
+        assert v["text"] in printed.getvalue()
+    assert by_run["a2a=mxfp8,training.seed=0"]["within"] is False  # +0.025 > 0.02205
+    assert by_run["a2a=mxfp8_all,training.seed=1"]["within"] is False  # -0.025
+    assert by_run["a2a=mxfp8_all,training.seed=0"]["within"] is True  # +0.015
+    assert by_run["a2a=mxfp8_all,training.seed=0"]["text"] == (
+        f"mxfp8_all seed 0: final val loss +0.0150 ({100 * 0.015 / mean:+.2f}%) vs bf16 mean of 3 seeds; "
+        f"bf16 std 0.0100 over 3 seeds -> within max(2 × bf16 std, 0.5% of loss) = {bound:.4f}")
+    # the bound band on the validation Δ panel sits around the mean (Δ to bf16 seed 0: +0.01)
+    (band,) = cmp["plots"]["loss"]["panels"]["val_delta"]["bounds"]
+    assert band["center"] == pytest.approx(mean - bf16[0]) and band["tolerance"] == pytest.approx(bound)
+
+
+def test_a_wide_bf16_spread_widens_the_bound_to_two_stds(tmp_path):
+    """bf16 seeds 0.03 apart: 2 × std (0.06) is the bound, over the 0.5% floor; an arm 0.05 from
+    the mean is within it (it would be outside the two-seed rule's max(spread, 0.5%) from seed
+    0's spread)."""
+    losses = {("bf16", 0): 4.40, ("bf16", 1): 4.43, ("bf16", 2): 4.46, ("mxfp8_all", 0): 4.48}
+    _final_val(tmp_path, losses)
+    (v,) = [v for v in verdicts(compare(collect([str(tmp_path)]))) if v["within"] is not None]
+    assert v["tolerance"] == pytest.approx(2 * 0.03) and v["delta"] == pytest.approx(0.05)
+    assert v["within"] is True
+
+
+def test_two_bf16_seeds_keep_the_distance_rule(tmp_path):
+    """Two bf16 seeds: one degree of freedom, no usable std; the arm is judged from the lowest
+    seed, against max(their distance, 0.5% of its loss), and the other seed's line is the spread."""
+    _final_val(tmp_path, {k: v for k, v in SEED_STUDY.items() if k != ("bf16", 2)})
+    found = {v["run"]: v for v in verdicts(compare(collect([str(tmp_path)])))}
+    assert "a2a=bf16,training.seed=0" not in found  # the reference itself
+    v = found["a2a=mxfp8,training.seed=0"]
+    assert v["reference"] == "bf16 seed 0" and v["delta"] == pytest.approx(0.035)
+    assert v["tolerance"] == pytest.approx(max(0.01, 0.005 * 4.40)) and v["within"] is False
+    assert found["a2a=bf16,training.seed=1"]["within"] is None
 
 
 def test_a_sweep_and_a_run_elsewhere_are_compared_in_the_sweep(tmp_path, monkeypatch, capsys):

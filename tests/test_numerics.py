@@ -1,7 +1,8 @@
 """The quantization telemetry (``mxfp8_ep.numerics``): its statistics against values worked out
 by hand on crafted blocks, that an unarmed probe does no work at all and an armed one no host
-sync, the sums over ranks, and the dispatchers' one report per MXFP8 leg (gloo, both
-transports)."""
+sync, the sums over ranks, and that the dispatchers report what each MXFP8 leg quantizes (gloo,
+both transports): the weighted rows where a leg sends weighted rows, the partial sums where symm
+sends partial sums, worked out here from the ranks' tokens and routing."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mxfp8_ep.config import NUMERICS_STATS
 from mxfp8_ep.numerics import PROBE, SAMPLE_ROWS, LegStats, NumericsProbe, reduce_over_ranks, sample_rows
 from tests.moe_harness import preload, run_forked, setup_rank
-from tests.round_trips import build_dispatcher, rank_transports
+from tests.round_trips import MAX_TOKENS, build_dispatcher, rank_transports
 
 TINY = 2.0**-11  # below half the smallest e4m3 subnormal (2**-9) at scale 2**0: flushes to zero
 
@@ -130,49 +132,134 @@ def _reduce(rank, _world):
     assert nothing.summary() == dict.fromkeys(NUMERICS_STATS)
 
 
-def _dispatcher_reports(rank, world):
-    """Each MXFP8 leg of a round trip reports its rows once, keyed by the dispatcher: tokens on
-    the expert-bound legs, the expert-major rows with data on the token-bound ones; bf16 legs
-    and an unarmed probe report nothing."""
+TOKENS, DIM, EXPERTS_PER_RANK = 12, 64, 2
+
+
+def _inputs(rank, world, top_k):
+    """Rank ``rank``'s tokens, routing and output gradient: the same on every rank that asks, so
+    each rank can work out what its peers send it."""
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(TOKENS, DIM, generator=g).bfloat16()
+    scores, ids = torch.randn(TOKENS, EXPERTS_PER_RANK * world, generator=g).softmax(-1).topk(top_k, dim=-1)
+    grad_out = torch.randn(TOKENS, DIM, generator=g).bfloat16()
+    return x, scores, ids, grad_out
+
+
+def _round_trip(disp, rank, world, top_k, armed=True):
+    """dispatch -> experts (times 3) -> combine -> backward, the probe armed throughout; what it
+    collected, the expert outputs and the expert inputs' gradient."""
+    x, scores, ids, grad_out = _inputs(rank, world, top_k)
+    counts = torch.bincount(ids.reshape(-1), minlength=EXPERTS_PER_RANK * world)
+    PROBE.armed = armed
+    try:
+        routed, _, meta = disp.dispatch(x.clone().requires_grad_(), scores.clone().requires_grad_(), ids, counts)
+        grads = {}
+        routed.register_hook(lambda grad: grads.setdefault("routed", grad))
+        expert_out = routed * 3
+        disp.combine(expert_out, meta).backward(grad_out)
+    finally:
+        PROBE.armed = False
+    return PROBE.collect(), expert_out.detach(), grads["routed"], meta
+
+
+def _stats(rows, valid):
+    index = sample_rows(rows.shape[0], SAMPLE_ROWS, rows.device)
+    return LegStats.of_rows(rows[index], "floor", None if valid is None else valid[index]).values
+
+
+def _sorted(ids):
+    """Each expert-sorted row's slot (token * K + k), and whether its expert is another rank's."""
+    return torch.argsort(ids.reshape(-1), stable=True)
+
+
+def _expert_bound_legs(rank, world):
+    """dispatch's forward and combine's backward report what they quantize: symm at top-k > 1
+    each token a peer needs, once and unweighted (the owner applies the score after decoding);
+    the fused nccl transport each row that leaves, combine's backward times its router score;
+    symm at top-1 with the scores before the experts (Llama4) each leaving row times its score.
+    bf16 legs and an unarmed probe report nothing."""
+    from mxfp8_ep.config import A2AConfig
+    from mxfp8_ep.dispatcher import TokenDispatcher
+    from tests.distributed import rank_device
+
     setup_rank()
-    g = torch.Generator().manual_seed(rank)
-    tokens, dim, top_k = 12, 64, 2
-    x = torch.randn(tokens, dim, generator=g).bfloat16()
-    scores, ids = torch.randn(tokens, 2 * world, generator=g).softmax(-1).topk(top_k, dim=-1)
-    counts = torch.bincount(ids.reshape(-1), minlength=2 * world)
     for transport in rank_transports():
-        for preset, legs in (("mxfp8", {"dispatch_fwd", "combine_bwd"}), ("mxfp8_all", None)):
-            disp = build_dispatcher(transport, preset, top_k=top_k, scale_rounding="floor")
-            for armed in (False, True):
-                PROBE.armed = armed
-                xg, sg = x.clone().requires_grad_(), scores.clone().requires_grad_()
-                routed, _, meta = disp.dispatch(xg, sg, ids, counts)
-                expert_out = routed * 3
-                out = disp.combine(expert_out, meta)
-                grad_out = torch.randn(out.shape, generator=g).bfloat16()
-                out.backward(grad_out)
-                PROBE.armed = False
-                collected = PROBE.collect()
-                if not armed:
-                    assert collected == {}
-                    continue
-                assert {leg for _, leg in collected} == (legs or {"dispatch_fwd", "dispatch_bwd", "combine_fwd",
-                                                                  "combine_bwd"})
-                assert all(reporter is disp for reporter, _ in collected)
-                want = {"dispatch_fwd": (x, None), "combine_bwd": (grad_out, None)}
-                for leg, (rows, valid) in want.items():
-                    index = sample_rows(rows.shape[0], SAMPLE_ROWS, rows.device)
-                    expect = LegStats.of_rows(rows[index], "floor")
-                    assert torch.equal(collected[disp, leg].values, expect.values), (transport, preset, leg)
-                if legs is None:
-                    index = sample_rows(expert_out.shape[0], SAMPLE_ROWS, x.device)
-                    valid = meta.row_source[index] >= 0
-                    expect = LegStats.of_rows(expert_out.detach()[index], "floor", valid)
-                    assert torch.equal(collected[disp, "combine_fwd"].values, expect.values), transport
-                    assert all(math.isfinite(v) for v in collected[disp, "dispatch_bwd"].values[:6].tolist())
+        for top_k, scores_first in ((2, False), (1, True)):
+            config = TokenDispatcher.Config(
+                num_experts=EXPERTS_PER_RANK * world, top_k=top_k, score_before_experts=scores_first,
+                max_tokens_per_rank=MAX_TOKENS, check_inputs=True,
+                a2a=A2AConfig.preset("mxfp8", transport=transport, scale_rounding="floor"))
+            disp = config.build(dist.group.WORLD, rank_device())
+            assert _round_trip(disp, rank, world, top_k, armed=False)[0] == {}
+            collected = _round_trip(disp, rank, world, top_k)[0]
+            where = (transport, top_k)
+            assert set(collected) == {(disp, "dispatch_fwd"), (disp, "combine_bwd")}, where
+            x, scores, ids, grad_out = _inputs(rank, world, top_k)
+            leaves = ids // EXPERTS_PER_RANK != rank  # (T, K)
+            slot = _sorted(ids)
+            tokens, weights, crossing = slot // top_k, scores.reshape(-1)[slot], leaves.reshape(-1)[slot]
+
+            def weighted(rows):
+                return (rows[tokens].float() * weights.unsqueeze(1)).bfloat16()
+
+            if transport == "symm" and top_k > 1:
+                want = {"dispatch_fwd": (x, leaves.any(dim=1)), "combine_bwd": (grad_out, leaves.any(dim=1))}
+            elif scores_first:
+                want = {"dispatch_fwd": (weighted(x), crossing), "combine_bwd": (grad_out[tokens], crossing)}
+            else:
+                want = {"dispatch_fwd": (x[tokens], crossing), "combine_bwd": (weighted(grad_out), crossing)}
+            for leg, (rows, valid) in want.items():
+                assert torch.equal(collected[disp, leg].values, _stats(rows, valid)), (*where, leg)
+            # not the rows before the weighting, where the leg weighs them
+            if transport == "nccl" and top_k > 1:
+                assert not torch.equal(collected[disp, "combine_bwd"].values,
+                                       _stats(grad_out[tokens], crossing)), where
+
+
+def _token_bound_legs(rank, world):
+    """combine's forward and dispatch's backward report what they quantize: on symm (top-k > 1,
+    scores after the experts) the partial sums it sends, one per token of the peer and this
+    rank, combine's forward weighted by the router scores, worked out here from the peer's
+    tokens, scores and gradient; on the fused nccl transport the expert-major rows that go back
+    to another rank, as they are."""
+
+    setup_rank()
+    assert world == 2
+    top_k, peer = 2, 1 - rank
+    # Only the token-bound legs in MXFP8: the rows they are made of are exact.
+    legs = {"combine_fwd": "mxfp8", "dispatch_bwd": "mxfp8"}
+    for transport in rank_transports():
+        disp = build_dispatcher(transport, "bf16", top_k=top_k, scale_rounding="floor", **legs)
+        collected, expert_out, grad_routed, meta = _round_trip(disp, rank, world, top_k)
+        assert set(collected) == {(disp, "combine_fwd"), (disp, "dispatch_bwd")}, transport
+        if transport == "nccl":
+            back = (meta.row_source >= 0) & (meta.row_source != rank)
+            want = {"combine_fwd": (expert_out, back), "dispatch_bwd": (grad_routed, back)}
+        else:
+            x, scores, ids, grad_out = _inputs(peer, world, top_k)
+            here = ids // EXPERTS_PER_RANK == rank  # (T, K): the peer's rows on this rank
+            out_rows = (x.float() * 3).bfloat16().float()  # an expert output row of token t: 3 x_t
+            grad_rows = ((grad_out.float().unsqueeze(1) * scores.unsqueeze(2)).bfloat16().float() * 3).bfloat16().float()
+            partial = {
+                "combine_fwd": (out_rows.unsqueeze(1) * scores.unsqueeze(2) * here.unsqueeze(2)).sum(dim=1),
+                "dispatch_bwd": (grad_rows * here.unsqueeze(2)).sum(dim=1),
+            }
+            want = {}
+            for leg, sums in partial.items():
+                rows = torch.zeros(MAX_TOKENS, DIM, dtype=torch.bfloat16)  # the peer's token slots
+                rows[:TOKENS] = sums.bfloat16()
+                valid = torch.zeros(MAX_TOKENS, dtype=torch.bool)
+                valid[:TOKENS] = here.any(dim=1)
+                want[leg] = (rows, valid)
+            # not the expert-major rows the sums are made of
+            unweighted = _stats(expert_out, meta.row_source >= 0)
+            assert not torch.equal(collected[disp, "combine_fwd"].values, unweighted)
+        for leg, (rows, valid) in want.items():
+            assert torch.equal(collected[disp, leg].values, _stats(rows, valid)), (transport, leg)
 
 
 def test_over_ranks_and_from_the_dispatchers():
     preload(titan=False)
     run_forked(2, _reduce)
-    run_forked(2, _dispatcher_reports)
+    run_forked(2, _expert_bound_legs)
+    run_forked(2, _token_bound_legs)

@@ -39,7 +39,8 @@ def test_committed_report_is_current():
 
 def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch, capsys):
     readme, results = tmp_path / "README.md", tmp_path / "results.md"
-    readme.write_text("# x\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nrest\n")
+    readme.write_text("# x\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nrest\n"
+                      "<!-- numerics:begin -->\nold\n<!-- numerics:end -->\n")
     monkeypatch.setattr(report, "README", readme)
     monkeypatch.setattr(report, "REPORT", results)
     monkeypatch.setattr(report, "REPO", tmp_path)
@@ -48,8 +49,13 @@ def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch
     assert report.main([]) == 0
     text = readme.read_text()
     assert text.startswith("# x\n\n<!-- results:begin -->\nEach figure against its target") and \
-        "\n| result |" in text and text.endswith("<!-- results:end -->\n\nrest\n")
+        "\n| result |" in text and "<!-- results:end -->\n\nrest\n<!-- numerics:begin -->\nFinal validation" in text
+    assert text.endswith("<!-- numerics:end -->\n") and "\n| setup | bf16 |" in text
     assert report.main(["--check"]) == 0
+    readme.write_text(text.replace("4.4019 (−0.36%)", "4.3000 (−2.66%)"))  # a hand-edited parity figure
+    assert report.main(["--check"]) == 1
+    assert "-| DeepSeek-V3-like 117M" in capsys.readouterr().out
+    readme.write_text(text)
     results.write_text(results.read_text().replace("1.349×", "1.50×"))  # a hand-edited figure
     assert report.main(["--check"]) == 1
     out = capsys.readouterr().out
@@ -388,3 +394,54 @@ def test_report_check_in_a_clone_passes_a_comment_commit_and_marks_a_layer_bench
     assert run().returncode == 0
     after = marked()
     assert {n for n in after if after[n] != before[n]} == layer and all(after[n] for n in layer)
+
+
+def _parity_runs(tmp_path: Path, files: dict[str, list[dict]]) -> dict:
+    """Parity run files (name -> rows), the provenance of ``_run`` with the bench parity."""
+    for name, rows in files.items():
+        prov = {"bench": "parity", "commit": "abcdef0" * 5 + "ab", "dirty": False,
+                "date": f"{name[:10]}T00:00:00Z", "machine": {"gpu": "NVIDIA H200", "count": 1, "link": "none",
+                                                             "host_cpus": 16},
+                "versions": {"torch": "2.11"}, "command": "x"}
+        (tmp_path / name).write_text("".join(json.dumps({**prov, **r}) + "\n" for r in rows))
+    return report.load_runs(tmp_path)
+
+
+def _parity_row(study, arm, seed, val, **fields):
+    return {"study": study, "arm": arm, "seed": seed, "final_val_loss": val, "world_size": 1, **fields}
+
+
+def test_the_numerics_table_shows_each_study_from_its_newest_rows(tmp_path):
+    """One row per study: the newest file's rows of it (an older file's are not shown), the bf16
+    seeds (their mean ± std where the verdicts took the mean), each MXFP8 run with its distance
+    in %, the bound, which runs lie outside it, the GPU shared by the ranks, and STALE marks;
+    a study without rows is not measured."""
+    from benchmarks import parity_table
+
+    mean = {"reference": "bf16 mean of 3 seeds", "bf16_seeds": 3, "bf16_mean_val_loss": 4.41,
+            "bf16_std_val_loss": 0.01, "tolerance": 0.02205}
+    shared = {"gpu_shared": True, "world_size": 2}
+    runs = _parity_runs(tmp_path, {
+        "2026-01-01_abcdef0_h200x1_parity.jsonl": [_parity_row("dsv3", "bf16", 0, 9.0)],
+        "2026-01-02_abcdef0_h200x1_parity.jsonl": [
+            _parity_row("dsv3", "bf16", 0, 4.40), _parity_row("dsv3", "bf16", 1, 4.41, tolerance=0.022),
+            _parity_row("dsv3", "mxfp8_all", 0, 4.41, val_loss_delta=0.01, tolerance=0.022, within_tolerance=True),
+            *[_parity_row("dsv3_symm", "bf16", s, v, **mean, **shared) for s, v in enumerate((4.40, 4.41, 4.42))],
+            _parity_row("dsv3_symm", "mxfp8", 0, 4.435, val_loss_delta=0.025, within_tolerance=False, **mean, **shared),
+            *[_parity_row("dsv3_symm", "mxfp8_all", s, 4.41 + d, val_loss_delta=d, within_tolerance=abs(d) < 0.02,
+                          **mean, **shared) for s, d in enumerate((0.005, -0.025))]],
+    })
+    block = parity_table.render(runs, lambda run: "STALE", report.MARKS, tmp_path)
+    assert block.startswith(parity_table.BEGIN) and block.endswith(parity_table.END)
+    lines = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [line.split(" | ")[0][2:] for line in lines] == [label for _, label in parity_table.STUDIES]
+    dsv3, symm, llama4, cpu = lines
+    assert dsv3 == ("| DeepSeek-V3-like 117M (32 experts top-4 + shared), EP=1, every row quantized | "
+                    "4.4000 / 4.4100 † | – | 4.4100 (+0.23%) † | ±0.0220 | yes | 1×H200 | `abcdef0` 2026-01-02 |")
+    assert symm == ("| DeepSeek-V3-like 117M, EP=2 over symm, the 2 ranks sharing one GPU | 4.4100 ± 0.0100 (3 seeds) † | "
+                    "4.4350 (+0.57%) † | 4.4150 (+0.11%) / 4.3850 (−0.57%) † | ±0.0221 | "
+                    "no: mxfp8, mxfp8_all seed 1 | 1×H200, 2 ranks on it | `abcdef0` 2026-01-02 |")
+    assert parity_table.NOT_MEASURED in llama4 and parity_table.NOT_MEASURED in cpu
+    assert "†: the code these runs measured has changed" in block
+    current = parity_table.render(runs, lambda run: "current", report.MARKS, tmp_path)
+    assert "†" not in current and "4.4350 (+0.57%) |" in current

@@ -8,6 +8,7 @@ import pytest
 from launch import run_summary as names
 from launch.console import format_summary
 from launch.run_summary import RunSummary, steady_numbers
+from launch.shared_gpu import SHARED_GPU_NOTE, gpu_shared
 from launch.wandb_offline import OfflineRun
 
 WORLD, TOKENS_PER_RANK_STEP = 2, 256
@@ -43,10 +44,28 @@ def expected() -> dict:
             "steady_steps": sum(steps)}
 
 
-def from_wandb() -> RunSummary:
-    run = OfflineRun(path="/r", run_id="x", name="a2a=bf16", history=logged_rows())
-    recipe = {"parallelism": {"nodes": 1, "procs_per_node": WORLD, "ep": WORLD}, "a2a": {"name": "bf16"}}
+def from_wandb(share_gpu: bool | None = None, device: str = "cuda") -> RunSummary:
+    run = OfflineRun(path="/r", run_id="x", name="a2a=bf16", history=logged_rows(), config={"device": device})
+    parallelism = {"nodes": 1, "procs_per_node": WORLD, "ep": WORLD}
+    if share_gpu is not None:
+        parallelism["share_gpu"] = share_gpu
+    recipe = {"parallelism": parallelism, "a2a": {"name": "bf16"}}
     return RunSummary.from_wandb(run, recipe, "/r")
+
+
+def test_a_run_whose_ranks_shared_one_gpu_says_so(tmp_path):
+    """parallelism.share_gpu on CUDA with several ranks: the summary says the GPU was shared (also
+    read back from wandb and from summary.json) and the console marks its tokens/s; on CPU, or
+    without the option (older runs), it was not."""
+    assert gpu_shared(True, "cuda", 2) and not gpu_shared(True, "cuda", 1)
+    assert not gpu_shared(True, "cpu", 2) and not gpu_shared(False, "cuda", 2)
+    shared = from_wandb(share_gpu=True)
+    assert shared.gpu_shared
+    assert not from_wandb(share_gpu=True, device="cpu").gpu_shared
+    assert not from_wandb().gpu_shared and not from_wandb(share_gpu=False).gpu_shared
+    shared.write(tmp_path)
+    assert RunSummary.read(tmp_path).gpu_shared
+    assert SHARED_GPU_NOTE in format_summary(shared) and SHARED_GPU_NOTE not in format_summary(from_wandb())
 
 
 def test_uneven_windows_give_total_tokens_over_total_time():

@@ -415,6 +415,39 @@ def test_one_gpu_machine_names_the_parallelism_that_fits():
     check("parallelism=single", machine=ONE_GPU)  # and what it names passes
 
 
+def test_one_gpu_machine_runs_ep2_with_the_gpu_shared():
+    """parallelism=ep2_shared_gpu: two processes on the one GPU, through the symm transport; the
+    default's refusal names it. The nccl transport, or no EP exchange, is refused; so is SLURM."""
+    assert "parallelism=ep2_shared_gpu for EP numerics" in one_problem(machine=ONE_GPU)
+    assert check("parallelism=ep2_shared_gpu", machine=ONE_GPU) == []
+    assert check("parallelism=ep2_shared_gpu", "a2a=mxfp8_all", "a2a.transport=symm", machine=ONE_GPU) == []
+    for refused in (("a2a.transport=nccl",), ("parallelism.ep=1",)):
+        msg = one_problem("parallelism=ep2_shared_gpu", *refused, machine=ONE_GPU)
+        assert "parallelism.share_gpu=true" in msg and "must be the symm transport" in msg, refused
+    assert any("parallelism.share_gpu=true puts every process on one GPU" in p
+               for p in problems("parallelism=ep2_shared_gpu", "launcher=slurm", machine=ONE_GPU))
+
+
+def test_shared_gpu_on_cpu_only_warns():
+    """No GPU to share: the run is the plain CPU run (gloo), said in a warning."""
+    warnings = check("parallelism=ep2_shared_gpu", "a2a.transport=nccl")
+    assert any("no GPU to share" in w for w in warnings)
+    assert check("parallelism=ep2") == []
+
+
+def test_shared_gpu_memory_counts_every_process():
+    """The memory estimate is per process: on a shared GPU all of them must fit together."""
+    msg = one_problem("parallelism=ep2_shared_gpu", "model=dsv3_16b",
+                      machine=Machine(64 * GIB, 16, gpu_memory_bytes=(1 * GIB,)))
+    per_process = float(msg.split("needs about ")[1].split(" GiB")[0].replace(",", ""))
+    assert "× 2 processes" in msg
+    between = int(1.5 * per_process * GIB)
+    check("model=dsv3_16b", machine=Machine(64 * GIB, 16, gpu_memory_bytes=(between,) * 2))
+    msg = one_problem("parallelism=ep2_shared_gpu", "model=dsv3_16b",
+                      machine=Machine(64 * GIB, 16, gpu_memory_bytes=(between,)))
+    assert "× 2 processes" in msg
+
+
 def test_cli_on_a_one_gpu_machine(tmp_path):
     """The same from the command line, the GPU count faked by an nvidia-smi on PATH."""
     import os

@@ -213,11 +213,13 @@ class TokenDispatcher:
             checks.agree(self.group, "dispatch", {}, fault)
         return checks.host_fault_routing(cfg.num_experts, fault.fault, x_TD.device), fault
 
-    def _observe(self, leg: str, rows: torch.Tensor, row_source: torch.Tensor | None = None) -> None:
-        """Report an MXFP8 leg's rows to the numerics telemetry (``mxfp8_ep.numerics``; nothing
-        happens unless it is armed). ``row_source`` (expert-major rows): the rows with data are
-        those from a rank (>= 0), not padding or unused rows."""
-        a2a = self.config.a2a
-        if numerics.PROBE.armed and a2a.wire_format(leg) is WireFormat.MXFP8:
-            valid = None if row_source is None else row_source >= 0
-            numerics.PROBE.observe(self, leg, rows, a2a.scale_rounding, valid)
+    def _observing(self, leg: str) -> bool:
+        """Whether the numerics telemetry (``mxfp8_ep.numerics``) takes ``leg`` now: it is armed
+        and the leg is MXFP8. Host state only."""
+        return numerics.PROBE.armed and self.config.a2a.wire_format(leg) is WireFormat.MXFP8
+
+    def _observe(self, leg: str, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Report what an MXFP8 leg quantizes to the numerics telemetry (nothing happens unless
+        ``_observing``): ``rows``, of which those where ``valid`` (``(N,)`` bool) is set."""
+        if self._observing(leg):
+            numerics.PROBE.observe(self, leg, rows, self.config.a2a.scale_rounding, valid)

@@ -180,7 +180,8 @@ class PushTokenDispatcher(TokenDispatcher):
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
         shapes = self.config.kernel_shapes(fmt)
-        self._observe(leg, src)
+        if self._observing(leg):
+            self._observe(leg, *self._wire_rows_to_experts(src, meta, weight))
 
         def push(out, send, rows, pushed):
             kernels.push_rows(
@@ -199,7 +200,9 @@ class PushTokenDispatcher(TokenDispatcher):
         ``leg``: combine_fwd or dispatch_bwd."""
         kernels, a2a = self.kernels(src.device), self.config.a2a
         fmt = getattr(a2a, leg)
-        self._observe(leg, src, meta.row_source)
+        if self._observing(leg):
+            for rows, valid in self._wire_rows_to_tokens(src, meta, leg):
+                self._observe(leg, rows, valid)
         recv, rows, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
@@ -209,6 +212,27 @@ class PushTokenDispatcher(TokenDispatcher):
             quantize_local=a2a.quantize_local_rows, shape=self.config.kernel_shapes(fmt).reduce_slots,
         )
         return out
+
+    # What each leg quantizes, for the numerics telemetry: the rows the push encodes, and which
+    # of them (``valid``) it encodes (the rows that leave this rank; every row with data under
+    # ``A2AConfig.quantize_local_rows``, whose rows that stay take the same round trip).
+
+    def _crossing(self, leaves: torch.Tensor) -> torch.Tensor | None:
+        return None if self.config.a2a.quantize_local_rows else leaves
+
+    def _wire_rows_to_experts(self, src, meta, weight):
+        """An expert-bound leg (``push_rows``): each sorted row's token, times the row's
+        ``weight`` when the leg weighs (rounded to the activation dtype, as pushed)."""
+        rows = src[meta.slot // self.config.top_k]
+        if weight is not None:
+            rows = (rows.float() * weight[meta.slot].unsqueeze(1)).to(src.dtype)
+        return rows, self._crossing(meta.dst_rank != self.rank)
+
+    def _wire_rows_to_tokens(self, src, meta, leg):  # noqa: ARG002 (symm's partial sums depend on it)
+        """A token-bound leg (``push_rows``): ``(rows, valid)`` pairs, here one, the expert-major
+        rows as they are (the token's rank weighs them as it adds them up)."""
+        crossing = self._crossing(meta.return_rank >= 0)
+        return [(src, meta.row_source >= 0 if crossing is None else crossing)]
 
     def _push_to_tokens(self, src, meta, leg, fmt):
         """Push a token-bound leg's rows (``push_rows``) and exchange them: the buffer this

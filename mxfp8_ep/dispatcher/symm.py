@@ -25,7 +25,7 @@ from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import PeerBuffer, int64_tensor
 from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset
-from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
+from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows, partial_sums
 
 
 @dataclass
@@ -300,7 +300,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         if not dot_with_expert_rows:
             return super().to_experts(src, meta, leg, weight, dot_with, dot_out)
         kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
-        self._observe(leg, src)
+        if self._observing(leg):
+            self._observe(leg, *self._wire_rows_to_experts(src, meta, weight))
         out, recv, rows, stage_row, row_weight = self._push_to_experts(
             None, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=True,
         )
@@ -341,15 +342,13 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         (``meta.row_score``; the token's rank weights only the rows that stayed;
         ``Config.symm_combine_partial_sums``). On an MXFP8 leg the partial sum is quantized,
         not each row."""
-        weighted = leg == "combine_fwd"
-        if meta.row_slot is None or (weighted and meta.row_score is None):
+        if not self._sends_partials(meta, leg):
             return super()._push_to_tokens(src, meta, leg, fmt)
+        weighted = leg == "combine_fwd"
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
         kernels = self.kernels(src.device)
-        if meta.partial_order is None:  # grouped once, for both token-bound legs
-            meta.partial_order = partial_slots(meta.row_slot, self.ep * meta.slot_tokens)
-        order, start = meta.partial_order
+        order, start = self._partial_order(meta)
         sent = torch.zeros(1, dtype=torch.int64, device=src.device)
         kernels.push_partials(
             src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
@@ -360,6 +359,42 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         stage_row = partial_stage_rows(meta.sorted_row, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
         send.barrier()  # the peers' partial sums into this rank's staging buffer are visible
         return send, bufs.staging_rows, stage_row, weighted
+
+    @staticmethod
+    def _sends_partials(meta, leg) -> bool:
+        """Whether token-bound ``leg`` goes as partial sums (``_push_to_tokens``)."""
+        return meta.row_slot is not None and (leg != "combine_fwd" or meta.row_score is not None)
+
+    def _partial_order(self, meta):
+        """``partial_slots`` of the dispatch's rows: grouped once, for both token-bound legs."""
+        if meta.partial_order is None:
+            meta.partial_order = partial_slots(meta.row_slot, self.ep * meta.slot_tokens)
+        return meta.partial_order
+
+    def _wire_rows_to_experts(self, src, meta, weight):
+        """With top-k > 1 (``push_tokens``) each token a peer needs goes once, unweighted: the
+        owner multiplies each row by its score after decoding it. Top-1: row by row."""
+        if self.config.top_k == 1:
+            return super()._wire_rows_to_experts(src, meta, weight)
+        n = meta.sorted_row[: src.shape[0] * self.config.top_k].view(src.shape[0], self.config.top_k)
+        return src, self._crossing((meta.dst_rank[n] != self.rank).any(dim=1))
+
+    def _wire_rows_to_tokens(self, src, meta, leg):
+        """After partial sums (``_sends_partials``) the leg sends one per token of another rank
+        and this rank (``symm_reference.partial_sums``; combine's forward weighted by the router
+        scores); taken over the other ranks' token slots (this rank's own never go). With
+        ``quantize_local_rows`` also the rows that stay, which take the round trip unweighted."""
+        if not self._sends_partials(meta, leg):
+            return super()._wire_rows_to_tokens(src, meta, leg)
+        order, start = self._partial_order(meta)
+        values, sent = partial_sums(src, order, start, self.rank, self.config.top_k, meta.slot_tokens,
+                                    weight=meta.row_score if leg == "combine_fwd" else None)
+        own = slice(self.rank * meta.slot_tokens, (self.rank + 1) * meta.slot_tokens)
+        others = [torch.cat([t[: own.start], t[own.stop :]]) for t in (values, sent)]
+        out = [(others[0], others[1])]
+        if self.config.a2a.quantize_local_rows:
+            out.append((src, meta.row_source == self.rank))
+        return out
 
     def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))

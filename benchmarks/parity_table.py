@@ -1,0 +1,115 @@
+"""The README's Numerics table: the parity studies' final validation losses side by side (bench
+``parity``, ``scripts/parity_study.py``), each study from its newest run file, with the report's
+STALE marks. ``benchmarks/report.py`` writes it between ``BEGIN`` and ``END``; a study without
+rows yet shows as not measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+BEGIN, END = "<!-- numerics:begin -->", "<!-- numerics:end -->"
+# The studies the table shows, in its order: the row's label and what it runs.
+STUDIES = (
+    ("dsv3", "DeepSeek-V3-like 117M (32 experts top-4 + shared), EP=1, every row quantized"),
+    ("dsv3_symm", "DeepSeek-V3-like 117M, EP=2 over symm, the 2 ranks sharing one GPU"),
+    ("llama4", "Llama4-like 141M (16 experts top-1 + shared), EP=1, every row quantized"),
+    ("cpu_ep2", "DeepSeek-V3-like 5.4M, EP=2 over gloo (CPU), 500 steps"),
+)
+ARMS = ("mxfp8", "mxfp8_all")
+BASELINE = "bf16"
+NOT_MEASURED = "not measured"
+CURVES = "docs/parity/{study}_loss.png"  # a study's loss curves, linked where the file exists
+
+
+def study_run(runs: dict[str, Any], study: str) -> Any | None:
+    """The newest run file (file names sort by date) with rows of ``study``."""
+    found = [run for name, run in sorted(runs.items())
+             if run.first["bench"] == "parity" and any(r.get("study") == study for r in run.rows)]
+    return found[-1] if found else None
+
+
+def _seed_order(row: dict) -> tuple:
+    return (row.get("seed") is None, row.get("seed") or 0)
+
+
+def bf16_cell(rows: list[dict]) -> str:
+    """The bf16 runs' final validation losses: each (seed order), or their mean ± sample std
+    where the verdicts took the mean as their reference."""
+    from launch.compare_runs import SEED_STATS_MIN
+
+    bf16 = sorted((r for r in rows if r["arm"] == BASELINE), key=_seed_order)
+    by_mean = [r for r in rows if (r.get("bf16_seeds") or 0) >= SEED_STATS_MIN]
+    if by_mean:
+        r = by_mean[0]
+        return f"{r['bf16_mean_val_loss']:.4f} ± {r['bf16_std_val_loss']:.4f} ({r['bf16_seeds']} seeds)"
+    return " / ".join(f"{r['final_val_loss']:.4f}" for r in bf16) or "–"
+
+
+def arm_cell(rows: list[dict], arm: str) -> str:
+    """An MXFP8 arm's final validation loss per seed, with its distance from the bf16 reference in
+    % of that reference; – where the study has no such arm."""
+    mine = sorted((r for r in rows if r["arm"] == arm), key=_seed_order)
+    cells = []
+    for r in mine:
+        delta = r.get("val_loss_delta")
+        pct = "" if delta is None else f" ({100 * delta / (r['final_val_loss'] - delta):+.2f}%)".replace("-", "−")
+        cells.append(f"{r['final_val_loss']:.4f}{pct}")
+    return " / ".join(cells) or "–"
+
+
+def within_cell(rows: list[dict]) -> str:
+    """Whether every MXFP8 run lies within the bound, else which do not."""
+    judged = [r for r in rows if r["arm"] in ARMS and r.get("within_tolerance") is not None]
+    if not judged:
+        return ""
+    out = [f"{r['arm']}" + (f" seed {r['seed']}" if sum(x["arm"] == r["arm"] for x in judged) > 1 else "")
+           for r in sorted(judged, key=lambda r: (r["arm"], *_seed_order(r))) if not r["within_tolerance"]]
+    return "yes" if not out else "no: " + ", ".join(out)
+
+
+def hardware(run: Any, rows: list[dict]) -> str:
+    text = run.hardware().replace("× ", "×").replace(", ", " ")
+    shared = [r for r in rows if r.get("gpu_shared")]
+    return text + (f", {shared[0]['world_size']} ranks on it" if shared else "")
+
+
+def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, str], repo: Path) -> str:
+    """The block: a lead (the rule, the marks used) and one row per study of ``STUDIES``.
+    ``status(run)``: ``current``, ``STALE`` or ``unknown`` (``benchmarks.report.History``)."""
+    from launch.compare_runs import PARITY_SHARE, SEED_STATS_MIN, SPREAD_STDS
+
+    body, used = [], set()
+    for study, label in STUDIES:
+        run = study_run(runs, study)
+        curves = CURVES.format(study=study)
+        name = f"{label} ([curves]({curves}))" if (repo / curves).is_file() else label
+        if run is None:
+            body.append([name, NOT_MEASURED, "", "", "", "", "", ""])
+            continue
+        rows = [r for r in run.rows if r.get("study") == study]
+        mark = marks.get(status(run), "")
+        used.add(mark)
+
+        def marked(cell: str) -> str:
+            return f"{cell} {mark}" if mark and cell != "–" else cell
+
+        bound = next((r["tolerance"] for r in rows if r["arm"] in ARMS and r.get("tolerance") is not None), None)
+        when = f"`{run.first['commit'][:7]}` {run.first['date'][:10]}"
+        body.append([name, marked(bf16_cell(rows)), *(marked(arm_cell(rows, arm)) for arm in ARMS),
+                     "" if bound is None else f"±{bound:.4f}", within_cell(rows), hardware(run, rows), when])
+    lead = (f"Final validation loss per arm, in brackets its distance from the bf16 reference in % of it; "
+            f"within: every MXFP8 run within the bound of that distance. With {SEED_STATS_MIN} or more bf16 seeds "
+            f"the reference is their mean (shown ± their sample standard deviation) and the bound max({SPREAD_STDS} × "
+            f"that deviation, {100 * PARITY_SHARE:g}% of the loss); with one or two, the lowest seed and max(their "
+            f"distance, {100 * PARITY_SHARE:g}% of the loss).")
+    if marks.get("STALE") in used:
+        lead += (f" {marks['STALE']}: the code these runs measured has changed since their commit; they hold for "
+                 "that commit.")
+    if marks.get("unknown") in used:
+        lead += f" {marks['unknown']}: whether that code changed cannot be told here."
+    header = ["setup", "bf16", "mxfp8", "mxfp8_all", "bound", "within", "hardware", "commit, date"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in body]
+    return "\n".join([BEGIN, lead, "", *lines, END])
