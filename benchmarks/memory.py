@@ -102,11 +102,11 @@ def local_moe(shape: MoEShape, experts: int, device, dtype):
     with torch.device("meta"):
         moe = MoE(args, dim=shape.dim, hidden_dim=shape.hidden)
         moe.experts = GroupedExperts(shape.dim, shape.hidden, experts, use_grouped_mm=args.use_grouped_mm)
+    moe.experts.num_experts = shape.experts  # what the router and the dispatcher count over
     moe.to_empty(device=device)
     torch.manual_seed(1234)
     with torch.no_grad():
         moe.init_weights(0.02, device)
-    moe.experts.num_experts = shape.experts  # what the dispatcher routes over
     return moe.to(dtype)
 
 
@@ -144,26 +144,27 @@ def weights_bytes(moe) -> int:
     return 2 * nbytes(local)
 
 
-def pass_peak(moe, x, grad, device) -> tuple[float, float, int]:
+def pass_peak(moe, x, grad, device, group=None) -> tuple[float, float, int]:
     """One forward+backward after a warm-up one, each again after a capacity overflow
-    (``elastic.ReplayGuard``): (peak GiB, peak less weights and grads GiB, replays), this
-    rank's."""
+    (``elastic.ReplayGuard`` over ``group``; None: the layer runs on this rank alone and never
+    overflows): (peak GiB, peak less weights and grads GiB, replays), this rank's."""
     from mxfp8_ep.dispatcher import peer_buffer_nbytes
     from mxfp8_ep.elastic import ReplayGuard
 
-    guard = ReplayGuard(moe.modules())
+    guard = ReplayGuard(moe.modules(), group) if group is not None else None
     try:
         for measured in (False, True):
-            for _ in guard.attempts():
+            for _ in guard.attempts() if guard is not None else (0,):
                 moe.zero_grad(set_to_none=True)
                 xi = x.clone().requires_grad_()
                 if measured:
                     reset_peak(device)
                 moe(xi).backward(grad)
     finally:
-        guard.close()
+        if guard is not None:
+            guard.close()
     peak = (torch.cuda.max_memory_allocated() if device.type == "cuda" else 0) + peer_buffer_nbytes()
-    return peak / GIB, (peak - weights_bytes(moe)) / GIB, guard.replays
+    return peak / GIB, (peak - weights_bytes(moe)) / GIB, guard.replays if guard is not None else 0
 
 
 def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
@@ -180,7 +181,7 @@ def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
                                         device) if rank == 0 else (0.0, 0.0, 0)
             capacity = None
         else:
-            *peaks, replays = pass_peak(ep_moe(shape, arm, device, torch.bfloat16), x, grad, device)
+            *peaks, replays = pass_peak(ep_moe(shape, arm, device, torch.bfloat16), x, grad, device, dist.group.WORLD)
             capacity = elastic.capacity_rows()
         peak, above = (max_over_ranks(p, torch.device("cpu")) for p in peaks)
         rows.append({**shape.row_fields(), "ep": world, "arm": arm.name, "pass": "fwd+bwd",

@@ -107,6 +107,11 @@ BENCHES = {
                              paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "launch/memory.py",
                                     "launch/model_facts.py", "benchmarks/memory.py"),
                              group=("model", "activation_checkpoint"), baselines=("nccl",), key="gib"),
+    "layer_memory": Bench("The DeepSeek-V3-like layer's peak memory per rank, fwd+bwd (GiB; ranks sharing one "
+                          "GPU: EP=W on one device), symm at the default capacity factor and at the worst case, "
+                          "torchtitan's ExpertParallel on one rank's share of the experts",
+                          paths=LIBRARY + ("benchmarks/memory.py",) + TIMED, group=("shape", "ep"),
+                          baselines=("torchtitan",), key="peak_gib"),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
                       baselines=("alltoall", "minimal_async_ep"),
