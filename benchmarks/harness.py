@@ -177,7 +177,7 @@ def parse_arm(text: str, baselines=("torchtitan",)) -> Arm:
     preset, _, transport = head.partition("/")
     if preset not in PRESETS or transport not in Transport.named():
         raise ValueError(f"arm {text!r}: expected one of {list(baselines)} or <preset>/<transport> with preset in "
-                         f"{sorted(PRESETS)} and transport in {[t.value for t in Transport.named()]}")
+                         f"{sorted(PRESETS)} and transport {' or '.join(Transport.named())}")
     flags, launch = set(), []
     for mod in mods:
         if mod in ("overlap", "rows"):

@@ -6,6 +6,8 @@ the recipe and the benchmarks that spells transport names (``tests.seam_scan``).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -54,6 +56,26 @@ def test_the_transport_scan_finds_each_kind_of_branch():
     assert transport_branches('if dist.get_backend(group) == "nccl":\n    pass\n') == []
     assert transport_branches('if kernel == "auto":\n    pass\n') == []
     assert transport_branches("if transport is Transport.SYMM:\n    pass\n") == []
+
+
+# The template hooks a transport class fills in (``PushTokenDispatcher``'s docstring).
+HOOKS = ("_routing", "_push_to_experts", "_send_buffer", "_exchange", "_push_to_tokens")
+
+
+def test_every_transport_class_keeps_its_bases_hook_signatures():
+    """A hook a transport overrides takes what its base's takes, named alike: the base calls it
+    for every transport."""
+    for classes in registered_transports().values():
+        for cls in classes:
+            for hook in HOOKS:
+                defined = [base for base in cls.__mro__ if hook in vars(base)]
+                signatures = {base.__name__: _parameters(vars(base)[hook]) for base in defined}
+                assert len(set(signatures.values())) <= 1, (cls.__name__, hook, signatures)
+
+
+def _parameters(fn) -> tuple:
+    """``fn``'s parameters: name, kind and default of each (annotations left out)."""
+    return tuple((p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values())
 
 
 def test_a_class_registers_under_a_transport_only():
