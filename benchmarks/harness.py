@@ -101,7 +101,8 @@ def parse_kernel_launch(text: str) -> tuple[str, str | None, list]:
     key, eq, values = text.partition("=")
     kernel, _, fmt = key.partition(".")
     if not eq or kernel not in kernels or (fmt and fmt not in WIRE_FORMATS) or not values:
-        raise ValueError(f"{text!r}: expected KERNEL[.FMT]=BxW[xD],... with KERNEL in {kernels}, FMT {' or '.join(WIRE_FORMATS)}")
+        raise ValueError(f"{text!r}: expected KERNEL[.FMT]=BxW[xD],... with KERNEL in {kernels}, "
+                         f"FMT {' or '.join(WIRE_FORMATS)}")
     return kernel, fmt or None, [parse_launch(v) for v in values.split(",")]
 
 

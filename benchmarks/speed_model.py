@@ -469,8 +469,8 @@ def _leg_checks(run: str, rows: list[dict]) -> list[dict]:
             preset, transport = arm.split("/")
             base_arm = f"bf16/{transport}" if f"bf16/{transport}" in arms else \
                 ("torchtitan" if transport == Transport.NCCL and "torchtitan" in arms else None)
-            unquantized = kind == "combine" and passes == "fwd" and not WireFormat(PRESETS[preset]["combine_fwd"]).quantized
-            if base_arm is None or unquantized:
+            combine_fwd = WireFormat(PRESETS[preset]["combine_fwd"])
+            if base_arm is None or (kind == "combine" and passes == "fwd" and not combine_fwd.quantized):
                 continue  # nothing to compare with, or the preset's combine fwd is bf16 on the wire
             link = NVLINK_SYMM if (transport == Transport.SYMM and link_name == "nvlink") else links()[link_name]
             leg = Leg(n, dim, 2, "fused" if transport == Transport.SYMM else "nccl", True, kind)

@@ -109,7 +109,8 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
             dst_row=meta.dst_row, local_out=out, top_k=TOP_K, sent=sent),
             tokens * dim * 2 + (n - remote) * dim * 2, remote_tokens * wire_row),
         "receive_token_map": ("receive_rows", lambda s: sk.receive_rows(
-            staged.launched_at("receive_rows", s), out, source=meta.row_source, stage_row=staged.token_map(staging.local)),
+            staged.launched_at("receive_rows", s), out, source=meta.row_source,
+            stage_row=staged.token_map(staging.local)),
             remote_tokens * wire_row + remote * dim * 2, 0),
         "receive": ("receive_rows", lambda s: sk.receive_rows(staged.launched_at("receive_rows", s), out,
                                                               source=meta.row_source),

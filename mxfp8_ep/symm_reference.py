@@ -183,11 +183,11 @@ def push_partials(leg: StagedLeg, src, *, order, start, max_rows, sent, weight=N
     rank's token (``s // max_tokens``, ``max_tokens = leg.tokens_per_rank``) with rows here
     (``partial_slots``; at most ``max_rows``), the fp32 sum of its rows of ``src`` in
     ``order``, rounded to the activation dtype (and quantized, ``leg.fmt``), goes to that
-    rank's staging buffer at row ``rank * max_tokens + s % max_tokens``. ``sent`` (int64, one element) grows by the rows put on the
-    wire. The token's rank adds it once to the rows it kept (``reduce_slots`` with a
-    ``stage_row`` from ``partial_stage_rows``). With ``weight`` (fp32, per row of ``src``):
-    each row times its weight is added (separate multiply and add), the weighted sum of
-    combine's forward."""
+    rank's staging buffer at row ``rank * max_tokens + s % max_tokens``. ``sent`` (int64, one
+    element) grows by the rows put on the wire. The token's rank adds it once to the rows it
+    kept (``reduce_slots`` with a ``stage_row`` from ``partial_stage_rows``). With ``weight``
+    (fp32, per row of ``src``): each row times its weight is added (separate multiply and add),
+    the weighted sum of combine's forward."""
     num_slots, dim = start.numel() - 1, src.shape[1]
     rank, fmt, max_tokens = leg.rank, leg.fmt, leg.tokens_per_rank
     slots = torch.arange(num_slots, device=src.device)

@@ -64,6 +64,11 @@ def _mentions_transport(node: ast.AST) -> bool:
                or (isinstance(n, ast.Attribute) and "transport" in n.attr.lower()) for n in ast.walk(node))
 
 
+def _called(call: ast.Call) -> str | None:
+    """The name a call calls (``f(...)``, ``module.f(...)``)."""
+    return getattr(call.func, "id", getattr(call.func, "attr", None))
+
+
 def transport_branches(source: str) -> list[int]:
     """Lines that spell transport names where ``Transport`` should be asked: a comparison of
     something named ``*transport*`` with a transport's name (``a2a.transport == "symm"``), a
@@ -80,9 +85,10 @@ def transport_branches(source: str) -> list[int]:
                       if isinstance(c.pattern, ast.MatchValue) and _names(c.pattern.value, TRANSPORT_NAMES)]
         elif isinstance(node, DISPLAYS) and len(_names(node, TRANSPORT_NAMES)) >= 2:
             lines.append(node.lineno)
-        elif isinstance(node, ast.Dict) and len(set().union(*(_names(k, TRANSPORT_NAMES) for k in node.keys if k))) >= 2:
-            lines.append(node.lineno)
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "register_transport":
+        elif isinstance(node, ast.Dict):
+            if len(set().union(*(_names(k, TRANSPORT_NAMES) for k in node.keys if k))) >= 2:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and _called(node) == "register_transport":
             if any(_names(a, TRANSPORT_NAMES) for a in node.args):
                 lines.append(node.lineno)
     return sorted(set(lines))

@@ -324,7 +324,8 @@ def test_tokens_that_differ_across_ranks_fail_on_every_rank():
 
 # A second value for the config fields whose type gives none (``_second_value``).
 SECOND_VALUES = {
-    "launch_shapes": {"mxfp8": replace(KernelShapes.default("mxfp8"), push_rows=LaunchShape(block=8, warps=4, stripes=8))},
+    "launch_shapes": {"mxfp8": replace(KernelShapes.default("mxfp8"),
+                                       push_rows=LaunchShape(block=8, warps=4, stripes=8))},
     "check_inputs": True,
 }
 
@@ -398,7 +399,8 @@ def test_configs_that_differ_in_any_field_fail_on_every_rank():
 INVALID_ON_ONE_RANK = {
     "bf16 legs with quantize_local_rows": (dict(a2a=A2AConfig.preset("bf16", quantize_local_rows=True)),
                                            r"quantize_local_rows=True .* every leg is bf16"),
-    "an unknown transport": (dict(a2a=A2AConfig.preset("mxfp8", transport="nvshmem")), r"A2AConfig\.transport='nvshmem'"),
+    "an unknown transport": (dict(a2a=A2AConfig.preset("mxfp8", transport="nvshmem")),
+                             r"A2AConfig\.transport='nvshmem'"),
     "top_k 0": (dict(top_k=0), r"top_k=0"),
 }
 

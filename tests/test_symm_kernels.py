@@ -244,8 +244,8 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
             out = torch.zeros(3, 64, dtype=torch.bfloat16, device=DEVICE)
             stage = LocalBuffer(torch.zeros(staging_nbytes(2, 64, torch.bfloat16), dtype=torch.uint8, device=DEVICE), 2)
-            kernels.push_rows(StagedLeg(staging=stage, rows=2, rank=0, fmt=fmt), src, dst_rank=dst_rank, dst_row=dst_row,
-                              local_out=out, pushed=pushed)
+            leg = StagedLeg(staging=stage, rows=2, rank=0, fmt=fmt)
+            kernels.push_rows(leg, src, dst_rank=dst_rank, dst_row=dst_row, local_out=out, pushed=pushed)
             results[pushed, name] = (out, stage.local.clone())
         (out, staged), (ref_out, ref_staged) = results[pushed, "triton"], results[pushed, "torch"]
         assert torch.equal(bits(out), bits(ref_out)) and torch.equal(staged, ref_staged), pushed
@@ -256,8 +256,7 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
     assert torch.equal(results["all", "torch"][1], results["remote", "torch"][1])
     for kernels in (symm_kernels, symm_reference):
         with pytest.raises(ValueError, match="pushed="):
-            kernels.push_rows(StagedLeg(staging=stage, rows=2, rank=0, fmt=fmt), src, dst_rank=dst_rank, dst_row=dst_row,
-                              local_out=out, pushed="stay")
+            kernels.push_rows(leg, src, dst_rank=dst_rank, dst_row=dst_row, local_out=out, pushed="stay")
 
 
 def test_routing_tables_kernel_equals_its_twin():
@@ -406,8 +405,9 @@ def check_push_tokens(device) -> int:
                                      dot_with_expert_rows=True)
                     staged = StagedLeg(staging=peers, rows=rows, rank=rank, fmt=fmt, tokens_per_rank=max_tokens,
                                        map_offset=offset, map_rows=capacity)
-                    kernels.push_tokens(staged, x.to(device), sorted_row=sorted_row.to(device), dst_rank=owner.to(device),
-                                        dst_row=dst_row.to(device), local_out=out, top_k=top_k, sent=sent, **extra)
+                    kernels.push_tokens(staged, x.to(device), sorted_row=sorted_row.to(device),
+                                        dst_rank=owner.to(device), dst_row=dst_row.to(device), local_out=out,
+                                        top_k=top_k, sent=sent, **extra)
                     result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers, dots.cpu())
                 (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = result["triton"], result["torch"]
                 where = (world, top_k, fmt, dtype, rank, mode)
@@ -459,7 +459,8 @@ def check_push_tokens(device) -> int:
                         row_dots = torch.full((capacity,), float("nan"), device=device)
                         received = peers.seen_from(d)
                         kernels.receive_rows(StagedLeg(staging=received, rows=rows, rank=d, fmt=fmt), got,
-                                             source=source.to(device), stage_row=token_map(peers.peer(d), offset, capacity),
+                                             source=source.to(device),
+                                             stage_row=token_map(peers.peer(d), offset, capacity),
                                              weight=row_weights(peers.peer(d), offset, capacity) if weighted else None,
                                              **(dict(dot_with=expert_rows.to(device), dot_out=row_dots) if mode == "local" else {}))
                         received_rows[name] = got.cpu(), row_dots.cpu()
@@ -532,8 +533,8 @@ def check_push_partials(device) -> int:
             for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
                 peers = OneProcessPeers(staging_nbytes(num_slots, dim, dtype), world, rank, device)
                 sent = torch.zeros(1, dtype=torch.int64, device=device)
-                kernels.push_partials(StagedLeg(staging=peers, rows=num_slots, rank=rank, fmt=fmt, tokens_per_rank=max_tokens),
-                                      src.to(device), order=order, start=start, max_rows=max_rows, sent=sent,
+                leg = StagedLeg(staging=peers, rows=num_slots, rank=rank, fmt=fmt, tokens_per_rank=max_tokens)
+                kernels.push_partials(leg, src.to(device), order=order, start=start, max_rows=max_rows, sent=sent,
                                       weight=None if weight is None else weight.to(device))
                 result[name] = ([peers.peer(r).cpu() for r in range(world)], int(sent))
             (bufs, sent), (ref_bufs, ref_sent) = result["triton"], result["torch"]
@@ -617,8 +618,8 @@ def check_partial_round_trip(device) -> int:
                 row_slot = torch.tensor([s * max_tokens + t if s != r else num_slots for s, t, _ in held[r]],
                                         dtype=torch.int64)
                 order, start = partial_slots(row_slot.to(device), num_slots)
-                kernels.push_partials(StagedLeg(staging=peers, rows=num_slots, rank=r, fmt=fmt, tokens_per_rank=max_tokens),
-                                      grads[r].to(device), order=order, start=start, max_rows=top_k,
+                leg = StagedLeg(staging=peers, rows=num_slots, rank=r, fmt=fmt, tokens_per_rank=max_tokens)
+                kernels.push_partials(leg, grads[r].to(device), order=order, start=start, max_rows=top_k,
                                       sent=torch.zeros(1, dtype=torch.int64, device=device),
                                       weight=row_weight[r].to(device) if weighted else None)
             outs = []

@@ -16,6 +16,7 @@ from mxfp8_ep.config import PRESETS, A2AConfig
 from mxfp8_ep.dispatcher import (
     FusedNcclTokenDispatcher,
     NcclTokenDispatcher,
+    SymmTokenDispatcher,
     TokenDispatcher,
     register_transport,
     registered_transports,
@@ -96,9 +97,17 @@ def _build(rank, world):  # noqa: ARG001
     torch.set_num_threads(1)  # a forked rank: no intra-op thread pool inherited half-made
     def built(preset, top_k):
         config = TokenDispatcher.Config(num_experts=4, top_k=top_k, a2a=A2AConfig.preset(preset, transport="nccl"))
-        return type(config.build(dist.group.WORLD, torch.device("cpu")))
+        dispatcher = config.build(dist.group.WORLD, torch.device("cpu"))
+        assert type(dispatcher.config) is type(dispatcher).Config, "a dispatcher reads the config as its own class"
+        return type(dispatcher)
 
     library = {(p, k): built(p, k) for p in ("bf16", "mxfp8") for k in (2, 3)}
+    # symm reads the config as its own class, which says how it sends each leg.
+    symm_config = TokenDispatcher.Config(num_experts=4, top_k=2, a2a=A2AConfig.preset("mxfp8", transport="symm"))
+    symm = symm_config.build(dist.group.WORLD, torch.device("cpu"))
+    assert type(symm) is SymmTokenDispatcher and type(symm.config) is SymmTokenDispatcher.Config
+    assert symm.config.dispatch_bwd_partial_sums and symm.config.combine_fwd_partial_sums
+    assert symm.config.scores_after_dequantize  # combine_bwd is MXFP8, top-k > 1
     assert library == {("bf16", 2): NcclTokenDispatcher, ("bf16", 3): NcclTokenDispatcher,
                        ("mxfp8", 2): FusedNcclTokenDispatcher, ("mxfp8", 3): FusedNcclTokenDispatcher}
     # One path per transport: the all-bf16 nccl class refuses quantized legs.

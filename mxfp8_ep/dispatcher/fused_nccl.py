@@ -71,7 +71,7 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
         return tables, expert_rows
 
     def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out,  # noqa: ARG002
-                         dot_with_expert_rows=False):  # noqa: ARG002 (push does the rows; the dots are the token's rank's)
+                         dot_with_expert_rows=False):  # noqa: ARG002 (push does the rows; dots: the token's rank)
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.

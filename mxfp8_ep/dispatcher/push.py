@@ -61,8 +61,9 @@ class PushDispatchMetadata:
     # token (``source * slot_tokens + token``) when a peer sent it, else ``ep * slot_tokens``.
     row_slot: torch.Tensor | None = None
     slot_tokens: int = 0
-    # symm with combine's partial sums (``SymmTokenDispatcher.Config.combine_fwd_partial_sums``): per expert-major
-    # row, the router score of its slot (fp32; 0 for rows that hold no slot), carried by dispatch.
+    # symm with combine's partial sums (``SymmTokenDispatcher.Config.combine_fwd_partial_sums``):
+    # per expert-major row, the router score of its slot (fp32; 0 for rows that hold no slot),
+    # carried by dispatch.
     row_score: torch.Tensor | None = None
     partial_order: tuple[torch.Tensor, torch.Tensor] | None = None  # ``partial_slots`` of ``row_slot``
 
@@ -195,7 +196,8 @@ class PushTokenDispatcher(TokenDispatcher):
             kernels.push_rows(staged, src, dst_rank=meta.dst_rank, dst_row=meta.dst_row, local_out=out, slot=meta.slot,
                               top_k=self.config.top_k, weight=weight, dot_with=dot_with, dot_out=dot_out, pushed=pushed)
 
-        out, received, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, weight, dot_with, dot_out)
+        out, received, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, weight, dot_with,
+                                                                     dot_out)
         kernels.receive_rows(received, out, source=meta.row_source, stage_row=stage_row, weight=row_weight)
         return out
 
