@@ -95,12 +95,14 @@ def parse_launch(text: str):
 def parse_kernel_launch(text: str) -> tuple[str, str | None, list]:
     """``KERNEL[.FMT]=BxW[xD],...`` -> (kernel, leg format or None for both, [LaunchShape, ...])."""
     from mxfp8_ep.launch_shapes import KernelShapes
+    from mxfp8_ep.wire_format import WIRE_FORMATS
 
     kernels = [f.name for f in fields(KernelShapes)]
     key, eq, values = text.partition("=")
     kernel, _, fmt = key.partition(".")
-    if not eq or kernel not in kernels or fmt not in ("", "bf16", "mxfp8") or not values:
-        raise ValueError(f"{text!r}: expected KERNEL[.FMT]=BxW[xD],... with KERNEL in {kernels}, FMT bf16 or mxfp8")
+    if not eq or kernel not in kernels or (fmt and fmt not in WIRE_FORMATS) or not values:
+        raise ValueError(f"{text!r}: expected KERNEL[.FMT]=BxW[xD],... with KERNEL in {kernels}, "
+                         f"FMT {' or '.join(WIRE_FORMATS)}")
     return kernel, fmt or None, [parse_launch(v) for v in values.split(",")]
 
 
@@ -157,9 +159,10 @@ class Arm:
         if not self.launch:
             return None
         from mxfp8_ep.launch_shapes import KernelShapes
+        from mxfp8_ep.wire_format import WIRE_FORMATS
 
         out = {}
-        for fmt in ("bf16", "mxfp8"):
+        for fmt in WIRE_FORMATS:
             shapes = KernelShapes.default(fmt)
             for kernel, only, shape in self.launch:
                 if only in (None, fmt):
@@ -175,13 +178,14 @@ def parse_arm(text: str, baselines=("torchtitan",)) -> Arm:
     if text in baselines:
         return Arm(text)
     from mxfp8_ep.config import PRESETS
+    from mxfp8_ep.transport import Transport
 
     body, local = (text[: -len("@local")], True) if text.endswith("@local") else (text, False)
     head, *mods = body.split(":")
     preset, _, transport = head.partition("/")
-    if preset not in PRESETS or transport not in ("symm", "nccl"):
+    if preset not in PRESETS or transport not in Transport.named():
         raise ValueError(f"arm {text!r}: expected one of {list(baselines)} or <preset>/<transport> with preset in "
-                         f"{sorted(PRESETS)} and transport symm or nccl")
+                         f"{sorted(PRESETS)} and transport {' or '.join(Transport.named())}")
     flags, launch = set(), []
     for mod in mods:
         if mod in MODIFIERS:

@@ -46,9 +46,10 @@ from benchmarks.harness import (
     sample_ms,
     timing_fields,
 )
+from mxfp8_ep.wire_format import WIRE_FORMATS
 
 RANK = 0
-FORMATS = ("bf16", "mxfp8")
+FORMATS = WIRE_FORMATS
 COLUMNS = ("world", "kernel", "variant", "fmt", "launch", "ms", "speedup_vs_default")
 
 
@@ -93,7 +94,7 @@ def sweep(shape, args, device, options) -> list[dict]:
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.dispatcher import checks
     from mxfp8_ep.peer_memory import OneProcessPeers
-    from mxfp8_ep.staging import staging_buffer_nbytes, token_map_offset
+    from mxfp8_ep.staging import StagedLeg, staging_buffer_nbytes, token_map_offset
     from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
 
     tokens, top_k, dim, world = args.tokens or shape.tokens, shape.top_k, shape.dim, args.world
@@ -121,27 +122,34 @@ def sweep(shape, args, device, options) -> list[dict]:
 
     for fmt in FORMATS:
         peers = OneProcessPeers(nbytes, world, RANK, device)
-        push = (x, dst_rank, dst_row, out, peers, rows, RANK, fmt, "rceil")
+        leg = StagedLeg(staging=peers, rows=rows, rank=RANK, fmt=fmt, tokens_per_rank=tokens, map_offset=offset,
+                        map_rows=capacity)
+        push = dict(dst_rank=dst_rank, dst_row=dst_row, local_out=out, slot=slot, top_k=top_k)
         run("push_rows", fmt, {
-            "plain": lambda s: sk.push_rows(*push, slot=slot, top_k=top_k, shape=s),
-            "weighted": lambda s: sk.push_rows(*push, slot=slot, top_k=top_k, weight=weight, dot_with=saved,
-                                               dot_out=dots, shape=s)})
-        tok = (x, sorted_row, dst_rank, dst_row, out, peers, rows, offset, capacity, RANK, fmt, "rceil", top_k, tokens, sent)
+            "plain": lambda s: sk.push_rows(leg.launched_at("push_rows", s), x, **push),
+            "weighted": lambda s: sk.push_rows(leg.launched_at("push_rows", s), x, **push, weight=weight,
+                                               dot_with=saved, dot_out=dots)})
+        tok = dict(sorted_row=sorted_row, dst_rank=dst_rank, dst_row=dst_row, local_out=out, top_k=top_k, sent=sent)
         run("push_tokens", fmt, {
-            "plain": lambda s: sk.push_tokens(*tok, shape=s),
-            "weighted": lambda s: sk.push_tokens(*tok, weight=weight, dot_with=saved, dot_out=dots, shape=s),
-            "weighted, local dots": lambda s: sk.push_tokens(*tok, weight=weight, dot_with=saved, dot_out=dots, dot_with_expert_rows=True,
-                                                             shape=s)})
+            "plain": lambda s: sk.push_tokens(leg.launched_at("push_tokens", s), x, **tok),
+            "weighted": lambda s: sk.push_tokens(leg.launched_at("push_tokens", s), x, **tok, weight=weight,
+                                                 dot_with=saved, dot_out=dots),
+            "weighted, local dots": lambda s: sk.push_tokens(leg.launched_at("push_tokens", s), x, **tok, weight=weight,
+                                                             dot_with=saved, dot_out=dots, dot_with_expert_rows=True)})
         # The peer's receive: each row from the staged row of its index, or through the map.
         source, tmap, weights = peer_one_rows(peers, offset, capacity, dst_rank, world, tokens)
-        recv = (torch.empty((capacity, dim), **bf16), source, 1, peers.seen_from(1), rows, fmt)
+        peer = StagedLeg(staging=peers.seen_from(1), rows=rows, rank=1, fmt=fmt)
+        received = torch.empty((capacity, dim), **bf16)
         row_dots = torch.empty(capacity, device=device)
         run("receive_rows", fmt, {
-            "by row": lambda s: sk.receive_rows(*recv, shape=s),
-            "token map": lambda s: sk.receive_rows(*recv, stage_row=tmap, shape=s),
-            "token map, weighted": lambda s: sk.receive_rows(*recv, stage_row=tmap, weight=weights, shape=s),
-            "token map, weighted, dots": lambda s: sk.receive_rows(*recv, stage_row=tmap, weight=weights,
-                                                                   dot_with=saved, dot_out=row_dots, shape=s)})
+            "by row": lambda s: sk.receive_rows(peer.launched_at("receive_rows", s), received, source=source),
+            "token map": lambda s: sk.receive_rows(peer.launched_at("receive_rows", s), received, source=source,
+                                                   stage_row=tmap),
+            "token map, weighted": lambda s: sk.receive_rows(peer.launched_at("receive_rows", s), received,
+                                                             source=source, stage_row=tmap, weight=weights),
+            "token map, weighted, dots": lambda s: sk.receive_rows(peer.launched_at("receive_rows", s), received,
+                                                                   source=source, stage_row=tmap, weight=weights,
+                                                                   dot_with=saved, dot_out=row_dots)})
     # The way back (dispatch's backward; combine's forward weighted by the scores): the peer
     # pushes its rows of the other ranks' tokens row by row, or one partial sum per token and
     # rank (through the token map); rank 0 reduces each token's K slots, reading rows, or
@@ -158,19 +166,24 @@ def sweep(shape, args, device, options) -> list[dict]:
     stage_row = partial_stage_rows(sorted_row, dst_rank, RANK, top_k, tokens)
     row_score = torch.rand(capacity, device=device)
     for fmt in FORMATS:
-        run("push_rows", fmt, {"token-bound": lambda s: sk.push_rows(grads, return_rank, return_row, None, back, rows,
-                                                                       1, fmt, "rceil", shape=s)})
-        partials = (grads, order, start, back, rows, 1, fmt, "rceil", max_rows, tokens, sent)
+        leg = StagedLeg(staging=back, rows=rows, rank=1, fmt=fmt, tokens_per_rank=tokens)
+        run("push_rows", fmt, {"token-bound": lambda s: sk.push_rows(leg.launched_at("push_rows", s), grads,
+                                                                       dst_rank=return_rank, dst_row=return_row)})
+        partials = dict(order=order, start=start, max_rows=max_rows, sent=sent)
         run("push_partials", fmt, {
-            "plain": lambda s: sk.push_partials(*partials, shape=s),
-            "weighted": lambda s: sk.push_partials(*partials, weight=row_score, shape=s)})
-        red = (reduced, sorted_row, dst_rank, dst_row, out, back.seen_from(RANK), rows, RANK, fmt, top_k)
+            "plain": lambda s: sk.push_partials(leg.launched_at("push_partials", s), grads, **partials),
+            "weighted": lambda s: sk.push_partials(leg.launched_at("push_partials", s), grads, **partials,
+                                                   weight=row_score)})
+        home = StagedLeg(staging=back.seen_from(RANK), rows=rows, rank=RANK, fmt=fmt)
+        red = dict(sorted_row=sorted_row, row_rank=dst_rank, local_row=dst_row, local_src=out, top_k=top_k)
         run("reduce_slots", fmt, {
-            "rows": lambda s: sk.reduce_slots(*red, shape=s),
-            "partials": lambda s: sk.reduce_slots(*red, stage_row=stage_row, shape=s),
-            "weighted, keeps rows": lambda s: sk.reduce_slots(*red, weight=weight, save=kept, shape=s),
-            "weighted partials": lambda s: sk.reduce_slots(*red, weight=weight, stage_row=stage_row,
-                                                           weigh_staged=False, shape=s)})
+            "rows": lambda s: sk.reduce_slots(home.launched_at("reduce_slots", s), reduced, **red),
+            "partials": lambda s: sk.reduce_slots(home.launched_at("reduce_slots", s), reduced, **red,
+                                                  stage_row=stage_row),
+            "weighted, keeps rows": lambda s: sk.reduce_slots(home.launched_at("reduce_slots", s), reduced, **red,
+                                                              weight=weight, save=kept),
+            "weighted partials": lambda s: sk.reduce_slots(home.launched_at("reduce_slots", s), reduced, **red,
+                                                           weight=weight, stage_row=stage_row, weigh_staged=False)})
     # The dispatcher's device checks of rank 0's routing (dispatch's forward, every transport):
     # its Triton kernels and their torch twin.
     ids = torch.empty(n, dtype=torch.int64, device=device)

@@ -53,6 +53,7 @@ from benchmarks.harness import (
     use_link,
     worst_median,
 )
+from mxfp8_ep.transport import Transport
 
 ARMS = ("torchtitan", "bf16/symm", "mxfp8/symm", "mxfp8_all/symm", "bf16/nccl", "mxfp8/nccl", "mxfp8_all/nccl")
 BASELINES = ("torchtitan", "bf16/nccl")
@@ -118,6 +119,7 @@ def routing_splits(num_rows: int, world: int, routing: str, experts: int, zipf_s
 def bench_a2a(args, device) -> list[dict]:
     from mxfp8_ep.all_to_all import all_to_all_v
     from mxfp8_ep.quantize import dequantize, quantize
+    from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
 
     rank, world, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
     rows = []
@@ -140,14 +142,14 @@ def bench_a2a(args, device) -> list[dict]:
                 remote = int(max_over_ranks(sum(in_splits) - in_splits[rank], device))
                 xg = x.detach().requires_grad_(True)
                 for passes, legs in (("fwd", 1), ("fwd+bwd", 2)):
-                    for fmt in ("bf16", "mxfp8"):
+                    for fmt in WIRE_FORMATS:
                         def fn():
                             out = all_to_all_v(xg if legs == 2 else x, out_splits, in_splits, group,
                                                forward_format=fmt, backward_format=fmt)
                             if legs == 2:
                                 out.backward(grad)
                         ms = timed(fn)
-                        wire = remote * (2 * dim if fmt == "bf16" else dim + dim // 32) * legs
+                        wire = remote * WireFormat(fmt).row_bytes(dim, 2) * legs
                         rows.append({**common, "op": op, "pass": passes, "arm": fmt, "ms": round(ms, 4),
                                      "GBps": round(remote * dim * 2 * legs / ms / 1e6, 1),
                                      "wire_GBps": round(wire / ms / 1e6, 1)})
@@ -176,7 +178,7 @@ def main(argv=None) -> None:
     if args.arms is None:
         args.arms = ",".join(a for a in ARMS if args.link == "nvlink" or not a.endswith("/symm"))
     arms = parsed(parser, parse_arms, args.arms, first="torchtitan")
-    if args.link != "nvlink" and any(arm.transport == "symm" for arm in arms):
+    if args.link != "nvlink" and any(arm.transport == Transport.SYMM for arm in arms):
         parser.error(f"--link {args.link}: symm arms cross NVLink peer memory whatever NCCL's link; leave them out")
     for routing in args.routings.split(","):
         if routing not in ("even", "zipf"):

@@ -42,8 +42,14 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from benchmarks.rows import read_rows
+from mxfp8_ep.config import PRESETS
+from mxfp8_ep.transport import Transport
+from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
 
-BYTES = {"bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}  # e4m3 + one e8m0 scale per 32 elements
+# Wire bytes per element of a bf16 activation in each format (MXFP8: e4m3 + one e8m0 scale per
+# 32 elements), over a row of whole blocks.
+_ROW = 1024
+BYTES = {f.value: f.row_bytes(_ROW, 2) / _ROW for f in WireFormat}
 BYTE_RATIO = BYTES["bf16"] / BYTES["mxfp8"]  # 1.939..., the speedup limit on a slow link
 GB = 1e9
 
@@ -189,7 +195,8 @@ def hbm_ms(leg: Leg, fmt: str, hbm: Optional[HbmParams] = None) -> float:
     b, r = BYTES[fmt], leg.remote_fraction
     local = 1.0 - r
     ms = 0.0
-    if leg.design == "nccl" and fmt == "mxfp8":
+    quantized = WireFormat(fmt).quantized
+    if leg.design == "nccl" and quantized:
         if leg.staged:
             # push: read every row (2), write local rows expert-major (2l) and remote rows
             # packed into the send buffer (b r); receive: read them (b r), write them (2r)
@@ -205,7 +212,7 @@ def hbm_ms(leg: Leg, fmt: str, hbm: Optional[HbmParams] = None) -> float:
         return ms
     if leg.staged:  # torchtitan's gather and permute, read + write of every row each, bf16
         ms += leg.elems * 8 / (hbm.pass_gbps * GB) * 1e3
-    if fmt == "mxfp8":
+    if quantized:
         # copy remote rows out (2 + 2), quantize (2 + b), dequantize (b + 2), copy all rows back
         extra = leg.elems * (r * (4 + 2 * (2 + b)) + 4)
         ms += extra / (hbm.unfused_gbps * GB) * 1e3
@@ -221,8 +228,8 @@ def fixed_ms(leg: Leg, fmt: str, hbm: Optional[HbmParams] = None,
         return 0.0
     costs = costs or default_nccl()
     if leg.kind == "dispatch":
-        return costs.fused_dispatch_ms if fmt == "mxfp8" else costs.titan_dispatch_ms
-    if fmt == "mxfp8":
+        return costs.fused_dispatch_ms if WireFormat(fmt).quantized else costs.titan_dispatch_ms
+    if WireFormat(fmt).quantized:
         return 0.0
     hbm = hbm or default_hbm()
     return leg.elems * costs.titan_combine_bytes / (hbm.pass_gbps * GB) * 1e3
@@ -361,7 +368,7 @@ def multinode_rows(rows: int = 8192 * 8, dim: int = 7168, gpus_per_node: int = 8
         leg = Leg(rows, dim, ep, design, True, kind)
         t = {fmt: (leg_ms(leg, fmt, intra) if inter is None
                    else two_level_leg_ms(leg, fmt, gpus_per_node, intra, inter))
-             for fmt in ("bf16", "mxfp8")}
+             for fmt in WIRE_FORMATS}
         out.append({"placement": placement, "ep": ep, "transport": transport, "design": design,
                     "kind": kind, "intra": intra.name, "inter": inter.name if inter else None, "rows": rows,
                     "dim": dim, "bf16_ms": t["bf16"], "mxfp8_ms": t["mxfp8"],
@@ -461,11 +468,12 @@ def _leg_checks(run: str, rows: list[dict]) -> list[dict]:
                 continue
             preset, transport = arm.split("/")
             base_arm = f"bf16/{transport}" if f"bf16/{transport}" in arms else \
-                ("torchtitan" if transport == "nccl" and "torchtitan" in arms else None)
-            if base_arm is None or (preset == "mxfp8" and kind == "combine" and passes == "fwd"):
-                continue  # nothing to compare with; the mxfp8 preset's combine fwd is bf16 on the wire
-            link = NVLINK_SYMM if (transport == "symm" and link_name == "nvlink") else links()[link_name]
-            leg = Leg(n, dim, 2, "fused" if transport == "symm" else "nccl", True, kind)
+                ("torchtitan" if transport == Transport.NCCL and "torchtitan" in arms else None)
+            combine_fwd = WireFormat(PRESETS[preset]["combine_fwd"])
+            if base_arm is None or (kind == "combine" and passes == "fwd" and not combine_fwd.quantized):
+                continue  # nothing to compare with, or the preset's combine fwd is bf16 on the wire
+            link = NVLINK_SYMM if (transport == Transport.SYMM and link_name == "nvlink") else links()[link_name]
+            leg = Leg(n, dim, 2, "fused" if transport == Transport.SYMM else "nccl", True, kind)
             base = arms[base_arm]
             role = _role(run, link_name, {"bf16 ms": (base, "ms"), "mxfp8 ms": (r, "ms")})
             out.append(_check(run, f"leg {kind} {passes} {arm} vs {base_arm} ({n} routed rows x {dim})",
@@ -495,7 +503,6 @@ def check_runs(runs: Iterable[str | Path]) -> list[dict]:
 FLOOR_RUN = "2026-12-02_ece860a_h200x1_layer.jsonl"  # dsv3_rank: 128 experts, 8192 tokens, one GPU
 LAYER_RUN = "2026-12-01_4755761_h200x2_layer.jsonl"  # the DeepSeek-V3-like layer at EP=2
 LAYER_LEGS = ("dispatch_fwd", "combine_fwd", "combine_bwd", "dispatch_bwd")
-PRESET_MXFP8_LEGS = {"bf16": (), "mxfp8": ("dispatch_fwd", "combine_bwd"), "mxfp8_all": LAYER_LEGS}
 # How each leg crosses: once per (token, rank) it has an expert on ("token"), or once per routed
 # row ("row"). TOKEN_LAYOUT is the symm transport's default for top-k > 1 (partial sums on the
 # token-bound legs); ROW_LAYOUT_DISPATCH_ONCE is the layout of LAYER_RUN's code.
@@ -514,7 +521,7 @@ def layer_wire_bytes(preset: str, ep: int, layout: dict, tokens: int = 8192, dim
     """Bytes one rank sends in one forward+backward of the layer (four legs)."""
     total = 0.0
     for leg in LAYER_LEGS:
-        fmt = "mxfp8" if leg in PRESET_MXFP8_LEGS[preset] else "bf16"
+        fmt = PRESETS[preset][leg]
         rows = tokens * peers_per_token(ep, experts, top_k) if layout[leg] == "token" \
             else tokens * top_k * (ep - 1) / ep
         total += rows * dim * BYTES[fmt]
@@ -535,7 +542,7 @@ def layer_model_rows(eps: tuple = (2, 8), layout: Optional[dict] = None) -> list
     out = []
     for ep in eps:
         bf16_ms = None
-        for preset in ("bf16", "mxfp8", "mxfp8_all"):
+        for preset in PRESETS:
             wire = layer_wire_bytes(preset, ep, layout)
             ms = floor[preset] + wire / (gbps * GB) * 1e3
             bf16_ms = bf16_ms or ms

@@ -72,7 +72,8 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
     """``kernel_rows`` of one leg format (its dispatcher: ``<preset>/symm``)."""
     from mxfp8_ep import symm_kernels as sk
     from mxfp8_ep.peer_memory import PeerBuffer
-    from mxfp8_ep.staging import staging_buffer_nbytes, token_map, token_map_offset
+    from mxfp8_ep.staging import StagedLeg, staging_buffer_nbytes, token_map_offset
+    from mxfp8_ep.wire_format import WireFormat
 
     rank, world, dim = dist.get_rank(), dist.get_world_size(), args.dim
     tokens, x, scores = leg.tokens, leg.x, leg.scores
@@ -88,34 +89,40 @@ def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> lis
     out = torch.empty_like(routed)
     n = meta.slot.numel()
     remote = int((meta.dst_rank != rank).sum())
-    wire_row = dim + dim // 32 if fmt == "mxfp8" else 2 * dim
+    wire_row = WireFormat(fmt).row_bytes(dim, x.element_size())
     owners = meta.dst_rank[meta.sorted_row].view(tokens, TOP_K)
     remote_tokens = sum(int((owners == peer).any(dim=1).sum()) for peer in range(world) if peer != rank)
     sent = torch.zeros(1, dtype=torch.int64, device=device)
     p2p_src = torch.empty(remote * wire_row, dtype=torch.uint8, device=device)
     x_rep = torch.empty((n, dim), dtype=torch.bfloat16, device=device)
-    push = (x, meta.dst_rank, meta.dst_row, out, staging, staging_rows, rank, fmt, "rceil")
+    staged = StagedLeg(staging=staging, rows=staging_rows, rank=rank, fmt=fmt, tokens_per_rank=tokens,
+                       map_offset=map_offset, map_rows=capacity)
     # (kernel whose launch shape applies or None, call, HBM bytes it must move, bytes it sends to the peer)
     stages = {
-        "push": ("push_rows", lambda s: sk.push_rows(*push, slot=meta.slot, top_k=TOP_K, shape=s),
+        "push": ("push_rows", lambda s: sk.push_rows(staged.launched_at("push_rows", s), x, dst_rank=meta.dst_rank,
+                                                     dst_row=meta.dst_row, local_out=out, slot=meta.slot, top_k=TOP_K),
                  n * dim * 2 + (n - remote) * dim * 2, remote * wire_row),
         # Each token once per rank (what the dispatcher runs for this unweighted leg), and its
         # receive through the token map.
         "push_tokens": ("push_tokens", lambda s: sk.push_tokens(
-            x, meta.sorted_row, meta.dst_rank, meta.dst_row, out, staging, staging_rows, map_offset, capacity, rank, fmt,
-            "rceil", TOP_K, tokens, sent, shape=s), tokens * dim * 2 + (n - remote) * dim * 2, remote_tokens * wire_row),
+            staged.launched_at("push_tokens", s), x, sorted_row=meta.sorted_row, dst_rank=meta.dst_rank,
+            dst_row=meta.dst_row, local_out=out, top_k=TOP_K, sent=sent),
+            tokens * dim * 2 + (n - remote) * dim * 2, remote_tokens * wire_row),
         "receive_token_map": ("receive_rows", lambda s: sk.receive_rows(
-            out, meta.row_source, rank, staging, staging_rows, fmt,
-            stage_row=token_map(staging.local, map_offset, capacity), shape=s),
+            staged.launched_at("receive_rows", s), out, source=meta.row_source,
+            stage_row=staged.token_map(staging.local)),
             remote_tokens * wire_row + remote * dim * 2, 0),
-        "receive": ("receive_rows", lambda s: sk.receive_rows(out, meta.row_source, rank, staging, staging_rows, fmt,
-                                                              shape=s), remote * (wire_row + dim * 2), 0),
-        "push_back": ("push_rows", lambda s: sk.push_rows(routed, meta.return_rank, meta.return_row, None, staging,
-                                                          staging_rows, rank, fmt, "rceil", shape=s),
+        "receive": ("receive_rows", lambda s: sk.receive_rows(staged.launched_at("receive_rows", s), out,
+                                                              source=meta.row_source),
+                    remote * (wire_row + dim * 2), 0),
+        "push_back": ("push_rows", lambda s: sk.push_rows(staged.launched_at("push_rows", s), routed,
+                                                          dst_rank=meta.return_rank, dst_row=meta.return_row),
                       remote * dim * 2, remote * wire_row),
-        "reduce": ("reduce_slots", lambda s: sk.reduce_slots(x, meta.sorted_row, meta.dst_rank, meta.dst_row, routed, staging,
-                                                             staging_rows, rank, fmt, TOP_K, weight=scores.reshape(-1),
-                                                             shape=s), n * dim * 2 + tokens * dim * 2, 0),
+        "reduce": ("reduce_slots", lambda s: sk.reduce_slots(staged.launched_at("reduce_slots", s), x,
+                                                             sorted_row=meta.sorted_row, row_rank=meta.dst_rank,
+                                                             local_row=meta.dst_row, local_src=routed, top_k=TOP_K,
+                                                             weight=scores.reshape(-1)),
+                   n * dim * 2 + tokens * dim * 2, 0),
         "barrier": (None, lambda _s: staging.barrier(), 0, 0),
         "p2p_copy": (None, lambda _s: staging.peer((rank + 1) % world)[: remote * wire_row].copy_(p2p_src), 0,
                      remote * wire_row),

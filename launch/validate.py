@@ -32,7 +32,8 @@ from launch.problems import (ConfigError, Report, choice_problem, did_you_mean, 
 from launch.schema import PROFILER_WARMUP_STEPS, TrainConfig
 from launch.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.titan_data import check_data
-from mxfp8_ep.config import KERNELS, LEG_FORMATS, LEGS, PRESETS, SCALE_ROUNDINGS, TRANSPORTS, capacity_factor_error
+from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
+from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
 from mxfp8_ep.wire_format import WireFormat, quantized_formats
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -216,9 +217,7 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
             f"a2a.name={a.name!r} is not a preset; {did_you_mean(a.name, PRESETS, 'a2a={}')}use "
             f"a2a=<one of {sorted(PRESETS)}>, or a2a.name={CUSTOM_A2A} with the legs set by hand"
         )
-    for key, allowed in [(leg, LEG_FORMATS) for leg in LEGS] + [
-        ("scale_rounding", SCALE_ROUNDINGS), ("kernel", KERNELS), ("transport", TRANSPORTS)
-    ]:
+    for key, allowed in FIELD_CHOICES.items():
         if a[key] not in allowed:
             r.error(choice_problem(f"a2a.{key}", a[key], allowed))
     factor_error = capacity_factor_error(a.capacity_factor)
@@ -337,7 +336,7 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
     if target.device == "cpu" and a.kernel == "triton":
         r.error(f"a2a.kernel=triton needs CUDA GPUs, but {target.where}; use a2a.kernel=auto "
                 f"(Triton on GPUs, torch elsewhere) or a2a.kernel=torch")
-    if a.transport == "symm":
+    if a.transport == Transport.SYMM:
         why = []
         if p.nodes > 1:
             why.append(f"parallelism.nodes={p.nodes} (symmetric memory spans one node)")
@@ -369,13 +368,18 @@ SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_
 
 
 def _runs_symm(cfg: Any, target: Target) -> bool:
-    """Whether the EP layers will run the symm transport (``mxfp8_ep.dispatcher.resolve_transport``):
-    asked for, or ``auto`` with CUDA and an EP group of >= 2 ranks inside one node (EP groups
-    are consecutive ranks, so one node holds them when they fit its processes)."""
+    """Whether the EP layers will run the symm transport (``mxfp8_ep.transport.resolve``, as the
+    dispatcher resolves it): asked for, or ``auto`` with CUDA and an EP group of >= 2 ranks
+    inside one node (EP groups are consecutive ranks, so one node holds them when they fit its
+    processes)."""
     a, p = cfg.a2a, cfg.parallelism
-    if a.transport != "auto":
-        return a.transport == "symm"
-    return target.device == "cuda" and p.ep > 1 and (p.nodes == 1 or p.procs_per_node % p.ep == 0)
+    if a.transport not in TRANSPORTS:
+        return False  # reported by _check_a2a
+    hosts = 1 if p.nodes == 1 or p.procs_per_node % p.ep == 0 else 2
+    try:
+        return resolve(a.transport, cuda=target.device == "cuda", ranks=p.ep, hosts=lambda: hosts) is Transport.SYMM
+    except ValueError:  # symm across nodes: reported by _check_device
+        return True
 
 
 def memory_estimate(cfg: Any, target: Target, facts: ModelFacts) -> MemoryEstimate:

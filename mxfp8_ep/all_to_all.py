@@ -19,8 +19,8 @@ import torch.distributed._functional_collectives as funcol
 
 from mxfp8_ep import wire_stats
 from mxfp8_ep.mxfp8 import MXFP8Tensor, check_quantizable
-from mxfp8_ep.quantize import dequantize, quantize
-from mxfp8_ep.wire_format import WireFormat, wire_format
+from mxfp8_ep.quantize import dequantize, encodes, quantize
+from mxfp8_ep.wire_format import wire_format
 
 
 def _check_splits(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> None:
@@ -59,8 +59,9 @@ def exchange(
     output_splits, input_splits = [int(s) for s in output_splits], [int(s) for s in input_splits]
     _check_splits(x, output_splits, input_splits, group)
     wire = wire_format(fmt)
-    if wire.quantized and wire is not WireFormat.MXFP8:
-        raise ValueError(f"all_to_all_v sends bf16 or MXFP8 rows, not {wire}")
+    if wire.quantized and not encodes(wire):
+        raise ValueError(f"all_to_all_v quantizes with mxfp8_ep.quantize (e4m3 elements, e8m0 scales), which "
+                         f"does not encode {wire}")
     if wire.quantized:
         # Fail on every rank before any collective starts: no rank is left waiting.
         check_quantizable(x)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
+from mxfp8_ep.transport import TRANSPORTS, Transport
+from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat, quantized_formats
 
 # The four exchanges, in the order above (the field names of A2AConfig and of the recipe's
 # ``a2a`` config, the keys of ``mxfp8_ep.wire_stats``).
@@ -27,12 +28,11 @@ LEG_FORMATS = WIRE_FORMATS
 NUMERICS_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
 SCALE_ROUNDINGS = ("rceil", "floor")
 KERNELS = ("auto", "triton", "torch")
-# How token rows travel between EP ranks (see mxfp8_ep.dispatcher):
-#   "symm": one Triton kernel per leg pushes rows straight into peers' expert-major slots over
-#           CUDA symmetric memory (one node, >= 2 GPUs; no host sync);
-#   "nccl": all-to-all-v through the process group (multi-node, and CPU/gloo);
-#   "auto": symm on one node with CUDA and >= 2 GPUs, nccl otherwise.
-TRANSPORTS = ("auto", "symm", "nccl")
+# The values each of A2AConfig's named fields takes (the recipe's validation checks its a2a
+# group against them too).
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
+    **{leg: LEG_FORMATS for leg in LEGS}, "scale_rounding": SCALE_ROUNDINGS, "kernel": KERNELS, "transport": TRANSPORTS,
+}
 # The symm transport's expert-major rows per balanced case (``A2AConfig.capacity_factor``).
 DEFAULT_CAPACITY_FACTOR = 1.25
 
@@ -50,7 +50,8 @@ class A2AConfig:
     scale_rounding: str = "rceil"
     # "auto": Triton kernels on CUDA, torch reference elsewhere.
     kernel: str = "auto"
-    transport: str = "auto"
+    # ``mxfp8_ep.transport.Transport``: how rows travel between EP ranks.
+    transport: str = Transport.AUTO.value
     # symm, router scores after the experts, top-k > 1: combine's forward sends one weighted
     # fp32 partial sum per token and rank instead of each row (at top-8 on 2 ranks a quarter
     # of the rows), and keeps the expert outputs for the score gradients: the drop-free
@@ -70,34 +71,33 @@ class A2AConfig:
     # and no host sync is added per layer. None: the worst case, EP x T x top_k rows.
     capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR
 
-    def __post_init__(self) -> None:
-        for leg in self.legs():
-            value = getattr(self, leg)
-            if value not in LEG_FORMATS:
-                raise ValueError(f"A2AConfig.{leg}={value!r}: expected one of {LEG_FORMATS}")
-        if self.scale_rounding not in SCALE_ROUNDINGS:
-            raise ValueError(
-                f"A2AConfig.scale_rounding={self.scale_rounding!r}: expected one of {SCALE_ROUNDINGS}"
-            )
-        if self.kernel not in KERNELS:
-            raise ValueError(f"A2AConfig.kernel={self.kernel!r}: expected one of {KERNELS}")
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"A2AConfig.transport={self.transport!r}: expected one of {TRANSPORTS}")
-        if not isinstance(self.symm_combine_partial_sums, bool):
-            raise ValueError(
-                f"A2AConfig.symm_combine_partial_sums={self.symm_combine_partial_sums!r}: expected true or false"
-            )
-        if not isinstance(self.quantize_local_rows, bool):
-            raise ValueError(f"A2AConfig.quantize_local_rows={self.quantize_local_rows!r}: expected true or false")
+    def problems(self) -> list[str]:
+        """What is wrong with this config, one line per field (empty: nothing). Not checked at
+        construction: ``TokenDispatcher.Config.build`` checks it on every rank of the group at
+        once (a rank whose config is wrong then fails every rank, naming itself and the
+        problem); elsewhere ``check`` does."""
+        found = [f"A2AConfig.{name}={getattr(self, name)!r}: expected one of {allowed}"
+                 for name, allowed in FIELD_CHOICES.items() if getattr(self, name) not in allowed]
+        for name in ("symm_combine_partial_sums", "quantize_local_rows"):
+            if not isinstance(getattr(self, name), bool):
+                found.append(f"A2AConfig.{name}={getattr(self, name)!r}: expected true or false")
         error = capacity_factor_error(self.capacity_factor)
         if error is not None:
-            raise ValueError(f"A2AConfig.capacity_factor={self.capacity_factor!r}: {error}")
-        if self.quantize_local_rows and not self.any_quantized:
-            raise ValueError(
+            found.append(f"A2AConfig.capacity_factor={self.capacity_factor!r}: {error}")
+        if self.quantize_local_rows is True and not quantized_formats(getattr(self, leg) for leg in LEGS):
+            found.append(
                 "A2AConfig.quantize_local_rows=True quantizes the rows that stay on their rank on the "
                 "MXFP8 legs, but every leg is bf16: choose MXFP8 legs (a2a=mxfp8 or mxfp8_all) or "
                 "drop quantize_local_rows"
             )
+        return found
+
+    def check(self) -> A2AConfig:
+        """This config, or a ``ValueError`` listing its ``problems``."""
+        found = self.problems()
+        if found:
+            raise ValueError("; ".join(found))
+        return self
 
     @staticmethod
     def legs() -> tuple[str, str, str, str]:

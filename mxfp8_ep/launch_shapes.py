@@ -1,10 +1,10 @@
 """Launch shapes of the push transports' Triton kernels (``symm_kernels``): how many rows per
-program, how many warps, how wide a column tile. Each kernel wrapper takes its shape as an
-argument (``shape=``, default: ``KernelShapes.default(fmt)``'s entry for that kernel); a
-dispatcher takes a mapping from leg format to ``KernelShapes`` in its config
-(``TokenDispatcher.Config.launch_shapes``), so a benchmark can run one dispatcher at other
-shapes beside another at the defaults. The torch twins (``symm_reference``) take the same
-argument and ignore it.
+program, how many warps, how wide a column tile. Each kernel wrapper takes its shape from the
+leg it runs (``staging.StagedLeg.launch``: the leg's ``KernelShapes``, default
+``KernelShapes.default(fmt)``); a dispatcher takes a mapping from leg format to ``KernelShapes``
+in its config (``TokenDispatcher.Config.launch_shapes``), so a benchmark can run one dispatcher
+at other shapes beside another at the defaults. The torch twins (``symm_reference``) take the
+same legs and ignore the shapes.
 
 The defaults are the fastest shapes of the kernel sweeps in ``benchmarks/``. Where a default stores
 into a peer, it keeps those stores 16-byte vectors (``st.global.v4``, checked by

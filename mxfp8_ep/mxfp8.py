@@ -40,9 +40,9 @@ import torch
 from mxfp8_ep.wire_format import WireFormat
 
 BLOCK_SIZE = WireFormat.MXFP8.block_size
-E4M3_MAX = 448.0
-E8M0_BIAS = 127
-E8M0_NAN = 0xFF
+E4M3_MAX = WireFormat.MXFP8.element_max
+E8M0_BIAS = WireFormat.MXFP8.scale_bias
+E8M0_NAN = WireFormat.MXFP8.scale_nan
 E8M0_INF_SCALE = 0xFE
 # floor rule: largest power of two an e4m3 element holds is 2**8 (256 <= 448 < 512).
 E4M3_MAX_POW2 = 8

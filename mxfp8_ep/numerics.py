@@ -47,7 +47,12 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import NUMERICS_STATS
-from mxfp8_ep.mxfp8 import BLOCK_SIZE, E4M3_MAX, E8M0_BIAS, E8M0_NAN, dequantize_reference, quantize_reference
+from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
+from mxfp8_ep.wire_format import WireFormat
+
+# The format the statistics describe (its torch reference quantizes the samples); its block
+# size, largest element and scale encoding come from it.
+FORMAT = WireFormat.MXFP8
 
 # Rows sampled per leg call: at a 7168-wide model, 64 rows are 14,336 blocks.
 SAMPLE_ROWS = 64
@@ -82,20 +87,21 @@ class LegStats:
         x = rows.float()
         round_trip = dequantize_reference(q, rows.dtype).float()
         err = round_trip - x
-        groups = dim // BLOCK_SIZE
-        blocks = x.view(num, groups, BLOCK_SIZE)
-        q_blocks = q.data.float().view(num, groups, BLOCK_SIZE)
+        block = FORMAT.block_size
+        groups = dim // block
+        blocks = x.view(num, groups, block)
+        q_blocks = q.data.float().view(num, groups, block)
         count = torch.full((), num, dtype=torch.float64, device=rows.device) if valid is None else valid.sum()
         nonzero = x != 0
         # Blocks with a value: an all-zero block (and a NaN block, scale byte 0xFF) has no exponent.
-        exponent = q.scale.to(torch.float64) - E8M0_BIAS
-        has_scale = (blocks.abs().amax(dim=2) > 0) & (q.scale != E8M0_NAN)
+        exponent = q.scale.to(torch.float64) - FORMAT.scale_bias
+        has_scale = (blocks.abs().amax(dim=2) > 0) & (q.scale != FORMAT.scale_nan)
         inf = torch.tensor([math.inf], dtype=torch.float64, device=rows.device)
         values = torch.stack([
             (err.double() ** 2).sum(),
             (x.double() ** 2).sum(),
             count.double() * groups,
-            (q_blocks.abs() == E4M3_MAX).any(dim=2).sum().double(),
+            (q_blocks.abs() == FORMAT.element_max).any(dim=2).sum().double(),
             nonzero.sum().double(),
             (nonzero & (round_trip == 0)).sum().double(),
             torch.cat([torch.where(has_scale, -exponent, -math.inf).reshape(-1), -inf]).max(),

@@ -16,6 +16,13 @@ from mxfp8_ep.mxfp8 import (
     dequantize_reference,
     quantize_reference,
 )
+from mxfp8_ep.wire_format import ELEMENT_E4M3, SCALE_E8M0, WireFormat
+
+
+def encodes(fmt: WireFormat) -> bool:
+    """Whether ``quantize`` / ``dequantize`` write and read ``fmt``'s rows: e4m3 elements with one
+    e8m0 scale per ``BLOCK_SIZE`` elements."""
+    return fmt.quantized and (fmt.element, fmt.scale, fmt.block_size) == (ELEMENT_E4M3, SCALE_E8M0, BLOCK_SIZE)
 
 
 def resolve_kernel(kernel: str, device: torch.device) -> str:

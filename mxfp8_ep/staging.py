@@ -15,14 +15,72 @@ staged row ``stage_row[i]`` (nccl: the row's place in the rank-major receive buf
 ``push_tokens``: the token map, each expert row's token at row ``source * max_tokens + token``).
 A symm staging buffer holds its rows, then the token map (``token_map_offset``), then the row
 weights (``row_weights``: a weighted token-once push leaves each row's routing weight there).
+
+A leg's kernels take what they share about its staging as one ``StagedLeg``: the buffer, its
+rows and layout, this rank, and how rows are encoded there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
 import torch
 
 from mxfp8_ep.capacity import staging_buffer_bytes, token_map_byte_offset
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.wire_format import WireFormat, wire_format
+
+if TYPE_CHECKING:
+    from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
+
+
+@dataclass(frozen=True)
+class StagedLeg:
+    """What the push and receiving kernels of one leg share (``symm_kernels`` and their twins
+    ``symm_reference``): the staging buffer its rows wait in and its layout, this rank, the
+    wire format and how rows are encoded in it, and the kernels' launch shapes."""
+
+    staging: PeerBuffer | LocalBuffer  # this rank's view: its own buffer (``local``) and its peers'
+    rows: int  # staged rows the buffer holds
+    rank: int
+    fmt: WireFormat  # a format or its name
+    rounding: str = "rceil"  # a quantized format's scale rounding
+    # Rows that stay on this rank go through the wire format as a peer decodes them
+    # (``A2AConfig.quantize_local_rows``; the kernels that store such rows).
+    quantize_local: bool = False
+    shapes: KernelShapes | None = None  # the kernels' launch shapes (None: the format's defaults)
+    # symm's token-major rows (``push_tokens``, ``push_partials``): rank r's token t at staged
+    # row ``r * tokens_per_rank + t``; the token map and row weights of ``map_rows`` expert rows
+    # at byte ``map_offset`` (``token_map``, ``row_weights``).
+    tokens_per_rank: int = 0
+    map_offset: int = 0
+    map_rows: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", wire_format(self.fmt))
+
+    def launch(self, kernel: str) -> LaunchShape:
+        """The launch shape of ``kernel`` (a ``KernelShapes`` field) for this leg."""
+        return getattr(self.shapes or KernelShapes.default(self.fmt), kernel)
+
+    def launched_at(self, kernel: str, shape: LaunchShape | None) -> StagedLeg:
+        """This leg with ``kernel`` launched at ``shape`` (None: as it is), for a launch sweep."""
+        if shape is None:
+            return self
+        return replace(self, shapes=replace(self.shapes or KernelShapes.default(self.fmt), **{kernel: shape}))
+
+    def views(self, buf: torch.Tensor, dim: int, dtype: torch.dtype):
+        """``staging_views`` of ``buf`` (this leg's buffer or a peer's) in this leg's layout."""
+        return staging_views(buf, self.rows, dim, dtype, self.fmt)
+
+    def token_map(self, buf: torch.Tensor) -> torch.Tensor:
+        """The token map of ``buf`` (this leg's buffer or a peer's)."""
+        return token_map(buf, self.map_offset, self.map_rows)
+
+    def row_weights(self, buf: torch.Tensor) -> torch.Tensor:
+        """The row weights of ``buf`` (this leg's buffer or a peer's)."""
+        return row_weights(buf, self.map_offset, self.map_rows)
 
 
 def staged_row_nbytes(dim: int, dtype: torch.dtype, fmt: str) -> int:

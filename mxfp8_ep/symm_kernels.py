@@ -1,8 +1,10 @@
 """Triton kernels of the symm transport. Each has a torch twin of the same name and arguments
 in ``symm_reference.py`` (read its docstring for the arithmetic, ``staging.py``'s for the staging
-layout); the two give the same bits. Peers' buffers arrive as an int64 tensor of addresses. A
-leg's wire format reaches the kernels as its constants (``WireFormat.kernel_constants``), its
-launch shape as an argument (``launch_shapes``).
+layout); the two give the same bits. A leg's kernels take what they share as one
+``staging.StagedLeg`` (its staging buffer and layout, this rank, its wire format, scale rounding
+and launch shapes), then their rows and routing as named arguments. Peers' buffers arrive as an
+int64 tensor of addresses. A leg's wire format reaches the kernels as its constants
+(``WireFormat.kernel_constants``), its launch shape from the leg (``launch_shapes``).
 
 * ``push_rows``: one pass per leg on the sending side. Each row is read once (gathered by
   token for the expert-bound legs), optionally weighted, and stored either into this rank's
@@ -38,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.launch_shapes import LaunchShape
 from mxfp8_ep.routing import RoutingTables
-from mxfp8_ep.staging import row_weights, staging_views, token_map
+from mxfp8_ep.staging import StagedLeg
 from mxfp8_ep.symm_reference import pushed_rows_index
 from mxfp8_ep.triton_kernels import (
     _decode_groups,
@@ -531,23 +533,23 @@ def _no_fp32(device: torch.device) -> torch.Tensor:
     return torch.empty(1, dtype=torch.float32, device=device)
 
 
-def _format_constants(fmt: str, dim: int, shape: LaunchShape) -> dict[str, int]:
+def _format_constants(fmt: WireFormat, dim: int, shape: LaunchShape) -> dict[str, int]:
     """A tile kernel's constants for a leg in format ``fmt``: the format's own
     (``WireFormat.kernel_constants``) and the column tile ``BLOCK_D`` for rows of ``dim``."""
-    constants = WireFormat(fmt).kernel_constants()
+    constants = fmt.kernel_constants()
     return {**constants, "BLOCK_D": shape.tile(dim, constants["GROUP"])}
 
 
-def _quantizes(fmt, quantize_local: bool) -> bool:
+def _quantizes(leg: StagedLeg) -> bool:
     """The kernels' ``QUANTIZE_LOCAL``: rows that stay go through the leg's wire format too
     (``A2AConfig.quantize_local_rows``), where that format encodes them."""
-    return quantize_local and WireFormat(fmt).quantized
+    return leg.quantize_local and leg.fmt.quantized
 
 
-def _staging_arg(buf, staging_rows, dim, dtype, fmt):
-    """A staging byte buffer as the kernels take it: its bytes (MXFP8: packed rows) or its
-    values (bf16 as int16 bits)."""
-    return _kernel_arg(staging_views(buf, staging_rows, dim, dtype, fmt)[0])
+def _staging_arg(leg: StagedLeg, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """A leg's staging byte buffer as the kernels take it: its bytes (quantized: packed rows) or
+    its values (bf16 as int16 bits)."""
+    return _kernel_arg(leg.views(leg.staging.local, dim, dtype)[0])
 
 
 def push_counts(counts: torch.Tensor, tokens: int, buf, rank: int, fault: torch.Tensor) -> None:
@@ -572,116 +574,107 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int, 
     return RoutingTables(*fields, row_limit=capacity), ok.view(())
 
 
-def push_rows(
-    src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", quantize_local=False,
-    shape: LaunchShape | None = None,
-) -> None:
+def push_rows(leg: StagedLeg, src, *, dst_rank, dst_row, local_out=None, slot=None, top_k=1, weight=None,
+              dot_with=None, dot_out=None, pushed="all") -> None:
     num = dst_rank.numel()
     if num == 0:
         return
     dim = src.shape[1]
     pushed_index = pushed_rows_index(pushed)
-    shape = shape or KernelShapes.default(fmt).push_rows
+    shape = leg.launch("push_rows")
     block_m, stripes = shape.block, shape.stripes
     no_fp32 = _no_fp32(src.device)
-    stage = _staging_arg(staging.local, staging_rows, dim, src.dtype, fmt)
+    stage = _staging_arg(leg, dim, src.dtype)
     _push_rows_kernel[(stripes * triton.cdiv(triton.cdiv(num, block_m), stripes),)](
         _kernel_arg(src), slot if slot is not None else dst_rank, weight if weight is not None else no_fp32,
         _kernel_arg(dot_with if dot_with is not None else src), dot_out if dot_out is not None else no_fp32,
         dst_rank, dst_row, _kernel_arg(local_out if local_out is not None else src), stage,
-        staging.element_offsets(stage.element_size()),
-        num, rank,
+        leg.staging.element_offsets(stage.element_size()),
+        num, leg.rank,
         D=dim, TOP_K=top_k, HAS_SLOT=slot is not None, HAS_WEIGHT=weight is not None,
         HAS_DOT=dot_with is not None, IN_BF16=src.dtype == torch.bfloat16,
-        ROUNDING=rounding_code(rounding), QUANTIZE_LOCAL=_quantizes(fmt, quantize_local), BLOCK_M=block_m,
-        **_format_constants(fmt, dim, shape), PUSHED=pushed_index, STRIPES=stripes, STAGES=shape.stages, num_warps=shape.warps,
-    )
-
-
-def push_tokens(
-    src, sorted_row, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent, weight=None, weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False,
-    quantize_local=False, shape: LaunchShape | None = None,
-) -> None:
-    num_tokens, dim = src.shape
-    if num_tokens == 0:
-        return
-    shape = shape or KernelShapes.default(fmt).push_tokens
-    stage = _staging_arg(staging.local, staging_rows, dim, src.dtype, fmt)
-    no_fp32 = _no_fp32(src.device)
-    _push_tokens_kernel[(triton.cdiv(num_tokens, shape.block),)](
-        _kernel_arg(src), sorted_row, dst_rank, dst_row, _kernel_arg(local_out), stage, staging.element_offsets(stage.element_size()),
-        token_map(staging.local, map_offset, map_rows), staging.element_offsets(8),
-        row_weights(staging.local, map_offset, map_rows), staging.element_offsets(4),
-        weight if weight is not None else no_fp32, _kernel_arg(dot_with if dot_with is not None else src),
-        dot_out if dot_out is not None else no_fp32, sent,
-        num_tokens, rank, max_tokens,
-        D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
-        IN_BF16=src.dtype == torch.bfloat16, ROUNDING=rounding_code(rounding),
-        QUANTIZE_LOCAL=_quantizes(fmt, quantize_local),
-        HAS_WEIGHT=weight is not None, WEIGH_LOCAL=weight is not None and weigh_local, HAS_DOT=dot_with is not None,
-        DOT_EXPERT_ROWS=dot_with_expert_rows, BLOCK_T=shape.block, **_format_constants(fmt, dim, shape),
+        ROUNDING=rounding_code(leg.rounding), QUANTIZE_LOCAL=_quantizes(leg), BLOCK_M=block_m,
+        **_format_constants(leg.fmt, dim, shape), PUSHED=pushed_index, STRIPES=stripes, STAGES=shape.stages,
         num_warps=shape.warps,
     )
 
 
-def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
-                  weight=None, shape: LaunchShape | None = None) -> None:
+def push_tokens(leg: StagedLeg, src, *, sorted_row, dst_rank, dst_row, local_out, top_k, sent, weight=None,
+                weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False) -> None:
+    num_tokens, dim = src.shape
+    if num_tokens == 0:
+        return
+    shape = leg.launch("push_tokens")
+    stage = _staging_arg(leg, dim, src.dtype)
+    staging = leg.staging
+    no_fp32 = _no_fp32(src.device)
+    _push_tokens_kernel[(triton.cdiv(num_tokens, shape.block),)](
+        _kernel_arg(src), sorted_row, dst_rank, dst_row, _kernel_arg(local_out), stage, staging.element_offsets(stage.element_size()),
+        leg.token_map(staging.local), staging.element_offsets(8),
+        leg.row_weights(staging.local), staging.element_offsets(4),
+        weight if weight is not None else no_fp32, _kernel_arg(dot_with if dot_with is not None else src),
+        dot_out if dot_out is not None else no_fp32, sent,
+        num_tokens, leg.rank, leg.tokens_per_rank,
+        D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), W=staging.world_size,
+        IN_BF16=src.dtype == torch.bfloat16, ROUNDING=rounding_code(leg.rounding),
+        QUANTIZE_LOCAL=_quantizes(leg),
+        HAS_WEIGHT=weight is not None, WEIGH_LOCAL=weight is not None and weigh_local, HAS_DOT=dot_with is not None,
+        DOT_EXPERT_ROWS=dot_with_expert_rows, BLOCK_T=shape.block, **_format_constants(leg.fmt, dim, shape),
+        num_warps=shape.warps,
+    )
+
+
+def push_partials(leg: StagedLeg, src, *, order, start, max_rows, sent, weight=None) -> None:
     num_slots, dim = start.numel() - 1, src.shape[1]
     if num_slots == 0 or src.shape[0] == 0:
         return
-    shape = shape or KernelShapes.default(fmt).push_partials
-    stage = _staging_arg(staging.local, staging_rows, dim, src.dtype, fmt)
+    shape = leg.launch("push_partials")
+    stage = _staging_arg(leg, dim, src.dtype)
     _push_partials_kernel[(triton.cdiv(num_slots, shape.block),)](
         _kernel_arg(src), order, start, weight if weight is not None else _no_fp32(src.device), stage,
-        staging.element_offsets(stage.element_size()), sent, num_slots, rank, max_tokens,
+        leg.staging.element_offsets(stage.element_size()), sent, num_slots, leg.rank, leg.tokens_per_rank,
         D=dim, MAX_ROWS=max_rows, IN_BF16=src.dtype == torch.bfloat16,
-        ROUNDING=rounding_code(rounding), HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
-        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
+        ROUNDING=rounding_code(leg.rounding), HAS_WEIGHT=weight is not None, BLOCK_S=shape.block,
+        **_format_constants(leg.fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None, dot_with=None,
-                 dot_out=None, shape: LaunchShape | None = None) -> None:
+def receive_rows(leg: StagedLeg, out, *, source, stage_row=None, weight=None, dot_with=None, dot_out=None) -> None:
     rows, dim = out.shape
     if rows == 0:
         return
-    shape = shape or KernelShapes.default(fmt).receive_rows
+    shape = leg.launch("receive_rows")
     _receive_rows_kernel[(triton.cdiv(rows, shape.block),)](
-        _kernel_arg(out), source, _staging_arg(staging.local, staging_rows, dim, out.dtype, fmt),
+        _kernel_arg(out), source, _staging_arg(leg, dim, out.dtype),
         stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
         _kernel_arg(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
-        rows, rank,
+        rows, leg.rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, HAS_STAGE_ROW=stage_row is not None,
         HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=shape.block,
-        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
+        **_format_constants(leg.fmt, dim, shape), num_warps=shape.warps,
     )
 
 
-def reduce_slots(
-    out, sorted_row, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
-    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
-    rounding="rceil", quantize_local=False, shape: LaunchShape | None = None,
-) -> None:
+def reduce_slots(leg: StagedLeg, out, *, sorted_row, row_rank, local_row, local_src, top_k, weight=None, save=None,
+                 dot_with=None, dot_out=None, stage_row=None, weigh_staged=True) -> None:
     num_tokens, dim = out.shape
     if num_tokens == 0:
         return
-    shape = shape or KernelShapes.default(fmt).reduce_slots
+    shape = leg.launch("reduce_slots")
     no_fp32 = _no_fp32(out.device)
     _reduce_slots_kernel[(triton.cdiv(num_tokens, shape.block),)](
         _kernel_arg(out), sorted_row, row_rank, local_row, _kernel_arg(local_src),
-        _staging_arg(staging.local, staging_rows, dim, out.dtype, fmt), stage_row if stage_row is not None else sorted_row,
+        _staging_arg(leg, dim, out.dtype), stage_row if stage_row is not None else sorted_row,
         weight if weight is not None else no_fp32, _kernel_arg(save if save is not None else out),
         _kernel_arg(dot_with if dot_with is not None else out), dot_out if dot_out is not None else no_fp32,
-        num_tokens, rank,
+        num_tokens, leg.rank,
         D=dim, TOP_K=top_k, KP=triton.next_power_of_2(top_k), IN_BF16=out.dtype == torch.bfloat16,
         HAS_WEIGHT=weight is not None, WEIGH_STAGED=weigh_staged, HAS_SAVE=save is not None,
         HAS_DOT=dot_out is not None, HAS_STAGE_ROW=stage_row is not None,
-        QUANTIZE_LOCAL=_quantizes(fmt, quantize_local), ROUNDING=rounding_code(rounding), BLOCK_T=shape.block,
-        **_format_constants(fmt, dim, shape), num_warps=shape.warps,
+        QUANTIZE_LOCAL=_quantizes(leg), ROUNDING=rounding_code(leg.rounding), BLOCK_T=shape.block,
+        **_format_constants(leg.fmt, dim, shape), num_warps=shape.warps,
         # fp32 multiply then add, as the torch twin does: no fused multiply-add.
         enable_fp_fusion=False,
     )

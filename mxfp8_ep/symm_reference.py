@@ -1,5 +1,5 @@
-"""Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments (a
-kernel's launch ``shape`` is taken and ignored), same arithmetic, same bytes. They run wherever
+"""Torch twins of the symm transport's kernels (``symm_kernels.py``): same arguments (the leg's
+launch shapes are taken and ignored), same arithmetic, same bytes. They run wherever
 torch runs (CPU emulation of peers in CI, or on CUDA peer memory to check the Triton kernels on
 the GPU machine).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from mxfp8_ep import routing
-from mxfp8_ep.staging import decode_rows, encode_rows, round_trip_rows, row_weights, staging_views, store_rows, token_map
+from mxfp8_ep.staging import StagedLeg, decode_rows, encode_rows, round_trip_rows, store_rows
 
 
 # Which rows a push stores (``push_rows(pushed=...)``): all, those that stay on this rank, or
@@ -72,15 +72,12 @@ def routing_tables(table: torch.Tensor, rank: int, align: int, max_tokens: int, 
     return tables, (table[:, E] <= max_tokens).all() & (table[:, E + 1] == 0).all()
 
 
-def push_rows(
-    src, dst_rank, dst_row, local_out, staging, staging_rows, rank, fmt, rounding,
-    slot=None, top_k=1, weight=None, dot_with=None, dot_out=None, pushed="all", quantize_local=False,
-    shape=None,  # noqa: ARG001
-) -> None:
+def push_rows(leg: StagedLeg, src, *, dst_rank, dst_row, local_out=None, slot=None, top_k=1, weight=None,
+              dot_with=None, dot_out=None, pushed="all") -> None:
     """Row ``j``: read ``src[slot[j] // top_k]`` (or ``src[j]``), times ``weight[slot[j]]``
     when given; store it at row ``dst_row[j]`` of ``local_out`` when ``dst_rank[j]`` is this
-    rank (``quantize_local``: as a peer decodes it, ``round_trip_rows``), of rank
-    ``dst_rank[j]``'s staging buffer (in ``fmt``) otherwise, nowhere when -1.
+    rank (``leg.quantize_local``: as a peer decodes it, ``round_trip_rows``), of rank
+    ``dst_rank[j]``'s staging buffer (in ``leg.fmt``) otherwise, nowhere when -1.
     With ``dot_with``: ``dot_out[slot[j]] = <dot_with[j], src row>`` in fp32 (before the weight).
     ``pushed`` (``PUSHED_ROWS``): push just the rows that stay (``local``) or just those that
     leave (``remote``); the others are skipped as if their ``dst_rank`` were -1.
@@ -88,6 +85,7 @@ def push_rows(
     num = dst_rank.numel()
     if num == 0:
         return
+    rank, fmt, rounding = leg.rank, leg.fmt, leg.rounding
     idx = slot if slot is not None else torch.arange(num, device=src.device)
     values = src[idx // top_k] if slot is not None else src[:num]
     dst_rank = _pushed_ranks(dst_rank, rank, pushed)
@@ -99,23 +97,20 @@ def push_rows(
         values = (values.float() * weight[idx].unsqueeze(1)).to(src.dtype)
     if local_out is not None:
         local = dst_rank == rank
-        kept = round_trip_rows(values, rounding, fmt) if quantize_local else values
+        kept = round_trip_rows(values, rounding, fmt) if leg.quantize_local else values
         local_out[dst_row[local]] = kept[local]
     encoded = encode_rows(values, rounding, fmt)
-    for peer in range(staging.world_size):
+    for peer in range(leg.staging.world_size):
         if peer != rank:
-            store_rows(staging.peer(peer), staging_rows, dst_row, values, encoded, dst_rank == peer, fmt)
+            store_rows(leg.staging.peer(peer), leg.rows, dst_row, values, encoded, dst_rank == peer, fmt)
 
 
-def push_tokens(
-    src, sorted_row, dst_rank, dst_row, local_out, staging, staging_rows, map_offset, map_rows, rank, fmt, rounding,
-    top_k, max_tokens, sent, weight=None, weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False,
-    quantize_local=False, shape=None,  # noqa: ARG001
-) -> None:
+def push_tokens(leg: StagedLeg, src, *, sorted_row, dst_rank, dst_row, local_out, top_k, sent, weight=None,
+                weigh_local=True, dot_with=None, dot_out=None, dot_with_expert_rows=False) -> None:
     """The expert-bound push with each token sent once per rank: token ``t``'s K sorted rows
     (``sorted_row[t*K+k]``) that stay are stored at their ``dst_row`` of ``local_out``; for every
-    other rank that owns one of its experts, the token itself (in ``fmt``) goes once into that
-    rank's staging buffer at row ``rank * max_tokens + t``, and each of its rows bound there
+    other rank that owns one of its experts, the token itself (in ``leg.fmt``) goes once into that
+    rank's staging buffer at row ``rank * leg.tokens_per_rank + t``, and each of its rows bound there
     writes that staged row into the owner's token map (``token_map``) at its ``dst_row``: the
     owner's ``receive_rows`` reads it through that map (``stage_row``). ``sent`` (int64, one
     element) grows by the rows put on the wire.
@@ -129,12 +124,13 @@ def push_tokens(
     computes it; with ``dot_with_expert_rows`` ``dot_with`` holds this rank's expert-major rows
     instead: ``dot_out[t*K+k] = <dot_with[dst_row], src[t]>`` for the slots whose row stays,
     the other slots' entries are left as they are (their owners take theirs as they receive,
-    ``receive_rows(dot_with=...)``). ``quantize_local``: the rows that stay, and their
+    ``receive_rows(dot_with=...)``). ``leg.quantize_local``: the rows that stay, and their
     ``dot_with_expert_rows`` products, take the token as a peer decodes it (``round_trip_rows``;
     before the weight, as ``receive_rows`` applies it)."""
     num_tokens, dim = src.shape
     if num_tokens == 0:
         return
+    rank, fmt, rounding, staging = leg.rank, leg.fmt, leg.rounding, leg.staging
     n = sorted_row[: num_tokens * top_k].view(num_tokens, top_k)
     owner, row = dst_rank[n], dst_row[n]
     local = owner == rank
@@ -142,7 +138,7 @@ def push_tokens(
         sent_rows = src.unsqueeze(1).expand(num_tokens, top_k, dim)
         dots = (dot_with[n.reshape(-1)].float() * sent_rows.reshape(-1, dim).float()).sum(dim=1)
         dot_out[: num_tokens * top_k] = dots
-    kept = round_trip_rows(src, rounding, fmt) if quantize_local else src
+    kept = round_trip_rows(src, rounding, fmt) if leg.quantize_local else src
     rows_of = kept.unsqueeze(1).expand(num_tokens, top_k, dim)
     if dot_with is not None and dot_with_expert_rows:
         dots = (dot_with[torch.where(local, row, 0).reshape(-1)].float() * rows_of.reshape(-1, dim).float()).sum(dim=1)
@@ -155,16 +151,16 @@ def push_tokens(
             rows_of = (rows_of.float() * weights.unsqueeze(2)).to(src.dtype)
     local_out[row[local]] = rows_of[local]
     encoded = encode_rows(src, rounding, fmt)
-    staged = rank * max_tokens + torch.arange(num_tokens, device=src.device)
+    staged = rank * leg.tokens_per_rank + torch.arange(num_tokens, device=src.device)
     for peer in range(staging.world_size):
         if peer == rank:
             continue
         bound = owner == peer
         need = bound.any(dim=1)
-        store_rows(staging.peer(peer), staging_rows, staged, src, encoded, need, fmt)
-        token_map(staging.peer(peer), map_offset, map_rows)[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
+        store_rows(staging.peer(peer), leg.rows, staged, src, encoded, need, fmt)
+        leg.token_map(staging.peer(peer))[row[bound]] = staged.unsqueeze(1).expand_as(row)[bound]
         if weights is not None:
-            row_weights(staging.peer(peer), map_offset, map_rows)[row[bound]] = weights[bound].float()
+            leg.row_weights(staging.peer(peer))[row[bound]] = weights[bound].float()
         sent += need.sum()
 
 
@@ -202,22 +198,23 @@ def partial_sums(src, order, start, rank, max_rows, max_tokens, weight=None) -> 
     return acc.to(src.dtype), active
 
 
-def push_partials(src, order, start, staging, staging_rows, rank, fmt, rounding, max_rows, max_tokens, sent,
-                  weight=None, shape=None) -> None:  # noqa: ARG001
+def push_partials(leg: StagedLeg, src, *, order, start, max_rows, sent, weight=None) -> None:
     """The token-bound push with one row per token and rank: for every slot ``s`` of another
-    rank's token with rows here, its partial sum (``partial_sums``), quantized (``fmt``), goes
-    to that rank's staging buffer at row ``rank * max_tokens + s % max_tokens``. ``sent``
-    (int64, one element) grows by the rows put on the wire. The token's rank adds it once to
-    the rows it kept (``reduce_slots`` with a ``stage_row`` from ``partial_stage_rows``). With
-    ``weight``: the weighted sum of combine's forward."""
+    rank's token (``max_tokens = leg.tokens_per_rank``) with rows here, its partial sum
+    (``partial_sums``), quantized (``leg.fmt``), goes to that rank's staging buffer at row
+    ``rank * max_tokens + s % max_tokens``. ``sent`` (int64, one element) grows by the rows put
+    on the wire. The token's rank adds it once to the rows it kept (``reduce_slots`` with a
+    ``stage_row`` from ``partial_stage_rows``). With ``weight``: the weighted sum of combine's
+    forward."""
+    rank, fmt, max_tokens = leg.rank, leg.fmt, leg.tokens_per_rank
     values, active = partial_sums(src, order, start, rank, max_rows, max_tokens, weight)
     slots = torch.arange(values.shape[0], device=src.device)
     dest = slots // max_tokens
-    encoded = encode_rows(values, rounding, fmt)
+    encoded = encode_rows(values, leg.rounding, fmt)
     staged = rank * max_tokens + slots % max_tokens
-    for peer in range(staging.world_size):
+    for peer in range(leg.staging.world_size):
         if peer != rank:
-            store_rows(staging.peer(peer), staging_rows, staged, values, encoded, active & (dest == peer), fmt)
+            store_rows(leg.staging.peer(peer), leg.rows, staged, values, encoded, active & (dest == peer), fmt)
     sent += active.sum()
 
 
@@ -237,18 +234,17 @@ def partial_stage_rows(sorted_row: torch.Tensor, dst_rank: torch.Tensor, rank: i
     return stage_row
 
 
-def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, weight=None, dot_with=None,
-                 dot_out=None, shape=None) -> None:  # noqa: ARG001
+def receive_rows(leg: StagedLeg, out, *, source, stage_row=None, weight=None, dot_with=None, dot_out=None) -> None:
     """Rows ``i`` of ``out`` whose ``source`` is another rank: decoded from this rank's staging
     buffer, row ``stage_row[i]`` (or ``i``), times ``weight[i]`` when given (fp32 multiply, one
     rounding). Padding rows (-1): zeros. This rank's own rows and unused rows: as is. With
     ``dot_with`` (rows like ``out``): ``dot_out[i] = <decoded row i, dot_with[i]>`` in fp32
     (before the weight) for those rows ``i``; other entries as they are."""
     dim = out.shape[1]
-    views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
-    remote = (source >= 0) & (source != rank)
+    views = leg.views(leg.staging.local, dim, out.dtype)
+    remote = (source >= 0) & (source != leg.rank)
     rows = torch.nonzero(remote).squeeze(1)
-    values = decode_rows(views, rows if stage_row is None else stage_row[rows], out.dtype, fmt)
+    values = decode_rows(views, rows if stage_row is None else stage_row[rows], out.dtype, leg.fmt)
     if dot_with is not None:
         dot_out[rows] = (values.float() * dot_with[rows].float()).sum(dim=1)
     if weight is not None:
@@ -257,28 +253,26 @@ def receive_rows(out, source, rank, staging, staging_rows, fmt, stage_row=None, 
     out[source == -1] = 0
 
 
-def reduce_slots(
-    out, sorted_row, row_rank, local_row, local_src, staging, staging_rows, rank, fmt, top_k,
-    weight=None, save=None, dot_with=None, dot_out=None, stage_row=None, weigh_staged=True,
-    rounding="rceil", quantize_local=False, shape=None,  # noqa: ARG001
-) -> None:
+def reduce_slots(leg: StagedLeg, out, *, sorted_row, row_rank, local_row, local_src, top_k, weight=None, save=None,
+                 dot_with=None, dot_out=None, stage_row=None, weigh_staged=True) -> None:
     """``out[t] = sum_k weight[t*K+k] * v(sorted_row[t*K+k])`` in fp32 (k ascending), where ``v(n)``
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank (with
-    ``quantize_local``: as a peer decodes it, ``round_trip_rows`` with ``rounding``), else
+    ``leg.quantize_local``: as a peer decodes it, ``round_trip_rows`` with ``leg.rounding``), else
     row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
     ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(sorted_row[t*K+k]),
     dot_with[t]>`` in fp32. ``weigh_staged=False``: a staged row is added as it is (a weighted
     partial sum, ``push_partials(weight=...)``); the weights multiply the rows that stay."""
     num_tokens, dim = out.shape
-    views = staging_views(staging.local, staging_rows, dim, out.dtype, fmt)
+    rank, fmt = leg.rank, leg.fmt
+    views = leg.views(leg.staging.local, dim, out.dtype)
     acc = torch.zeros((num_tokens, dim), dtype=torch.float32, device=out.device)
     slots = torch.arange(num_tokens, device=out.device) * top_k
     for k in range(top_k):
         n = sorted_row[slots + k]
         is_local = row_rank[n] == rank
         v = local_src[torch.where(is_local, local_row[n], 0)]
-        if quantize_local:
-            v = round_trip_rows(v, rounding, fmt)
+        if leg.quantize_local:
+            v = round_trip_rows(v, leg.rounding, fmt)
         skipped = ~is_local & (stage_row[n] < 0) if stage_row is not None else torch.zeros_like(is_local)
         v[skipped] = 0
         remote = torch.nonzero(~is_local & ~skipped).squeeze(1)

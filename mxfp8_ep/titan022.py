@@ -50,6 +50,7 @@ from torchtitan.models.moe import moe as titan_moe
 
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
+from mxfp8_ep.transport import Transport
 from mxfp8_ep.grouped_experts import grouped_swiglu_experts
 from mxfp8_ep.launch_shapes import KernelShapes
 
@@ -93,7 +94,7 @@ class DispatcherExpertParallel(ExpertParallel):
         launch_shapes: dict[str, KernelShapes] | None = None,
     ):
         super().__init__()
-        self.a2a = a2a if a2a is not None else self.default_a2a
+        self.a2a = (a2a if a2a is not None else self.default_a2a).check()
         self.max_tokens_per_rank = max_tokens_per_rank or self.default_max_tokens_per_rank
         self.overlap_shared_experts = (
             self.default_overlap_shared_experts if overlap_shared_experts is None else overlap_shared_experts
@@ -106,7 +107,7 @@ class DispatcherExpertParallel(ExpertParallel):
             group, self.a2a, self.max_tokens_per_rank, self.overlap_shared_experts, self.launch_shapes
         )
         transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
-        if transport == "symm" and type(module) is titan_moe.GroupedExperts:
+        if transport is Transport.SYMM and type(module) is titan_moe.GroupedExperts:
             module.__class__ = CapacityGroupedExperts
         return distribute_module(module, device_mesh, partition_fn=self._partition_fn)
 
@@ -208,7 +209,7 @@ def install_expert_parallel(
         "DispatcherExpertParallel",
         (DispatcherExpertParallel,),
         {
-            "default_a2a": a2a,
+            "default_a2a": a2a.check(),
             "default_max_tokens_per_rank": max_tokens_per_rank,
             "default_overlap_shared_experts": overlap_shared_experts,
         },
@@ -237,13 +238,13 @@ def dispatch_without_expert_parallel(model: nn.Module, a2a: A2AConfig, overlap_s
     for ``a2a.quantize_local_rows``: each MXFP8 leg then quantizes every row, as if every row
     crossed. The experts stay whole. Call after torchtitan's parallelize (which leaves such a
     model's experts to torchtitan's own MoE path); returns how many layers it routed."""
-    if not a2a.quantize_local_rows:
+    if not a2a.check().quantize_local_rows:
         raise ValueError("dispatch_without_expert_parallel is for a2a.quantize_local_rows=True: "
                          "without it no row of a one-rank exchange is quantized (torchtitan's own "
                          "MoE path computes that)")
     _ORIGINAL.setdefault("MoE.forward", titan_moe.MoE.forward)
     titan_moe.MoE.forward = dispatcher_moe_forward
-    a2a = dataclasses.replace(a2a, transport="nccl")  # peer memory has no peer to reach
+    a2a = dataclasses.replace(a2a, transport=Transport.NCCL.value)  # peer memory has no peer to reach
     routed = 0
     for module in model.modules():
         if isinstance(module, titan_moe.MoE):

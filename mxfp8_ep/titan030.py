@@ -48,6 +48,7 @@ from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 from mxfp8_ep.elastic import install_replays
+from mxfp8_ep.transport import Transport
 
 try:
     from torchtitan.config.override import derive, override
@@ -88,7 +89,7 @@ class _ExchangeLegs:
         super().__init__(config)
         self.a2a: A2AConfig = config.a2a
         self.max_tokens_per_rank: int | None = config.max_tokens_per_rank
-        self.transport: str | None = None  # resolved in wire_meshes
+        self.transport: Transport | None = None  # resolved in wire_meshes
         self._ours = None  # our dispatcher, unless the parent's path serves (nccl, bf16 legs)
 
     def wire_meshes(self, *, ep_mesh) -> None:
@@ -100,7 +101,7 @@ class _ExchangeLegs:
         if device.type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
         self.transport = resolve_transport(self.a2a.transport, device, group)
-        if self.transport != "nccl" or self.a2a.any_quantized:
+        if self.transport is not Transport.NCCL or self.a2a.any_quantized:
             config = TokenDispatcher.Config(
                 num_experts=self.num_experts, top_k=self.top_k, a2a=self.a2a,
                 pad_multiple=self.segment_pad_multiple, max_tokens_per_rank=self.max_tokens_per_rank,
@@ -197,7 +198,7 @@ def a2a_from_kwargs(preset: str, **legs) -> A2AConfig:
             f"mxfp8_ep.titan030.token_dispatcher got unknown keys {unknown}; it takes preset, "
             f"max_tokens_per_rank and the A2AConfig fields {sorted(known)}"
         )
-    return A2AConfig.preset(preset, **legs)
+    return A2AConfig.preset(preset, **legs).check()
 
 
 @override(
@@ -221,7 +222,7 @@ def token_dispatcher(model_cfg, *, preset: str = "mxfp8", max_tokens_per_rank: i
         _replace(parent, attr, replacement_config(cfg, a2a, max_tokens_per_rank))
     for _fqn, cfg, parent, attr in list(model_cfg.traverse(GroupedExperts.Config)):
         _replace(parent, attr, valid_row_experts_config(cfg))
-    if a2a.transport != "nccl" and a2a.capacity_factor is not None:
+    if Transport(a2a.transport) is not Transport.NCCL and a2a.capacity_factor is not None:
         # symm's elastic capacity: torchtitan's Trainer runs an overflowed step again.
         from torchtitan.trainer import Trainer
 

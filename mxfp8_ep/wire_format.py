@@ -14,9 +14,12 @@ Each ``WireFormat`` member says, for the code that moves rows:
 This module is the one place that tells formats apart by name; it imports no torch, so the
 recipe's validation (``launch/``) reads it before anything heavy starts.
 
-Adding a format: a member here, its reference module (``codec``), its in-register encode /
-decode in ``triton_kernels`` (for a new ``ELEMENT`` / ``SCALE``), its default launch shapes
-(``launch_shapes``), and its name in the recipe's ``a2a`` config.
+Adding a format: a member here (with its element and scale facts below, for a new ``ELEMENT``
+/ ``SCALE``), its reference module (``codec``), its in-register encode / decode in
+``triton_kernels``, its default launch shapes (``launch_shapes``), and its name in the recipe's
+``a2a`` config. The quantization telemetry (``numerics``) and the unfused all-to-all
+(``all_to_all``, through ``quantize``) measure and quantize MXFP8: a format of other elements or
+scales needs theirs too.
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ ELEMENT_E4M3 = 1  # one float8 e4m3 byte
 SCALE_NONE = 0
 SCALE_E8M0 = 1  # one byte: a biased power-of-two exponent (OCP MX)
 _ELEMENT_BYTES = {ELEMENT_E4M3: 1}
+_ELEMENT_MAX = {ELEMENT_E4M3: 448.0}  # the largest finite magnitude an element encodes
 _SCALE_BYTES = {SCALE_NONE: 0, SCALE_E8M0: 1}
+# A scale byte's exponent bias (the block's scale is 2 ** (byte - bias)) and the byte that marks
+# a NaN block.
+_SCALE_BIAS = {SCALE_E8M0: 127}
+_SCALE_NAN = {SCALE_E8M0: 0xFF}
 # Columns the kernels group in the innermost axis of a tile when a format has no scale blocks.
 UNSCALED_GROUP = 32
 
@@ -67,6 +75,26 @@ class WireFormat(StrEnum):
     def scale_bytes(self) -> int:
         """Bytes of one block's scale (0: no scales)."""
         return _SCALE_BYTES[self.scale]
+
+    @property
+    def element_max(self) -> float:
+        """The largest finite magnitude of an encoded element (a quantized format's)."""
+        return _ELEMENT_MAX[self._encoded().element]
+
+    @property
+    def scale_bias(self) -> int:
+        """The exponent bias of a scale byte: a block's scale is ``2 ** (byte - scale_bias)``."""
+        return _SCALE_BIAS[self._encoded().scale]
+
+    @property
+    def scale_nan(self) -> int:
+        """The scale byte that marks a block as NaN."""
+        return _SCALE_NAN[self._encoded().scale]
+
+    def _encoded(self) -> WireFormat:
+        if not self.quantized:
+            raise ValueError(f"wire format {self.value} is not quantized: its elements and scales are not encoded")
+        return self
 
     def element_bytes(self, dim: int, itemsize: int) -> int:
         """Bytes of a row's ``dim`` elements (``itemsize``: the activation dtype's)."""

@@ -188,11 +188,14 @@ class _Leg(torch.autograd.Function):
 
 def symm_quantizes_partial_sums(config) -> bool:
     """Whether the symm transport of a ``TokenDispatcher.Config`` sends a token-bound leg as
-    quantized partial sums (``Config.symm_partial_sums`` / ``symm_combine_partial_sums`` on an
-    MXFP8 leg): other values on the wire than the fused nccl transport's rows, not only
-    another rounding."""
-    return ((config.symm_partial_sums and config.a2a.dispatch_bwd == "mxfp8")
-            or (config.symm_combine_partial_sums and config.a2a.combine_fwd == "mxfp8"))
+    quantized partial sums (``SymmTokenDispatcher.Config.dispatch_bwd_partial_sums`` /
+    ``combine_fwd_partial_sums`` on an MXFP8 leg): other values on the wire than the fused nccl
+    transport's rows, not only another rounding."""
+    from mxfp8_ep.dispatcher import SymmTokenDispatcher
+
+    symm = SymmTokenDispatcher.Config.of(config)
+    return ((symm.dispatch_bwd_partial_sums and symm.a2a.dispatch_bwd == "mxfp8")
+            or (symm.combine_fwd_partial_sums and symm.a2a.combine_fwd == "mxfp8"))
 
 
 def _token_groups(crossing, ids, num_local) -> list[list[int]]:
@@ -304,14 +307,14 @@ class WireLegs:
     combine legs.
 
     ``scores_after_dequantize`` (the symm transport with top-k > 1,
-    ``TokenDispatcher.Config.symm_scores_after_dequantize``): on the weighted expert-bound leg
+    ``SymmTokenDispatcher.Config.scores_after_dequantize``): on the weighted expert-bound leg
     (dispatch's forward when the scores come first, combine's backward when they come after),
     a crossing row is ``score * dequant(quant(token))``, rounded once, instead of
     ``dequant(quant(score * token))``: the token crosses once and its score multiplies on
     the experts' rank.
 
-    ``partial_sums`` (the symm transport, ``Config.symm_partial_sums``) and
-    ``combine_partial_sums`` (``Config.symm_combine_partial_sums``): dispatch's backward, and
+    ``partial_sums`` (the symm transport, ``SymmTokenDispatcher.Config.dispatch_bwd_partial_sums``) and
+    ``combine_partial_sums`` (``combine_fwd_partial_sums``): dispatch's backward, and
     combine's forward, cross as one partial sum per token and rank, each sum (fp32, rounded
     once) quantized instead of each row on an MXFP8 leg. Dispatch's backward: the sum takes the
     place of the group's first row, zeros the others' (the x gradient adds them all). Combine's

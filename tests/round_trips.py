@@ -10,15 +10,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep.config import TRANSPORTS as CONFIG_TRANSPORTS
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher
 from mxfp8_ep.elastic import ReplayGuard
+from mxfp8_ep.transport import Transport
 from tests import shared_gpu
 from tests.distributed import rank_device
 
 MAX_TOKENS = 16  # per rank; TokenDispatcher.Config.max_tokens_per_rank of every test dispatcher
-TRANSPORTS = tuple(t for t in CONFIG_TRANSPORTS if t != "auto")
+TRANSPORTS = Transport.named()
 assert TRANSPORTS == ("symm", "nccl")  # symm first: the fused nccl path is checked against it
 
 

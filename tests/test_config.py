@@ -91,22 +91,29 @@ def test_block_size_is_the_formats():
     ("symm_combine_partial_sums", "yes"), ("quantize_local_rows", "yes"),
 ])
 def test_a2a_config_rejects_values_it_does_not_know(field, value):
+    config = A2AConfig(**{field: value})  # checked where it is used (a dispatcher's build), or by check()
+    assert len(config.problems()) == 1 and f"A2AConfig.{field}='{value}'" in config.problems()[0]
     with pytest.raises(ValueError, match=f"A2AConfig.{field}='{value}'"):
-        A2AConfig(**{field: value})
+        config.check()
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "2", True])
 def test_capacity_factor_is_a_positive_number_or_none(value):
     with pytest.raises(ValueError, match=r"A2AConfig.capacity_factor=.*expected a finite number > 0"):
-        A2AConfig(capacity_factor=value)
+        A2AConfig(capacity_factor=value).check()
     for ok in (None, 0.5, 1, 1.0, 1.25, 8):
-        assert A2AConfig(capacity_factor=ok).capacity_factor == ok
+        assert A2AConfig(capacity_factor=ok).check().capacity_factor == ok
 
 
 def test_quantize_local_rows_needs_an_mxfp8_leg():
     with pytest.raises(ValueError, match="quantize_local_rows=True .* but every leg is bf16"):
-        A2AConfig(quantize_local_rows=True)
-    assert A2AConfig.preset("mxfp8", quantize_local_rows=True).quantize_local_rows
+        A2AConfig(quantize_local_rows=True).check()
+    assert A2AConfig.preset("mxfp8", quantize_local_rows=True).check().quantize_local_rows
+
+
+def test_every_preset_passes_its_checks():
+    for name in PRESETS:
+        assert A2AConfig.preset(name).problems() == [], name
 
 
 def test_a2a_schema_is_the_library_config_plus_a_name():

@@ -33,7 +33,7 @@ References (the reference's expert gradients are summed over ranks and sliced):
     it (moe_harness says why that matters).
 * *symm*, for transport nccl with an MXFP8 leg: every output and gradient bit for bit, every
   expert kind; within ``ORDER_TOL`` where symm sends a token-bound leg as partial sums
-  (``Config.symm_partial_sums``, ``symm_combine_partial_sums``: each rank adds its rows of a
+  (``SymmTokenDispatcher.Config.dispatch_bwd_partial_sums``, ``combine_fwd_partial_sums``: each rank adds its rows of a
   token first; the x gradient, and with combine's partial sums the output and the score and
   router gradients, which symm then takes on the experts' rank), not compared where those
   partial sums or the score gradients' output gradient are MXFP8 (half the drawn routings
@@ -43,7 +43,7 @@ References (the reference's expert gradients are summed over ranks and sliced):
   order, and the experts see the same per-expert batches (the layouts differ only in unused
   rows past the last expert, which no expert reads). This is the precise check of the fused
   nccl path; the two above bound it like symm. Where symm sends a weighted MXFP8 leg as
-  tokens and multiplies the scores after dequantizing (``Config.symm_scores_after_dequantize``:
+  tokens and multiplies the scores after dequantizing (``SymmTokenDispatcher.Config.scores_after_dequantize``:
   top-k > 1 with combine's backward, or with dispatch's forward when the scores come first,
   in MXFP8), only what does not depend on that leg is compared, and likewise the x gradient
   where symm quantizes partial sums of dispatch's backward instead of rows (MXFP8); symm then
@@ -346,11 +346,12 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
                 if expect is not None:  # else symm quantized other values: each met its own wire reference
                     _compare(name, results[transport][name], ref, expect, f"{where} vs symm", scale)
         expected = wire
-        if transport == "symm" and (config.symm_scores_after_dequantize or symm_quantizes_partial_sums(config)):
+        symm = SymmTokenDispatcher.Config.of(config)  # which way symm sends each leg
+        if transport == "symm" and (symm.scores_after_dequantize or symm_quantizes_partial_sums(config)):
             # symm quantizes other values than a row per leg (module docstring): its own wire reference.
             expected = reference_run(WireLegs(
-                a2a_legs, rank, local, scores_after_dequantize=config.symm_scores_after_dequantize,
-                partial_sums=config.symm_partial_sums, combine_partial_sums=config.symm_combine_partial_sums,
+                a2a_legs, rank, local, scores_after_dequantize=symm.scores_after_dequantize,
+                partial_sums=symm.dispatch_bwd_partial_sums, combine_partial_sums=symm.combine_fwd_partial_sums,
             ))[0]
         assert set(got) == set(expected), where
         for name, ref in expected.items():
@@ -383,16 +384,17 @@ def _symm_vs_fused_nccl(config, spec: LayerSpec, name: str):
     """How symm's result ``name`` must match the fused nccl transport's (module docstring):
     'exact', ``ORDER_TOL`` where symm only regroups additions, None where it quantizes other
     values (then each transport met its own wire reference)."""
-    if config.symm_scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
+    config = SymmTokenDispatcher.Config.of(config)
+    if config.scores_after_dequantize and name not in _same_when_scores_after_dequantize(spec):
         return None  # symm quantized other rows on the weighted leg
-    if not config.symm_partial_sums:
+    if not config.dispatch_bwd_partial_sums:
         return "exact"
     # Partial sums (scores after the experts): the x gradient adds a token's rows in another
     # grouping; with combine's partial sums the output does too, and the score gradients (and
     # the router's) meet the output gradient on the experts' rank, in combine's backward format.
     a2a = config.a2a
     quantized = {"x": a2a.dispatch_bwd == "mxfp8"}
-    if config.symm_combine_partial_sums:
+    if config.combine_fwd_partial_sums:
         quantized.update(out=a2a.combine_fwd == "mxfp8", scores="mxfp8" in (a2a.combine_fwd, a2a.combine_bwd))
         quantized[ROUTER] = quantized["scores"]
     if name not in quantized:
@@ -402,7 +404,7 @@ def _symm_vs_fused_nccl(config, spec: LayerSpec, name: str):
 
 def _same_when_scores_after_dequantize(spec: LayerSpec) -> set[str]:
     """What symm and the fused nccl transport still compute alike where symm multiplies a
-    weighted leg's scores after dequantizing (``Config.symm_scores_after_dequantize``): what
+    weighted leg's scores after dequantizing (``SymmTokenDispatcher.Config.scores_after_dequantize``): what
     does not depend on that leg. Scores after the experts (combine's backward): the output,
     the score and router gradients and the shared experts' gradients; scores first
     (dispatch's forward): only the shared experts' gradients."""

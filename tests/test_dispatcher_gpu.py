@@ -186,6 +186,7 @@ def _check_fused_nccl(rank, _world):
                 assert type(disp) is cls
                 # nccl makes its one device-to-host sync per layer (the splits): no sync check.
                 results[transport, kernel] = _run(disp, x, scores, ids, counts, sync_check=False)
+            symm_cfg = SymmTokenDispatcher.Config.of(cfg)  # which way symm sends each leg
             got = results["nccl", "triton"]
             case = f"{preset} top_k={top_k} score_before={sbe} skew={skew}"
             valid = int(got[1].sum())
@@ -197,22 +198,22 @@ def _check_fused_nccl(rank, _world):
             for other in (results["nccl", "torch"], symm):
                 assert torch.equal(got[1], other[1]), case
                 assert torch.equal(got[0][:valid].view(torch.int16), other[0][:valid].view(torch.int16)), case
-                if other is symm and cfg.symm_combine_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
+                if other is symm and symm_cfg.combine_fwd_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
                     # symm quantizes each rank's weighted partial sum of a token, not each row.
                     assert rel(got[2], other[2]) < 2**-4, case
-                elif other is symm and cfg.symm_combine_partial_sums:
-                    # symm adds each rank's weighted rows of a token first (Config.symm_combine_partial_sums).
+                elif other is symm and symm_cfg.combine_fwd_partial_sums:
+                    # symm adds each rank's weighted rows of a token first (Config.combine_fwd_partial_sums).
                     torch.testing.assert_close(got[2], other[2], rtol=2**-7, atol=2**-7, msg=case)
                 else:
                     assert torch.equal(got[2].view(torch.int16), other[2].view(torch.int16)), case
                 if other is results["symm", "triton"] and (
-                        cfg.symm_scores_after_dequantize or symm_quantizes_partial_sums(cfg)):
+                        symm_cfg.scores_after_dequantize or symm_quantizes_partial_sums(symm_cfg)):
                     # symm multiplies combine's backward by the scores after dequantizing the
-                    # token (Config.symm_scores_after_dequantize) and quantizes partial sums of
+                    # token (Config.scores_after_dequantize) and quantizes partial sums of
                     # dispatch's backward (mxfp8_all): equal to MXFP8 rounding.
                     assert rel(got[3], other[3]) < 2**-4, case
-                elif other is results["symm", "triton"] and cfg.symm_partial_sums:
-                    # symm adds each rank's rows of a token first (Config.symm_partial_sums).
+                elif other is results["symm", "triton"] and symm_cfg.dispatch_bwd_partial_sums:
+                    # symm adds each rank's rows of a token first (Config.dispatch_bwd_partial_sums).
                     torch.testing.assert_close(got[3], other[3], rtol=2**-7, atol=2**-7, msg=case)
                 else:
                     assert torch.equal(got[3].view(torch.int16), other[3].view(torch.int16)), case
@@ -220,7 +221,7 @@ def _check_fused_nccl(rank, _world):
             # (other kernels: another sum order; with partial sums against the expert outputs
             # before combine's forward quantized them), else in the same kernel as symm; against
             # the twin, up to sum order.
-            if top_k > 1 and cfg.symm_combine_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
+            if top_k > 1 and symm_cfg.combine_fwd_partial_sums and cfg.a2a.combine_fwd == "mxfp8":
                 assert rel(got[4], symm[4]) < 2**-4, case
             elif top_k > 1:
                 torch.testing.assert_close(got[4], symm[4], rtol=1e-5, atol=1e-5, msg=case)

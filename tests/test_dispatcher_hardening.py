@@ -10,21 +10,26 @@ quickly instead of hanging it).
 * Expert ids out of range, token counts that disagree with the ids, and bad input on one rank
   only (fp16 tokens, an id = E): every rank raises, the peers with an error that names the
   rank whose input failed; afterwards the group is still in step (a valid batch goes through).
-* A config that differs across ranks (dim, experts, top-k, token dtype, legs, transport,
-  capacity): a ``ValueError`` on every rank that names the field and each rank's value.
+* Tokens whose dim or dtype differs across ranks, and a config that differs in any field (the
+  fields read from the config dataclasses): a ``ValueError`` on every rank that names the field
+  and each rank's value. A config that fails its checks on one rank alone: that rank's own
+  error, its peers' naming it and the problem.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import fields, is_dataclass, replace
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.dispatcher import TokenDispatcher
+from mxfp8_ep.config import FIELD_CHOICES, A2AConfig
+from mxfp8_ep.dispatcher import TokenDispatcher, checks
+from mxfp8_ep.dispatcher.base import UNAGREED_FIELDS
+from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
 from tests.round_trips import MAX_TOKENS, TRANSPORTS, replayed, round_trip, timed_dispatch, to_next_rank
 
@@ -283,58 +288,141 @@ def test_counts_that_disagree_with_the_ids_fail_on_every_rank():
     run_forked(2, _bad_counts, timeout_s=TIMEOUT_S)
 
 
-# Config fields a rank may get wrong: field -> (rank 0's, rank 1's) config overrides and
-# tokens (dim, dtype).
-MISMATCHES = {
-    "dim": ({}, {}, (64, 96), (torch.float32, torch.float32)),
-    "dtype": ({}, {}, (64, 64), (torch.float32, torch.bfloat16)),
-    "num_experts": ({"num_experts": 4}, {"num_experts": 8}, (64, 64), (torch.float32, torch.float32)),
-    "top_k": ({"top_k": 1}, {"top_k": 2}, (64, 64), (torch.float32, torch.float32)),
-    "dispatch_fwd": ({"preset": "bf16"}, {"preset": "mxfp8"}, (64, 64), (torch.float32, torch.float32)),
-    "max_tokens": ({"max_tokens": MAX_TOKENS}, {"max_tokens": 2 * MAX_TOKENS}, (64, 64), (torch.float32,) * 2),
-    "score_before_experts": ({"score_before_experts": False}, {"score_before_experts": True}, (64, 64),
-                             (torch.float32,) * 2),
+# The tokens a rank may get wrong: field -> (rank 0's, rank 1's) dims and dtypes.
+TOKEN_MISMATCHES = {
+    "dim": ((64, 96), (torch.float32, torch.float32)),
+    "dtype": ((64, 64), (torch.float32, torch.bfloat16)),
 }
 
 
-def _mismatched_configs(rank, world):
+def _mismatched_tokens(rank, world):
     setup_rank()
     assert world == 2
     for transport in TRANSPORTS:
-        for field, (*overrides, dims, dtypes) in MISMATCHES.items():
-            if field == "max_tokens" and transport != "symm":
-                continue  # only symm sizes buffers from it
-            kwargs = dict(overrides[rank])
-            preset = kwargs.pop("preset", "bf16")
-            top_k = kwargs.get("top_k", 1)
+        for field, (dims, dtypes) in TOKEN_MISMATCHES.items():
 
             def dispatch():
-                dispatcher = _build(transport, preset, **kwargs)
+                dispatcher = _build(transport)
                 x = torch.randn(4, dims[rank]).to(dtypes[rank])
-                ids = torch.full((4, top_k), 2 * ((rank + 1) % world))
-                counts = _histogram(ids, dispatcher.config.num_experts)
-                dispatcher.dispatch(x, torch.ones(4, top_k), ids, counts)
+                ids = torch.full((4, 1), 2 * ((rank + 1) % world))
+                dispatcher.dispatch(x, torch.ones(4, 1), ids, _histogram(ids, dispatcher.config.num_experts))
 
             _fails_everywhere(dispatch, ValueError, rf"{field}.*rank 0.*rank 1", rank)
-    # The transport itself: one rank asks for symm, the other for nccl.
-    for a, b in (("symm", "nccl"), ("nccl", "symm")):
-        transport = (a, b)[rank]
-
-        def dispatch():
-            dispatcher = _build(transport)
-            x, scores, ids, counts = to_next_rank(rank, world, 4, 64)
-            dispatcher.dispatch(x, scores, ids, counts)
-
-        _fails_everywhere(dispatch, ValueError, r"transport.*rank 0.*rank 1", rank)
     for transport in TRANSPORTS:  # agreeing dispatchers still work
         _still_in_step(_build(transport), rank, world)
 
 
-def test_configs_that_differ_across_ranks_fail_on_every_rank():
-    """Rank 1's dispatcher or tokens differ from rank 0's in one field: every rank raises a
-    ValueError naming the field and both ranks (no garbage, no mismatched collective)."""
+def test_tokens_that_differ_across_ranks_fail_on_every_rank():
+    """Rank 1's tokens differ from rank 0's in dim or dtype: every rank raises a ValueError naming
+    the field and both ranks (no garbage, no mismatched collective)."""
     preload(titan=False)
-    run_forked(2, _mismatched_configs, timeout_s=TIMEOUT_S)
+    run_forked(2, _mismatched_tokens, timeout_s=TIMEOUT_S)
+
+
+# --------------------------------------------------------------------------------------------
+# configs that differ across ranks, or fail their checks on one
+
+# A second value for the config fields whose type gives none (``_second_value``).
+SECOND_VALUES = {
+    "launch_shapes": {"mxfp8": replace(KernelShapes.default("mxfp8"),
+                                       push_rows=LaunchShape(block=8, warps=4, stripes=8))},
+    "check_inputs": True,
+}
+
+
+def _base_config() -> TokenDispatcher.Config:
+    """A config every field of which has a valid second value (``_second_value``)."""
+    return TokenDispatcher.Config(num_experts=4, top_k=2, max_tokens_per_rank=MAX_TOKENS,
+                                  a2a=A2AConfig.preset("mxfp8", transport="nccl"))
+
+
+def _field_paths(config, prefix: str = "") -> list[str]:
+    """Every field of the config dataclasses, by its path (``a2a.dispatch_fwd``)."""
+    paths = []
+    for f in fields(config):
+        value = getattr(config, f.name)
+        paths += _field_paths(value, f"{prefix}{f.name}.") if is_dataclass(value) else [prefix + f.name]
+    return paths
+
+
+def _second_value(path: str, value):
+    """A valid value of field ``path`` other than ``value``: another of its choices, the other
+    truth value, twice the number, or ``SECOND_VALUES``."""
+    name = path.rsplit(".", 1)[-1]
+    if path.startswith("a2a.") and name in FIELD_CHOICES:
+        return next(c for c in FIELD_CHOICES[name] if c != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return 2 * value
+    assert path in SECOND_VALUES, f"config field {path}: no second value to build a rank with; add one to SECOND_VALUES"
+    return SECOND_VALUES[path]
+
+
+def _with(config, path: str, value):
+    """``config`` with field ``path`` set to ``value``."""
+    head, _, rest = path.partition(".")
+    return replace(config, **{head: _with(getattr(config, head), rest, value) if rest else value})
+
+
+def _configs_differing_in_each_field(rank, world):
+    setup_rank()
+    assert world == 2
+    base = _base_config()
+    paths = _field_paths(base)
+    assert set(UNAGREED_FIELDS) <= set(paths), "an unagreed field that no config has"
+    for path in paths:
+        value = base
+        for part in path.split("."):
+            value = getattr(value, part)
+        config = base if rank == 0 else _with(base, path, _second_value(path, value))
+        assert config.problems() == [], (path, config.problems())
+        if path in UNAGREED_FIELDS:  # free to differ: both ranks build
+            config.build(dist.group.WORLD, "cpu")
+            dist.barrier()
+            continue
+        _fails_everywhere(lambda: config.build(dist.group.WORLD, "cpu"), ValueError,
+                          rf"\b{re.escape(path)}: rank 0 = .*, rank 1 = ", rank)
+    _still_in_step(_build("nccl"), rank, world)
+
+
+def test_configs_that_differ_in_any_field_fail_on_every_rank():
+    """Rank 1's config differs from rank 0's in one field, for every field of
+    ``TokenDispatcher.Config`` and its ``A2AConfig`` (read from the dataclasses: a field added
+    later is covered here too): every rank raises a ValueError naming the field and both ranks'
+    values, except for the fields that may differ (``UNAGREED_FIELDS``), which build."""
+    preload(titan=False)
+    run_forked(2, _configs_differing_in_each_field, timeout_s=TIMEOUT_S)
+
+
+# Configs that fail their checks, each on rank 1 alone: (config overrides, what the error says).
+INVALID_ON_ONE_RANK = {
+    "bf16 legs with quantize_local_rows": (dict(a2a=A2AConfig.preset("bf16", quantize_local_rows=True)),
+                                           r"quantize_local_rows=True .* every leg is bf16"),
+    "an unknown transport": (dict(a2a=A2AConfig.preset("mxfp8", transport="nvshmem")),
+                             r"A2AConfig\.transport='nvshmem'"),
+    "top_k 0": (dict(top_k=0), r"top_k=0"),
+}
+
+
+def _invalid_config_on_one_rank(rank, world):
+    setup_rank()
+    base = _base_config()
+    for case, (overrides, reason) in INVALID_ON_ONE_RANK.items():
+        config = replace(base, **overrides) if rank == 1 else base
+        # Rank 1 raises its own error; its peers a DispatchInputError naming rank 1 and the reason.
+        error = ValueError if rank == 1 else checks.DispatchInputError
+        _fails_everywhere(lambda: config.build(dist.group.WORLD, "cpu"), error, rf"rank 1\b.*{reason}", rank)
+    _still_in_step(_build("nccl"), rank, world)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_config_invalid_on_one_rank_fails_every_rank_at_once(world):
+    """A config that fails its checks on one rank alone (``Config.problems``): that rank enters
+    the build's exchange with its error instead of raising before it, so every rank raises
+    within seconds, its peers naming it and the problem, and the group stays in step."""
+    preload(titan=False)
+    run_forked(world, _invalid_config_on_one_rank, timeout_s=TIMEOUT_S)
 
 
 def _one_rank_fails(rank, world):

@@ -47,16 +47,11 @@ class _Recording:
         if name not in KERNELS:
             return fn
 
-        def recorded(*args, **kwargs):
-            fmt = args[KERNEL_FMT_ARG[name]]
-            self._calls.append((name, fmt, kwargs.get("shape")))
-            return fn(*args, **kwargs)
+        def recorded(leg, *args, **kwargs):
+            self._calls.append((name, leg.fmt, leg.launch(name)))
+            return fn(leg, *args, **kwargs)
 
         return recorded
-
-
-# Where each wrapper takes its leg format, positionally.
-KERNEL_FMT_ARG = {"push_rows": 7, "push_tokens": 10, "push_partials": 6, "receive_rows": 5, "reduce_slots": 8}
 
 
 def _overrides() -> dict[str, KernelShapes]:

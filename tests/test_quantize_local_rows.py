@@ -8,7 +8,7 @@ layout, no row quantized): with every leg MXFP8 and the option on,
 
 * dispatch's forward: each expert row is the reference's quantize -> dequantize of the bf16 row;
 * combine's backward: likewise, or, where symm sends each token once and applies the router
-  score after decoding (``Config.symm_scores_after_dequantize``), the bf16 leg of the decoded
+  score after decoding (``SymmTokenDispatcher.Config.scores_after_dequantize``), the bf16 leg of the decoded
   output gradient;
 * the token-bound legs (combine's forward, dispatch's backward): the bf16 legs of the decoded
   expert rows, bit for bit, where each row travels by itself (symm sends a token's rows on a
@@ -82,13 +82,13 @@ def _check(rank, world):
             quantized = mxfp8_round_trip(exact["routed"], rounding)
             assert torch.equal(on["routed"][valid].view(torch.int16), quantized[valid].view(torch.int16)), case
             config = build(transport, "mxfp8_all", top_k, score_before, rounding).config
-            after_decode = transport == "symm" and config.symm_scores_after_dequantize
+            after_decode = transport == "symm" and config.scores_after_dequantize
             if after_decode and not score_before:
                 want = decoded["expert_grad"]  # score * dequant(quant(output gradient))
             else:
                 want = mxfp8_round_trip(exact["expert_grad"], rounding)
             assert torch.equal(on["expert_grad"][valid].view(torch.int16), want[valid].view(torch.int16)), case
-            if not (transport == "symm" and config.symm_partial_sums):
+            if not (transport == "symm" and config.dispatch_bwd_partial_sums):
                 assert torch.equal(on["out"].view(torch.int16), decoded["out"].view(torch.int16)), case
                 assert torch.equal(on["x_grad"].view(torch.int16), decoded["x_grad"].view(torch.int16)), case
             # Off: the rows that stay are exact, those that cross quantized.

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from mxfp8_ep.config import LEG_FORMATS, PRESETS, SCALE_ROUNDINGS, A2AConfig
 from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
 from mxfp8_ep.peer_memory import OneProcessPeers
+from mxfp8_ep.staging import StagedLeg
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, run_forked
 from tests.round_trips import replayed
@@ -243,7 +244,8 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
             out = torch.zeros(3, 64, dtype=torch.bfloat16, device=DEVICE)
             stage = LocalBuffer(torch.zeros(staging_nbytes(2, 64, torch.bfloat16), dtype=torch.uint8, device=DEVICE), 2)
-            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", pushed=pushed)
+            leg = StagedLeg(staging=stage, rows=2, rank=0, fmt=fmt)
+            kernels.push_rows(leg, src, dst_rank=dst_rank, dst_row=dst_row, local_out=out, pushed=pushed)
             results[pushed, name] = (out, stage.local.clone())
         (out, staged), (ref_out, ref_staged) = results[pushed, "triton"], results[pushed, "torch"]
         assert torch.equal(bits(out), bits(ref_out)) and torch.equal(staged, ref_staged), pushed
@@ -254,7 +256,7 @@ def test_push_rows_only_pushes_the_rows_it_names(fmt):
     assert torch.equal(results["all", "torch"][1], results["remote", "torch"][1])
     for kernels in (symm_kernels, symm_reference):
         with pytest.raises(ValueError, match="pushed="):
-            kernels.push_rows(src, dst_rank, dst_row, out, stage, 2, 0, fmt, "rceil", pushed="stay")
+            kernels.push_rows(leg, src, dst_rank=dst_rank, dst_row=dst_row, local_out=out, pushed="stay")
 
 
 def test_routing_tables_kernel_equals_its_twin():
@@ -401,8 +403,11 @@ def check_push_tokens(device) -> int:
                     elif mode == "local":
                         extra = dict(weight=factor.to(device), dot_with=saved.to(device), dot_out=dots,
                                      dot_with_expert_rows=True)
-                    kernels.push_tokens(x.to(device), sorted_row.to(device), owner.to(device), dst_row.to(device), out, peers,
-                                        rows, offset, capacity, rank, fmt, "rceil", top_k, max_tokens, sent, **extra)
+                    staged = StagedLeg(staging=peers, rows=rows, rank=rank, fmt=fmt, tokens_per_rank=max_tokens,
+                                       map_offset=offset, map_rows=capacity)
+                    kernels.push_tokens(staged, x.to(device), sorted_row=sorted_row.to(device),
+                                        dst_rank=owner.to(device), dst_row=dst_row.to(device), local_out=out,
+                                        top_k=top_k, sent=sent, **extra)
                     result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers, dots.cpu())
                 (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = result["triton"], result["torch"]
                 where = (world, top_k, fmt, dtype, rank, mode)
@@ -453,7 +458,8 @@ def check_push_tokens(device) -> int:
                         got = torch.zeros(capacity, dim, dtype=dtype, device=device)
                         row_dots = torch.full((capacity,), float("nan"), device=device)
                         received = peers.seen_from(d)
-                        kernels.receive_rows(got, source.to(device), d, received, rows, fmt,
+                        kernels.receive_rows(StagedLeg(staging=received, rows=rows, rank=d, fmt=fmt), got,
+                                             source=source.to(device),
                                              stage_row=token_map(peers.peer(d), offset, capacity),
                                              weight=row_weights(peers.peer(d), offset, capacity) if weighted else None,
                                              **(dict(dot_with=expert_rows.to(device), dot_out=row_dots) if mode == "local" else {}))
@@ -527,8 +533,9 @@ def check_push_partials(device) -> int:
             for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
                 peers = OneProcessPeers(staging_nbytes(num_slots, dim, dtype), world, rank, device)
                 sent = torch.zeros(1, dtype=torch.int64, device=device)
-                kernels.push_partials(src.to(device), order, start, peers, num_slots, rank, fmt, "rceil",
-                                      max_rows, max_tokens, sent, weight=None if weight is None else weight.to(device))
+                leg = StagedLeg(staging=peers, rows=num_slots, rank=rank, fmt=fmt, tokens_per_rank=max_tokens)
+                kernels.push_partials(leg, src.to(device), order=order, start=start, max_rows=max_rows, sent=sent,
+                                      weight=None if weight is None else weight.to(device))
                 result[name] = ([peers.peer(r).cpu() for r in range(world)], int(sent))
             (bufs, sent), (ref_bufs, ref_sent) = result["triton"], result["torch"]
             where = (world, fmt, dtype, rank, weight is not None)
@@ -611,8 +618,9 @@ def check_partial_round_trip(device) -> int:
                 row_slot = torch.tensor([s * max_tokens + t if s != r else num_slots for s, t, _ in held[r]],
                                         dtype=torch.int64)
                 order, start = partial_slots(row_slot.to(device), num_slots)
-                kernels.push_partials(grads[r].to(device), order, start, peers, num_slots, r, fmt, "rceil",
-                                      top_k, max_tokens, torch.zeros(1, dtype=torch.int64, device=device),
+                leg = StagedLeg(staging=peers, rows=num_slots, rank=r, fmt=fmt, tokens_per_rank=max_tokens)
+                kernels.push_partials(leg, grads[r].to(device), order=order, start=start, max_rows=top_k,
+                                      sent=torch.zeros(1, dtype=torch.int64, device=device),
                                       weight=row_weight[r].to(device) if weighted else None)
             outs = []
             for d in range(world):
@@ -623,8 +631,10 @@ def check_partial_round_trip(device) -> int:
                 sorted_row = torch.arange(tokens * top_k)
                 stage_row = partial_stage_rows(sorted_row.to(device), dst_rank.to(device), d, top_k, max_tokens)
                 out = torch.empty(tokens, dim, dtype=dtype, device=device)
-                kernels.reduce_slots(out, sorted_row.to(device), dst_rank.to(device), dst_row.to(device), grads[d].to(device),
-                                     views[d], num_slots, d, fmt, top_k, stage_row=stage_row,
+                kernels.reduce_slots(StagedLeg(staging=views[d], rows=num_slots, rank=d, fmt=fmt), out,
+                                     sorted_row=sorted_row.to(device), row_rank=dst_rank.to(device),
+                                     local_row=dst_row.to(device), local_src=grads[d].to(device), top_k=top_k,
+                                     stage_row=stage_row,
                                      **(dict(weight=scores[d].reshape(-1).to(device), weigh_staged=False) if weighted else {}))
                 outs.append(out.cpu())
             result[name] = outs

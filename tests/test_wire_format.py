@@ -1,11 +1,9 @@
 """The wire-format seam (``mxfp8_ep.wire_format``): every format's facts agree with the staging
-layout and its reference codec, and the format module is the only library code that tells
-formats apart by name or defines a format's block size."""
+layout and its reference codec, and the format module is the only code in the library, the
+recipe and the benchmarks that tells formats apart by name or member, and (with the format's
+own codec and kernels) that holds a format's constants (``tests.seam_scan``)."""
 
 from __future__ import annotations
-
-import ast
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,54 +11,43 @@ import torch
 from mxfp8_ep.launch_shapes import KernelShapes
 from mxfp8_ep.staging import decode_rows, encode_rows, staged_row_nbytes, staging_views, store_rows
 from mxfp8_ep.wire_format import WireFormat, wire_format
+from tests.seam_scan import ROOT, FORMAT_MODULES, format_branches, format_constants, found_in, scanned_files
 
-LIBRARY = Path(__file__).resolve().parents[1] / "mxfp8_ep"
-FORMAT_MODULE = LIBRARY / "wire_format.py"
-
-
-def _format_name_comparisons(source: str) -> list[int]:
-    """Lines of ``source`` that compare something with a wire format's name (``fmt ==
-    "mxfp8"``, ``x in ("bf16", ...)``, ``match`` cases on the names)."""
-    names = {f.value for f in WireFormat}
-    lines = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
-            for operand in [node.left, *node.comparators]:
-                elements = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-                if any(isinstance(e, ast.Constant) and e.value in names for e in elements):
-                    lines.append(node.lineno)
-        elif isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant) and node.value.value in names:
-            lines.append(node.lineno)
-    return lines
+FORMAT_MODULE = ROOT / "mxfp8_ep" / "wire_format.py"
 
 
-def test_only_the_format_module_branches_on_format_names():
-    """The library and the recipe (launch/) ask ``WireFormat``, never a format's name."""
-    files = [*LIBRARY.rglob("*.py"), *(LIBRARY.parent / "launch").rglob("*.py")]
-    found = {str(p.relative_to(LIBRARY.parent)): lines for p in sorted(files)
-             if p != FORMAT_MODULE and (lines := _format_name_comparisons(p.read_text()))}
-    assert found == {}, f"format-name branches outside mxfp8_ep/wire_format.py (use WireFormat): {found}"
+def test_only_the_format_module_branches_on_formats():
+    """The library, the recipe (launch/) and the benchmarks ask ``WireFormat``, never compare
+    with a format's name or member, nor list the format names by hand."""
+    found = found_in(scanned_files(FORMAT_MODULE), format_branches)
+    assert found == {}, f"format branches outside mxfp8_ep/wire_format.py (ask WireFormat): {found}"
 
 
-def test_the_scan_finds_format_name_branches():
-    assert _format_name_comparisons('if fmt == "mxfp8":\n    pass\n') == [1]
-    assert _format_name_comparisons('ok = fmt in ("bf16", "x")\n') == [1]
-    assert _format_name_comparisons('match fmt:\n    case "bf16":\n        pass\n') == [2]
-    assert _format_name_comparisons('if preset == "mxfp8_all":\n    pass\n') == []
+def test_the_format_scan_finds_each_kind_of_branch():
+    assert format_branches('if fmt == "mxfp8":\n    pass\n') == [1]
+    assert format_branches('ok = fmt in ("bf16", "x")\n') == [1]
+    assert format_branches('match fmt:\n    case "bf16":\n        pass\n') == [2]
+    assert format_branches("if wire is not WireFormat.MXFP8:\n    pass\n") == [1]
+    assert format_branches("same = fmt == WireFormat.BF16\n") == [1]
+    assert format_branches('for fmt in ("bf16", "mxfp8"):\n    pass\n') == [1]
+    assert format_branches('if preset == "mxfp8_all":\n    pass\n') == []
+    assert format_branches('x = WireFormat("mxfp8").quantized\n') == []
 
 
-def test_block_sizes_are_defined_in_the_format_module_only():
-    """No library module but the format module binds a ``*BLOCK_SIZE*`` name to a number."""
-    found = []
-    for path in sorted(LIBRARY.rglob("*.py")):
-        if path == FORMAT_MODULE:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(isinstance(t, ast.Name) and "BLOCK_SIZE" in t.id for t in targets):
-                    found.append(f"{path.relative_to(LIBRARY)}:{node.lineno}")
-    assert found == []
+def test_format_constants_come_from_the_format():
+    """Outside the format's own modules no code imports or defines a format's constants (block
+    size, e4m3's maximum, the e8m0 bias) by hand: it asks ``WireFormat``."""
+    files = scanned_files(FORMAT_MODULE)
+    found = found_in({p: s for p, s in files.items() if p not in FORMAT_MODULES}, format_constants)
+    assert found == {}, f"format constants outside the format's modules (ask WireFormat): {found}"
+    assert set(FORMAT_MODULES) <= {*files, "mxfp8_ep/wire_format.py"}, "a format module moved: update the list"
+
+
+def test_the_constant_scan_finds_each_kind():
+    assert format_constants("from mxfp8_ep.mxfp8 import BLOCK_SIZE, E4M3_MAX\n") == [1]
+    assert format_constants("E8M0_BIAS = 127\n") == [1]
+    assert format_constants("x = q.abs() == 448.0\n") == [1]
+    assert format_constants("block = WireFormat.MXFP8.block_size\n") == []
 
 
 @pytest.mark.parametrize("fmt", list(WireFormat))

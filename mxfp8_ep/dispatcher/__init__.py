@@ -37,7 +37,8 @@ One file per job: ``base`` (the config, the input checks, the transport registry
 (all-bf16 legs over all-to-all-v), ``push`` (what the push transports share: their metadata and
 autograd), ``symm`` (peer memory) and ``fused_nccl`` (quantized legs over all-to-all). A
 transport is one file that registers its class (``register_transport``), imported below so
-that it is registered whenever the package is; its name goes in ``config.TRANSPORTS``.
+that it is registered whenever the package is; its name is a member of
+``mxfp8_ep.transport.Transport``.
 """
 
 from mxfp8_ep.dispatcher.base import (

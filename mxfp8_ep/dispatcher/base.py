@@ -8,7 +8,9 @@ subclass in a module of its own that registers itself (``register_transport``);
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Self
 
 import torch
 import torch.distributed as dist
@@ -18,19 +20,22 @@ from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
 from mxfp8_ep.quantize import resolve_kernel
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.transport import Transport, resolve
+from mxfp8_ep.wire_format import WIRE_FORMATS
 
-
-_TRANSPORTS: dict[str, list[type[TokenDispatcher]]] = {}
+_TRANSPORTS: dict[Transport, list[type[TokenDispatcher]]] = {}
 
 
 def register_transport(name: str):
-    """Class decorator: ``TokenDispatcher.Config.build`` gives transport ``name`` (the value of
-    ``a2a.transport`` it resolves to) to the decorated class, when the class ``serves`` the
-    config; several classes may share a name (``nccl``: one per kind of legs)."""
+    """Class decorator: ``TokenDispatcher.Config.build`` gives transport ``name`` (a
+    ``Transport`` that ``a2a.transport`` resolves to) to the decorated class, when the class
+    ``serves`` the config; several classes may share a name (``nccl``: one per kind of legs)."""
+    transport = Transport(name)
+    if transport not in Transport.named():
+        raise ValueError(f"register_transport({name!r}): a class serves one of {Transport.named()}")
 
     def register(cls: type[TokenDispatcher]) -> type[TokenDispatcher]:
-        _TRANSPORTS.setdefault(name, []).append(cls)
+        _TRANSPORTS.setdefault(transport, []).append(cls)
         return cls
 
     return register
@@ -46,32 +51,55 @@ def dispatcher_for(config: TokenDispatcher.Config, transport: str, group: dist.P
     raise ValueError(f"no token dispatcher serves transport {transport!r} with {config.a2a}; registered: {registered}")
 
 
-def registered_transports() -> dict[str, list[type[TokenDispatcher]]]:
+def registered_transports() -> dict[Transport, list[type[TokenDispatcher]]]:
     """Transport name -> the classes registered for it."""
     return {name: list(classes) for name, classes in _TRANSPORTS.items()}
 
 
 def resolve_transport(transport: str, device: torch.device, group: dist.ProcessGroup,
-                      hosts: list[str] | None = None) -> str:
-    """``auto`` -> ``symm`` on one node with CUDA and >= 2 ranks, ``nccl`` otherwise. An
-    explicit ``symm`` across nodes is an error (peer memory does not span nodes). ``hosts``:
-    every rank's host name, when the caller has gathered them (else gathered here)."""
-    if transport == "nccl":
-        return "nccl"
-    world = dist.get_world_size(group)
-    if transport == "auto" and (torch.device(device).type != "cuda" or world < 2):
-        return "nccl"
-    if hosts is None:
-        hosts = [None] * world
-        dist.all_gather_object(hosts, socket.gethostname(), group=group)
-    if len(set(hosts)) > 1:
-        if transport == "symm":
-            raise ValueError(
-                f"a2a.transport=symm needs every EP rank on one node, but the EP group spans "
-                f"{len(set(hosts))} hosts; use transport=nccl (or auto) for multi-node EP"
-            )
-        return "nccl"
-    return "symm"
+                      hosts: list[str] | None = None) -> Transport:
+    """The transport ``transport`` (an ``A2AConfig.transport``) means on ``group``
+    (``mxfp8_ep.transport.resolve``: ``auto`` is symm on one node with CUDA and >= 2 ranks,
+    nccl otherwise; an explicit symm across nodes is an error). ``hosts``: every rank's host
+    name, when the caller has gathered them (else gathered here, where they decide)."""
+
+    def spanned() -> int:
+        names = hosts
+        if names is None:
+            names = [None] * dist.get_world_size(group)
+            dist.all_gather_object(names, socket.gethostname(), group=group)
+        return len(set(names))
+
+    return resolve(transport, cuda=torch.device(device).type == "cuda", ranks=dist.get_world_size(group),
+                   hosts=spanned)
+
+
+# Config fields the ranks of an EP group may set differently, each with why; every other field
+# of ``TokenDispatcher.Config`` and of its ``a2a`` must agree (``Config.agreed_facts``).
+UNAGREED_FIELDS = {
+    "check_inputs": "it decides only how this rank reports a failed input check (read on the host, naming "
+                    "the rank, or a device assert); every rank fails either way, and the MXFP8_EP_DEBUG "
+                    "setting it falls back to is per process too",
+}
+
+
+def _field_facts(config, prefix: str = "") -> dict:
+    """Every field of the dataclass ``config`` by its path (``a2a.dispatch_fwd`` for a field of a
+    dataclass field), ``UNAGREED_FIELDS`` left out."""
+    facts = {}
+    for f in fields(config):
+        name, value = prefix + f.name, getattr(config, f.name)
+        if name in UNAGREED_FIELDS:
+            continue
+        if is_dataclass(value) and not isinstance(value, type):
+            facts.update(_field_facts(value, f"{name}."))
+        else:
+            facts[name] = value
+    return facts
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 class TokenDispatcher:
@@ -104,59 +132,59 @@ class TokenDispatcher:
         # else the MXFP8_EP_DEBUG environment variable, decides.
         check_inputs: bool | None = None
 
+        @classmethod
+        def of(cls, config: TokenDispatcher.Config) -> Self:
+            """``config`` as this class (a transport's own ``Config``): itself when it is one,
+            else a copy of its fields."""
+            if type(config) is cls:
+                return config
+            return cls(**{f.name: getattr(config, f.name) for f in fields(TokenDispatcher.Config)})
+
+        def problems(self) -> list[str]:
+            """What is wrong with this config, its ``a2a`` included, one line each (empty:
+            nothing). ``build`` checks it on every rank at once."""
+            found = [f"TokenDispatcher.Config.{name}={getattr(self, name)!r}: expected an integer >= 1"
+                     for name in ("num_experts", "top_k", "pad_multiple") if not _positive_int(getattr(self, name))]
+            if self.max_tokens_per_rank is not None and not _positive_int(self.max_tokens_per_rank):
+                found.append(f"TokenDispatcher.Config.max_tokens_per_rank={self.max_tokens_per_rank!r}: expected "
+                             f"an integer >= 1 or None (the largest token count of the first dispatch)")
+            for name, allowed in (("score_before_experts", (bool,)), ("check_inputs", (bool, type(None)))):
+                if not isinstance(getattr(self, name), allowed):
+                    found.append(f"TokenDispatcher.Config.{name}={getattr(self, name)!r}: expected "
+                                 f"{'true, false or None' if type(None) in allowed else 'true or false'}")
+            shapes = self.launch_shapes
+            if shapes is not None and not (isinstance(shapes, Mapping) and all(
+                    fmt in WIRE_FORMATS and isinstance(s, KernelShapes) for fmt, s in shapes.items())):
+                found.append(f"TokenDispatcher.Config.launch_shapes={shapes!r}: expected None or a mapping "
+                             f"from wire formats {WIRE_FORMATS} to KernelShapes")
+            if not isinstance(self.a2a, A2AConfig):
+                return [*found, f"TokenDispatcher.Config.a2a={self.a2a!r}: expected an A2AConfig"]
+            return found + self.a2a.problems()
+
         def agreed_facts(self) -> dict:
-            """What every rank of an EP group must build alike (``checks.agree`` at ``build``)."""
-            a2a = self.a2a
-            return {
-                "num_experts": self.num_experts, "top_k": self.top_k, "transport": a2a.transport,
-                **{leg: getattr(a2a, leg) for leg in A2AConfig.legs()}, "scale_rounding": a2a.scale_rounding,
-                "symm_combine_partial_sums": a2a.symm_combine_partial_sums, "capacity_factor": a2a.capacity_factor,
-                "score_before_experts": self.score_before_experts, "pad_multiple": self.pad_multiple,
-                "max_tokens_per_rank": self.max_tokens_per_rank,
-            }
-
-        @property
-        def symm_partial_sums(self) -> bool:
-            """Whether the symm transport sends dispatch's backward as one partial sum per
-            token and rank (``SymmTokenDispatcher._push_to_tokens``): with top-k > 1 and the
-            scores after the experts, the plain sum of a token's rows on each rank. The x
-            gradient then adds a token's rows in another grouping than the fused nccl
-            transport, and rounds (bf16) or quantizes (MXFP8) each partial sum once instead of
-            each row: equal to that rounding, not bits."""
-            return self.top_k > 1 and not self.score_before_experts
-
-        @property
-        def symm_combine_partial_sums(self) -> bool:
-            """Whether combine's forward goes the same way (``symm_partial_sums`` and
-            ``A2AConfig.symm_combine_partial_sums``): the weighted sum of a token's rows on each
-            rank (the scores ride along with dispatch's forward). The output then differs from
-            the fused nccl transport's as the x gradient does, and the score gradients are taken
-            where the expert outputs stayed, against the output gradient as it arrived there
-            (MXFP8: dequantized), and go back to the tokens' ranks
-            (``SymmTokenDispatcher.to_experts``)."""
-            return self.symm_partial_sums and self.a2a.symm_combine_partial_sums
-
-        @property
-        def symm_scores_after_dequantize(self) -> bool:
-            """Whether the symm transport quantizes a token before its router score multiplies
-            it: with top-k > 1 the weighted expert-bound leg (combine's backward when the
-            scores come after the experts, dispatch's forward when they come first) sends each
-            token once per rank and the experts' rank multiplies each row by its score as it
-            receives it (``SymmTokenDispatcher._push_to_experts``). On a bf16 leg that is the
-            same product, the same bits; on an MXFP8 leg the row is ``score * dequant(quant(token))``
-            where the fused nccl transport sends ``quant(score * token)``: equal to the format's
-            rounding, not bits (every gradient downstream of combine's backward, or every value
-            downstream of dispatch's forward)."""
-            weighted = "dispatch_fwd" if self.score_before_experts else "combine_bwd"
-            return self.top_k > 1 and self.a2a.wire_format(weighted).quantized
+            """What every rank of an EP group must build alike (``checks.agree`` at ``build``):
+            every field of this config and of its ``a2a``, by its path (``a2a.dispatch_fwd``),
+            but ``UNAGREED_FIELDS``."""
+            return _field_facts(self)
 
         def build(self, group: dist.ProcessGroup, device: torch.device | str) -> TokenDispatcher:
             """The dispatcher of the transport ``a2a.transport`` resolves to on ``group``
-            (``dispatcher_for``), after one exchange that checks this config against every
-            rank's (``checks.agree``: a mismatch fails every rank, naming the fields) and
-            gathers the host names."""
-            facts = {**self.agreed_facts(), "device": torch.device(device).type}
-            gathered = checks.agree(group, "build", facts, local={"host": socket.gethostname()})
+            (``dispatcher_for``), after one exchange in which every rank's check of its own
+            config travels (``problems``: a rank whose config is wrong raises its error, its
+            peers one that names it and the problem), the configs are compared
+            (``agreed_facts``: a mismatch fails every rank, naming the fields) and the host names
+            are gathered (``checks.agree``)."""
+            found = self.problems()
+            try:
+                device_type = torch.device(device).type
+            except (RuntimeError, TypeError) as e:
+                found.append(f"device {device!r}: {e}")
+            fault = None
+            if found:
+                error = ValueError(f"TokenDispatcher.Config on rank {dist.get_rank(group)}: " + "; ".join(found))
+                fault = checks.HostFault(checks.Fault.CONFIG, error)
+            facts = {} if found else {**self.agreed_facts(), "device": device_type}
+            gathered = checks.agree(group, "build", facts, fault, local={"host": socket.gethostname()})
             hosts = [g["host"] for g in gathered]
             return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group, hosts), group)
 
@@ -166,15 +194,15 @@ class TokenDispatcher:
         return True
 
     def __init__(self, config: Config, group: dist.ProcessGroup):
-        self.config = config
+        self.config = type(self).Config.of(config)
         self.group = group
         self.ep = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        if config.num_experts % self.ep != 0:
+        if self.config.num_experts % self.ep != 0:
             raise ValueError(
                 f"expert parallelism {self.ep} must divide the number of experts {config.num_experts}"
             )
-        self.num_local_experts = config.num_experts // self.ep
+        self.num_local_experts = self.config.num_experts // self.ep
         self._shape: tuple[int, torch.dtype] | None = None  # (dim, dtype) the group agreed on
 
     @property
@@ -216,7 +244,7 @@ class TokenDispatcher:
     def _observing(self, leg: str) -> bool:
         """Whether the numerics telemetry (``mxfp8_ep.numerics``) takes ``leg`` now: it is armed
         and the leg is MXFP8. Host state only."""
-        return numerics.PROBE.armed and self.config.a2a.wire_format(leg) is WireFormat.MXFP8
+        return numerics.PROBE.armed and self.config.a2a.wire_format(leg).quantized
 
     def _observe(self, leg: str, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """Report what an MXFP8 leg quantizes to the numerics telemetry (nothing happens unless

@@ -7,7 +7,9 @@ Three kinds, by where they can be decided:
 * **Group checks** (``agree``): the dispatcher's config, its tokens' dim and dtype and the symm
   buffers' size are the same on every rank. One exchange of host messages through the
   group's store (no device work, no host sync) when a dispatcher is built, meets a new token
-  shape, or allocates peer buffers; never per dispatch.
+  shape, or allocates peer buffers; never per dispatch. At build each rank's own check of its
+  config travels in the same exchange: a rank whose config is wrong raises its error, its
+  peers one that names it.
 * **Host checks** (``host_fault``): shapes, dtypes, the counts' length, the format's row
   multiple. A rank whose input fails one does not raise at once (its peers would wait for it
   in the count exchange): it takes part in that exchange with its fault bits set, then raises
@@ -86,6 +88,8 @@ class Fault(enum.IntFlag):
     """``num_tokens_per_expert`` does not sum to ``tokens x top_k`` (device)."""
     TOKENS = 128
     """More tokens than the symm transport's buffers hold (host, on the rank that has them)."""
+    CONFIG = 256
+    """The dispatcher's config fails its checks on this rank (host, at ``build``)."""
 
     @property
     def description(self) -> str:
@@ -101,12 +105,14 @@ _DESCRIPTIONS = {
     Fault.COUNTS: "num_tokens_per_expert is not the histogram of the expert ids",
     Fault.COUNTS_SUM: "num_tokens_per_expert does not sum to tokens x top_k",
     Fault.TOKENS: "more tokens than the buffers hold (raise TokenDispatcher.Config.max_tokens_per_rank)",
+    Fault.CONFIG: "the dispatcher's config fails its checks",
 }
 
 
 class DispatchInputError(ValueError):
-    """A dispatch input failed its checks on one or more ranks; raised on every rank of the
-    group. ``faults``: rank -> its ``Fault`` bits."""
+    """A dispatcher's input (a dispatch's tokens and routing, or its config at build) failed its
+    checks on one or more ranks; raised on every rank of the group. ``faults``: rank -> its
+    ``Fault`` bits."""
 
     def __init__(self, message: str, faults: dict[int, Fault]):
         super().__init__(message)

@@ -14,13 +14,14 @@ from mxfp8_ep.dispatcher.nccl import HostCopy
 from mxfp8_ep.dispatcher.push import ExchangeSplits, ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import LocalBuffer
 from mxfp8_ep.staging import staged_row_nbytes
+from mxfp8_ep.transport import Transport
 
 # torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU
 # machine's torch 2.11 may have only the old one.
 _all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
-@register_transport("nccl")
+@register_transport(Transport.NCCL)
 class FusedNcclTokenDispatcher(PushTokenDispatcher):
     """All-to-all transport (multi-node NCCL, and gloo) for configs with an MXFP8 leg, on the
     symm transport's kernels: each leg is one ``push_rows`` into a rank-major send buffer
@@ -69,13 +70,15 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
 
         return tables, expert_rows
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out):  # noqa: ARG002 (push does the rows)
+    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out,  # noqa: ARG002
+                         dot_with_expert_rows=False):  # noqa: ARG002 (push does the rows; dots: the token's rank)
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         # Before the host has the splits (dispatch forward), the send buffer is sized for every
         # sorted row: the rows that leave this rank are at most all of them.
         rows = sum(meta.splits.send) if meta.expert_rows_known else meta.dst_rank.numel()
         send = LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep)
-        push(None, send, rows, "remote")
+        staged = self._staged(send, rows, fmt)
+        push(None, staged, "remote")
         splits = meta.splits  # (waits for the host copy of the splits on the first dispatch leg)
         num_send, num_recv = sum(splits.send), sum(splits.recv)
         wire_stats.record(leg, num_send * nbytes)  # a staged row is its wire size
@@ -84,20 +87,21 @@ class FusedNcclTokenDispatcher(PushTokenDispatcher):
         )
         # The rows that stay go straight into the expert-major tensor while the exchange runs.
         out = src.new_empty((meta.capacity, src.shape[1]))
-        push(out, send, rows, "local")
+        push(out, staged, "local")
         received = funcol.wait_tensor(received)
-        return out, LocalBuffer(received.view(-1), self.ep), num_recv, meta.return_row, None
+        return out, self._staged(LocalBuffer(received.view(-1), self.ep), num_recv, fmt), meta.return_row, None
 
     def _send_buffer(self, src, meta, leg, fmt):
         rows = sum(meta.splits.recv)  # the token-bound direction sends what dispatch received
         nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
         wire_stats.record(leg, rows * nbytes)  # a staged row is its wire size
-        return LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep), rows
+        return self._staged(LocalBuffer(torch.empty(rows * nbytes, dtype=torch.uint8, device=src.device), self.ep),
+                            rows, fmt)
 
-    def _exchange(self, sent, rows, src, meta, fmt):
+    def _exchange(self, sent, src, meta):
         send, recv = meta.splits.recv, meta.splits.send
-        nbytes = staged_row_nbytes(src.shape[1], src.dtype, fmt)
+        nbytes = staged_row_nbytes(src.shape[1], src.dtype, sent.fmt)
         received = funcol.wait_tensor(
-            funcol.all_to_all_single(sent.local.view(rows, nbytes), recv, send, self.group)
+            funcol.all_to_all_single(sent.staging.local.view(sent.rows, nbytes), recv, send, self.group)
         )
-        return LocalBuffer(received.view(-1), self.ep), sum(recv), meta.dst_row
+        return self._staged(LocalBuffer(received.view(-1), self.ep), sum(recv), sent.fmt), meta.dst_row

@@ -13,6 +13,7 @@ from mxfp8_ep import routing
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
+from mxfp8_ep.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class NcclDispatchMetadata:
     topk_scores_TK: torch.Tensor  # noqa: N815
 
 
-@register_transport("nccl")
+@register_transport(Transport.NCCL)
 class NcclTokenDispatcher(TokenDispatcher):
     """All-to-all-v transport (multi-node NCCL, and gloo) for all-bf16 legs: torchtitan 0.2.2's
     ExpertParallel and MoE math around ``all_to_all_v``, bit for bit. A config with a

@@ -11,6 +11,7 @@ import torch
 
 from mxfp8_ep.dispatcher.base import TokenDispatcher
 from mxfp8_ep.quantize import resolve_kernel
+from mxfp8_ep.staging import StagedLeg
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,9 @@ class PushDispatchMetadata:
     # token (``source * slot_tokens + token``) when a peer sent it, else ``ep * slot_tokens``.
     row_slot: torch.Tensor | None = None
     slot_tokens: int = 0
-    # symm with combine's partial sums (``Config.symm_combine_partial_sums``): per expert-major
-    # row, the router score of its slot (fp32; 0 for rows that hold no slot), carried by dispatch.
+    # symm with combine's partial sums (``SymmTokenDispatcher.Config.combine_fwd_partial_sums``):
+    # per expert-major row, the router score of its slot (fp32; 0 for rows that hold no slot),
+    # carried by dispatch.
     row_score: torch.Tensor | None = None
     partial_order: tuple[torch.Tensor, torch.Tensor] | None = None  # ``partial_slots`` of ``row_slot``
 
@@ -109,7 +111,8 @@ class PushTokenDispatcher(TokenDispatcher):
     (``_routing``), the expert-bound push and exchange (``_push_to_experts``), and the buffer
     a token-bound leg pushes into (``_send_buffer``) with the exchange that makes it readable
     (``_exchange``); symm also replaces the token-bound push of a plain sum
-    (``_push_to_tokens``: partial sums)."""
+    (``_push_to_tokens``: partial sums). A buffer a leg's kernels push into or read from
+    travels as a ``staging.StagedLeg`` (``_staged``)."""
 
     def kernels(self, device: torch.device):
         if resolve_kernel(self.config.a2a.kernel, device) == "triton":
@@ -126,22 +129,31 @@ class PushTokenDispatcher(TokenDispatcher):
         the exchange."""
         raise NotImplementedError
 
-    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out):
-        """Run ``push(out, send, rows, pushed)`` (``push_rows`` of this leg's sorted rows) and the
-        exchange: the fresh expert-major tensor ``out``, the buffer this rank reads the leg's
-        rows from, its rows, the staged row of each row read (``stage_row``, None: the same
-        row) and the weight the receiving pass applies to each (None: none). ``weight``,
-        ``dot_with``, ``dot_out``: what ``push`` does to the rows (``push_rows``), for a
-        transport that pushes another way (symm: each token once per rank)."""
+    def _staged(self, staging, rows: int, fmt: str, **token_layout) -> StagedLeg:
+        """A leg in ``fmt`` whose rows wait in ``staging`` (``rows`` of them), as this
+        dispatcher's kernels take it (``token_layout``: symm's token-major rows)."""
+        a2a = self.config.a2a
+        return StagedLeg(staging=staging, rows=rows, rank=self.rank, fmt=fmt, rounding=a2a.scale_rounding,
+                         quantize_local=a2a.quantize_local_rows, shapes=self.config.kernel_shapes(fmt),
+                         **token_layout)
+
+    def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=False):
+        """Run ``push(out, staged, pushed)`` (``push_rows`` of this leg's sorted rows into
+        ``staged``, a ``StagedLeg``) and the exchange: the fresh expert-major tensor ``out``, the
+        leg this rank reads the rows from, the staged row of each row read (``stage_row``, None:
+        the same row) and the weight the receiving pass applies to each (None: none). ``weight``,
+        ``dot_with``, ``dot_out``, ``dot_with_expert_rows``: what ``push`` does to the rows
+        (``push_rows``), for a transport that pushes another way (symm: each token once per
+        rank)."""
         raise NotImplementedError
 
-    def _send_buffer(self, src, meta, leg, fmt):
-        """The buffer a token-bound ``leg`` pushes into and its rows; records the wire bytes."""
+    def _send_buffer(self, src, meta, leg, fmt) -> StagedLeg:
+        """Where a token-bound ``leg`` pushes its rows; records the wire bytes."""
         raise NotImplementedError
 
-    def _exchange(self, sent, rows, src, meta, fmt):
-        """After a token-bound push: the buffer this rank reads the leg's rows from, its rows,
-        and the staged row of each row read (``stage_row``, None: the same row)."""
+    def _exchange(self, sent: StagedLeg, src, meta) -> tuple[StagedLeg, torch.Tensor | None]:
+        """After a token-bound push into ``sent``: the leg this rank reads the rows from, and the
+        staged row of each row read (``stage_row``, None: the same row)."""
         raise NotImplementedError
 
     def dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK, num_tokens_per_expert_E):  # noqa: N803
@@ -177,39 +189,32 @@ class PushTokenDispatcher(TokenDispatcher):
         rank's expert-major rows (symm after combine's partial sums)."""
         if dot_with_expert_rows:
             raise NotImplementedError(f"{type(self).__name__} takes its score gradients on the token's rank")
-        kernels, a2a = self.kernels(src.device), self.config.a2a
-        fmt = getattr(a2a, leg)
-        shapes = self.config.kernel_shapes(fmt)
+        kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
         if self._observing(leg):
             self._observe(leg, *self._wire_rows_to_experts(src, meta, weight))
 
-        def push(out, send, rows, pushed):
-            kernels.push_rows(
-                src, meta.dst_rank, meta.dst_row, out, send, rows, self.rank, fmt, a2a.scale_rounding,
-                slot=meta.slot, top_k=self.config.top_k, weight=weight, dot_with=dot_with, dot_out=dot_out,
-                pushed=pushed, quantize_local=a2a.quantize_local_rows, shape=shapes.push_rows,
-            )
+        def push(out, staged, pushed):
+            kernels.push_rows(staged, src, dst_rank=meta.dst_rank, dst_row=meta.dst_row, local_out=out, slot=meta.slot,
+                              top_k=self.config.top_k, weight=weight, dot_with=dot_with, dot_out=dot_out, pushed=pushed)
 
-        out, recv, rows, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, weight, dot_with, dot_out)
-        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row, weight=row_weight,
-                             shape=shapes.receive_rows)
+        out, received, stage_row, row_weight = self._push_to_experts(push, src, meta, leg, fmt, weight, dot_with,
+                                                                     dot_out)
+        kernels.receive_rows(received, out, source=meta.row_source, stage_row=stage_row, weight=row_weight)
         return out
 
     def to_tokens(self, src, meta, leg, weight=None, save=None, dot_with=None, dot_out=None):
         """Expert-major rows (``src``) -> ``(T, D)``: each token's K rows reduced in fp32.
         ``leg``: combine_fwd or dispatch_bwd."""
-        kernels, a2a = self.kernels(src.device), self.config.a2a
-        fmt = getattr(a2a, leg)
+        kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
         if self._observing(leg):
             for rows, valid in self._wire_rows_to_tokens(src, meta, leg):
                 self._observe(leg, rows, valid)
-        recv, rows, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
+        received, stage_row, staged_weighted = self._push_to_tokens(src, meta, leg, fmt)
         out = src.new_empty((meta.num_tokens, src.shape[1]))
         kernels.reduce_slots(
-            out, meta.sorted_row, meta.dst_rank, meta.dst_row, src, recv, rows, self.rank, fmt,
-            self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
-            stage_row=stage_row, weigh_staged=not staged_weighted, rounding=a2a.scale_rounding,
-            quantize_local=a2a.quantize_local_rows, shape=self.config.kernel_shapes(fmt).reduce_slots,
+            received, out, sorted_row=meta.sorted_row, row_rank=meta.dst_rank, local_row=meta.dst_row, local_src=src,
+            top_k=self.config.top_k, weight=weight, save=save, dot_with=dot_with, dot_out=dot_out,
+            stage_row=stage_row, weigh_staged=not staged_weighted,
         )
         return out
 
@@ -235,16 +240,12 @@ class PushTokenDispatcher(TokenDispatcher):
         return [(src, meta.row_source >= 0 if crossing is None else crossing)]
 
     def _push_to_tokens(self, src, meta, leg, fmt):
-        """Push a token-bound leg's rows (``push_rows``) and exchange them: the buffer this
-        rank reads them from, its rows, the staged row of each sorted row (``stage_row``,
-        None: the same row), and whether the staged rows come weighted already."""
-        a2a = self.config.a2a
-        send, rows = self._send_buffer(src, meta, leg, fmt)
-        self.kernels(src.device).push_rows(
-            src, meta.return_rank, meta.return_row, None, send, rows, self.rank, fmt, a2a.scale_rounding,
-            shape=self.config.kernel_shapes(fmt).push_rows,
-        )
-        return (*self._exchange(send, rows, src, meta, fmt), False)
+        """Push a token-bound leg's rows (``push_rows``) and exchange them: the leg this rank
+        reads them from, the staged row of each sorted row (``stage_row``, None: the same row),
+        and whether the staged rows come weighted already."""
+        sent = self._send_buffer(src, meta, leg, fmt)
+        self.kernels(src.device).push_rows(sent, src, dst_rank=meta.return_rank, dst_row=meta.return_row)
+        return (*self._exchange(sent, src, meta), False)
 
 
 

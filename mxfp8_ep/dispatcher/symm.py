@@ -21,11 +21,12 @@ import torch
 from mxfp8_ep import wire_stats
 from mxfp8_ep.capacity import expert_major_capacity, grown_capacity, staging_rows, worst_case_capacity
 from mxfp8_ep.dispatcher import checks
-from mxfp8_ep.dispatcher.base import register_transport
+from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.peer_memory import PeerBuffer, int64_tensor
-from mxfp8_ep.staging import row_weights, staging_buffer_nbytes, staging_nbytes, token_map, token_map_offset
+from mxfp8_ep.staging import staging_buffer_nbytes, staging_nbytes, token_map_offset
 from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows, partial_sums
+from mxfp8_ep.transport import Transport
 
 
 @dataclass
@@ -130,17 +131,57 @@ CAPACITY_ASSERT_MESSAGE = (
     "mxfp8_ep.elastic.ReplayGuard, or set capacity_factor=None")
 
 
-@register_transport("symm")
+@register_transport(Transport.SYMM)
 class SymmTokenDispatcher(PushTokenDispatcher):
     """Peer-memory push transport (one node): sync-free, quantizes inside the push. Each
     leg's rows go straight into the owner's staging buffer at the row the owner reads them
     from; a barrier makes them visible."""
 
+    @dataclass(kw_only=True)
+    class Config(TokenDispatcher.Config):
+        """``TokenDispatcher.Config`` as this transport reads it (``Config.of``): the same
+        fields, and which of its ways of sending a leg they select."""
+
+        @property
+        def dispatch_bwd_partial_sums(self) -> bool:
+            """Whether dispatch's backward goes back as one partial sum per token and rank
+            (``SymmTokenDispatcher._push_to_tokens``): with top-k > 1 and the scores after the
+            experts, the plain sum of a token's rows on each rank. The x gradient then adds a
+            token's rows in another grouping than the fused nccl transport, and rounds (bf16)
+            or quantizes (MXFP8) each partial sum once instead of each row: equal to that
+            rounding, not bits."""
+            return self.top_k > 1 and not self.score_before_experts
+
+        @property
+        def combine_fwd_partial_sums(self) -> bool:
+            """Whether combine's forward goes the same way (``dispatch_bwd_partial_sums`` and the
+            flag ``A2AConfig.symm_combine_partial_sums``): the weighted sum of a token's rows on
+            each rank (the scores ride along with dispatch's forward). The output then differs
+            from the fused nccl transport's as the x gradient does, and the score gradients are
+            taken where the expert outputs stayed, against the output gradient as it arrived
+            there (MXFP8: dequantized), and go back to the tokens' ranks
+            (``SymmTokenDispatcher.to_experts``)."""
+            return self.dispatch_bwd_partial_sums and self.a2a.symm_combine_partial_sums
+
+        @property
+        def scores_after_dequantize(self) -> bool:
+            """Whether a token is quantized before its router score multiplies it: with top-k >
+            1 the weighted expert-bound leg (combine's backward when the scores come after the
+            experts, dispatch's forward when they come first) sends each token once per rank and
+            the experts' rank multiplies each row by its score as it receives it
+            (``SymmTokenDispatcher._push_to_experts``). On a bf16 leg that is the same product,
+            the same bits; on an MXFP8 leg the row is ``score * dequant(quant(token))`` where the
+            fused nccl transport sends ``quant(score * token)``: equal to the format's rounding,
+            not bits (every gradient downstream of combine's backward, or every value downstream
+            of dispatch's forward)."""
+            weighted = "dispatch_fwd" if self.score_before_experts else "combine_bwd"
+            return self.top_k > 1 and self.a2a.wire_format(weighted).quantized
+
     def _buffer_key(self, device: torch.device, dim: int, dtype: torch.dtype) -> tuple:
         # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
         cfg = self.config
         return (id(self.group), device, dim, dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
-                cfg.symm_combine_partial_sums, cfg.a2a.capacity_factor)
+                cfg.combine_fwd_partial_sums, cfg.a2a.capacity_factor)
 
     def _buffers(self, device: torch.device, dim: int, dtype: torch.dtype, tokens: int) -> _SymmBuffers:
         """The peer buffers for (group, device, ``dim``, ``dtype``), allocated at the first
@@ -163,7 +204,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             map_offset = token_map_offset(rows, dim, dtype)
             # The rows' bytes also hold the score gradients combine's backward returns
             # (``_return_row_dots``): fp32, one per expert-major row of every rank.
-            assert not cfg.symm_combine_partial_sums or map_offset >= self.ep * capacity * 4
+            assert not cfg.combine_fwd_partial_sums or map_offset >= self.ep * capacity * 4
             nbytes = staging_buffer_nbytes(rows, dim, dtype, capacity)
             bufs = _SymmBuffers(
                 # Per rank: its counts per expert, its token count and its fault word
@@ -186,7 +227,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         top-k > 1 (plus each token's K rows when combine's forward goes row by row), the
         drop-free ``capacity`` with top-1."""
         cfg = self.config
-        return staging_rows(self.ep, max_tokens, cfg.top_k, capacity, cfg.symm_combine_partial_sums,
+        return staging_rows(self.ep, max_tokens, cfg.top_k, capacity, cfg.combine_fwd_partial_sums,
                             staging_nbytes(1, dim, dtype))
 
     def _routing(self, x_TD, checked, fault):  # noqa: ARG002, N803
@@ -241,46 +282,46 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         The owner copies it into each of its expert rows in the receiving pass, through the
         token map the push wrote; on a weighted leg it multiplies each row by the router score
         the push left beside the map (on an MXFP8 leg: after dequantizing,
-        ``Config.symm_scores_after_dequantize``). The score gradients' dot products are taken
+        ``Config.scores_after_dequantize``). The score gradients' dot products are taken
         in the same pass, on the token's rank (``dot_with``), or, after combine's partial sums,
         for the rows that stay only (``dot_with_expert_rows``). Dispatch's forward carries the router
-        scores along for combine's partial sums (``Config.symm_combine_partial_sums``): the owner
+        scores along for combine's partial sums (``Config.combine_fwd_partial_sums``): the owner
         keeps each row's score in ``meta.row_score``. Top-1 pushes row by row."""
         bufs = self._buffers_for(src)
         send = bufs.take_staging()
+        staged = self._staged(send, bufs.staging_rows, fmt, tokens_per_rank=bufs.max_tokens,
+                              map_offset=bufs.map_offset, map_rows=bufs.capacity)
         out = src.new_empty((meta.capacity, src.shape[1]))
         row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
         stage_row = row_weight = None
         carried = None  # the router scores dispatch's forward takes along, unapplied
-        if leg == "dispatch_fwd" and self.config.symm_combine_partial_sums:
+        if leg == "dispatch_fwd" and self.config.combine_fwd_partial_sums:
             carried = meta.topk_scores_TK.detach().reshape(-1)
         if self.config.top_k > 1:
-            kernels, a2a = self.kernels(src.device), self.config.a2a
             sent = torch.zeros(1, dtype=torch.int64, device=src.device)
-            kernels.push_tokens(
-                src, meta.sorted_row, meta.dst_rank, meta.dst_row, out, send, bufs.staging_rows, bufs.map_offset,
-                bufs.capacity, self.rank, fmt, a2a.scale_rounding, self.config.top_k, bufs.max_tokens, sent,
-                weight=weight if weight is not None else carried, weigh_local=weight is not None,
-                dot_with=dot_with, dot_out=dot_out, dot_with_expert_rows=dot_with_expert_rows,
-                quantize_local=a2a.quantize_local_rows, shape=self.config.kernel_shapes(fmt).push_tokens,
+            self.kernels(src.device).push_tokens(
+                staged, src, sorted_row=meta.sorted_row, dst_rank=meta.dst_rank, dst_row=meta.dst_row, local_out=out,
+                top_k=self.config.top_k, sent=sent, weight=weight if weight is not None else carried,
+                weigh_local=weight is not None, dot_with=dot_with, dot_out=dot_out,
+                dot_with_expert_rows=dot_with_expert_rows,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
-            stage_row = token_map(send.local, bufs.map_offset, bufs.capacity)
+            stage_row = staged.token_map(send.local)
             if weight is not None:
-                row_weight = row_weights(send.local, bufs.map_offset, bufs.capacity)
+                row_weight = staged.row_weights(send.local)
         else:
             wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
-            push(out, send, bufs.staging_rows, "all")  # one pass: local HBM copies beside NVLink stores
+            push(out, staged, "all")  # one pass: local HBM copies beside NVLink stores
         send.barrier()  # the peers' pushes (rows, token maps, row weights) into this rank's staging buffer are visible
-        if stage_row is not None and leg == "dispatch_fwd" and self.config.symm_partial_sums:
+        if stage_row is not None and leg == "dispatch_fwd" and self.config.dispatch_bwd_partial_sums:
             # Which token each row came from, for the partial sums of dispatch's backward: a
             # copy, since the staging buffer (and its map) serves the next legs.
             remote = (meta.row_source >= 0) & (meta.row_source != self.rank)
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
             if carried is not None:
-                meta.row_score = self._row_scores(carried, meta, remote, row_weights(send.local, bufs.map_offset, bufs.capacity))
-        return out, send, bufs.staging_rows, stage_row, row_weight
+                meta.row_score = self._row_scores(carried, meta, remote, staged.row_weights(send.local))
+        return out, staged, stage_row, row_weight
 
     def _row_scores(self, scores, meta, remote, carried):
         """Per expert-major row, the router score of its slot (fp32): carried by the push for a
@@ -302,13 +343,12 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         kernels, fmt = self.kernels(src.device), getattr(self.config.a2a, leg)
         if self._observing(leg):
             self._observe(leg, *self._wire_rows_to_experts(src, meta, weight))
-        out, recv, rows, stage_row, row_weight = self._push_to_experts(
+        out, received, stage_row, row_weight = self._push_to_experts(
             None, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=True,
         )
         row_dots = torch.zeros(meta.capacity, dtype=torch.float32, device=src.device)
-        kernels.receive_rows(out, meta.row_source, self.rank, recv, rows, fmt, stage_row=stage_row,
-                             weight=row_weight, dot_with=dot_with, dot_out=row_dots,
-                             shape=self.config.kernel_shapes(fmt).receive_rows)
+        kernels.receive_rows(received, out, source=meta.row_source, stage_row=stage_row, weight=row_weight,
+                             dot_with=dot_with, dot_out=row_dots)
         self._return_row_dots(row_dots, meta, dot_out, src)
         return out
 
@@ -338,27 +378,26 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         (``push_partials``), not row by row: at top-8 on 2 ranks a quarter of the rows. The
         token's rank adds it once, at the token's first slot on that rank. Those legs, when
         the scores follow the experts (DeepSeek-V3): dispatch's backward, a plain sum
-        (``Config.symm_partial_sums``), and combine's forward, each row times its score
+        (``Config.dispatch_bwd_partial_sums``), and combine's forward, each row times its score
         (``meta.row_score``; the token's rank weights only the rows that stayed;
-        ``Config.symm_combine_partial_sums``). On an MXFP8 leg the partial sum is quantized,
+        ``Config.combine_fwd_partial_sums``). On an MXFP8 leg the partial sum is quantized,
         not each row."""
         if not self._sends_partials(meta, leg):
             return super()._push_to_tokens(src, meta, leg, fmt)
         weighted = leg == "combine_fwd"
         bufs = self._buffers_for(src)
-        send = bufs.take_staging()
-        kernels = self.kernels(src.device)
+        staged = self._staged(bufs.take_staging(), bufs.staging_rows, fmt, tokens_per_rank=meta.slot_tokens)
         order, start = self._partial_order(meta)
         sent = torch.zeros(1, dtype=torch.int64, device=src.device)
-        kernels.push_partials(
-            src, order, start, send, bufs.staging_rows, self.rank, fmt, self.config.a2a.scale_rounding,
-            self.config.top_k, meta.slot_tokens, sent,  # a token lists an expert up to top_k times
-            weight=meta.row_score if weighted else None, shape=self.config.kernel_shapes(fmt).push_partials,
+        self.kernels(src.device).push_partials(
+            staged, src, order=order, start=start, sent=sent,
+            max_rows=self.config.top_k,  # a token lists an expert up to top_k times
+            weight=meta.row_score if weighted else None,
         )
         wire_stats.record_rows(leg, sent[0], wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         stage_row = partial_stage_rows(meta.sorted_row, meta.dst_rank, self.rank, self.config.top_k, meta.slot_tokens)
-        send.barrier()  # the peers' partial sums into this rank's staging buffer are visible
-        return send, bufs.staging_rows, stage_row, weighted
+        staged.staging.barrier()  # the peers' partial sums into this rank's staging buffer are visible
+        return staged, stage_row, weighted
 
     @staticmethod
     def _sends_partials(meta, leg) -> bool:
@@ -399,11 +438,11 @@ class SymmTokenDispatcher(PushTokenDispatcher):
     def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         bufs = self._buffers_for(src)
-        return bufs.take_staging(), bufs.staging_rows
+        return self._staged(bufs.take_staging(), bufs.staging_rows, fmt)
 
-    def _exchange(self, sent, rows, src, meta, fmt):  # noqa: ARG002 (the peers pushed already)
-        sent.barrier()  # the peers' pushes into this rank's staging buffer are visible
-        return sent, rows, None
+    def _exchange(self, sent, src, meta):  # noqa: ARG002 (the peers pushed already)
+        sent.staging.barrier()  # the peers' pushes into this rank's staging buffer are visible
+        return sent, None
 
     def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
         return _BUFFERS[self._buffer_key(src.device, src.shape[1], src.dtype)]

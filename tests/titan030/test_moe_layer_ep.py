@@ -184,7 +184,7 @@ def test_mxfp8_legs_carry_rows_in_the_mxfp8_format(ranks, transport):
     """Preset mxfp8 quantizes the dispatch forward and the combine backward: each row the
     experts get (input, output gradient) is the bf16 row (it stayed on its rank) or exactly that
     row through one MXFP8 round trip, so within the format's bound; some rows did cross.
-    Except symm's combine backward at top-k > 1 (``Config.symm_scores_after_dequantize``): the
+    Except symm's combine backward at top-k > 1 (``SymmTokenDispatcher.Config.scores_after_dequantize``): the
     output gradient crosses once per token and the experts' rank multiplies it by each row's
     score, ``score * dequant(quant(g))``, not a round trip of ``score * g``
     (tests/test_dispatcher.py checks those bits against a wire reference of exactly that). Its
