@@ -46,12 +46,14 @@ from launch.model_facts import MODELS
 from mxfp8_ep import peer_memory
 from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR, A2AConfig
 from mxfp8_ep.titan022 import install_expert_parallel
+from mxfp8_ep.transport import Transport
 
 # (model family, flavor, GPUs, EP, seq_len, local batch): what the EP=8 recipes train.
 ESTIMATED = (("deepseek_v3", "16B", 8, 8, 4096, 2),)
 CHECKPOINTING = ("none", "selective", "full")
 # arm -> (symm, capacity_factor)
-ESTIMATE_ARMS = {"nccl": (False, None), "symm": (True, DEFAULT_CAPACITY_FACTOR), "symm:worst": (True, None)}
+ESTIMATE_ARMS = {Transport.NCCL: (False, None), Transport.SYMM: (True, DEFAULT_CAPACITY_FACTOR),
+                 f"{Transport.SYMM}:worst": (True, None)}
 GIB = 2**30
 
 
@@ -71,7 +73,7 @@ def estimate_rows() -> list[dict]:
                              "activations_gib": round(est.activations / GIB, 2),
                              "peer_buffers_gib": round(est.peer_buffers / GIB, 2)})
             for row in rows[-len(ESTIMATE_ARMS):]:
-                row["vs_nccl"] = round(gib[row["arm"]] / gib["nccl"], 4)
+                row["vs_nccl"] = round(gib[row["arm"]] / gib[Transport.NCCL], 4)
     return rows
 
 
@@ -190,7 +192,7 @@ def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     for row in rows:
-        base = next((r for r in rows if r["arm"] == "torchtitan"), None)
+        base = next((r for r in rows if r["arm"] == arms[0].name), None)
         row["vs_torchtitan"] = round(row["peak_gib"] / base["peak_gib"], 4) if base and base["peak_gib"] else None
     return rows
 

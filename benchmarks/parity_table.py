@@ -109,7 +109,7 @@ def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, 
                  "that commit.")
     if marks.get("unknown") in used:
         lead += f" {marks['unknown']}: whether that code changed cannot be told here."
-    header = ["setup", "bf16", "mxfp8", "mxfp8_all", "bound", "within", "hardware", "commit, date"]
+    header = ["setup", BASELINE, *ARMS, "bound", "within", "hardware", "commit, date"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in body]
     return "\n".join([BEGIN, lead, "", *lines, END])
