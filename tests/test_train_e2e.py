@@ -296,4 +296,4 @@ def test_help_lists_groups_options_and_examples(tmp_path):
     assert "launcher: local, slurm" in text and "model: dsv3_16b," in text
     assert "parallelism: 2nodes_8gpus, ep2, ep2_shared_gpu, ep8, single" in text
     examples = text.split("== Examples ==")[1]
-    assert examples.count("python launch/train.py") == 5
+    assert examples.count("python launch/train.py") == 6 and "a2a.capacity_factor=" in examples
