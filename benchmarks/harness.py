@@ -72,7 +72,8 @@ LINKS: dict[str, dict[str, str]] = {
     "shm": {"NCCL_P2P_DISABLE": "1"},
     "socket": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"},
 }
-MACHINE_LINK = {"nvlink": None, "shm": "nccl-shm", "socket": "nccl-socket"}  # rows.Machine.link
+# rows.Machine.link of each link name (``shared``: the ranks share one GPU, no link between them)
+MACHINE_LINK = {"nvlink": None, "shm": "nccl-shm", "socket": "nccl-socket", "shared": "shared-gpu"}
 
 
 def use_link(link: str) -> None:

@@ -219,7 +219,8 @@ def main(argv=None) -> None:
 
         apply_cpu_compat()
     install_expert_parallel(A2AConfig())  # MoE.forward through the dispatcher where a plan says so
-    results = Results("layer_memory", args.out)
+    shared = device.type == "cuda" and dist.get_world_size() > 1
+    results = Results("layer_memory", args.out, **({"link": "shared", "count": 1} if shared else {}))
     results.write(layer_rows(shape, arms, device),
                   ("shape", "ep", "arm", "peak_gib", "above_weights_gib", "capacity_rows", "vs_torchtitan"))
     leave_process_group()

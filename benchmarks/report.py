@@ -119,7 +119,8 @@ BENCHES = {
 }
 HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
 LINKS = {"nvlink": "NVLink", "nccl-shm": "NCCL shm", "nccl-socket": "NCCL sockets", "shm": "NCCL shm",
-         "socket": "NCCL sockets", "gloo": "gloo", "pcie": "PCIe", "none": None}
+         "socket": "NCCL sockets", "gloo": "gloo", "pcie": "PCIe", "none": None,
+         "shared-gpu": "ranks sharing the GPU"}
 
 
 # ------------------------------------------------------------------------------ git history

@@ -1,0 +1,74 @@
+"""The symm transport's capacity replays over training runs, as rows (bench ``capacity_replays``).
+
+    python -m benchmarks.replays RUN_DIR... --out OUT
+    python -m benchmarks.replays EXPORT_DIR --out OUT --like ROWS.jsonl --command "..."   # runs made elsewhere
+
+Each run: a run dir (``summary.json``, ``console.log``), or in an export folder a pair
+``<run>.summary.json`` / ``<run>.console.log``. Per run: the steps it trained, the steps run again
+after a capacity overflow (``capacity_replay_steps``, the last one), the capacity it started at
+and ended at (expert rows: from the console's replay lines and the summary), and its last
+validation loss. ``--like``: rows of the machine and session the runs were made in, whose
+machine and versions these rows take (with ``--command``, the command that ran them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from benchmarks.rows import Machine, ResultsFile, read_rows
+from launch.run_dir import CONSOLE_LOG, SUMMARY
+
+REPLAY_LINE = re.compile(r"^step (\d+): a symm dispatch needed more expert rows than its capacity; "
+                         r"capacity grown \(([\d,]+) -> ([\d,]+) rows\)")
+
+
+def runs_in(path: Path) -> dict[str, tuple[Path, Path]]:
+    """Run name -> (summary, console log) of a run dir or of an export folder's pairs."""
+    if (path / SUMMARY).is_file():
+        return {path.name: (path / SUMMARY, path / CONSOLE_LOG)}
+    return {p.name.removesuffix(".summary.json"): (p, p.with_name(p.name.replace(".summary.json", ".console.log")))
+            for p in sorted(path.glob("*.summary.json"))}
+
+
+def run_row(name: str, summary_path: Path, console_path: Path) -> dict:
+    s = json.loads(summary_path.read_text())
+    grown = [m for m in map(REPLAY_LINE.match, console_path.read_text().splitlines()) if m] \
+        if console_path.is_file() else []
+    steps = s.get("capacity_replay_steps", [])
+    return {
+        "run": name, "model": s["model"], "a2a": s["a2a"], "seed": s.get("seed"), "ep": s["ep"],
+        "steps": s["steps"], "capacity_replays": s.get("capacity_replays", 0), "capacity_replay_steps": steps,
+        "last_replay_step": steps[-1] if steps else None,
+        "start_capacity_rows": int(grown[0].group(2).replace(",", "")) if grown else s.get("capacity_rows"),
+        "capacity_rows": s.get("capacity_rows"),
+        "val_step": s["val_logged_steps"][-1] if s.get("val_logged_steps") else None,
+        "val_loss": s.get("final_val_loss"), "gpu_shared": s.get("gpu_shared", False),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run dirs or export folders")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--like", type=Path, help="a rows file of the machine and session the runs were made in")
+    parser.add_argument("--command", help="the command that ran them (with --like)")
+    args = parser.parse_args(argv)
+    provenance = {}
+    if args.like:
+        like = read_rows(args.like)[0]
+        provenance = {"machine": Machine(**like["machine"]), "versions": like["versions"],
+                      "command": args.command or like["command"]}
+    rows = [run_row(name, *paths) for path in args.runs for name, paths in runs_in(path).items()]
+    results = ResultsFile("capacity_replays", args.out, **provenance)
+    for row in rows:
+        results.write(**row)
+        print(f"{row['run']}: {row['steps']} steps, {row['capacity_replays']} replays at {row['capacity_replay_steps']}, "
+              f"capacity {row['start_capacity_rows']} -> {row['capacity_rows']} rows")
+    print(f"wrote {len(rows)} rows to {results.path}")
+
+
+if __name__ == "__main__":
+    main()
