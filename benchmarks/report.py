@@ -112,6 +112,11 @@ BENCHES = {
                           "torchtitan's ExpertParallel on one rank's share of the experts",
                           paths=LIBRARY + ("benchmarks/memory.py",) + TIMED, group=("shape", "ep"),
                           baselines=("torchtitan",), key="peak_gib"),
+    "capacity_replays": Bench("Training runs over the symm transport at the default capacity factor: the steps "
+                              "run again after a capacity overflow, and the capacity (expert rows) they started "
+                              "and ended at",
+                              paths=RECIPE + ("benchmarks/replays.py", "scripts/parity_study.py"),
+                              key="capacity_replays", hide=("capacity_replay_steps",)),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
                       baselines=("alltoall", "minimal_async_ep"),

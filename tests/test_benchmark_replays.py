@@ -1,0 +1,31 @@
+"""benchmarks/replays.py: a run's capacity replays, from its summary and console lines, as a row."""
+
+import json
+
+from benchmarks.replays import main
+from launch.run_summary import RunSummary
+
+LINES = ["step  1/20  loss 6.8  tokens/s 300  eta 9s",
+         "step 3: a symm dispatch needed more expert rows than its capacity; capacity grown (1,024 -> 1,408 rows), "
+         "step run again (a2a/replays = 1)",
+         "step 9: a symm dispatch needed more expert rows than its capacity; capacity grown (1,408 -> 1,600 rows), "
+         "step run again (a2a/replays = 2)"]
+
+
+def test_an_exported_run_becomes_a_row(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    summary = RunSummary(run_name="x", experiment="e", a2a="mxfp8", a2a_legs={}, model="parity_dsv3",
+                         model_flavor="deepseek_v3/parity", parallelism="ep2_shared_gpu", world_size=2, ep=2,
+                         launcher="local", device="cuda", run_dir="/r", steps=20, target_steps=20, seed=1,
+                         val_logged_steps=[10, 20], val_losses=[5.0, 4.5], final_val_loss=4.5,
+                         capacity_replays=2, capacity_replay_steps=[3, 9], capacity_rows=1600)
+    (export / "mxfp8_seed1.summary.json").write_text(json.dumps(summary.__dict__))
+    (export / "mxfp8_seed1.console.log").write_text("\n".join(LINES) + "\n")
+    main([str(export), "--out", str(tmp_path / "rows")])
+    (path,) = (tmp_path / "rows").glob("*_capacity_replays.jsonl")
+    (row,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert row["bench"] == "capacity_replays" and row["run"] == "mxfp8_seed1" and row["seed"] == 1
+    assert row["capacity_replays"] == 2 and row["capacity_replay_steps"] == [3, 9] and row["last_replay_step"] == 9
+    assert row["start_capacity_rows"] == 1024 and row["capacity_rows"] == 1600
+    assert (row["val_step"], row["val_loss"], row["steps"]) == (20, 4.5, 20)
