@@ -347,13 +347,20 @@ def reset_peak(device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak_gib(device, held_bytes: int = 0) -> float:
-    """The allocator's peak since ``reset_peak`` less ``held_bytes`` (tensors kept across arms),
-    plus the peer buffers (symmetric memory is not the caching allocator's), max over ranks."""
+def peak_bytes(device, held_bytes: int = 0) -> int:
+    """This rank's allocator peak since ``reset_peak`` less ``held_bytes`` (tensors kept across
+    arms), plus the peer buffers where the allocator does not count them (symmetric memory is
+    not the caching allocator's; ranks sharing one GPU allocate theirs there)."""
     from mxfp8_ep.dispatcher import peer_buffer_nbytes
+    from mxfp8_ep.peer_memory import sharing_one_device
 
     alloc = torch.cuda.max_memory_allocated() - held_bytes if device.type == "cuda" else 0
-    return max_over_ranks((alloc + peer_buffer_nbytes()) / 2**30, device)
+    return alloc + (0 if sharing_one_device() else peer_buffer_nbytes())
+
+
+def peak_gib(device, held_bytes: int = 0) -> float:
+    """``peak_bytes`` in GiB, max over ranks."""
+    return max_over_ranks(peak_bytes(device, held_bytes) / 2**30, device)
 
 
 def nbytes(tensors) -> int:

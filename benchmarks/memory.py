@@ -10,11 +10,13 @@ the default ``a2a.capacity_factor``, ``symm:worst`` (``capacity_factor=None``, E
 top_k rows). ``vs_nccl``: the arm's bytes over nccl's.
 
 Layer (bench ``layer_memory``): the DeepSeek-V3-like MoE layer (``harness.SHAPES``; ``--tokens``
-per rank), one forward+backward, each rank's peak: the allocator's peak plus its peer buffers,
-max over ranks (``peak_gib``), and that less the layer's parameters and their gradients
-(``above_weights_gib``: what the arms differ in). With CUDA the W ranks share GPU 0 (a gloo group,
-peer buffers over CUDA IPC: ``peer_memory.share_one_device``), so one GPU measures EP=W; the
-rows say ``gpu_shared``. Arms: ``<preset>/symm`` at the default capacity factor and ``:worst``;
+per rank), one forward+backward, each rank's peak (``harness.peak_bytes``: the allocator's,
+plus the peer buffers where it does not count them), max over ranks (``peak_gib``), and that
+less the layer's parameters and their gradients (``above_weights_gib``: what the arms differ
+in). With CUDA the W ranks share GPU 0 (a gloo group, peer buffers allocated by each rank and
+opened by the others over CUDA IPC: ``peer_memory.share_one_device``), so one GPU measures EP=W;
+the rows say ``gpu_shared``, and each arm starts once every rank has let go of the last arm's
+buffers. Arms: ``<preset>/symm`` at the default capacity factor and ``:worst``;
 ``torchtitan``: torchtitan 0.2.2's ``ExpertParallel`` on rank 0 alone (a one-rank NCCL group)
 with that rank's share of the experts, the rows and buffers one rank of EP=W holds under an even
 routing. Every rank builds only its own experts. ``capacity_rows``: the symm arm's expert rows.
@@ -39,6 +41,7 @@ from benchmarks.harness import (
     parse_arms,
     parse_shape_names,
     parsed,
+    peak_bytes,
     reset_peak,
 )
 from launch.memory import estimate
@@ -150,7 +153,6 @@ def pass_peak(moe, x, grad, device, group=None) -> tuple[float, float, int]:
     """One forward+backward after a warm-up one, each again after a capacity overflow
     (``elastic.ReplayGuard`` over ``group``; None: the layer runs on this rank alone and never
     overflows): (peak GiB, peak less weights and grads GiB, replays), this rank's."""
-    from mxfp8_ep.dispatcher import peer_buffer_nbytes
     from mxfp8_ep.elastic import ReplayGuard
 
     guard = ReplayGuard(moe.modules(), group) if group is not None else None
@@ -165,8 +167,20 @@ def pass_peak(moe, x, grad, device, group=None) -> tuple[float, float, int]:
     finally:
         if guard is not None:
             guard.close()
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda" else 0) + peer_buffer_nbytes()
+    peak = peak_bytes(device)
     return peak / GIB, (peak - weights_bytes(moe)) / GIB, guard.replays if guard is not None else 0
+
+
+def release_arm(device) -> None:
+    """Drop the last arm's peer buffers everywhere before the next arm's peak: ranks sharing a
+    GPU hold each other's through CUDA IPC, whose blocks their owner frees only once no rank
+    holds them (``torch.cuda.ipc_collect``)."""
+    free_peer_buffers()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.ipc_collect()
+        dist.barrier()
 
 
 def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
@@ -177,7 +191,7 @@ def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
     x, grad = layer_inputs(shape, device)
     rows = []
     for arm in arms:
-        free_peer_buffers()
+        release_arm(device)
         if arm.baseline:
             *peaks, replays = pass_peak(titan_moe_alone(shape, titan_group, device, torch.bfloat16), x, grad,
                                         device) if rank == 0 else (0.0, 0.0, 0)

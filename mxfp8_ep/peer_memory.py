@@ -44,6 +44,13 @@ def share_one_device(on: bool = True) -> None:
     _SHARED_DEVICE = bool(on)
 
 
+def sharing_one_device() -> bool:
+    """Whether this process's CUDA peer buffers are the shared-device ones (``share_one_device``):
+    plain allocations of torch's caching allocator, which its statistics count (symmetric
+    memory's are not)."""
+    return _SHARED_DEVICE
+
+
 class PeerBuffer:
     """``nbytes`` bytes on each rank of ``group``, reachable from every rank."""
 
