@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from benchmarks.rows import Machine, ResultsFile, read_rows
-from launch.run_dir import CONSOLE_LOG, SUMMARY
+from launch.run.run_dir import CONSOLE_LOG, SUMMARY
 
 REPLAY_LINE = re.compile(r"^step (\d+): a symm dispatch needed more expert rows than its capacity; "
                          r"capacity grown \(([\d,]+) -> ([\d,]+) rows\)")

@@ -3,5 +3,5 @@ configs in ``conf/``) that trains torchtitan 0.2.2's MoE models locally or on SL
 
 Installed with the library (``pip install``), so ``launch.*`` imports the same way in the
 launching process, in every worker and inside SLURM jobs. The tiny tokenizer and text the
-default run trains on are package data (``launch/assets/``).
+default run trains on are package data (``launch/titan/assets/``).
 """

@@ -515,9 +515,9 @@ def check_rowwise_is_batch_independent(dtype: torch.dtype, dim: int = 64, hidden
 def setup_rank() -> None:
     """Per rank: one intra-op thread (ranks share a few cores; one thread also keeps CPU
     reductions in one order) and torchtitan's CPU patch for the router's integer histc (the
-    only one of launch.titan_cpu_compat's patches a bare MoE layer needs; the others import
+    only one of launch.titan.cpu_compat's patches a bare MoE layer needs; the others import
     most of torchtitan)."""
-    from launch.titan_cpu_compat import _patch_histc
+    from launch.titan.cpu_compat import _patch_histc
 
     torch.set_num_threads(1)
     _patch_histc()

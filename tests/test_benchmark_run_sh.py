@@ -64,7 +64,7 @@ def test_a_suite_writes_rows_that_name_their_command(tmp_path):
 FAKE_TRAIN = '''
 import subprocess, sys
 from benchmarks import train
-from launch.run_summary import RunSummary
+from launch.run.run_summary import RunSummary
 
 def launch_run(overrides, run_dir):  # no training: a summary as launch/train.py leaves one
     run_dir.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""launch/wandb_offline.py (reading .wandb files, merging a resumed run's launches) and
+"""launch/run/wandb_offline.py (reading .wandb files, merging a resumed run's launches) and
 launch/compare_runs.py (pairing, the table, the plots), on runs written here – no training."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.compare_runs import collect, compare, format_table, throughput_verdicts, verdicts
-from launch.compare_runs import main as compare_main
-from launch.run_summary import RunSummary
-from launch.wandb_offline import find_runs, iter_records, read_run, read_runs
+from launch.run.run_summary import RunSummary
+from launch.run.wandb_offline import find_runs, iter_records, read_run, read_runs
+from launch.tools.compare_runs import collect, compare, format_table, throughput_verdicts, verdicts
+from launch.tools.compare_runs import main as compare_main
 from tests.figures import axes_titled, lines_of, saved_figures, spans_of
 
 WRITE_RUN = """
@@ -454,7 +454,7 @@ def test_one_run_each_is_not_called_faster(tmp_path):
 def test_ranks_sharing_a_gpu_get_no_speed_verdict(tmp_path):
     """Runs whose ranks shared one GPU: however clear the ratio, no speed-up is called; the
     table, the JSON and the throughput figure say why."""
-    from launch.shared_gpu import SHARED_GPU_NOTE
+    from launch.run.shared_gpu import SHARED_GPU_NOTE
 
     for seed, tps in ((0, 1000.0), (1, 1010.0)):
         write_speed(tmp_path, "bf16", seed, tps, gpu_shared=True)
@@ -497,7 +497,7 @@ def test_three_bf16_seeds_judge_each_arm_by_their_mean_and_std(tmp_path):
     sample std, 0.5% of the mean); every bf16 seed's line gives its own distance, no verdict."""
     import statistics
 
-    from launch.compare_runs import PARITY_SHARE, SPREAD_STDS
+    from launch.tools.compare_runs import PARITY_SHARE, SPREAD_STDS
 
     _final_val(tmp_path, SEED_STUDY)
     printed = io.StringIO()

@@ -463,7 +463,7 @@ def _titan_models_symm(rank, world):
     from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
     from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
-    from launch.titan_cpu_compat import apply_cpu_compat
+    from launch.titan.cpu_compat import apply_cpu_compat
     from tests.test_titan022 import TOLERANCE, _build
 
     apply_cpu_compat(force=True)
@@ -518,10 +518,10 @@ def test_torchtitan_models_with_symm_transport():
     within that test's bound."""
     import importlib
 
-    from launch.titan_cpu_compat import _DEVICE_MODULES
+    from launch.titan.cpu_compat import _DEVICE_MODULES
 
     preload()
     for name in (*_DEVICE_MODULES, "torchtitan.models.llama4.infra.parallelize", "torchtitan.protocols.train_spec",
-                 "launch.titan_models", "tests.test_titan022"):
+                 "launch.titan.models", "tests.test_titan022"):
         importlib.import_module(name)
     run_forked(2, _titan_models_symm)
