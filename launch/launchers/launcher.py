@@ -5,10 +5,10 @@ from :class:`LauncherConfig`, ``_target_`` naming the class), the way hydra-subm
 types its queues. ``conf/launcher/<name>.yaml`` picks it with ``_target_`` and sets the
 fields' values. A new launcher is one Python file and one yaml::
 
-    # launch/mine.py
+    # launch/launchers/mine.py
     @dataclass
     class MyLauncherConfig(LauncherConfig):
-        _target_: str = "launch.mine.MyLauncher"
+        _target_: str = "launch.launchers.mine.MyLauncher"
         name: str = "mine"
         host: Optional[str] = None
 
@@ -19,7 +19,7 @@ fields' values. A new launcher is one Python file and one yaml::
         def launch(self, cfg, run_dir): ...
 
     # conf/launcher/mine.yaml
-    _target_: launch.mine.MyLauncher
+    _target_: launch.launchers.mine.MyLauncher
     name: mine
 
 ``launch/train.py`` and ``launch/preflight/validate.py`` only go through this interface; they never ask
