@@ -65,8 +65,8 @@ def main(argv=None) -> None:
     results = ResultsFile("capacity_replays", args.out, **provenance)
     for row in rows:
         results.write(**row)
-        print(f"{row['run']}: {row['steps']} steps, {row['capacity_replays']} replays at {row['capacity_replay_steps']}, "
-              f"capacity {row['start_capacity_rows']} -> {row['capacity_rows']} rows")
+        print(f"{row['run']}: {row['steps']} steps, {row['capacity_replays']} replays at "
+              f"{row['capacity_replay_steps']}, capacity {row['start_capacity_rows']} -> {row['capacity_rows']} rows")
     print(f"wrote {len(rows)} rows to {results.path}")
 
 

@@ -644,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         for path, text in targets:
             path.write_text(text)
-        print(f"wrote {REPORT.relative_to(REPO)} and the results block and Numerics table of {README.relative_to(REPO)}")
+        print(f"wrote {REPORT.relative_to(REPO)} and the results block and Numerics table of "
+              f"{README.relative_to(REPO)}")
         return 0
     differ = False
     for path, text in targets:

@@ -49,8 +49,8 @@ from benchmarks.harness import LINKS, Results, key_of
 from launch.run.run_summary import ratio_of_sums
 
 REPO = Path(__file__).resolve().parents[1]
-COLUMNS = ("model", "arm", "tokens_per_s", "speedup_vs_bf16_nccl", "step_time_s", "final_loss", "loss_delta_vs_bf16_nccl",
-           "a2a_bytes_per_step")
+COLUMNS = ("model", "arm", "tokens_per_s", "speedup_vs_bf16_nccl", "step_time_s", "final_loss",
+           "loss_delta_vs_bf16_nccl", "a2a_bytes_per_step")
 
 
 def run_rows(paths: list[str], baseline: str) -> list[dict]:
@@ -350,7 +350,8 @@ def main(argv=None) -> dict | None:
             count=count).write(rows, columns)
     if args.step_profile:
         for r in rows:
-            print(f"{r['arm']} rank {r['rank']}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["categories_ms"].items()))
+            print(f"{r['arm']} rank {r['rank']}: "
+                  + ", ".join(f"{k} {v:.2f} ms" for k, v in r["categories_ms"].items()))
     return None
 
 if __name__ == "__main__":

@@ -356,7 +356,8 @@ def host_sync_check(waits: list):
 
     previous = torch.cuda.get_sync_debug_mode()
     with contextlib.ExitStack() as stack:
-        for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda, "synchronize")):
+        for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"),
+                            (torch.cuda, "synchronize")):
             label = f"{getattr(owner, '__name__', owner)}.{name}"
             stack.enter_context(mock.patch.object(owner, name, counted(label, getattr(owner, name))))
         torch.cuda.set_sync_debug_mode("error")
@@ -411,7 +412,8 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
         a2a = legs.a2a
         # The experts' output gradient is the layer's (torchtitan adds the shared experts'
         # output to the combined one) times each row's score.
-        bwd = a2a.combine_bwd if moe.score_before_experts else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1]))
+        bwd = (a2a.combine_bwd if moe.score_before_experts
+               else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1])))
         if legs.combine_partial_sums and not moe.score_before_experts:
             return _PartialCombine.apply(
                 output, seen["top_scores_live"], seen["crossing"], seen["ids"], legs.num_local,

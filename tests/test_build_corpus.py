@@ -174,7 +174,8 @@ def test_the_corpus_sha256_and_package_versions_are_what_results_record(corpus, 
     edited = tmp_path / "edited"
     shutil.copytree(corpus, edited)
     (edited / "validation.jsonl.gz").write_bytes(b"other")
-    files = {**manifest["files"], "validation.jsonl.gz": {"sha256": build_corpus._sha256(edited / "validation.jsonl.gz")}}
+    files = {**manifest["files"],
+             "validation.jsonl.gz": {"sha256": build_corpus._sha256(edited / "validation.jsonl.gz")}}
     assert corpus_sha256(files) != manifest["sha256"]
     assert corpus_provenance(tmp_path / "none") == {"corpus_sha256": None, "corpus_packages": None}
 

@@ -233,7 +233,8 @@ def test_out_that_cannot_be_written_is_refused_before_the_table(tmp_path, capsys
     (tmp_path / "file").write_text("")
     assert compare_main([str(r) for r in runs] + ["--out", str(tmp_path / "file" / "x.json")]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == f"compare_runs: --out {tmp_path / 'file' / 'x.json'}: {tmp_path / 'file'} is a file, not a folder\n"
+    assert out == ""
+    assert err == f"compare_runs: --out {tmp_path / 'file' / 'x.json'}: {tmp_path / 'file'} is a file, not a folder\n"
     assert not list(tmp_path.glob("**/comparison*"))
 
 
@@ -283,7 +284,8 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
         "numerics/layer2/dispatch_fwd/scale_exp_min": {"n": 3, "mean": -9, "min": -12, "max": -8, "last": -9},
         "numerics/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.025, "min": 0.02, "max": 0.03, "last": 0.025},
         "numerics/combine_fwd/flushed_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.002, "last": 0.0},
-        "numerics/layer1/combine_bwd/saturated_block_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.001, "last": 0.0},
+        "numerics/layer1/combine_bwd/saturated_block_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.001,
+                                                             "last": 0.0},
     })
     write_summary(root, "mxfp8_all", "mxfp8_all", offset=0.03, steps=steps, val_every=100)
     printed = io.StringIO()

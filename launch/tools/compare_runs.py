@@ -23,8 +23,8 @@ its distance from their mean against max(2 × their sample std, 0.5% of the loss
 two, its distance from the baseline against max(their distance, 0.5% of the loss)): one verdict
 line per run, e.g.
 
-    mxfp8_all: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
-    mxfp8_all seed 1: final val loss -0.0250 (-0.57%) vs bf16 mean of 3 seeds; bf16 std 0.0100 over 3 seeds -> outside ...
+    mxfp8: final val loss +0.0030 (+0.08%) vs bf16; bf16 seed spread 0.0040 -> within ...
+    mxfp8 seed 1: final val loss -0.0250 (-0.57%) vs bf16 mean of 3 seeds; bf16 std 0.0100 over 3 seeds -> outside ...
 
 and one throughput verdict per arm: its runs' tokens/s together over the bf16 runs', with the
 ratios of every (arm run, bf16 run) pair; a difference is called a speed-up only when every pair
@@ -321,7 +321,8 @@ def bf16_reference(base: Compared) -> Optional[Bf16Reference]:
     share = f"{100 * PARITY_SHARE:g}% of loss"
     if len(values) >= SEED_STATS_MIN:
         return Bf16Reference(mean, f"bf16 mean of {len(values)} seeds", len(values), mean, std, seed_spread(base),
-                             max(SPREAD_STDS * std, PARITY_SHARE * abs(mean)), f"max({SPREAD_STDS} × bf16 std, {share})")
+                             max(SPREAD_STDS * std, PARITY_SHARE * abs(mean)),
+                             f"max({SPREAD_STDS} × bf16 std, {share})")
     spread = seed_spread(base)
     return Bf16Reference(ref, base.label, len(values), mean, std, spread,
                          max(spread or 0.0, PARITY_SHARE * abs(ref)), f"max(seed spread, {share})")

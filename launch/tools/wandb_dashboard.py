@@ -25,8 +25,8 @@ from typing import Any, Iterable, Optional
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
-from launch.run.run_summary import (A2A_BYTES, BASELINE, LOSS, NUMERICS_PREFIX, RECIPE_CONFIG, TOKENS_PER_S_GLOBAL, VAL_LOSS,
-                                a2a_leg_metric, numerics_metric)
+from launch.run.run_summary import (A2A_BYTES, BASELINE, LOSS, NUMERICS_PREFIX, RECIPE_CONFIG, TOKENS_PER_S_GLOBAL,
+                                    VAL_LOSS, a2a_leg_metric, numerics_metric)
 from mxfp8_ep.config import LEGS, NUMERICS_STATS
 
 # wandb config keys (the recipe config as the runner logs it) the panels group by and the runs
