@@ -29,11 +29,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from launch.config.problems import ConfigError, reject
+from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launcher_for
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
 from launch.preflight import prepare
 from launch.run import console
-from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launcher_for
-from launch.config.problems import ConfigError, reject
 from launch.run.resume import Resume
 from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config
 from launch.run.run_summary import RunSummary

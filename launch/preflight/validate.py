@@ -22,15 +22,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import model_facts
-from launch.run.console import format_eta
-from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
-from launch.launchers.machine import GIB, Machine
 from launch.config.memory import MemoryEstimate, estimate
 from launch.config.model_facts import ModelFacts
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
-                             unknown_key_problem)
+                                    unknown_key_problem)
 from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig
 from launch.config.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
+from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
+from launch.launchers.machine import GIB, Machine
+from launch.run.console import format_eta
 from launch.titan.data import check_data
 from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve

@@ -40,15 +40,15 @@ from torchtitan.train import Trainer
 from mxfp8_ep import elastic
 from mxfp8_ep.elastic import ReplayOverflowedSteps
 
+from launch.config.schema import PROFILER_WARMUP_STEPS
 from launch.run.heartbeat import StepHeartbeat, append_line
 from launch.run.numerics_log import arm_for_step
 from launch.run.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
 from launch.run.run_summary import RECIPE_CONFIG, RunSummary, series_stats, steady_numbers
-from launch.config.schema import PROFILER_WARMUP_STEPS
 from launch.run.shared_gpu import gpu_shared, join_one_gpu
 from launch.run.stop import Stopped, StopSignals, signal_name
-from launch.titan.metrics import WandbSettings
 from launch.run.wandb_offline import find_runs
+from launch.titan.metrics import WandbSettings
 
 __all__ = ["RecipeTrainer", "build_job_config", "run_training", "wandb_settings"]
 

@@ -59,7 +59,7 @@ from typing import Any, Optional
 
 from launch.run.run_dir import RUN_CONFIG, SUMMARY
 from launch.run.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
-                                parse_numerics_metric, ratio_of_sums)
+                                    parse_numerics_metric, ratio_of_sums)
 from launch.run.shared_gpu import SHARED_GPU_NOTE
 from launch.run.wandb_offline import OfflineRun, read_runs
 from mxfp8_ep.wire_format import quantized_formats
