@@ -251,7 +251,7 @@ def titan022_mesh(device: torch.device, dispatcher_forward: bool = False):
     patches first. ``dispatcher_forward``: ``MoE.forward`` runs through our dispatcher
     (``install_expert_parallel``); each arm then shards its experts with its own style."""
     if device.type == "cpu":
-        from launch.titan_cpu_compat import apply_cpu_compat
+        from launch.titan.cpu_compat import apply_cpu_compat
 
         apply_cpu_compat()
     if dispatcher_forward:

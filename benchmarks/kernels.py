@@ -116,7 +116,8 @@ def sweep(shape, args, device, options) -> list[dict]:
     def run(kernel: str, fmt: str, variants: dict) -> None:
         for launch in launches(options, kernel, fmt):
             for variant, call in variants.items():
-                ms = statistics.median(sample_ms(lambda: call(launch), args.iters, args.warmup, device, group=args.group))
+                ms = statistics.median(sample_ms(lambda: call(launch), args.iters, args.warmup, device,
+                                                 group=args.group))
                 found.append({**common, "kernel": kernel, "variant": variant, "fmt": fmt, "launch": asdict(launch),
                               "default_launch": launch == launches({}, kernel, fmt)[0], "ms": ms})
 

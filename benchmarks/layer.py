@@ -186,8 +186,8 @@ def bench_power(shape, arms, args, device, mesh) -> list[dict]:
         for arm, round_, t0, t1, ms in phases:
             for rank, rank_ms in enumerate(ms):
                 gpu = smi_index[rank]
-                row = {**shape.row_fields(), "ep": dist.get_world_size(), "arm": arm, "pass": "fwd+bwd", "round": round_,
-                       "rank": rank, "gpu": gpu, "ms": round(rank_ms, 3),
+                row = {**shape.row_fields(), "ep": dist.get_world_size(), "arm": arm, "pass": "fwd+bwd",
+                       "round": round_, "rank": rank, "gpu": gpu, "ms": round(rank_ms, 3),
                        **phase_stats(sampler.samples, gpu, t0, t1, skip_s=min(0.3, (t1 - t0) / 4)),
                        "passes": args.iters, "cooldown_s": args.cooldown, "sample_ms": args.sample_ms}
                 row["energy_j"] = round(row["power_w"] * row["ms"] / 1e3, 2) if row["power_w"] else None

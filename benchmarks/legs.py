@@ -164,14 +164,16 @@ def bench_a2a(args, device) -> list[dict]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", default=None, help="comma-separated (harness.Arm); default: every arm the link allows")
+    parser.add_argument("--arms", default=None,
+                        help="comma-separated (harness.Arm); default: every arm the link allows")
     parser.add_argument("--rows", type=int, default=131072, help="routed rows per rank")
     parser.add_argument("--dim", type=int, default=5120)
     parser.add_argument("--routings", default="even,zipf")
     parser.add_argument("--link", choices=sorted(LINKS), default="nvlink",
                         help="the link NCCL crosses (its environment, set before NCCL starts)")
     parser.add_argument("--a2a", action="store_true", help="time all_to_all_v alone instead of the legs")
-    parser.add_argument("--a2a-shapes", default="16x8192x5120,16x8192x7168,16x8192x2048", help="batch x seq x dim, per rank")
+    parser.add_argument("--a2a-shapes", default="16x8192x5120,16x8192x7168,16x8192x2048",
+                        help="batch x seq x dim, per rank")
     parser.add_argument("--experts", type=int, default=64, help="--a2a zipf routing: experts over the ranks")
     add_timing_arguments(parser)
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@
     python -m benchmarks.memory --out OUT                                   # the recipe's estimate
     torchrun --nproc_per_node=W -m benchmarks.memory --layer --out OUT      # the layer, measured
 
-Estimate (bench ``memory_estimate``): ``launch/memory.py``'s bytes per GPU, the check the
+Estimate (bench ``memory_estimate``): ``launch/config/memory.py``'s bytes per GPU, the check the
 recipe makes before launch, for DeepSeek-V3 16B at EP=8 on 8 GPUs (seq 4096, local batch 2) and
 every activation checkpointing, per arm: ``nccl`` (all-to-all: the rows received), ``symm`` at
 the default ``a2a.capacity_factor``, ``symm:worst`` (``capacity_factor=None``, EP x tokens x
@@ -44,8 +44,8 @@ from benchmarks.harness import (
     peak_bytes,
     reset_peak,
 )
-from launch.memory import estimate
-from launch.model_facts import MODELS
+from launch.config.memory import estimate
+from launch.config.model_facts import MODELS
 from mxfp8_ep import peer_memory
 from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR, A2AConfig
 from mxfp8_ep.titan022 import install_expert_parallel
@@ -229,7 +229,7 @@ def main(argv=None) -> None:
         shape = replace(shape, tokens=args.tokens)
     device = init_ranks()
     if device.type == "cpu":
-        from launch.titan_cpu_compat import apply_cpu_compat
+        from launch.titan.cpu_compat import apply_cpu_compat
 
         apply_cpu_compat()
     install_expert_parallel(A2AConfig())  # MoE.forward through the dispatcher where a plan says so

@@ -37,7 +37,7 @@ def _seed_order(row: dict) -> tuple:
 def bf16_cell(rows: list[dict]) -> str:
     """The bf16 runs' final validation losses: each (seed order), or their mean ± sample std
     where the verdicts took the mean as their reference."""
-    from launch.compare_runs import SEED_STATS_MIN
+    from launch.tools.compare_runs import SEED_STATS_MIN
 
     bf16 = sorted((r for r in rows if r["arm"] == BASELINE), key=_seed_order)
     by_mean = [r for r in rows if (r.get("bf16_seeds") or 0) >= SEED_STATS_MIN]
@@ -78,7 +78,7 @@ def hardware(run: Any, rows: list[dict]) -> str:
 def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, str], repo: Path) -> str:
     """The block: a lead (the rule, the marks used) and one row per study of ``STUDIES``.
     ``status(run)``: ``current``, ``STALE`` or ``unknown`` (``benchmarks.report.History``)."""
-    from launch.compare_runs import PARITY_SHARE, SEED_STATS_MIN, SPREAD_STDS
+    from launch.tools.compare_runs import PARITY_SHARE, SEED_STATS_MIN, SPREAD_STDS
 
     body, used = [], set()
     for study, label in STUDIES:

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from benchmarks.rows import Machine, ResultsFile, read_rows
-from launch.run_dir import CONSOLE_LOG, SUMMARY
+from launch.run.run_dir import CONSOLE_LOG, SUMMARY
 
 REPLAY_LINE = re.compile(r"^step (\d+): a symm dispatch needed more expert rows than its capacity; "
                          r"capacity grown \(([\d,]+) -> ([\d,]+) rows\)")
@@ -65,8 +65,8 @@ def main(argv=None) -> None:
     results = ResultsFile("capacity_replays", args.out, **provenance)
     for row in rows:
         results.write(**row)
-        print(f"{row['run']}: {row['steps']} steps, {row['capacity_replays']} replays at {row['capacity_replay_steps']}, "
-              f"capacity {row['start_capacity_rows']} -> {row['capacity_rows']} rows")
+        print(f"{row['run']}: {row['steps']} steps, {row['capacity_replays']} replays at "
+              f"{row['capacity_replay_steps']}, capacity {row['start_capacity_rows']} -> {row['capacity_rows']} rows")
     print(f"wrote {len(rows)} rows to {results.path}")
 
 

@@ -101,11 +101,11 @@ BENCHES = {
                     paths=RECIPE + ("recipes/", "scripts/parity_study.py"), key="final_val_loss",
                     hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device", "parity_rule",
                           "capacity_replay_steps")),
-    "memory_estimate": Bench("The recipe's memory estimate before launch (`launch/memory.py`), GiB per GPU: "
+    "memory_estimate": Bench("The recipe's memory estimate before launch (`launch/config/memory.py`), GiB per GPU: "
                              "the all-to-all (nccl), symm at the default `a2a.capacity_factor`, symm at "
                              "the worst case (`capacity_factor=None`)",
-                             paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "launch/memory.py",
-                                    "launch/model_facts.py", "benchmarks/memory.py"),
+                             paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "launch/config/memory.py",
+                                    "launch/config/model_facts.py", "benchmarks/memory.py"),
                              group=("model", "activation_checkpoint"), baselines=("nccl",), key="gib"),
     "layer_memory": Bench("The DeepSeek-V3-like layer's peak memory per rank, fwd+bwd (GiB; ranks sharing one "
                           "GPU: EP=W on one device), symm at the default capacity factor and at the worst case, "
@@ -644,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         for path, text in targets:
             path.write_text(text)
-        print(f"wrote {REPORT.relative_to(REPO)} and the results block and Numerics table of {README.relative_to(REPO)}")
+        print(f"wrote {REPORT.relative_to(REPO)} and the results block and Numerics table of "
+              f"{README.relative_to(REPO)}")
         return 0
     differ = False
     for path, text in targets:

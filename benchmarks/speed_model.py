@@ -333,7 +333,8 @@ def slow_link(name: str) -> LinkParams:
 
 
 def links() -> dict[str, LinkParams]:
-    return {link.name: link for link in (NVLINK, NVLINK_SYMM, slow_link("shm"), slow_link("socket"), IB50, IB25, HBM_LIKE)}
+    return {link.name: link
+            for link in (NVLINK, NVLINK_SYMM, slow_link("shm"), slow_link("socket"), IB50, IB25, HBM_LIKE)}
 
 
 def two_level_wire_ms(leg: Leg, fmt: str, gpus_per_node: int, intra: LinkParams,

@@ -182,10 +182,12 @@ def timeline_gaps(trace_file: str, top: int = 12, kernels: int = 14) -> dict:
             args = e.get("args", {})
             beside = sorted({o["name"][:40] for o in gpu if o is not e and o["ts"] < e["ts"] + e["dur"]
                              and o["ts"] + o["dur"] > e["ts"]})
-            gemm_calls.append([gemm_names.index(e["name"]), args.get("stream"), args.get("grid"), round(e["dur"], 1), beside])
+            gemm_calls.append([gemm_names.index(e["name"]), args.get("stream"), args.get("grid"), round(e["dur"], 1),
+                               beside])
     return {
         "gemm_names": gemm_names, "gemm_calls": gemm_calls,
-        "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:kernels]},
+        "top_kernels_ms": {k: round(v / 1e3, 3)
+                           for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:kernels]},
         "span_ms": round(span / 1e3, 3), "busy_ms": round(busy / 1e3, 3),
         "idle_ms": round((span - busy) / 1e3, 3),
         "idle_host_late_ms": round(sum(g["us"] for g in gaps if g["host_late"]) / 1e3, 3),

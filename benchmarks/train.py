@@ -6,7 +6,7 @@ sweep, and where one step's GPU time goes (torchtitan's profiler traces).
     python -m benchmarks.train RUNS --out OUT --step-profile      # runs with training.profile_freq
     python -m benchmarks.train --numerics-every 50 --repeats 2 --out OUT -- OVERRIDES...
 
-Each run dir's ``summary.json`` (``launch.run_summary.RunSummary``: totals over the logged
+Each run dir's ``summary.json`` (``launch.run.run_summary.RunSummary``: totals over the logged
 windows after the first, so tokens/s is their tokens over their time) and ``train_config.yaml``
 give one row: its arm
 (``<preset>/<transport>``, ``:overlap`` with ``parallelism.overlap_shared_experts``), tokens/s
@@ -46,19 +46,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.harness import LINKS, Results, key_of
-from launch.run_summary import ratio_of_sums
+from launch.run.run_summary import ratio_of_sums
 
 REPO = Path(__file__).resolve().parents[1]
-COLUMNS = ("model", "arm", "tokens_per_s", "speedup_vs_bf16_nccl", "step_time_s", "final_loss", "loss_delta_vs_bf16_nccl",
-           "a2a_bytes_per_step")
+COLUMNS = ("model", "arm", "tokens_per_s", "speedup_vs_bf16_nccl", "step_time_s", "final_loss",
+           "loss_delta_vs_bf16_nccl", "a2a_bytes_per_step")
 
 
 def run_rows(paths: list[str], baseline: str) -> list[dict]:
     """One row per finished run under ``paths`` (run dirs or sweep dirs)."""
     from omegaconf import OmegaConf
 
-    from launch.compare_runs import collect
-    from launch.run_dir import RUN_CONFIG
+    from launch.run.run_dir import RUN_CONFIG
+    from launch.tools.compare_runs import collect
 
     rows = []
     for c in collect(paths):
@@ -249,7 +249,7 @@ def step_profile_rows(paths: list[str]) -> list[dict]:
 
 
 def _run_dirs(paths: list[str]) -> list[Path]:
-    from launch.run_dir import SUMMARY
+    from launch.run.run_dir import SUMMARY
 
     return sorted({f.parent for p in paths for f in Path(p).rglob(SUMMARY)})
 
@@ -350,7 +350,8 @@ def main(argv=None) -> dict | None:
             count=count).write(rows, columns)
     if args.step_profile:
         for r in rows:
-            print(f"{r['arm']} rank {r['rank']}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["categories_ms"].items()))
+            print(f"{r['arm']} rank {r['rank']}: "
+                  + ", ".join(f"{k} {v:.2f} ms" for k, v in r["categories_ms"].items()))
     return None
 
 if __name__ == "__main__":

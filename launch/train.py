@@ -7,9 +7,9 @@
     python launch/train.py --help                           # groups, options, examples
 
 Config groups live in conf/ (see conf/train.yaml); recipes in recipes/. Everything that can be
-checked is checked before any process starts or any folder is made (launch/prepare.py); every
-config mistake is one message and exit code 2 (launch/problems.py). A run prints a header, one
-line per log window and a summary (launch/console.py); Ctrl-C / SIGTERM stop it cleanly.
+checked is checked before any process starts or any folder is made (launch/preflight/prepare.py); every
+config mistake is one message and exit code 2 (launch/config/problems.py). A run prints a header, one
+line per log window and a summary (launch/run/console.py); Ctrl-C / SIGTERM stop it cleanly.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from launch import config_store  # noqa: F401  (registers the schemas and resolvers)
-from launch import console, prepare
-from launch.launcher import RunFailed, RunRefused, RunStopped, launcher_for
-from launch.problems import ConfigError, reject
-from launch.resume import Resume
-from launch.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config
-from launch.run_summary import RunSummary
+from launch.config.problems import ConfigError, reject
+from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launcher_for
+from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
+from launch.preflight import prepare
+from launch.run import console
+from launch.run.resume import Resume
+from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config
+from launch.run.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # The launching process's record (train.log in the run dir; not the console).
@@ -102,7 +103,7 @@ def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSumm
 def main(cfg: DictConfig) -> Optional[RunSummary]:
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
-    if hc.mode == RunMode.RUN and prepare.was_prepared(run_dir):  # by launch.callbacks.PrepareRun
+    if hc.mode == RunMode.RUN and prepare.was_prepared(run_dir):  # by launch.preflight.callbacks.PrepareRun
         console.route_logging(verbose=cfg.logging.verbose)
         return launch(cfg, run_dir, *prepare.prepared_launch())
     return run(cfg, run_dir, list(hc.overrides.task))
@@ -114,7 +115,7 @@ def _launcher_fields() -> dict[str, list[str]]:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from launch.launcher import launcher_class
+    from launch.launchers.launcher import launcher_class
 
     GlobalHydra.instance().clear()
     out = {}
@@ -148,8 +149,8 @@ def literal_paths(args: list[str]) -> list[str]:
 
 def cli() -> None:
     """``python launch/train.py``: Hydra's app, with every config mistake Hydra finds while
-    composing reported as ours (launch/hydra_errors.py) and exit code 2."""
-    from launch.hydra_errors import explain
+    composing reported as ours (launch/preflight/hydra_errors.py) and exit code 2."""
+    from launch.preflight.hydra_errors import explain
 
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
     # Hydra prints its own errors and exits 1 unless HYDRA_FULL_ERROR is set: then they come here.

@@ -1,6 +1,6 @@
 """How many rows the symm transport's buffers hold, as plain arithmetic (no torch): the
 dispatcher allocates these and the recipe's memory estimate before launch
-(``launch/memory.py``) reads the same numbers.
+(``launch/config/memory.py``) reads the same numbers.
 
 Symbols: ``W`` EP ranks, ``T`` the most tokens a rank dispatches (``max_tokens``), ``K`` top-k,
 ``L`` local experts per rank.

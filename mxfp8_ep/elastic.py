@@ -106,7 +106,8 @@ class StepState:
 
     def __init__(self, modules: Iterable[nn.Module], buffer_names: tuple[str, ...] = LOAD_BALANCE_BUFFERS):
         self._cpu_rng = torch.get_rng_state()
-        self._cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self._cuda_rng = (torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized()
+                          else None)
         self._buffers = [(buf, buf.detach().clone()) for module in modules
                          for name, buf in module.named_buffers(recurse=False) if name in buffer_names]
 

@@ -71,7 +71,8 @@ def _dequantize_op(
 
 
 @_dequantize_op.register_fake
-def _(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, kernel: str) -> torch.Tensor:  # noqa: ARG001 (the op's)
+def _(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, kernel: str,  # noqa: ARG001 (the op's)
+      ) -> torch.Tensor:
     return torch.empty_like(data, dtype=dtype)
 
 

@@ -109,7 +109,8 @@ def clipped_expert_sizes(m_size: torch.Tensor, capacity: int, align: int) -> tor
     return end - torch.cat([torch.zeros_like(end[..., :1]), end[..., :-1]], dim=-1)
 
 
-def routing_tables(counts_WE: torch.Tensor, rank: int, align: int, capacity: int | None = None) -> RoutingTables:  # noqa: N803
+def routing_tables(counts_WE: torch.Tensor, rank: int, align: int,  # noqa: N803
+                   capacity: int | None = None) -> RoutingTables:
     """The tables of this ``rank``'s routing for ``(W, E)`` counts. ``capacity``: the rows of the
     expert-major tensors; where the segments need more (an overflow), the padded sizes the
     grouped GEMM takes are cut there (``clipped_expert_sizes``) and ``row_limit`` keeps

@@ -199,7 +199,8 @@ def _push_rows_kernel(
     dst_rank_ptr, dst_row_ptr, local_out_ptr, stage_ptr, peer_delta_ptr,
     M, rank,
     D: tl.constexpr, TOP_K: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, ROUNDING: tl.constexpr,
+    HAS_DOT: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
+    ROUNDING: tl.constexpr,
     QUANTIZE_LOCAL: tl.constexpr, PUSHED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     STRIPES: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -250,7 +251,8 @@ def _push_rows_kernel(
                 x_local = _round_trip_tile(x, IN_BF16, ELEMENT, SCALE, ROUNDING)
             _store_tile(local_out_ptr, dst_row, cols, x_local, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
         if any_remote:
-            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
+            _store_staged_tile(stage_ptr, peer, dst_row, remote, cols, start, x,
+                               D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
     if HAS_DOT:
         tl.store(dot_out_ptr + slot, dot, mask=active)
 
@@ -313,7 +315,8 @@ def _push_tokens_kernel(
                     is_local = tok_ok & (tl.load(dst_rank_ptr + n_k, mask=tok_ok, other=-1) == rank)
                     row_k = tl.load(dst_row_ptr + n_k, mask=is_local, other=0)
                     if HAS_DOT and DOT_EXPERT_ROWS:
-                        other = _load_tile(dot_with_ptr, row_k, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
+                        other = _load_tile(dot_with_ptr, row_k, cols,
+                                           _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
                         part = tl.sum(other * x_local, axis=2)
                         dots += tl.where(kk[None, :, None] == k, part[:, None, :], 0.0)
                     x_k = x_local
@@ -334,7 +337,8 @@ def _push_tokens_kernel(
                         _store_encoded(stage_ptr, delta, delta, doffs, soffs, elements, scales,
                                        _mask(need, cols, D, GROUP, BLOCK_D), need[:, None] & sok, ELEMENT, SCALE)
                     else:
-                        _store_tile(stage_ptr + delta, staged, cols, x, _mask(need, cols, D, GROUP, BLOCK_D), D, IN_BF16)
+                        _store_tile(stage_ptr + delta, staged, cols, x,
+                                    _mask(need, cols, D, GROUP, BLOCK_D), D, IN_BF16)
     if HAS_DOT:
         dot_ok = slot_ok & (owner == rank) if DOT_EXPERT_ROWS else slot_ok
         tl.store(dot_out_ptr + toks[:, None] * TOP_K + kk[None, :], tl.sum(dots, axis=2), mask=dot_ok)
@@ -343,8 +347,8 @@ def _push_tokens_kernel(
 @triton.jit
 def _push_partials_kernel(
     src_ptr, order_ptr, start_ptr, weight_ptr, stage_ptr, peer_delta_ptr, sent_ptr, S, rank, max_tokens,
-    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
-    ROUNDING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    D: tl.constexpr, MAX_ROWS: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+    GROUP: tl.constexpr, ROUNDING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = slots < S
@@ -370,7 +374,8 @@ def _push_partials_kernel(
                 value = value * tl.load(weight_ptr + row, mask=has, other=0.0)[:, None, None]
             acc = acc + value
         value = _round_to_activation(acc, IN_BF16)
-        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value, D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
+        _store_staged_tile(stage_ptr, peer, staged, active, cols, start, value,
+                           D, IN_BF16, ELEMENT, SCALE, ROUNDING, GROUP, BLOCK_D)
 
 
 @triton.jit
@@ -400,8 +405,9 @@ def _load_staged_tile(stage_ptr, rows, row_ok, cols, start, D: tl.constexpr, IN_
 @triton.jit
 def _receive_rows_kernel(
     out_ptr, source_ptr, stage_ptr, stage_row_ptr, weight_ptr, dot_with_ptr, dot_out_ptr, R, rank,
-    D: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, HAS_STAGE_ROW: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    D: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
+    HAS_STAGE_ROW: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     source = tl.load(source_ptr + rows, mask=rows < R, other=-2)
@@ -432,7 +438,8 @@ def _receive_rows_kernel(
 def _reduce_slots_kernel(
     out_ptr, sorted_row_ptr, row_rank_ptr, local_row_ptr, local_src_ptr, stage_ptr, stage_row_ptr,
     weight_ptr, save_ptr, dot_with_ptr, dot_out_ptr, T, rank,
-    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
+    D: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, IN_BF16: tl.constexpr,
+    ELEMENT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, WEIGH_STAGED: tl.constexpr, HAS_SAVE: tl.constexpr, HAS_DOT: tl.constexpr,
     HAS_STAGE_ROW: tl.constexpr, QUANTIZE_LOCAL: tl.constexpr, ROUNDING: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -464,7 +471,8 @@ def _reduce_slots_kernel(
             # that stayed are the rest): where no token of the block reads one, skip the masked
             # staged load, whose decode would still run for every slot.
             if tl.max(is_remote.to(tl.int32), axis=0) > 0:
-                remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start, D, IN_BF16, ELEMENT, SCALE, GROUP, BLOCK_D)
+                remote_val = _load_staged_tile(stage_ptr, staged, is_remote, cols, start,
+                                               D, IN_BF16, ELEMENT, SCALE, GROUP, BLOCK_D)
                 value = tl.where(is_local[:, None, None], value, remote_val)
             if HAS_SAVE:
                 _store_tile(save_ptr, n, cols, value, mask, D, IN_BF16)
@@ -609,7 +617,8 @@ def push_tokens(leg: StagedLeg, src, *, sorted_row, dst_rank, dst_row, local_out
     staging = leg.staging
     no_fp32 = _no_fp32(src.device)
     _push_tokens_kernel[(triton.cdiv(num_tokens, shape.block),)](
-        _kernel_arg(src), sorted_row, dst_rank, dst_row, _kernel_arg(local_out), stage, staging.element_offsets(stage.element_size()),
+        _kernel_arg(src), sorted_row, dst_rank, dst_row, _kernel_arg(local_out),
+        stage, staging.element_offsets(stage.element_size()),
         leg.token_map(staging.local), staging.element_offsets(8),
         leg.row_weights(staging.local), staging.element_offsets(4),
         weight if weight is not None else no_fp32, _kernel_arg(dot_with if dot_with is not None else src),
@@ -649,7 +658,8 @@ def receive_rows(leg: StagedLeg, out, *, source, stage_row=None, weight=None, do
     _receive_rows_kernel[(triton.cdiv(rows, shape.block),)](
         _kernel_arg(out), source, _staging_arg(leg, dim, out.dtype),
         stage_row if stage_row is not None else source, weight if weight is not None else _no_fp32(out.device),
-        _kernel_arg(dot_with if dot_with is not None else out), dot_out if dot_out is not None else _no_fp32(out.device),
+        _kernel_arg(dot_with if dot_with is not None else out),
+        dot_out if dot_out is not None else _no_fp32(out.device),
         rows, leg.rank,
         D=dim, IN_BF16=out.dtype == torch.bfloat16, HAS_STAGE_ROW=stage_row is not None,
         HAS_WEIGHT=weight is not None, HAS_DOT=dot_with is not None, BLOCK_M=shape.block,
@@ -686,7 +696,8 @@ def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     if num:
         _sorted_rows_kernel[(triton.cdiv(num, ROUTING_BLOCK),)](
             slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, sorted_row, num,
-            NO_ROW_LIMIT if tables.row_limit is None else tables.row_limit - 1, L=num_local_experts, BLOCK=ROUTING_BLOCK,
+            NO_ROW_LIMIT if tables.row_limit is None else tables.row_limit - 1,
+            L=num_local_experts, BLOCK=ROUTING_BLOCK,
         )
     return dst_rank, dst_row, sorted_row
 

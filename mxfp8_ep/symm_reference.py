@@ -218,7 +218,8 @@ def push_partials(leg: StagedLeg, src, *, order, start, max_rows, sent, weight=N
     sent += active.sum()
 
 
-def partial_stage_rows(sorted_row: torch.Tensor, dst_rank: torch.Tensor, rank: int, top_k: int, max_tokens: int) -> torch.Tensor:
+def partial_stage_rows(sorted_row: torch.Tensor, dst_rank: torch.Tensor, rank: int, top_k: int,
+                       max_tokens: int) -> torch.Tensor:
     """For ``reduce_slots`` after ``push_partials``: per sorted row ``n``, the staged row of its
     token's partial sum from the row's owner (``owner * max_tokens + token``) when ``n`` is the
     token's first slot (lowest ``k``) on that owner, else -1 (added already, or a row that

@@ -250,7 +250,8 @@ def dispatch_without_expert_parallel(model: nn.Module, a2a: A2AConfig, overlap_s
         if isinstance(module, titan_moe.MoE):
             if hasattr(module.experts, "expert_parallel_plan"):
                 raise ValueError("dispatch_without_expert_parallel: the model's experts are expert-parallel already")
-            module.experts.expert_parallel_plan = ExpertParallelPlan(one_rank_group(), a2a, None, overlap_shared_experts)
+            module.experts.expert_parallel_plan = ExpertParallelPlan(one_rank_group(), a2a, None,
+                                                                     overlap_shared_experts)
             routed += 1
     return routed
 

@@ -207,9 +207,10 @@ def a2a_from_kwargs(preset: str, **legs) -> A2AConfig:
 )
 def token_dispatcher(model_cfg, *, preset: str = "mxfp8", max_tokens_per_rank: int | None = None, **a2a_fields):
     """Replace the token dispatcher config of every MoE layer of the model (MTP layers
-    included) with ours, and its plain ``GroupedExperts`` with ``ValidRowGroupedExperts``. kwargs: ``preset`` (bf16 | mxfp8 | mxfp8_all), any ``A2AConfig`` field
-    (``transport``, ``dispatch_fwd``, ..., ``scale_rounding``, ``kernel``) and
-    ``max_tokens_per_rank``. Raises if the model has no MoE layer."""
+    included) with ours, and its plain ``GroupedExperts`` with ``ValidRowGroupedExperts``.
+    kwargs: ``preset`` (bf16 | mxfp8 | mxfp8_all), any ``A2AConfig`` field (``transport``,
+    ``dispatch_fwd``, ..., ``scale_rounding``, ``kernel``) and ``max_tokens_per_rank``. Raises if
+    the model has no MoE layer."""
     a2a = a2a_from_kwargs(preset, **a2a_fields)
     claims = list(model_cfg.traverse(LocalTokenDispatcher.Config))
     if not claims:

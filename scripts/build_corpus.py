@@ -50,7 +50,7 @@ Processing, deterministic from the same .deb files:
    train split only; torchtitan's ``HuggingFaceTokenizer`` loads the folder.
 7. ``manifest.json``: per split documents, characters, bytes and tokens; per package the
    Debian version it was built from, licence and counts; the output files with sizes and
-   SHA-256, and ``sha256``, the corpus's own (``launch.titan_data.corpus_sha256``: of the files'
+   SHA-256, and ``sha256``, the corpus's own (``launch.titan.data.corpus_sha256``: of the files'
    names and digests), which the parity rows record beside the package versions.
 
 The .deb files ``apt-get download`` fetched are removed once the corpus is built (``--keep-debs``
@@ -78,8 +78,8 @@ from typing import Callable, Iterable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from launch.titan_data import CORPUS_DATASET, CORPUS_DIR, CORPUS_FILES, corpus_sha256  # noqa: E402
-from launch.titan_models import CORPUS_VOCAB_SIZE  # noqa: E402  (the parity flavors' vocab)
+from launch.titan.data import CORPUS_DATASET, CORPUS_DIR, CORPUS_FILES, corpus_sha256  # noqa: E402
+from launch.titan.models import CORPUS_VOCAB_SIZE  # noqa: E402  (the parity flavors' vocab)
 
 DEFAULT_OUT = CORPUS_DIR
 DEFAULT_DEBS = REPO / "data" / "debs"  # outside the corpus folder, which travels to GPU machines

@@ -1,15 +1,15 @@
-"""Build the recipe's tiny training text and tokenizer (committed under ``launch/assets/``,
+"""Build the recipe's tiny training text and tokenizer (committed under ``launch/titan/assets/``,
 package data of the recipe).
 
 Why: torchtitan 0.2.2's wheel ships neither a tokenizer nor a test dataset, and CI has no
 network. So we write our own small corpus and train a byte-level BPE tokenizer on it.
 
-* ``launch/assets/tiny_text.jsonl``: one ``{"text": ...}`` document per line, generated from a
+* ``launch/titan/assets/tiny_text.jsonl``: one ``{"text": ...}`` document per line, generated from a
   fixed seed by a small grammar (facts about numbers, colours, places and MoE routing). It has enough
   regularity that a 2-layer model's loss falls visibly within a few steps, and enough variety
   that it does not collapse to memorisation immediately. Written by this script, nothing
   downloaded.
-* ``launch/assets/tokenizer/tokenizer.json`` + ``tokenizer_config.json``: byte-level BPE with at most
+* ``launch/titan/assets/tokenizer/tokenizer.json`` + ``tokenizer_config.json``: byte-level BPE with at most
   ``TINY_VOCAB_SIZE`` (512) ids, trained on that text; loadable by torchtitan's
   ``HuggingFaceTokenizer`` (it loads a directory).
 
@@ -25,8 +25,8 @@ import random
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ASSETS = REPO / "launch" / "assets"
-VOCAB_SIZE = 512  # == launch.titan_models.TINY_VOCAB_SIZE
+ASSETS = REPO / "launch" / "titan" / "assets"
+VOCAB_SIZE = 512  # == launch.titan.models.TINY_VOCAB_SIZE
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]

@@ -58,8 +58,8 @@ from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from launch.run_dir import CONSOLE_LOG, RUN_CONFIG, SUMMARY, checkpoint_steps  # noqa: E402
-from launch.run_summary import RunSummary  # noqa: E402
+from launch.run.run_dir import CONSOLE_LOG, RUN_CONFIG, SUMMARY, checkpoint_steps  # noqa: E402
+from launch.run.run_summary import RunSummary  # noqa: E402
 from mxfp8_ep.config import A2AConfig  # noqa: E402
 
 DEFAULT_OUT = REPO / "outputs" / "parity"
@@ -240,7 +240,7 @@ def study_rows(out: Path, study: str, dest: Path, **provenance) -> Optional[Path
     done = [a for a in ARMS if a.study == study and state(a, out)[0] == "done"]
     if not done:
         return None
-    from launch.compare_runs import main as compare_main
+    from launch.tools.compare_runs import main as compare_main
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -305,11 +305,11 @@ def drop_rows(out_dir: Path, study: str, commit: str) -> None:
 
 
 def corpus_of(run_dir: Path) -> dict:
-    """The corpus a run trained on, as its rows record it (``launch.titan_data.corpus_provenance``),
+    """The corpus a run trained on, as its rows record it (``launch.titan.data.corpus_provenance``),
     from the run's ``train_config.yaml``: nothing known without it or for other datasets."""
     from omegaconf import DictConfig, OmegaConf
 
-    from launch.titan_data import CORPUS_DATASET, corpus_provenance, data_source
+    from launch.titan.data import CORPUS_DATASET, corpus_provenance, data_source
 
     config = run_dir / RUN_CONFIG
     cfg = OmegaConf.load(config) if config.is_file() else None

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from launch.run_dir import CONSOLE_LOG
-from launch.run_summary import RunSummary
+from launch.run.run_dir import CONSOLE_LOG
+from launch.run.run_summary import RunSummary
 
 
 def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:

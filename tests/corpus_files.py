@@ -1,5 +1,5 @@
 """Small corpus folders for tests, laid out as scripts/build_corpus.py lays them out
-(launch.titan_data.CORPUS_FILES), without building one from packages."""
+(launch.titan.data.CORPUS_FILES), without building one from packages."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from launch.titan_data import CORPUS_FILES, TOKENIZER_DIR
+from launch.titan.data import CORPUS_FILES, TOKENIZER_DIR
 
 WORDS = ("the kernel maps each page of the file into memory when a process reads it; a signal "
          "handler runs on the thread that received the signal, and the scheduler picks the next "

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-import launch.config_store  # noqa: F401  (registers the schemas)
+import launch.preflight.config_store  # noqa: F401  (registers the schemas)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -30,6 +30,6 @@ def no_slurm_cluster(monkeypatch):
     """What sinfo would list: nothing (not a SLURM login node), so checks of a launcher=slurm
     config do not depend on whether a cluster is up on this machine. Tests that want a
     cluster's partitions pass a ``ClusterView`` or patch ``partitions`` themselves."""
-    from launch import slurm_cluster
+    from launch.launchers import slurm_cluster
 
     monkeypatch.setattr(slurm_cluster, "partitions", lambda: None)

@@ -10,8 +10,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launch.launcher import LauncherConfig, Target
-from launch.run_dir import CONSOLE_LOG
+from launch.launchers.launcher import LauncherConfig, Target
+from launch.run.run_dir import CONSOLE_LOG
 
 LAUNCHED = "launched.yaml"
 

@@ -356,7 +356,8 @@ def host_sync_check(waits: list):
 
     previous = torch.cuda.get_sync_debug_mode()
     with contextlib.ExitStack() as stack:
-        for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda, "synchronize")):
+        for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"),
+                            (torch.cuda, "synchronize")):
             label = f"{getattr(owner, '__name__', owner)}.{name}"
             stack.enter_context(mock.patch.object(owner, name, counted(label, getattr(owner, name))))
         torch.cuda.set_sync_debug_mode("error")
@@ -411,7 +412,8 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
         a2a = legs.a2a
         # The experts' output gradient is the layer's (torchtitan adds the shared experts'
         # output to the combined one) times each row's score.
-        bwd = a2a.combine_bwd if moe.score_before_experts else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1]))
+        bwd = (a2a.combine_bwd if moe.score_before_experts
+               else scored(a2a.combine_bwd, grad_out.view(-1, grad_out.shape[-1])))
         if legs.combine_partial_sums and not moe.score_before_experts:
             return _PartialCombine.apply(
                 output, seen["top_scores_live"], seen["crossing"], seen["ids"], legs.num_local,
@@ -515,9 +517,9 @@ def check_rowwise_is_batch_independent(dtype: torch.dtype, dim: int = 64, hidden
 def setup_rank() -> None:
     """Per rank: one intra-op thread (ranks share a few cores; one thread also keeps CPU
     reductions in one order) and torchtitan's CPU patch for the router's integer histc (the
-    only one of launch.titan_cpu_compat's patches a bare MoE layer needs; the others import
+    only one of launch.titan.cpu_compat's patches a bare MoE layer needs; the others import
     most of torchtitan)."""
-    from launch.titan_cpu_compat import _patch_histc
+    from launch.titan.cpu_compat import _patch_histc
 
     torch.set_num_threads(1)
     _patch_histc()

@@ -92,8 +92,10 @@ def test_shapes_by_name():
     assert (dsv3.dim, dsv3.experts, dsv3.top_k, dsv3.tokens) == (7168, 256, 8, 8192)
     assert (SHAPES["llama4"].dim, SHAPES["llama4"].experts, SHAPES["llama4"].top_k, SHAPES["llama4"].tokens) == (
         5120, 16, 1, 16384)
-    assert rank.experts * 2 == dsv3.experts and (rank.dim, rank.tokens, rank.top_k) == (dsv3.dim, dsv3.tokens, dsv3.top_k)
-    assert dsv3.row_fields()["dims"] == {"dim": 7168, "hidden": 2048, "experts": 256, "top_k": 8, "tokens_per_rank": 8192}
+    assert rank.experts * 2 == dsv3.experts
+    assert (rank.dim, rank.tokens, rank.top_k) == (dsv3.dim, dsv3.tokens, dsv3.top_k)
+    assert dsv3.row_fields()["dims"] == {"dim": 7168, "hidden": 2048, "experts": 256, "top_k": 8,
+                                         "tokens_per_rank": 8192}
     with pytest.raises(Exception, match="unknown shapes"):
         parse_shape_names("dsv3,gpt5")
 

@@ -42,7 +42,8 @@ def test_peer_one_rows_come_from_every_rank_once_per_token():
 def test_rounds_merge_into_their_median_and_the_ratio_to_the_default_launch():
     def run(ms_default, ms_other):
         common = {"world": 2, "kernel": "k", "variant": "plain", "fmt": "bf16"}
-        return [{**common, "default_launch": True, "ms": ms_default}, {**common, "default_launch": False, "ms": ms_other}]
+        return [{**common, "default_launch": True, "ms": ms_default},
+                {**common, "default_launch": False, "ms": ms_other}]
 
     runs = [run(2.0, 1.0), run(1.0, 1.0), run(4.0, 4.0)]
     default, other = merge_rounds(runs)

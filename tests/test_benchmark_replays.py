@@ -3,7 +3,7 @@
 import json
 
 from benchmarks.replays import main
-from launch.run_summary import RunSummary
+from launch.run.run_summary import RunSummary
 
 LINES = ["step  1/20  loss 6.8  tokens/s 300  eta 9s",
          "step 3: a symm dispatch needed more expert rows than its capacity; capacity grown (1,024 -> 1,408 rows), "

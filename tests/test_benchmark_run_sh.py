@@ -23,8 +23,8 @@ def test_usage_lists_every_suite_and_unknown_suites_fail():
     assert proc.returncode == 2 and proc.stderr.startswith("usage: bash benchmarks/run.sh SUITE OUT")
     listed = {line.split()[0] for line in proc.stderr.splitlines()[2:]}
     assert listed == SUITES
-    assert all(("1 GPU" in line) == (line.split()[0] in {"layer_rank", "kernels", "tests_1gpu", "tests_1gpu_fuzz", "numerics"})
-               for line in proc.stderr.splitlines()[2:])
+    one_gpu = {"layer_rank", "kernels", "tests_1gpu", "tests_1gpu_fuzz", "numerics"}
+    assert all(("1 GPU" in line) == (line.split()[0] in one_gpu) for line in proc.stderr.splitlines()[2:])
     proc = run_sh("gpu_everything", "/tmp/unused")
     assert proc.returncode == 2 and "unknown suite 'gpu_everything'" in proc.stderr
     assert run_sh("layer").returncode == 2
@@ -64,7 +64,7 @@ def test_a_suite_writes_rows_that_name_their_command(tmp_path):
 FAKE_TRAIN = '''
 import subprocess, sys
 from benchmarks import train
-from launch.run_summary import RunSummary
+from launch.run.run_summary import RunSummary
 
 def launch_run(overrides, run_dir):  # no training: a summary as launch/train.py leaves one
     run_dir.mkdir(parents=True)

@@ -18,7 +18,7 @@ import yaml
 from benchmarks import train
 from benchmarks.rows import read_rows
 from benchmarks.train import main, newest_traces, our_kernel_names, summarize
-from launch.run_summary import RunSummary
+from launch.run.run_summary import RunSummary
 
 
 def _kernel(name, ts, dur, corr, stream=7):

@@ -149,7 +149,7 @@ def test_rebuild_is_byte_identical_and_tokenizer_loads(corpus, debs, tmp_path):
         assert (again / name).read_bytes() == (corpus / name).read_bytes(), name
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-    from launch.titan_data import tokenizer_vocab_size
+    from launch.titan.data import tokenizer_vocab_size
 
     tok = HuggingFaceTokenizer(str(corpus / "tokenizer"))
     ids = tok.encode("the scheduler picks the next task", add_bos=True, add_eos=True)
@@ -164,7 +164,7 @@ def test_the_corpus_sha256_and_package_versions_are_what_results_record(corpus, 
     one, a changed file another; the parity rows read it and the package versions back."""
     import shutil
 
-    from launch.titan_data import corpus_provenance, corpus_sha256
+    from launch.titan.data import corpus_provenance, corpus_sha256
 
     manifest = json.loads((corpus / "manifest.json").read_text())
     assert manifest["sha256"] == corpus_sha256(manifest["files"]) and len(manifest["sha256"]) == 64
@@ -174,7 +174,8 @@ def test_the_corpus_sha256_and_package_versions_are_what_results_record(corpus, 
     edited = tmp_path / "edited"
     shutil.copytree(corpus, edited)
     (edited / "validation.jsonl.gz").write_bytes(b"other")
-    files = {**manifest["files"], "validation.jsonl.gz": {"sha256": build_corpus._sha256(edited / "validation.jsonl.gz")}}
+    files = {**manifest["files"],
+             "validation.jsonl.gz": {"sha256": build_corpus._sha256(edited / "validation.jsonl.gz")}}
     assert corpus_sha256(files) != manifest["sha256"]
     assert corpus_provenance(tmp_path / "none") == {"corpus_sha256": None, "corpus_packages": None}
 

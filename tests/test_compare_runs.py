@@ -1,4 +1,4 @@
-"""launch/wandb_offline.py (reading .wandb files, merging a resumed run's launches) and
+"""launch/run/wandb_offline.py (reading .wandb files, merging a resumed run's launches) and
 launch/compare_runs.py (pairing, the table, the plots), on runs written here – no training."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from launch.compare_runs import collect, compare, format_table, throughput_verdicts, verdicts
-from launch.compare_runs import main as compare_main
-from launch.run_summary import RunSummary
-from launch.wandb_offline import find_runs, iter_records, read_run, read_runs
+from launch.run.run_summary import RunSummary
+from launch.run.wandb_offline import find_runs, iter_records, read_run, read_runs
+from launch.tools.compare_runs import collect, compare, format_table, throughput_verdicts, verdicts
+from launch.tools.compare_runs import main as compare_main
 from tests.figures import axes_titled, lines_of, saved_figures, spans_of
 
 WRITE_RUN = """
@@ -233,7 +233,8 @@ def test_out_that_cannot_be_written_is_refused_before_the_table(tmp_path, capsys
     (tmp_path / "file").write_text("")
     assert compare_main([str(r) for r in runs] + ["--out", str(tmp_path / "file" / "x.json")]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == f"compare_runs: --out {tmp_path / 'file' / 'x.json'}: {tmp_path / 'file'} is a file, not a folder\n"
+    assert out == ""
+    assert err == f"compare_runs: --out {tmp_path / 'file' / 'x.json'}: {tmp_path / 'file'} is a file, not a folder\n"
     assert not list(tmp_path.glob("**/comparison*"))
 
 
@@ -283,7 +284,8 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
         "numerics/layer2/dispatch_fwd/scale_exp_min": {"n": 3, "mean": -9, "min": -12, "max": -8, "last": -9},
         "numerics/dispatch_fwd/rel_l2_err": {"n": 3, "mean": 0.025, "min": 0.02, "max": 0.03, "last": 0.025},
         "numerics/combine_fwd/flushed_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.002, "last": 0.0},
-        "numerics/layer1/combine_bwd/saturated_block_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.001, "last": 0.0},
+        "numerics/layer1/combine_bwd/saturated_block_frac": {"n": 3, "mean": 0.0, "min": 0.0, "max": 0.001,
+                                                             "last": 0.0},
     })
     write_summary(root, "mxfp8_all", "mxfp8_all", offset=0.03, steps=steps, val_every=100)
     printed = io.StringIO()
@@ -454,7 +456,7 @@ def test_one_run_each_is_not_called_faster(tmp_path):
 def test_ranks_sharing_a_gpu_get_no_speed_verdict(tmp_path):
     """Runs whose ranks shared one GPU: however clear the ratio, no speed-up is called; the
     table, the JSON and the throughput figure say why."""
-    from launch.shared_gpu import SHARED_GPU_NOTE
+    from launch.run.shared_gpu import SHARED_GPU_NOTE
 
     for seed, tps in ((0, 1000.0), (1, 1010.0)):
         write_speed(tmp_path, "bf16", seed, tps, gpu_shared=True)
@@ -497,7 +499,7 @@ def test_three_bf16_seeds_judge_each_arm_by_their_mean_and_std(tmp_path):
     sample std, 0.5% of the mean); every bf16 seed's line gives its own distance, no verdict."""
     import statistics
 
-    from launch.compare_runs import PARITY_SHARE, SPREAD_STDS
+    from launch.tools.compare_runs import PARITY_SHARE, SPREAD_STDS
 
     _final_val(tmp_path, SEED_STUDY)
     printed = io.StringIO()

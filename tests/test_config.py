@@ -13,15 +13,15 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 import dataclasses
 
-from launch.launcher import LauncherConfig, with_typed_launcher
-from launch.local import LocalLauncher, LocalLauncherConfig
-from launch.machine import GIB, Machine
-from launch.run_dir import NOT_IN_RUN_NAME
-from launch.schema import A2ASchema, ModelConfig, TrainConfig
-from launch.slurm import SlurmLauncher
-from launch.titan_data import CORPUS_DATASET
-from launch.titan_models import model_args
-from launch.validate import validate
+from launch.launchers.launcher import LauncherConfig, with_typed_launcher
+from launch.launchers.local import LocalLauncher, LocalLauncherConfig
+from launch.launchers.machine import GIB, Machine
+from launch.run.run_dir import NOT_IN_RUN_NAME
+from launch.config.schema import A2ASchema, ModelConfig, TrainConfig
+from launch.launchers.slurm import SlurmLauncher
+from launch.titan.data import CORPUS_DATASET
+from launch.titan.models import model_args
+from launch.preflight.validate import validate
 from mxfp8_ep.config import LEGS, PRESETS, A2AConfig
 from mxfp8_ep.wire_format import WireFormat
 
@@ -36,7 +36,7 @@ def test_defaults():
     assert (cfg.parallelism.name, cfg.parallelism.nodes, cfg.parallelism.procs_per_node) == ("ep2", 1, 2)
     assert cfg.parallelism.ep == 2
     assert cfg.a2a.name == "bf16"
-    assert cfg.launcher.name == "local" and cfg.launcher._target_ == "launch.local.LocalLauncher"
+    assert cfg.launcher.name == "local" and cfg.launcher._target_ == "launch.launchers.local.LocalLauncher"
     # the launcher group is typed by the launcher's own Config once chosen
     assert OmegaConf.get_type(with_typed_launcher(cfg).launcher) is LocalLauncherConfig
     assert cfg.logging.name == "wandb_offline" and cfg.logging.wandb_mode == "offline"
@@ -137,10 +137,10 @@ def test_parallelism_options():
 
 
 def test_each_launcher_names_its_class():
-    from launch.launcher import launcher_for
+    from launch.launchers.launcher import launcher_for
 
     slurm = compose_cfg("launcher=slurm")
-    assert slurm.launcher._target_ == "launch.slurm.SlurmLauncher"
+    assert slurm.launcher._target_ == "launch.launchers.slurm.SlurmLauncher"
     assert isinstance(launcher_for(slurm), SlurmLauncher)
     assert isinstance(launcher_for(compose_cfg()), LocalLauncher)
     assert slurm.launcher.gpus_per_node is None and slurm.launcher.srun_args == []
@@ -154,7 +154,7 @@ def test_launcher_configs_are_a_base_and_one_dataclass_per_launcher(option):
     """As hydra-submitit-launcher's queues: every launcher's Config derives from LauncherConfig
     and names its class in _target_; its yaml spells out every field with the Config's default
     (so `launcher.<field>=...` works without +, and the defaults live in one place)."""
-    from launch.launcher import launcher_class
+    from launch.launchers.launcher import launcher_class
 
     cfg = compose_cfg(f"launcher={option}")
     cls = launcher_class(cfg)
@@ -250,13 +250,13 @@ GPU_80GB = 80 * 10**9
 
 @pytest.mark.parametrize("recipe", sorted(EP8_RECIPES))
 def test_ep8_recipes_fit_80gb_gpus_with_the_lightest_checkpointing_that_fits(recipe):
-    """Every sweep point's memory estimate (launch/memory.py, the symm transport inside a node
+    """Every sweep point's memory estimate (launch/config/memory.py, the symm transport inside a node
     at the default capacity factor) fits an 80 GB GPU with the recipe's activation
     checkpointing, and the next lighter one (full -> selective -> none) does not fit some point:
     the recipe checkpoints no more than it must."""
-    from launch.launcher import Target
-    from launch.model_facts import facts
-    from launch.validate import memory_estimate
+    from launch.launchers.launcher import Target
+    from launch.config.model_facts import facts
+    from launch.preflight.validate import memory_estimate
 
     target = Target(device="cuda", memory_bytes=GPU_80GB, memory_name="an 80 GB GPU", where="")
     base = compose_cfg(f"+recipe={recipe}", hydra_node=True)
@@ -332,7 +332,7 @@ def test_schema_defaults_match_group_files():
 NEW_LAUNCHER = '''
 from dataclasses import dataclass
 
-from launch.launcher import LauncherConfig, Target
+from launch.launchers.launcher import LauncherConfig, Target
 
 CALLS = []
 
@@ -369,8 +369,9 @@ def test_a_new_launcher_is_one_class_and_one_yaml(tmp_path, monkeypatch):
 
     from hydra import compose, initialize_config_dir
 
-    from launch import console, train
-    from launch.validate import ConfigError
+    from launch import train
+    from launch.run import console
+    from launch.preflight.validate import ConfigError
 
     (tmp_path / "printer_launcher.py").write_text(NEW_LAUNCHER)
     monkeypatch.syspath_prepend(str(tmp_path))

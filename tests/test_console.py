@@ -1,4 +1,4 @@
-"""launch/console.py and launch/heartbeat.py: what a run prints and records. The local launcher
+"""launch/run/console.py and launch/run/heartbeat.py: what a run prints and records. The local launcher
 end to end with a stand-in trainer (tests/console_runner.py): the console shows this launch's
 lines only, console.log keeps every launch's, train.log records the launch; the summary names
 each long path once; the heartbeat while a step runs long. The real trainer's console is in
@@ -10,9 +10,9 @@ import threading
 
 from tests.train_cli import run_train
 
-from launch.console import format_summary
-from launch.heartbeat import StepHeartbeat, append_line
-from launch.run_summary import RunSummary
+from launch.run.console import format_summary
+from launch.run.heartbeat import StepHeartbeat, append_line
+from launch.run.run_summary import RunSummary
 
 STAND_IN = "tests.console_runner:run_training"
 

@@ -229,7 +229,8 @@ def _inputs(ex: Example, rank: int, device):
     g = torch.Generator().manual_seed(spec.seed * 7919 + rank)
     dtype = DTYPES[spec.dtype]
     # Rows over a few binades, so MXFP8 blocks get different scales.
-    x = (torch.randn(T, spec.dim, generator=g) * torch.exp2(torch.randint(-3, 4, (T, 1), generator=g).float())).to(dtype)
+    x = (torch.randn(T, spec.dim, generator=g)
+         * torch.exp2(torch.randint(-3, 4, (T, 1), generator=g).float())).to(dtype)
     grad_out = torch.randn(T, spec.dim, generator=g).to(dtype)
     if ex.routing in ("forced", "one_rank"):
         bias = choice_bias(ex.choice[rank], spec.num_experts)
@@ -316,7 +317,8 @@ def _check_example(ex: Example, rank: int, world: int, stats: dict) -> None:
 
     plain, plain_seen = reference_run()
     scale = _score_grad_scale(ex, ids, x, grad_out, plain_seen)
-    a2a_legs = A2AConfig.preset(ex.preset, scale_rounding=ex.rounding, symm_combine_partial_sums=ex.combine_partial_sums)
+    a2a_legs = A2AConfig.preset(ex.preset, scale_rounding=ex.rounding,
+                                symm_combine_partial_sums=ex.combine_partial_sums)
     quantized = a2a_legs.any_quantized
     # torchtitan's layer with each leg's format applied to the rows that would cross ranks.
     wire = reference_run(WireLegs(a2a_legs, rank, local))[0] if quantized else plain
@@ -463,7 +465,7 @@ def _titan_models_symm(rank, world):
     from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
     from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
-    from launch.titan_cpu_compat import apply_cpu_compat
+    from launch.titan.cpu_compat import apply_cpu_compat
     from tests.test_titan022 import TOLERANCE, _build
 
     apply_cpu_compat(force=True)
@@ -518,10 +520,10 @@ def test_torchtitan_models_with_symm_transport():
     within that test's bound."""
     import importlib
 
-    from launch.titan_cpu_compat import _DEVICE_MODULES
+    from launch.titan.cpu_compat import _DEVICE_MODULES
 
     preload()
     for name in (*_DEVICE_MODULES, "torchtitan.models.llama4.infra.parallelize", "torchtitan.protocols.train_spec",
-                 "launch.titan_models", "tests.test_titan022"):
+                 "launch.titan.models", "tests.test_titan022"):
         importlib.import_module(name)
     run_forked(2, _titan_models_symm)

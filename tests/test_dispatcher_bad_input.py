@@ -49,7 +49,8 @@ def _bad_input(rank, world):
         _, out, _, _ = round_trip(build_dispatcher(transport, "bf16"), x, scores, ids, counts)
         assert torch.equal(out, x), transport
         # EP that does not divide the experts: ValueError at build, on every rank.
-        with pytest.raises(ValueError, match=rf"expert parallelism {world} must divide the number of experts {2 * world + 1}"):
+        with pytest.raises(ValueError,
+                           match=rf"expert parallelism {world} must divide the number of experts {2 * world + 1}"):
             build_dispatcher(transport, num_experts=2 * world + 1)
 
 

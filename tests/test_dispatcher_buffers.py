@@ -191,9 +191,9 @@ def _staging_sizes(rank, world):
         torch.testing.assert_close(out, x * total, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(x_grad, total.expand_as(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(score_grad, x.sum(dim=1, keepdim=True).expand_as(scores), rtol=1e-5, atol=1e-5)
-    # The recipe's memory estimate before launch (launch/memory.py) reads what is allocated.
-    from launch.memory import EXPERT_ALIGN, symm_peer_buffer_bytes
-    from launch.model_facts import MODELS
+    # The recipe's memory estimate before launch (launch/config/memory.py) reads what is allocated.
+    from launch.config.memory import EXPERT_ALIGN, symm_peer_buffer_bytes
+    from launch.config.model_facts import MODELS
 
     facts = replace(MODELS["deepseek_v3", "tiny"], dim=dim, num_experts=2 * world, top_k=2)
     for flag in (True, False):
@@ -220,7 +220,7 @@ def test_symm_staging_buffers_hold_what_the_legs_store():
     """With top-k > 1 the symm transport's staging buffers hold token rows, not the drop-free
     expert-major capacity (``mxfp8_ep.capacity.staging_rows``); at a small dim with large
     expert padding the score gradients combine's backward returns through them still fit; the
-    recipe's memory estimate (``launch/memory.py``) counts the bytes they take."""
+    recipe's memory estimate (``launch/config/memory.py``) counts the bytes they take."""
     preload()
     for world in (2, 3):
         run_forked(world, _staging_sizes)

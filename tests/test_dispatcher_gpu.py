@@ -36,9 +36,11 @@ from tests.moe_harness import symm_quantizes_partial_sums
 WORLD = 2
 GPU_EXAMPLES = 200  # hypothesis routings of the fuzz on WORLD GPUs (CPU: 80 at 2 ranks, 200 over 2-4)
 needs_gpus = pytest.mark.skipif(
-    torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher*.py"
+    torch.cuda.device_count() < WORLD,
+    reason=f"needs {WORLD} CUDA GPUs (symmetric memory); CPU runs use tests/test_dispatcher*.py",
 )
-needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CPU runs use tests/test_dispatcher*.py")
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU; CPU runs use tests/test_dispatcher*.py")
 # The symm checks that run both ways: NCCL and symmetric memory with a GPU per rank, or ranks
 # sharing one GPU (module docstring).
 GPU_BACKENDS = [pytest.param("nccl", marks=needs_gpus, id="nccl"),
@@ -253,7 +255,8 @@ def test_fuzz_against_torchtitan_without_host_sync_sharing_one_gpu(world):
     """The CPU suite's routings (as many per world size), symm only, compiled kernels."""
     from tests.test_dispatcher import EXAMPLES, _fuzz, extreme_examples, hypothesis_examples
 
-    run_on_ranks(world, _fuzz, hypothesis_examples(world, EXAMPLES[world]) + extreme_examples(world), backend=SHARED_GPU)
+    run_on_ranks(world, _fuzz, hypothesis_examples(world, EXAMPLES[world]) + extreme_examples(world),
+                 backend=SHARED_GPU)
 
 
 def real_width_examples(world: int) -> list:
@@ -276,7 +279,8 @@ def real_width_examples(world: int) -> list:
         for partial in (True, False):
             out.append(Example(dsv3, tokens, "router", preset=preset, combine_partial_sums=partial,
                                max_tokens=max(tokens), name=f"dsv3-like {preset} partial sums {partial}"))
-        out.append(Example(llama4, tokens, "router", preset=preset, max_tokens=max(tokens), name=f"llama4-like {preset}"))
+        out.append(Example(llama4, tokens, "router", preset=preset, max_tokens=max(tokens),
+                           name=f"llama4-like {preset}"))
     to_rank0 = (10.0,) * 8 + (0.0,) * (8 * (world - 1))
     out.append(Example(dsv3, tokens, "bias", bias=to_rank0, preset="mxfp8_all", max_tokens=max(tokens),
                        name="dsv3-like, all to rank 0"))

@@ -173,7 +173,8 @@ def _repeated_ids_on_the_triton_kernels(rank, world):
                                     kernel="triton")
                 for value, ref, what in zip(replayed(lambda: round_trip(dispatcher, x, scores, ids, counts))[0][1:],
                                             _expected(x, scores), ("out", "x grad", "score grad")):
-                    assert torch.equal(bits(value), bits(ref)), f"{what} not exact: rank {rank} {name} partial={partial}"
+                    assert torch.equal(bits(value), bits(ref)), \
+                        f"{what} not exact: rank {rank} {name} partial={partial}"
             got = {}
             for kernel in ("torch", "triton"):
                 dispatcher = _build("symm", preset, num_experts=num_experts, top_k=top_k, partial_sums=partial,

@@ -12,9 +12,9 @@ import shutil
 
 from tests.hydra_compose import REPO, compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
 
-from launch.machine import GIB, Machine
-from launch.titan_data import TOKENIZER_DIR
-from launch.validate import validate
+from launch.launchers.machine import GIB, Machine
+from launch.titan.data import TOKENIZER_DIR
+from launch.preflight.validate import validate
 
 USAGE = (REPO / "docs" / "usage.md").read_text()
 GPU_BOX = Machine(ram_bytes=512 * GIB, cpu_count=32, gpu_memory_bytes=(141 * GIB,) * 8)

@@ -234,7 +234,7 @@ def _train(rank, world, factor, steps, g_seed):
 
 def _replayed_training(rank, world):
     setup_rank()
-    from launch.titan_cpu_compat import apply_cpu_compat
+    from launch.titan.cpu_compat import apply_cpu_compat
 
     apply_cpu_compat(force=True)
     worst = _train(rank, world, None, steps=4, g_seed=5)

@@ -1,6 +1,9 @@
 """No import circles: within ``mxfp8_ep``, and within ``launch``, no module imports, directly or
 through others, a module that imports it, counting imports made inside functions too (a deferred
-import hides a circle, it does not remove it). A circle fails the test, which lists its modules."""
+import hides a circle, it does not remove it). A circle fails the test, which lists its modules.
+And ``launch``'s subpackages only import downward (``launch.LAYERS``, lowest first): an import
+from a subpackage into one above it, or into a command (``launch/train.py``), fails the test,
+which names the import."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from launch import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,3 +93,38 @@ def test_dispatcher_imports_are_read_with_their_targets():
 @pytest.mark.parametrize("package", ["mxfp8_ep", "launch"])
 def test_no_import_cycles(package):
     assert import_cycles(import_graph(package)) == []
+
+
+def layer_of(module: str, layers: tuple[str, ...]) -> int:
+    """Where a module of ``launch`` sits: its subpackage's place in ``layers``; the commands
+    (``launch.train``, ``launch.compare_runs``) and the package itself sit above every layer."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in layers):
+        return layers.index(parts[1])
+    return len(layers)
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import between two parts of ``launch`` that goes up."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if layer_of(b, layers) > layer_of(a, layers))
+
+
+def test_the_layer_scan_finds_an_upward_import():
+    graph = {"launch.run.console": {"launch.titan.metrics", "launch.config.problems"},
+             "launch.titan.metrics": {"launch.run.console"}, "launch.titan.data": {"launch.train"},
+             "launch.train": {"launch.titan.data"}}
+    assert upward_imports(graph, ("config", "run", "titan")) == [
+        ("launch.run.console", "launch.titan.metrics"), ("launch.titan.data", "launch.train")]
+    assert upward_imports(graph, ("config", "titan", "run")) == [
+        ("launch.titan.data", "launch.train"), ("launch.titan.metrics", "launch.run.console")]
+
+
+def test_every_launch_subpackage_has_a_layer():
+    assert sorted(p.parent.name for p in (ROOT / "launch").glob("*/__init__.py")) == sorted(LAYERS)
+
+
+def test_launch_imports_only_go_down_its_layers():
+    graph = import_graph("launch")
+    assert {"launch.preflight.validate", "launch.titan.runner", "launch.train"} <= set(graph)
+    assert upward_imports(graph, LAYERS) == []

@@ -1,84 +1,39 @@
-"""launch/ has no import circles: every ``import launch.x`` / ``from launch.x import`` in a module
-(at any depth: imports inside functions and under TYPE_CHECKING count, they only hide a
-circle) points down a graph without cycles. The launchers and the validator meet in the
-interface modules (launch/launcher.py, launch/problems.py), never in each other."""
+"""How launch/'s modules meet. The launchers and the validator meet in the interface modules
+(launch/launchers/launcher.py, launch/config/problems.py), never in each other: a launcher's
+module does not import the validator nor the validator a launcher's, so a new launcher is one
+file the validator never names. A subpackage's ``__init__`` imports nothing, so the checks
+before launch load only the modules they use. Imports inside functions and under TYPE_CHECKING
+count (tests/test_import_cycles.py reads them; it also checks that launch/ has no import
+circles and that its subpackages only import downward)."""
 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from tests.hydra_compose import REPO
+from tests.test_import_cycles import import_graph
 
-PACKAGE = REPO / "launch"
-
-
-def imports_of(path: Path, package: str, modules: set[str]) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            if parts[0] != package:
-                continue
-            if len(parts) > 1:
-                found.add(parts[1])
-            else:  # from launch import console
-                found.update(a.name for a in node.names if a.name in modules)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == package and len(parts) > 1:
-                    found.add(parts[1])
-    return found - {path.stem}
-
-
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    modules = {p.stem for p in package_dir.glob("*.py")}
-    return {p.stem: imports_of(p, package_dir.name, modules) for p in package_dir.glob("*.py")}
-
-
-def cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import circle (as a path that ends where it starts), or []."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(graph.get(node, ())):
-            if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
-            if dep not in state:
-                found = visit(dep)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return []
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return []
-
-
-def test_the_cycle_finder_finds_one():
-    assert cycle({"launcher": {"validate"}, "validate": {"launcher", "machine"}, "machine": set()}) == [
-        "launcher", "validate", "launcher"]
-    assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []
-
-
-def test_launch_has_no_import_circles():
-    graph = import_graph(PACKAGE)
-    assert {"launcher", "validate", "slurm", "local", "train"} <= set(graph)
-    assert cycle(graph) == []
+VALIDATE = "launch.preflight.validate"
+INTERFACE = "launch.launchers.launcher"
+PROBLEMS = "launch.config.problems"
 
 
 def test_launchers_and_the_validator_meet_only_in_interface_modules():
-    graph = import_graph(PACKAGE)
-    for launcher in ("local", "slurm"):
-        assert "validate" not in graph[launcher] and launcher not in graph["validate"]
-    assert graph["launcher"] <= {"machine", "problems", "run_summary"}
-    assert graph["problems"] == set()
+    graph = import_graph("launch")
+    for launcher in ("launch.launchers.local", "launch.launchers.slurm"):
+        assert VALIDATE not in graph[launcher] and launcher not in graph[VALIDATE]
+    assert {INTERFACE, PROBLEMS} <= graph[VALIDATE]
+    assert graph[INTERFACE] <= {"launch.launchers.machine", PROBLEMS, "launch.run.run_summary"}
+    assert graph[PROBLEMS] == set()
+
+
+def test_subpackage_inits_import_nothing():
+    """Importing one module of a subpackage runs its ``__init__``: one that imported its modules
+    would load them all (torch with them) for a check before launch that needs one."""
+    inits = sorted(REPO.joinpath("launch").glob("*/__init__.py"))
+    assert len(inits) >= 6
+    for init in inits:
+        tree = ast.parse(init.read_text())
+        imports = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert imports == [], f"{init.relative_to(REPO)}: {imports}"
+        assert ast.get_docstring(tree), f"{init.relative_to(REPO)} says what the subpackage owns"

@@ -62,7 +62,8 @@ def edge_blocks(dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", ["random", "edge"])
 def test_quantize_bit_identical_to_torchao(rounding, dtype, case):
-    x = random_input(64, 512, dtype, seed=hash((rounding, str(dtype))) % 1000) if case == "random" else edge_blocks(dtype)
+    x = (random_input(64, 512, dtype, seed=hash((rounding, str(dtype))) % 1000) if case == "random"
+         else edge_blocks(dtype))
     ref_scale, ref_data = to_mx(x, torch.float8_e4m3fn, BLOCK_SIZE, MODES[rounding])
     q = quantize_reference(x, rounding)
     assert q.data.dtype == torch.float8_e4m3fn and q.scale.dtype == torch.uint8
@@ -133,7 +134,8 @@ def test_rejects_unsupported_dtype_and_rounding():
     with pytest.raises(ValueError, match="rounding"):
         quantize_reference(torch.zeros(2, 32), rounding="nearest")
     with pytest.raises(ValueError, match="does not match scale shape"):
-        dequantize_reference(MXFP8Tensor(torch.zeros(2, 64).to(torch.float8_e4m3fn), torch.zeros(2, 1, dtype=torch.uint8)))
+        dequantize_reference(MXFP8Tensor(torch.zeros(2, 64).to(torch.float8_e4m3fn),
+                                         torch.zeros(2, 1, dtype=torch.uint8)))
 
 
 def test_zero_rows():

@@ -239,7 +239,8 @@ def _token_bound_legs(rank, world):
             x, scores, ids, grad_out = _inputs(peer, world, top_k)
             here = ids // EXPERTS_PER_RANK == rank  # (T, K): the peer's rows on this rank
             out_rows = (x.float() * 3).bfloat16().float()  # an expert output row of token t: 3 x_t
-            grad_rows = ((grad_out.float().unsqueeze(1) * scores.unsqueeze(2)).bfloat16().float() * 3).bfloat16().float()
+            grad_rows = ((grad_out.float().unsqueeze(1) * scores.unsqueeze(2)).bfloat16().float()
+                         * 3).bfloat16().float()
             partial = {
                 "combine_fwd": (out_rows.unsqueeze(1) * scores.unsqueeze(2) * here.unsqueeze(2)).sum(dim=1),
                 "dispatch_bwd": (grad_rows * here.unsqueeze(2)).sum(dim=1),

@@ -1,4 +1,4 @@
-"""The recipe's side of the numerics telemetry (``launch/numerics_log.py``): metric names, the
+"""The recipe's side of the numerics telemetry (``launch/run/numerics_log.py``): metric names, the
 model-wide values, the console line, and a tiny run end to end: EP=1 with
 ``a2a.quantize_local_rows=true`` routes the MoE layers through the dispatcher, and
 ``logging.numerics_every=2`` puts the numerics of steps 2 and 4 (only) into wandb."""
@@ -11,9 +11,9 @@ import pytest
 import torch.nn as nn
 from tests.train_cli import run_train
 
-from launch.numerics_log import console_line, layer_indices, metrics_of
-from launch.run_summary import RunSummary, parse_numerics_metric
-from launch.wandb_offline import read_runs
+from launch.run.numerics_log import console_line, layer_indices, metrics_of
+from launch.run.run_summary import RunSummary, parse_numerics_metric
+from launch.run.wandb_offline import read_runs
 from mxfp8_ep.config import LEGS, NUMERICS_STATS
 
 # Where rel_l2_err must lie for rows quantized to e4m3 (3 mantissa bits) with rceil scales (no

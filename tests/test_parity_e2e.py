@@ -16,10 +16,10 @@ import subprocess
 from tests.corpus_files import sample_texts, write_corpus
 from tests.train_cli import run_train, train_cmd, train_env
 
-from launch.compare_runs import PARITY_SHARE, collect, compare, verdicts
-from launch.run_dir import checkpoint_steps
-from launch.run_summary import VAL_LOSS, RunSummary
-from launch.wandb_offline import read_runs
+from launch.tools.compare_runs import PARITY_SHARE, collect, compare, verdicts
+from launch.run.run_dir import checkpoint_steps
+from launch.run.run_summary import VAL_LOSS, RunSummary
+from launch.run.wandb_offline import read_runs
 from mxfp8_ep.config import LEGS
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.compare_runs import PARITY_SHARE
-from launch.run_dir import CONSOLE_LOG, RUN_CONFIG, SUMMARY, run_name
-from launch.run_summary import RunSummary, numerics_metric
+from launch.run.run_dir import CONSOLE_LOG, RUN_CONFIG, SUMMARY, run_name
+from launch.run.run_summary import RunSummary, numerics_metric
+from launch.tools.compare_runs import PARITY_SHARE
 from mxfp8_ep.config import A2AConfig
 from tests.hydra_compose import REPO, compose_cfg
 

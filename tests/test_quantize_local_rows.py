@@ -69,8 +69,8 @@ def _check(rank, world):
             grad_routed, expert_out = (torch.randn(shape, generator=g).bfloat16() for _ in range(2))
             grad_out = torch.randn(TOKENS, DIM, generator=g).bfloat16()
             exact = legs(bf16, x, scores, ids, grad_routed, expert_out, grad_out)
-            decoded = legs(bf16, x, scores, ids, mxfp8_round_trip(grad_routed, rounding), mxfp8_round_trip(expert_out, rounding),
-                           mxfp8_round_trip(grad_out, rounding))
+            decoded = legs(bf16, x, scores, ids, mxfp8_round_trip(grad_routed, rounding),
+                           mxfp8_round_trip(expert_out, rounding), mxfp8_round_trip(grad_out, rounding))
             on_dispatcher = build(transport, "mxfp8_all", top_k, score_before, rounding, quantize_local_rows=True)
             on = legs(on_dispatcher, x, scores, ids, grad_routed, expert_out, grad_out)
             off = legs(build(transport, "mxfp8_all", top_k, score_before, rounding),

@@ -438,7 +438,8 @@ def test_the_numerics_table_shows_each_study_from_its_newest_rows(tmp_path):
     dsv3, symm, llama4, cpu = lines
     assert dsv3 == ("| DeepSeek-V3-like 117M (32 experts top-4 + shared), EP=1, every row quantized | "
                     "4.4000 / 4.4100 † | – | 4.4100 (+0.23%) † | ±0.0220 | yes | 1×H200 | `abcdef0` 2026-01-02 |")
-    assert symm == ("| DeepSeek-V3-like 117M, EP=2 over symm, the 2 ranks sharing one GPU | 4.4100 ± 0.0100 (3 seeds) † | "
+    assert symm == ("| DeepSeek-V3-like 117M, EP=2 over symm, the 2 ranks sharing one GPU | "
+                    "4.4100 ± 0.0100 (3 seeds) † | "
                     "4.4350 (+0.57%) † | 4.4150 (+0.11%) / 4.3850 (−0.57%) † | ±0.0221 | "
                     "no: mxfp8, mxfp8_all seed 1 | 1×H200, 2 ranks on it | `abcdef0` 2026-01-02 |")
     assert parity_table.NOT_MEASURED in llama4 and parity_table.NOT_MEASURED in cpu

@@ -1,4 +1,4 @@
-"""training.resume (launch/resume.py, launch/prepare.py): a run folder continues with its saved
+"""training.resume (launch/run/resume.py, launch/preflight/prepare.py): a run folder continues with its saved
 config, the command line's changes listed; anything that cannot be resumed is refused before a
 folder is made, with exit code 2. The real trainer resuming (checkpoint, wandb run) is in
 test_train_e2e.py; here the runs are folders as a run leaves them, and the launcher records."""
@@ -13,9 +13,9 @@ from tests.hydra_compose import compose_cfg, no_slurm_cluster  # noqa: F401 (aut
 from tests.launch_recorder import LAUNCHED
 from tests.train_cli import run_train
 
-from launch.prepare import prepare, prepare_run, task_config
-from launch.problems import ConfigError
-from launch.run_dir import RUN_CONFIG
+from launch.preflight.prepare import prepare, prepare_run, task_config
+from launch.config.problems import ConfigError
+from launch.run.run_dir import RUN_CONFIG
 from launch.train import literal_paths
 
 RECORDER = "launcher._target_=tests.launch_recorder.Recorder"
@@ -35,7 +35,7 @@ def make_run(run_dir: Path, *overrides: str, checkpoints=(6,), complete=True) ->
 
 
 def prepared(*overrides: str):
-    """What launch.callbacks.PrepareRun does for this command line: (config, warnings, what it
+    """What launch.preflight.callbacks.PrepareRun does for this command line: (config, warnings, what it
     resumes)."""
     args = literal_paths(list(overrides))
     cfg = compose_cfg(*args, hydra_node=True)

@@ -1,4 +1,4 @@
-"""launch/run_dir.py: which run dir training.resume picks, and the wandb run a run dir keeps."""
+"""launch/run/run_dir.py: which run dir training.resume picks, and the wandb run a run dir keeps."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.run_dir import (RUN_CONFIG, RunDirBefore, checkpoint_steps, claim_resume, claim_run_config,
-                            earlier_logging, folder_name, latest_run_config, resolve_run_dir, run_name)
+from launch.run.run_dir import (RUN_CONFIG, RunDirBefore, checkpoint_steps, claim_resume, claim_run_config,
+                                earlier_logging, folder_name, latest_run_config, resolve_run_dir, run_name)
 
 
 def _checkpoint(run_dir: Path, step: int, mtime: float, run: bool = True) -> None:

@@ -1,15 +1,15 @@
-"""launch/run_summary.py: a run's headline throughput, step time and bytes per step are totals
+"""launch/run/run_summary.py: a run's headline throughput, step time and bytes per step are totals
 over its steady log windows, so tokens/s and step time agree however uneven the windows are."""
 
 from __future__ import annotations
 
 import pytest
 
-from launch import run_summary as names
-from launch.console import format_summary
-from launch.run_summary import RunSummary, steady_numbers
-from launch.shared_gpu import SHARED_GPU_NOTE, gpu_shared
-from launch.wandb_offline import OfflineRun
+from launch.run import run_summary as names
+from launch.run.console import format_summary
+from launch.run.run_summary import RunSummary, steady_numbers
+from launch.run.shared_gpu import SHARED_GPU_NOTE, gpu_shared
+from launch.run.wandb_offline import OfflineRun
 
 WORLD, TOKENS_PER_RANK_STEP = 2, 256
 # (last step of the window, step time of the window, a2a bytes per step): windows of 1, 1, 3, 1

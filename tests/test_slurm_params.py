@@ -11,12 +11,12 @@ import pytest
 import submitit
 from tests.hydra_compose import compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
 
-from launch import slurm_cluster
-from launch.launcher import RunRefused
-from launch.machine import GIB, Machine
-from launch.problems import Report
-from launch.slurm import SlurmTrainJob, slurm_executor_kwargs, slurm_executor_params
-from launch.worker import config_from_yaml, config_to_yaml
+from launch.launchers import slurm_cluster
+from launch.launchers.launcher import RunRefused
+from launch.launchers.machine import GIB, Machine
+from launch.config.problems import Report
+from launch.launchers.slurm import SlurmTrainJob, slurm_executor_kwargs, slurm_executor_params
+from launch.config.schema import config_from_yaml, config_to_yaml
 
 
 def sbatch_script(cfg, tmp_path: Path) -> str:
@@ -146,7 +146,7 @@ def test_job_pickles_and_requeues_itself(tmp_path):
 
 
 def test_submit_without_sbatch_says_what_to_do(monkeypatch, tmp_path):
-    import launch.slurm as slurm
+    import launch.launchers.slurm as slurm
 
     monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
     with pytest.raises(RunRefused, match="needs the SLURM client"):
@@ -248,7 +248,7 @@ def test_a_controller_that_is_down_is_an_error_before_sinfo(tmp_path, monkeypatc
 
 
 def test_validation_asks_sinfo_for_launcher_slurm(monkeypatch):
-    from launch.validate import ConfigError, validate
+    from launch.preflight.validate import ConfigError, validate
 
     view = slurm_cluster.ClusterView(slurm_cluster.parse_sinfo(SINFO_CPU))
     monkeypatch.setattr(slurm_cluster, "partitions", lambda: view)
@@ -308,7 +308,7 @@ def refusing_sbatch(tmp_path, monkeypatch):
 
 
 def test_an_sbatch_refusal_is_one_message(refusing_sbatch, tmp_path, capsys):
-    import launch.slurm as slurm
+    import launch.launchers.slurm as slurm
 
     with pytest.raises(RunRefused) as e:
         slurm.submit(compose_cfg("launcher=slurm"), str(tmp_path))
@@ -318,7 +318,7 @@ def test_an_sbatch_refusal_is_one_message(refusing_sbatch, tmp_path, capsys):
 
 
 def test_submitit_errors_are_one_message(refusing_sbatch, tmp_path, monkeypatch):
-    import launch.slurm as slurm
+    import launch.launchers.slurm as slurm
 
     (refusing_sbatch / "srun").unlink()
     with pytest.raises(RunRefused, match="submitit cannot submit from here .*srun.*launcher=local"):
@@ -351,7 +351,7 @@ def test_a_launch_whose_folder_name_is_taken_gets_its_own_folder(tmp_path):
     ``<name>_2`` instead of being refused (or overwriting the first)."""
     import datetime
 
-    from launch.run_dir import RUN_CONFIG
+    from launch.run.run_dir import RUN_CONFIG
     from tests.train_cli import run_train
 
     runs = tmp_path / "outputs" / "default"
@@ -378,7 +378,7 @@ def test_a_refused_launch_leaves_no_trace(refusing_sbatch, tmp_path):
     """sbatch refuses: a new run leaves no folder behind, a resumed run its folder as it was
     (no resumes/<n>, no submitit files, no lines in its logs): resume and compare_runs never
     meet a run that never ran."""
-    from launch.run_dir import RUN_CONFIG
+    from launch.run.run_dir import RUN_CONFIG
     from tests.train_cli import run_train
 
     proc = run_train(tmp_path, "launcher=slurm", "logging=none", PATH=os.environ["PATH"], timeout=120)
@@ -421,9 +421,9 @@ def test_site_launcher_file_built_on_the_slurm_one(tmp_path):
     from hydra import compose, initialize_config_dir
     from tests.hydra_compose import CONF
 
-    from launch.launcher import launcher_for
-    from launch.slurm import SlurmLauncher
-    from launch.validate import validate
+    from launch.launchers.launcher import launcher_for
+    from launch.launchers.slurm import SlurmLauncher
+    from launch.preflight.validate import validate
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf, symlinks=True)
@@ -443,8 +443,8 @@ def test_site_launcher_file_built_on_the_slurm_one(tmp_path):
 def test_ctrl_c_while_waiting_cancels_the_job(tmp_path):
     """launcher.wait=true: Ctrl-C stops the run as it does a local one (scancel: SIGTERM to
     every task, which stop cleanly) and reports it as a stop."""
-    from launch.launcher import RunStopped
-    from launch.slurm import SlurmSubmission, _wait
+    from launch.launchers.launcher import RunStopped
+    from launch.launchers.slurm import SlurmSubmission, _wait
 
     class Job:
         cancelled = False

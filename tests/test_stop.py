@@ -1,4 +1,4 @@
-"""launch/stop.py: stop signals are noted, not acted on, and the previous handlers come back
+"""launch/run/stop.py: stop signals are noted, not acted on, and the previous handlers come back
 (the end-to-end stops are in test_train_e2e.py and tests/slurm)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from launch.stop import StopSignals, Stopped, signal_name
+from launch.run.stop import StopSignals, Stopped, signal_name
 
 
 def test_signals_are_noted_and_handlers_restored():

@@ -104,7 +104,8 @@ def _routing(case: dict, rank: int, world: int):
     if case["kind"] == "one rank empty" and rank == world - 1:
         tokens = 0
     experts = E // world if case["kind"] == "all to rank 0" else E  # rank 0 owns the first E / W
-    ids = torch.stack([torch.randperm(experts, generator=g)[:K] for _ in range(tokens)]) if tokens else torch.zeros(0, K, dtype=torch.int64)
+    ids = (torch.stack([torch.randperm(experts, generator=g)[:K] for _ in range(tokens)]) if tokens
+           else torch.zeros(0, K, dtype=torch.int64))
     if ids.shape[1] < K:  # all to rank 0 with top_k > local experts: fill with rank 1's
         ids = torch.cat([ids, ids[:, : K - ids.shape[1]] + E // world], dim=1)
     x = (torch.randn(tokens, D, generator=g) * torch.exp2(torch.randint(-4, 5, (tokens, 1), generator=g).float()))
@@ -219,7 +220,8 @@ def test_triton_kernels_equal_torch_twins(world):
         assert {c["dtype"] for c in nccl} == set(DTYPES) and {c["score_before_experts"] for c in nccl} == {False, True}
     if world == 2:
         assert {c["transport"] for c in cases if "push_launch" in c} == {"symm", "nccl"}
-        local = {(c["transport"], c["top_k"] > 1, c["score_before_experts"]) for c in cases if c.get("quantize_local_rows")}
+        local = {(c["transport"], c["top_k"] > 1, c["score_before_experts"])
+                 for c in cases if c.get("quantize_local_rows")}
         assert local == {("symm", True, False), ("symm", True, True), ("nccl", False, True)}
     if INTERPRETED:
         run_forked(world, _check, cases)
@@ -326,7 +328,8 @@ def test_push_counts_kernel_equals_its_twin():
             view.ptrs = torch.tensor([shared.peer(p).data_ptr() for p in range(world)], device=DEVICE)  # as PeerBuffer
             kernels.push_counts(counts, 7 + r, view, r, torch.tensor(16 * r, device=DEVICE))
         tables[name] = [shared.peer(r).view(torch.int64).view(world, experts + 2).cpu() for r in range(world)]
-    want = torch.stack([torch.cat([torch.arange(experts) + 10 * r, torch.tensor([7 + r, 16 * r])]) for r in range(world)])
+    want = torch.stack([torch.cat([torch.arange(experts) + 10 * r, torch.tensor([7 + r, 16 * r])])
+                        for r in range(world)])
     for r in range(world):
         assert torch.equal(tables["triton"][r], want) and torch.equal(tables["torch"][r], want), r
 
@@ -365,9 +368,11 @@ def check_push_tokens(device) -> int:
 
     g = torch.Generator().manual_seed(17)
     checked = 0
-    for world, local_experts, top_k, dim, tokens in ((2, 4, 3, 64, 7), (3, 2, 4, 96, 6), (2, 1, 2, 64, 5), (3, 3, 1, 64, 4)):
+    for world, local_experts, top_k, dim, tokens in ((2, 4, 3, 64, 7), (3, 2, 4, 96, 6), (2, 1, 2, 64, 5),
+                                                     (3, 3, 1, 64, 4)):
         experts, max_tokens = world * local_experts, tokens + 1
-        for fmt, dtype in (("bf16", torch.bfloat16), ("mxfp8", torch.bfloat16), ("mxfp8", torch.float32), ("bf16", torch.float32)):
+        for fmt, dtype in (("bf16", torch.bfloat16), ("mxfp8", torch.bfloat16), ("mxfp8", torch.float32),
+                           ("bf16", torch.float32)):
             # Every rank in MXFP8 bf16 (the DeepSeek-V3 leg); one rank, cycling, otherwise.
             for rank in range(world) if (fmt, dtype) == ("mxfp8", torch.bfloat16) else [checked % world]:
                 ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
@@ -408,8 +413,10 @@ def check_push_tokens(device) -> int:
                     kernels.push_tokens(staged, x.to(device), sorted_row=sorted_row.to(device),
                                         dst_rank=owner.to(device), dst_row=dst_row.to(device), local_out=out,
                                         top_k=top_k, sent=sent, **extra)
-                    result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers, dots.cpu())
-                (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = result["triton"], result["torch"]
+                    result[name] = ([peers.peer(r).cpu() for r in range(world)], out.cpu(), int(sent), peers,
+                                    dots.cpu())
+                (bufs, out, sent, peers, dots), (ref_bufs, ref_out, ref_sent, _, ref_dots) = \
+                    result["triton"], result["torch"]
                 where = (world, top_k, fmt, dtype, rank, mode)
                 _assert_same_pushes(bufs, ref_bufs, sent, ref_sent, where)
                 assert torch.equal(bits(out), bits(ref_out)), where
@@ -424,7 +431,8 @@ def check_push_tokens(device) -> int:
                         assert ((got_dots.double() - exact).abs() <= SCORE_RTOL * size)[taken].all(), where
                         assert got_dots[~taken].isnan().all(), where  # left as they were
                 ids_owner = owner.view(tokens, top_k)
-                remote_pairs = [(t, d) for t in range(tokens) for d in range(world) if d != rank and (ids_owner[t] == d).any()]
+                remote_pairs = [(t, d) for t in range(tokens) for d in range(world)
+                                if d != rank and (ids_owner[t] == d).any()]
                 assert sent == len(remote_pairs), where
                 local = owner == rank
                 rows_of = x.repeat_interleave(top_k, 0)
@@ -445,9 +453,11 @@ def check_push_tokens(device) -> int:
                         continue
                     mine = owner == d
                     token_of = torch.arange(owner.numel()) // top_k
-                    assert torch.equal(token_map(bufs[d], offset, capacity)[dst_row[mine]], rank * max_tokens + token_of[mine]), where
+                    assert torch.equal(token_map(bufs[d], offset, capacity)[dst_row[mine]],
+                                       rank * max_tokens + token_of[mine]), where
                     if scored:
-                        assert torch.equal(row_weights(bufs[d], offset, capacity)[dst_row[mine]], factor[mine].float()), where
+                        assert torch.equal(row_weights(bufs[d], offset, capacity)[dst_row[mine]],
+                                           factor[mine].float()), where
                     # The peer reads its rows through its token map (times their row weights; local:
                     # with dot products against its expert rows).
                     source = torch.full((capacity,), -2, dtype=torch.int64)
@@ -462,7 +472,8 @@ def check_push_tokens(device) -> int:
                                              source=source.to(device),
                                              stage_row=token_map(peers.peer(d), offset, capacity),
                                              weight=row_weights(peers.peer(d), offset, capacity) if weighted else None,
-                                             **(dict(dot_with=expert_rows.to(device), dot_out=row_dots) if mode == "local" else {}))
+                                             **(dict(dot_with=expert_rows.to(device), dot_out=row_dots)
+                                                if mode == "local" else {}))
                         received_rows[name] = got.cpu(), row_dots.cpu()
                     (got, row_dots), (ref_got, ref_row_dots) = received_rows["triton"], received_rows["torch"]
                     assert torch.equal(bits(got), bits(ref_got)), where
@@ -595,18 +606,21 @@ def check_partial_round_trip(device) -> int:
     g = torch.Generator().manual_seed(29)
     checked = 0
     for (world, top_k, dim, tokens, dtype, fmt), weighted in itertools.product(
-            ((2, 3, 64, 5, torch.bfloat16, "bf16"), (3, 4, 96, 4, torch.float32, "bf16"), (4, 2, 64, 3, torch.bfloat16, "bf16"),
-             (2, 4, 64, 5, torch.bfloat16, "mxfp8"), (3, 3, 96, 4, torch.float32, "mxfp8")), (False, True)):
+            ((2, 3, 64, 5, torch.bfloat16, "bf16"), (3, 4, 96, 4, torch.float32, "bf16"),
+             (4, 2, 64, 3, torch.bfloat16, "bf16"), (2, 4, 64, 5, torch.bfloat16, "mxfp8"),
+             (3, 3, 96, 4, torch.float32, "mxfp8")), (False, True)):
         max_tokens = tokens + 1
         num_slots = world * max_tokens
         owner = [torch.randint(0, world, (tokens, top_k), generator=g) for _ in range(world)]
         # Rank r's expert-major rows: every (source, token, k) it owns, in a shuffled order.
         held = []
         for r in range(world):
-            pairs = [(s, t, k) for s in range(world) for t in range(tokens) for k in range(top_k) if owner[s][t, k] == r]
+            pairs = [(s, t, k) for s in range(world) for t in range(tokens) for k in range(top_k)
+                     if owner[s][t, k] == r]
             held.append([pairs[i] for i in torch.randperm(len(pairs), generator=g).tolist()])
         grads = [(torch.randn(len(held[r]), dim, generator=g) * 2).to(dtype) for r in range(world)]
-        scores = [torch.rand(tokens, top_k, generator=g) if weighted else torch.ones(tokens, top_k) for _ in range(world)]
+        scores = [torch.rand(tokens, top_k, generator=g) if weighted else torch.ones(tokens, top_k)
+                  for _ in range(world)]
         row_weight = [torch.tensor([float(scores[s][t, k]) for s, t, k in held[r]]) for r in range(world)]
         result = {}
         for name, kernels in (("triton", symm_kernels), ("torch", symm_reference)):
@@ -635,7 +649,8 @@ def check_partial_round_trip(device) -> int:
                                      sorted_row=sorted_row.to(device), row_rank=dst_rank.to(device),
                                      local_row=dst_row.to(device), local_src=grads[d].to(device), top_k=top_k,
                                      stage_row=stage_row,
-                                     **(dict(weight=scores[d].reshape(-1).to(device), weigh_staged=False) if weighted else {}))
+                                     **(dict(weight=scores[d].reshape(-1).to(device), weigh_staged=False)
+                                        if weighted else {}))
                 outs.append(out.cpu())
             result[name] = outs
         for d in range(world):

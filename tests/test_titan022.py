@@ -26,7 +26,7 @@ TOLERANCE = 2.0**-4
 def _build(family: str, seed: int):
     from torchtitan.protocols import train_spec
 
-    from launch.titan_models import model_args
+    from launch.titan.models import model_args
 
     args = model_args(family, "tiny")
     args.moe_args.use_grouped_mm = False  # what torchtitan picks below SM90 (and on CPU)
@@ -73,7 +73,7 @@ def _rel_err(a, b):
 
 
 def _check(rank, world, family):
-    from launch.titan_cpu_compat import apply_cpu_compat
+    from launch.titan.cpu_compat import apply_cpu_compat
 
     device = rank_device()
     if device.type == "cpu":

@@ -1,12 +1,12 @@
-"""Each torchtitan 0.2.2 CPU patch in ``launch.titan_cpu_compat`` (single process)."""
+"""Each torchtitan 0.2.2 CPU patch in ``launch.titan.cpu_compat`` (single process)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from launch import titan_cpu_compat
-from launch.titan_cpu_compat import CpuDeviceModule, apply_cpu_compat, force_sum_reduction
+from launch.titan import cpu_compat as titan_cpu_compat
+from launch.titan.cpu_compat import CpuDeviceModule, apply_cpu_compat, force_sum_reduction
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patches")
 

@@ -1,4 +1,4 @@
-"""launch/titan_data.py and launch/titan_validation.py without a training launch: corpus
+"""launch/titan/data.py and launch/titan/validation.py without a training launch: corpus
 folders as torchtitan datasets, the checks before launch, the validation batches and the
 validator's bookkeeping (single process, seconds)."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launch.titan_data import (
+from launch.titan.data import (
     CORPUS_DATASET,
     TOKENIZER_DIR,
     check_data,
@@ -132,7 +132,7 @@ class _TinyLM(torch.nn.Module):
 def test_held_out_loss_scores_the_same_tokens_and_leaves_training_alone(corpus, tokenizer):
     from torchtitan.components.loss import cross_entropy_loss
 
-    from launch.titan_validation import HeldOutLoss
+    from launch.titan.validation import HeldOutLoss
 
     model = _TinyLM(tokenizer_vocab_size(TOKENIZER_DIR))
     model.tokens_per_expert.fill_(7.0)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import titan_models
-from launch.model_facts import MODELS
-from launch.titan_data import (
+from launch.config.model_facts import MODELS
+from launch.titan import models as titan_models
+from launch.titan.data import (
     DATASET_PATHS,
     TINY_DATASET,
     TINY_TEXT,
@@ -19,7 +19,7 @@ from launch.titan_data import (
     TOKENIZER_FILES,
     register_datasets,
 )
-from launch.titan_models import (
+from launch.titan.models import (
     CORPUS_VOCAB_SIZE,
     TINY_VOCAB_SIZE,
     UnknownModelError,
@@ -62,7 +62,7 @@ def test_unknown_names_raise_key_and_value_error(family: str, flavor: str) -> No
 
 
 def test_model_facts_table_is_what_torchtitan_builds() -> None:
-    """launch/model_facts.py (what validation reads without torchtitan) has one row per
+    """launch/config/model_facts.py (what validation reads without torchtitan) has one row per
     flavor torchtitan ships plus ours, each equal to the model torchtitan builds."""
     assert sorted(flavors_in_torchtitan()) == sorted(MODELS)
     for family, flavor in MODELS:
@@ -119,7 +119,7 @@ def test_tiny_model_forward_backward_on_cpu(family: str) -> None:
     the router's integer histc and DeepSeek-V3's moe_impl default)."""
     from torchtitan.protocols import train_spec
 
-    from launch.titan_cpu_compat import apply_cpu_compat
+    from launch.titan.cpu_compat import apply_cpu_compat
 
     if not torch.cuda.is_available():
         apply_cpu_compat()

@@ -1,4 +1,4 @@
-"""End-to-end: ``launch.titan_runner.run_training`` trains torchtitan's Llama4 and DeepSeek-V3
+"""End-to-end: ``launch.titan.runner.run_training`` trains torchtitan's Llama4 and DeepSeek-V3
 (tiny flavors) with EP=2 on two gloo processes, logs to an offline wandb run under the run dir,
 writes the run's ``RunSummary``, and resumes from its checkpoint with the step count continuing.
 
@@ -18,16 +18,16 @@ import pytest
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from launch.schema import (
+from launch.config.schema import (
     A2ASchema,
-    LauncherConfig,
     LoggingConfig,
     ModelConfig,
     ParallelismConfig,
     TrainConfig,
     TrainingConfig,
 )
-from launch.run_summary import RunSummary
+from launch.launchers.launcher import LauncherConfig
+from launch.run.run_summary import RunSummary
 from mxfp8_ep.config import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def _worker(rank: int, world: int, port: int, cfg_yaml: str, run_dir: str, out: 
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    from launch.titan_runner import run_training
+    from launch.titan.runner import run_training
 
     result = run_training(OmegaConf.create(cfg_yaml), run_dir)
     if rank == 0:
@@ -120,7 +120,7 @@ def assert_learns(losses: list[float]) -> None:
 
 
 def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
-    from launch.wandb_offline import find_runs, read_run
+    from launch.run.wandb_offline import find_runs, read_run
 
     run_dir = tmp_path / "llama4"
     summary = train(make_cfg("llama4", steps=10), run_dir)
@@ -246,8 +246,8 @@ def test_mxfp8_a2a_config_trains(tmp_path: Path, family: str) -> None:
 
 @pytest.mark.parametrize("freq", [0, 7])
 def test_profile_freq_turns_on_torchtitans_profiler(freq, tmp_path: Path) -> None:
-    from launch.schema import PROFILER_WARMUP_STEPS
-    from launch.titan_runner import build_job_config
+    from launch.config.schema import PROFILER_WARMUP_STEPS
+    from launch.titan.runner import build_job_config
 
     cfg = make_cfg("deepseek_v3")
     cfg.training.profile_freq = freq
@@ -262,7 +262,7 @@ def test_profile_freq_turns_on_torchtitans_profiler(freq, tmp_path: Path) -> Non
 @pytest.mark.parametrize("overlap", [False, True])
 def test_install_dispatcher_takes_a2a_tokens_and_shared_expert_overlap_from_the_config(overlap, monkeypatch):
     import mxfp8_ep
-    from launch.titan_runner import install_dispatcher
+    from launch.titan.runner import install_dispatcher
     from mxfp8_ep.config import A2AConfig
 
     seen: dict = {}
@@ -280,7 +280,7 @@ def test_trainer_runs_the_synced_input_checks_for_its_first_steps(monkeypatch):
     CHECKED_STEPS steps of a run, also of a resumed one, then off (the environment decides)."""
     from types import SimpleNamespace
 
-    from launch.titan_runner import CHECKED_STEPS, RecipeTrainer
+    from launch.titan.runner import CHECKED_STEPS, RecipeTrainer
     from mxfp8_ep.dispatcher import checks
 
     monkeypatch.delenv(checks.DEBUG_ENV, raising=False)

@@ -22,10 +22,10 @@ import pytest
 from tests.hydra_compose import REPO
 from tests.train_cli import TRAIN, run_train, train_cmd, train_env
 
-from launch.compare_runs import main as compare_main
-from launch.run_dir import folder_name
-from launch.run_summary import A2A_BYTES, LOSS, STEP_TIME, TOKENS_PER_S_GLOBAL, RunSummary
-from launch.wandb_offline import find_runs, read_run, read_runs
+from launch.tools.compare_runs import main as compare_main
+from launch.run.run_dir import folder_name
+from launch.run.run_summary import A2A_BYTES, LOSS, STEP_TIME, TOKENS_PER_S_GLOBAL, RunSummary
+from launch.run.wandb_offline import find_runs, read_run, read_runs
 
 # What the console used to be full of: torchtitan's log, library warnings, wandb's banner,
 # torch elastic's per-rank prefixes and its own log lines, the model dump.

@@ -60,7 +60,8 @@ def test_quantize_runs_the_kernel_it_picks_and_the_kernels_agree(monkeypatch):
     import mxfp8_ep.triton_kernels as triton_module
 
     ran = []
-    for module, name, tag in ((triton_module, "quantize_triton", "triton"), (quantize_module, "quantize_reference", "torch"),
+    for module, name, tag in ((triton_module, "quantize_triton", "triton"),
+                              (quantize_module, "quantize_reference", "torch"),
                               (triton_module, "dequantize_triton", "triton"),
                               (quantize_module, "dequantize_reference", "torch")):
         original = getattr(module, name)
@@ -94,9 +95,10 @@ def test_kernels_compile_for_hopper_without_ue8m0_cvt():
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"quantize_bf16_rceil", "dequantize_bf16", "push_mxfp8", "push_bf16", "push_tokens_mxfp8_w2", "receive_mxfp8",
-            "receive_mxfp8_stage_row", "receive_bf16_stage_row", "reduce_mxfp8", "reduce_mxfp8_stage_row",
-            "push_partials_bf16", "reduce_bf16_partials", "push_partials_mxfp8", "reduce_mxfp8_partials", "sorted_rows", "expert_rows", "swiglu_backward",
+    assert {"quantize_bf16_rceil", "dequantize_bf16", "push_mxfp8", "push_bf16", "push_tokens_mxfp8_w2",
+            "receive_mxfp8", "receive_mxfp8_stage_row", "receive_bf16_stage_row", "reduce_mxfp8",
+            "reduce_mxfp8_stage_row", "push_partials_bf16", "reduce_bf16_partials", "push_partials_mxfp8",
+            "reduce_mxfp8_partials", "sorted_rows", "expert_rows", "swiglu_backward",
             "push_counts", "routing_histogram_e256", "routing_faults_e256"} <= set(report)
     for name, info in report.items():
         assert info["cubin_bytes"] > 0 and not info["ue8m0_in_ptx"], (name, info)

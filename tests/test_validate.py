@@ -1,4 +1,4 @@
-"""launch/validate.py: every check, its message, that all problems come back at once, and that
+"""launch/preflight/validate.py: every check, its message, that all problems come back at once, and that
 the checks before launch take well under two seconds without importing torch."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from tests.hydra_compose import REPO, compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
 from tests.train_cli import run_train, train_env
 
-from launch.machine import GIB, Machine
-from launch.model_facts import MODELS, ModelFacts
-from launch.validate import ConfigError, validate
+from launch.launchers.machine import GIB, Machine
+from launch.config.model_facts import MODELS, ModelFacts
+from launch.preflight.validate import ConfigError, validate
 
 CPU_BOX = Machine(ram_bytes=24 * GIB, cpu_count=2)
 GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
@@ -305,7 +305,7 @@ def test_symm_memory_is_a_factor_of_the_balanced_case():
     at EP 8 (seq 4096, local batch 2) within 1.15x of the all-to-all's estimate with selective
     and with no checkpointing, where the worst case (``capacity_factor=null``) needs over twice
     as much; the error names the factor."""
-    from launch.memory import estimate
+    from launch.config.memory import estimate
 
     m = MODELS["deepseek_v3", "16B"]
     for checkpointing in ("none", "selective"):
@@ -475,7 +475,7 @@ def test_slurm_fields_need_launcher_slurm():
 
 def test_launcher_target_must_name_a_class():
     assert "does not name a launcher class" in one_problem("launcher._target_=launch.nope.Launcher")
-    assert "has no Config dataclass" in one_problem("launcher._target_=launch.machine.Machine")
+    assert "has no Config dataclass" in one_problem("launcher._target_=launch.launchers.machine.Machine")
 
 
 def test_slurm_launcher_checks():
@@ -517,9 +517,9 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
         "import sys, time\n"
         "t0 = time.perf_counter()\n"
         "from tests.hydra_compose import compose_cfg\n"
-        "from launch import slurm_cluster\n"
+        "from launch.launchers import slurm_cluster\n"
         "slurm_cluster.partitions = lambda: None  # sinfo's own time is SLURM's\n"
-        "from launch.validate import validate\n"
+        "from launch.preflight.validate import validate\n"
         "validate(compose_cfg('a2a=mxfp8', 'model=dsv3_16b', 'parallelism=2nodes_8gpus', "
         "'launcher=slurm', 'training.checkpoint_enable=true'))\n"
         "print(time.perf_counter() - t0, [m for m in ('torch', 'torchtitan') if m in sys.modules])\n"
@@ -570,7 +570,7 @@ def test_cli_reports_all_problems_and_exits_2(tmp_path):
 
 # ------------------------------------------------------------------------ sweeps
 def test_sweep_points_like_the_basic_sweeper():
-    from launch.callbacks import sweep_points
+    from launch.preflight.callbacks import sweep_points
 
     cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "training.steps=5", hydra_node=True)
     points = sweep_points(cfg)

@@ -1,4 +1,4 @@
-"""launch/wandb_dashboard.py (the wandb workspace, built offline) and its command
+"""launch/tools/wandb_dashboard.py (the wandb workspace, built offline) and its command
 (``compare_runs.py --wandb-dashboard``): its panels plot metrics the runner logs, group by the
 config the runner logs, filter by the experiment; saving goes through a stand-in server."""
 
@@ -14,11 +14,11 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 from omegaconf import OmegaConf
 
-from launch import numerics_log
-from launch import wandb_dashboard as board
-from launch.compare_runs import main as compare_main
-from launch.run_summary import RECIPE_CONFIG, parse_numerics_metric
-from launch.titan_metrics import RecipeMetricsProcessor, RunHistory
+from launch.run import numerics_log
+from launch.run.run_summary import RECIPE_CONFIG, parse_numerics_metric
+from launch.titan.metrics import RecipeMetricsProcessor, RunHistory
+from launch.tools import wandb_dashboard as board
+from launch.tools.compare_runs import main as compare_main
 from mxfp8_ep import wire_stats
 from mxfp8_ep.config import LEGS, NUMERICS_STATS
 from tests.figures import saved_figures

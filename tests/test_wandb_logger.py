@@ -1,4 +1,4 @@
-"""launch/titan_metrics.py's wandb logger at the end of a run: a connection lost to wandb's
+"""launch/titan/metrics.py's wandb logger at the end of a run: a connection lost to wandb's
 service process while the run finishes (seen once on the 2-core CI machine, after every
 training step had run) is a warning, not a failed job; any other error still raises."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launch.titan_metrics import RecipeWandBLogger
+from launch.titan.metrics import RecipeWandBLogger
 
 
 def _logger(finish):

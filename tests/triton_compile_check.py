@@ -38,8 +38,8 @@ PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "s
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64",
            "weight_ptr": "*fp32", "R": "i32", "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "sorted_row_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
-          "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32", "save_ptr": "*i16",
-          "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
+          "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32",
+          "save_ptr": "*i16", "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
         "valid_ptr": "*i32"}
 
@@ -51,7 +51,8 @@ def launch(block: str, kernel: str, fmt: str, dim: int = 7168) -> dict:
     warps (and push_rows' stripes and stages)."""
     shape = getattr(KernelShapes.default(fmt), kernel)
     constants = WireFormat(fmt).kernel_constants()
-    launched = {**constants, block: shape.block, "BLOCK_D": shape.tile(dim, constants["GROUP"]), "num_warps": shape.warps}
+    launched = {**constants, block: shape.block, "BLOCK_D": shape.tile(dim, constants["GROUP"]),
+                "num_warps": shape.warps}
     if kernel == "push_rows":
         launched.update(STRIPES=shape.stripes, STAGES=shape.stages)
     return launched
@@ -72,14 +73,16 @@ SYMM = {
              HAS_DOT=weighted, **launch("BLOCK_T", "push_tokens", fmt)))
        for fmt in ("mxfp8", "bf16") for w in (2, 8) for weighted in (False, True)},
     # symm: dispatch's backward as one partial sum per token and rank (DeepSeek-V3-like, EP 2).
-    **{f"push_partials_{fmt}": (sk._push_partials_kernel, {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
+    **{f"push_partials_{fmt}": (sk._push_partials_kernel,
+                                {**PUSH_PARTIALS, "stage_ptr": "*u8" if fmt == "mxfp8" else "*i16"},
                                 dict(D=7168, MAX_ROWS=8, IN_BF16=True, ROUNDING=0,
                                      **launch("BLOCK_S", "push_partials", fmt)))
        for fmt in ("bf16", "mxfp8")},
     # nccl: the rows that leave (before its host sync), then the rows that stay.
     **{f"push_mxfp8_only_{pushed}": (sk._push_rows_kernel, PUSH, dict(
         D=7168, TOP_K=8, HAS_SLOT=True, HAS_WEIGHT=False, HAS_DOT=False, IN_BF16=True, ROUNDING=0,
-        PUSHED=sk.pushed_rows_index(pushed), **launch("BLOCK_M", "push_rows", "mxfp8"))) for pushed in ("local", "remote")},
+        PUSHED=sk.pushed_rows_index(pushed), **launch("BLOCK_M", "push_rows", "mxfp8")))
+       for pushed in ("local", "remote")},
     # symm reads staged row i for row i; nccl reads the row its stage_row index names.
     # symm after a weighted token-once push: through the token map, times the row weights.
     **{f"receive_mxfp8{tag}": (sk._receive_rows_kernel, RECEIVE, dict(D=7168, IN_BF16=True,

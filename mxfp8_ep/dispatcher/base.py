@@ -186,7 +186,8 @@ class TokenDispatcher:
             facts = {} if found else {**self.agreed_facts(), "device": device_type}
             gathered = checks.agree(group, "build", facts, fault, local={"host": socket.gethostname()})
             hosts = [g["host"] for g in gathered]
-            return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group, hosts), group)
+            return dispatcher_for(self, resolve_transport(self.a2a.transport, torch.device(device), group, hosts),
+                                  group)
 
     @classmethod
     def serves(cls, config: Config) -> bool:  # noqa: ARG003 (every config, unless a transport says otherwise)

@@ -64,7 +64,8 @@ class NcclTokenDispatcher(TokenDispatcher):
         if cfg.score_before_experts:
             scores = topk_scores_TK.reshape(-1)[slot]
             routed_input = (routed_input.to(torch.float32) * scores.reshape(-1, 1)).to(x_TD.dtype)
-        received = all_to_all_v(routed_input, output_splits, input_splits, self.group, legs=("dispatch_fwd", "dispatch_bwd"))
+        received = all_to_all_v(routed_input, output_splits, input_splits, self.group,
+                                legs=("dispatch_fwd", "dispatch_bwd"))
         with torch.no_grad():
             counts_SL = counts_recv.view(W, L)  # noqa: N806
             align = cfg.pad_multiple
@@ -86,7 +87,8 @@ class NcclTokenDispatcher(TokenDispatcher):
         unpermuted = routed_output.new_empty((num_received + 1, routed_output.shape[1]))
         unpermuted[metadata.permuted] = routed_output
         returned = all_to_all_v(
-            unpermuted[:-1], metadata.input_splits, metadata.output_splits, self.group, legs=("combine_fwd", "combine_bwd"),
+            unpermuted[:-1], metadata.input_splits, metadata.output_splits, self.group,
+            legs=("combine_fwd", "combine_bwd"),
         )
         scores = metadata.topk_scores_TK
         num_tokens, dim = scores.shape[0], routed_output.shape[1]

@@ -288,7 +288,8 @@ class _ToTokens(torch.autograd.Function):
         ctx.expert_rows = meta.row_score is not None
         save = None
         if weight is not None and weight.requires_grad:
-            save = routed_output if ctx.expert_rows else routed_output.new_empty((meta.slot.numel(), routed_output.shape[1]))
+            save = (routed_output if ctx.expert_rows
+                    else routed_output.new_empty((meta.slot.numel(), routed_output.shape[1])))
         out = disp.to_tokens(routed_output, meta, "combine_fwd", weight=weight, save=None if ctx.expert_rows else save)
         ctx.save_for_backward(weight, save)
         return out

@@ -237,7 +237,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         bufs = self._buffers(device, dim, dtype, tokens)
         if fault is None and tokens > bufs.max_tokens:
             error = ValueError(f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per "
-                               f"rank); raise TokenDispatcher.Config.max_tokens_per_rank (rank {self.rank} got {tokens})")
+                               f"rank); raise TokenDispatcher.Config.max_tokens_per_rank (rank {self.rank} got "
+                               f"{tokens})")
             fault = checks.HostFault(checks.Fault.TOKENS, error)
             checked = checks.host_fault_routing(E, fault.fault, device)
         # Every rank's counts, token count and fault word into every rank's count table: a
@@ -363,7 +364,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         W, capacity = self.ep, bufs.capacity
         for peer in range(W):
             if peer != self.rank:
-                send.peer(peer)[: W * capacity * 4].view(torch.float32)[self.rank * capacity : (self.rank + 1) * capacity].copy_(row_dots)
+                send.peer(peer)[: W * capacity * 4].view(torch.float32)[
+                    self.rank * capacity : (self.rank + 1) * capacity].copy_(row_dots)
         wire_stats.record("combine_bwd", (W - 1) * capacity * 4)
         send.barrier()  # the peers' score gradients are in this rank's staging buffer
         returned = send.local[: W * capacity * 4].view(torch.float32)
@@ -436,7 +438,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         return out
 
     def _send_buffer(self, src, meta, leg, fmt):
-        wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(), wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
+        wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(),
+                               wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
         bufs = self._buffers_for(src)
         return self._staged(bufs.take_staging(), bufs.staging_rows, fmt)
 

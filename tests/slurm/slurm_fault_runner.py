@@ -1,7 +1,7 @@
 """Test-only trainer wrapper for tests/slurm/test_train_slurm.py, plugged in through the
 worker's existing debug hook ``MXFP8EP_RUNNER=slurm_fault_runner:run_training`` (this folder
 on ``PYTHONPATH``, which sbatch passes on to the job). Runs the real
-``launch.titan_runner.run_training``, optionally with faults:
+``launch.titan.runner.run_training``, optionally with faults:
 
   MXFP8EP_TEST_CRASH_RANK=1 MXFP8EP_TEST_CRASH_STEP=3   that rank dies (os._exit(3), no
                                                           Python cleanup) before step 3
@@ -20,7 +20,7 @@ from typing import Any
 def run_training(cfg: Any, run_dir: str) -> Any:
     from torchtitan.train import Trainer
 
-    from launch import titan_runner
+    from launch.titan import runner as titan_runner
 
     rank = int(os.environ.get("RANK", "0"))
     crash_rank = int(os.environ.get("MXFP8EP_TEST_CRASH_RANK", "-1"))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.run_summary import LOSS, RunSummary
-from launch.wandb_offline import read_run, read_runs
+from launch.run.run_summary import LOSS, RunSummary
+from launch.run.wandb_offline import read_run, read_runs
 from tests.slurm.polling import wait_until
 from tests.train_cli import train_cmd, train_env
 

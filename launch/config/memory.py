@@ -1,0 +1,135 @@
+"""How much memory one training process needs: an estimate from the model's facts and the
+parallel layout, for the check before launch (``launch/preflight/validate.py``).
+
+Per process (rank):
+
+* parameters, gradients, optimizer state: fp32 master weights (4 bytes), fp32 gradients (4)
+  and AdamW's two moments (8), sharded over all ranks (FSDP x TP for dense weights, EP x
+  FSDP for the experts: either way over the world size);
+* working copies: FSDP gathers one block (and prefetches the next) as bf16 weights with fp32
+  gradients before the reduce-scatter;
+* activations at the configured batch, kept for the backward pass (bf16): per token per
+  layer, attention and norms (~15 x dim bytes: Korthikanti et al. 2022 without the attention
+  matrix, which sdpa/flex never store) plus the FFN (MoE: input, w1/w3 outputs and their
+  product for every routed and shared expert a token visits, and the dispatch / combine
+  buffers); the logits in bf16 and fp32 with their gradient. Full activation checkpointing
+  keeps only each layer's input (plus one layer being recomputed); selective keeps about half;
+  TP splits what is left. The symm transport (``symm``) hands the experts tensors of its
+  capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor x top_k`` rows per token plus
+  padding, ``EP x top_k`` at the worst case, instead of ``top_k``), and with combine's partial
+  sums keeps that many expert-output rows (and no gathered copy for dispatch);
+* the symm transport's peer buffers (two staging buffers, once per process);
+* the runtime: CUDA context and communication buffers on a GPU, the imported libraries of a
+  CPU process.
+
+It is an estimate (allocator fragmentation, temporary buffers and compile are not in it);
+``validate.memory=warn`` launches anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.config.model_facts import ModelFacts
+from mxfp8_ep.capacity import expert_major_capacity, staging_buffer_bytes, staging_rows
+from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR
+
+BF16, FP32 = 2, 4
+ADAM_STATE = 2 * FP32
+# Measured: a CPU worker of this recipe holds ~0.55 GiB before its model; CUDA context + NCCL.
+RUNTIME_BYTES = {"cpu": int(0.6 * 1024**3), "cuda": int(1.5 * 1024**3)}
+_KEPT = {"none": 1.0, "selective": 0.5}
+# Each local expert's rows are padded to this (torchtitan's TOKEN_GROUP_ALIGN_SIZE_M for bf16).
+EXPERT_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    parameters: int
+    gradients: int
+    optimizer: int
+    working_copies: int
+    activations: int
+    runtime: int
+    peer_buffers: int = 0
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer + self.working_copies
+                + self.activations + self.runtime + self.peer_buffers)
+
+
+def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
+                               kept_rows: float | None = None) -> tuple[float, float]:
+    """Bytes kept for the backward per token: (all layers, one layer at most). Per token of an
+    MoE layer: ``routed_rows`` expert rows (default top-k) and ``kept_rows`` rows the
+    dispatcher keeps beside them (default: top-k for dispatch and top-k for combine)."""
+    def ffn(hidden: int, copies: float) -> float:
+        return copies * (m.dim + 4 * hidden) * BF16  # input, w1 and w3 outputs, act, product
+
+    routed = m.top_k if routed_rows is None else routed_rows
+    kept = 2 * m.top_k if kept_rows is None else kept_rows
+    attention = 15 * m.dim
+    moe_layer = attention + ffn(m.moe_hidden_dim, routed + m.num_shared_experts) + kept * m.dim * BF16
+    dense_layer = attention + ffn(m.dense_hidden_dim, 1)
+    layers = m.n_moe_layers * moe_layer + (m.n_layers - m.n_moe_layers) * dense_layer
+    return layers, max(moe_layer, dense_layer if m.n_layers > m.n_moe_layers else 0)
+
+
+def symm_capacity(m: ModelFacts, tokens: int, ep: int, capacity_factor: float | None) -> int:
+    """Rows of the symm transport's expert-major tensors (``mxfp8_ep.capacity``)."""
+    return expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN, capacity_factor)
+
+
+def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
+                        capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> tuple[float, float]:
+    """The symm transport's (routed rows, kept rows) per token of an MoE layer: its expert-side
+    tensors hold its capacity; combine keeps that many expert-output rows with partial sums
+    (top-k > 1: the models here put their scores after the experts exactly when top-k > 1),
+    else each token's top-k rows; dispatch keeps no gathered copy."""
+    routed = symm_capacity(m, tokens, ep, capacity_factor) / max(tokens, 1)
+    partial = m.top_k > 1 and combine_partial_sums
+    return routed, routed if partial else m.top_k
+
+
+def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
+                           capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> int:
+    """The symm transport's two staging buffers (rows of the widest format, bf16; then a token
+    map and row weights of ``capacity`` entries each)."""
+    capacity = symm_capacity(m, tokens, ep, capacity_factor)
+    row = m.dim * BF16
+    rows = staging_rows(ep, tokens, m.top_k, capacity, m.top_k > 1 and combine_partial_sums, row)
+    return 2 * staging_buffer_bytes(rows, row, capacity)
+
+
+def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,
+             activation_checkpoint: str, device: str, symm: bool = False,
+             combine_partial_sums: bool = True,
+             capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> MemoryEstimate:
+    """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda";
+    ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` and
+    ``capacity_factor`` its settings)."""
+    shard = max(1, world)
+    dense_params = m.params - m.expert_params
+    block = (dense_params - 2 * m.vocab_size * m.dim) / m.n_layers / tp
+    if m.n_moe_layers:
+        block += m.expert_params / m.n_moe_layers / ep
+
+    tokens = local_batch_size * seq_len
+    symm = symm and ep > 1 and m.n_moe_layers > 0
+    rows = symm_rows_per_token(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else (None, None)
+    all_layers, one_layer = activation_bytes_per_token(m, *rows)
+    if activation_checkpoint == "full":
+        kept = m.n_layers * m.dim * BF16 + one_layer
+    else:
+        kept = all_layers * _KEPT.get(activation_checkpoint, 1.0)
+    logits = m.vocab_size * (BF16 + 2 * FP32)
+    return MemoryEstimate(
+        parameters=int(m.params * FP32 / shard),
+        gradients=int(m.params * FP32 / shard),
+        optimizer=int(m.params * ADAM_STATE / shard),
+        working_copies=int(2 * block * (BF16 + FP32)),
+        activations=int(tokens * (kept + logits) / tp),
+        runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
+        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else 0,
+    )

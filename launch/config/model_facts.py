@@ -1,0 +1,97 @@
+"""What the checks before launch need to know about each model, without torch or torchtitan.
+
+Importing torchtitan takes ~10 s; validation must take well under 2 s. So the numbers the
+checks use (widths, expert counts, parameter counts, attention kind) are kept here, one row per
+torchtitan 0.2.2 flavor of Llama4 and DeepSeek-V3 plus the recipe's tiny ones.
+``tests/test_model_facts.py`` rebuilds every row from torchtitan (the model on the meta
+device, ``launch.titan.models.facts_from_torchtitan``) and fails when one differs, so a
+torchtitan upgrade cannot leave this table stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["FAMILIES", "MODELS", "ModelFacts", "UnknownModelError", "facts", "resolve"]
+
+FAMILIES = ("llama4", "deepseek_v3")
+
+
+class UnknownModelError(KeyError, ValueError):
+    """Unknown family or flavor (a KeyError for table-style callers, a ValueError for others)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    dim: int
+    n_layers: int
+    n_moe_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    num_experts: int
+    num_shared_experts: int
+    top_k: int
+    # Hidden width of one routed expert, and of a dense layer's FFN (0: no dense layer).
+    moe_hidden_dim: int
+    dense_hidden_dim: int
+    params: int
+    # Of ``params``: the routed experts' weights (sharded over EP).
+    expert_params: int
+    # torchtitan's attention: "sdpa" or "flex" (torch has no flex-attention backward on CPU).
+    attention: str
+
+
+def _flex(facts: ModelFacts) -> ModelFacts:
+    """The same model with flex attention (torchtitan's *_irope / *_flex_attn flavors)."""
+    return dataclasses.replace(facts, attention="flex")
+
+
+_L4_DEBUG = ModelFacts(256, 6, 3, 16, 16, 2048, 8, 1, 1, 512, 768, 15_017_216, 9_437_184, "sdpa")
+_L4_16E = ModelFacts(5120, 48, 48, 40, 8, 202048, 16, 1, 1, 8192, 0, 107_769_861_120, 96_636_764_160, "sdpa")
+_L4_128E = ModelFacts(5120, 48, 24, 40, 8, 202048, 128, 1, 1, 8192, 16384, 400_711_848_960, 386_547_056_640, "sdpa")
+_DS_DEBUG = ModelFacts(256, 6, 5, 16, 16, 2048, 8, 2, 3, 256, 1024, 33_014_016, 7_864_320, "sdpa")
+
+MODELS: dict[tuple[str, str], ModelFacts] = {
+    ("llama4", "tiny"): ModelFacts(128, 2, 2, 4, 2, 512, 4, 1, 1, 192, 0, 968_320, 589_824, "sdpa"),
+    ("llama4", "parity"): ModelFacts(512, 6, 6, 8, 2, 16384, 16, 1, 1, 768, 0, 141_089_280, 113_246_208, "sdpa"),
+    ("llama4", "debugmodel"): _L4_DEBUG,
+    ("llama4", "debugmodel_irope"): _flex(_L4_DEBUG),
+    ("llama4", "17bx16e"): _L4_16E,
+    ("llama4", "17bx16e_irope"): _flex(_L4_16E),
+    ("llama4", "17bx128e"): _L4_128E,
+    ("llama4", "17bx128e_irope"): _flex(_L4_128E),
+    ("deepseek_v3", "tiny"): ModelFacts(128, 2, 2, 4, 4, 512, 8, 1, 2, 64, 0, 731_904, 393_216, "sdpa"),
+    ("deepseek_v3", "parity"): ModelFacts(512, 8, 7, 8, 8, 16384, 32, 1, 4, 256, 1536, 117_040_640, 88_080_384, "sdpa"),
+    ("deepseek_v3", "parity_tiny"): ModelFacts(128, 3, 2, 4, 4, 16384, 16, 1, 4, 64, 384, 5_416_000, 786_432, "sdpa"),
+    ("deepseek_v3", "ep_bench"): ModelFacts(7168, 2, 2, 16, 16, 512, 64, 1, 8, 2048, 0,
+                                            5_819_371_520, 5_637_144_576, "sdpa"),
+    ("deepseek_v3", "debugmodel"): _DS_DEBUG,
+    ("deepseek_v3", "debugmodel_flex_attn"): _flex(_DS_DEBUG),
+    ("deepseek_v3", "16B"): ModelFacts(2048, 27, 26, 16, 16, 102400, 64, 2, 6, 1408, 10944,
+                                       15_706_484_224, 14_394_851_328, "flex"),
+    ("deepseek_v3", "236B"): ModelFacts(5120, 60, 59, 128, 128, 102400, 160, 2, 6, 1536, 12288,
+                                        235_741_434_880, 222_717_542_400, "flex"),
+    ("deepseek_v3", "671B"): ModelFacts(7168, 61, 58, 128, 128, 129280, 256, 1, 8, 2048, 18432,
+                                        671_026_404_352, 653_908_770_816, "flex"),
+}
+
+
+def resolve(family: str, flavor: str) -> tuple[str, str]:
+    """``(family, flavor)`` as torchtitan spells them; flavors match regardless of case
+    ("16b" -> "16B": Hydra option names are lowercase). Raises :class:`UnknownModelError`."""
+    if family not in FAMILIES:
+        raise UnknownModelError(f"unknown model family {family!r}; known: {list(FAMILIES)}")
+    known = [f for fam, f in MODELS if fam == family]
+    by_lower = {f.lower(): f for f in known}
+    if flavor.lower() not in by_lower:
+        raise UnknownModelError(f"unknown flavor {flavor!r} for {family}; known: {known}")
+    return family, by_lower[flavor.lower()]
+
+
+def facts(family: str, flavor: str) -> ModelFacts:
+    return MODELS[resolve(family, flavor)]

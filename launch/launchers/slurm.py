@@ -1,0 +1,338 @@
+"""``launcher=slurm``: submit the run as one SLURM job with submitit.
+
+One task per process (``parallelism.nodes`` × ``parallelism.procs_per_node``); every task sets
+up torch.distributed from SLURM's environment and calls ``run_training``. A job that is
+preempted or reaches its time limit gets SLURM's SIGUSR2 first: the run stops at the next step
+boundary with a checkpoint and a finished wandb run, then submitit requeues the job (up to
+``launcher.max_num_timeout`` times) and it resumes from that checkpoint in the same run dir,
+in the same wandb run. ``scancel`` (SIGTERM) stops it the same way, without requeueing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from launch.launchers import slurm_cluster
+from launch.launchers.launcher import LauncherConfig, RunFailed, RunRefused, RunStopped, Target
+from launch.launchers.machine import GIB, Machine
+from launch.run import console
+from launch.run.run_dir import CONSOLE_LOG
+from launch.run.run_summary import RunSummary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """``launcher=slurm``: what the job asks SLURM for. Nodes and tasks per node come from the
+    parallelism group."""
+
+    _target_: str = "launch.launchers.slurm.SlurmLauncher"
+    name: str = "slurm"
+    # sbatch --partition / --account / --qos; None = SLURM's default.
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    # Wall-clock limit of one job (minutes).
+    time_min: int = 60
+    # Requeue on preemption / time limit, resuming from the last checkpoint, up to this often.
+    max_num_timeout: int = 3
+    # None = SLURM's default for the partition.
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[int] = None
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    # GPUs to request per node; None = one per process (parallelism.procs_per_node); 0 on a
+    # CPU-only cluster.
+    gpus_per_node: Optional[int] = None
+    # pyxis/enroot container image (srun --container-image); None = run on the host.
+    container_image: Optional[str] = None
+    container_mounts: Optional[str] = None
+    # Extra arguments for the srun that starts the tasks (after the pyxis ones).
+    srun_args: list[str] = field(default_factory=list)
+    # Extra #SBATCH lines as {key: value}.
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # Shell lines run in the batch script before srun.
+    setup: list[str] = field(default_factory=list)
+    # sbatch --job-name; None = "mxfp8ep-<experiment>".
+    job_name: Optional[str] = None
+    # Block until the job ends and report its state.
+    wait: bool = False
+
+
+class SlurmLauncher:
+    """Submits one job per run (per sweep point with --multirun); returns right after
+    submission unless ``launcher.wait=true``, which follows the job's console lines and
+    returns its summary."""
+
+    Config = SlurmLauncherConfig
+
+    def target(self, cfg: Any, machine: Machine) -> Target:  # noqa: ARG002 (the Launcher protocol)
+        lc = cfg.launcher
+        if lc.gpus_per_node == 0:
+            ram = lc.mem_gb * GIB if lc.mem_gb else None
+            cores = lc.cpus_per_task * cfg.parallelism.procs_per_node if lc.cpus_per_task else None
+            return Target("cpu", ram, "launcher.mem_gb", "launcher.gpus_per_node=0 (a CPU cluster)",
+                          cores=cores)
+        # The compute nodes' GPUs cannot be seen from here: no memory check.
+        return Target("cuda", None, "each GPU's memory", "the job asks for GPUs")
+
+    def check(self, cfg: Any, machine: Machine, report: Any) -> None:  # noqa: ARG002 (the Launcher protocol)
+        lc, p = cfg.launcher, cfg.parallelism
+        if lc.time_min <= 0:
+            report.error(f"launcher.time_min={lc.time_min} must be > 0 (minutes)")
+        if lc.max_num_timeout < 0:
+            report.error(f"launcher.max_num_timeout={lc.max_num_timeout} must be >= 0")
+        gpus = lc.gpus_per_node
+        if gpus is not None and gpus < 0:
+            report.error(f"launcher.gpus_per_node={gpus} must be >= 0 (or null: one per process)")
+        elif gpus and gpus < p.procs_per_node:
+            report.error(
+                f"launcher.gpus_per_node={gpus} < parallelism.procs_per_node={p.procs_per_node}: "
+                f"each process needs its own GPU; set launcher.gpus_per_node=null"
+            )
+        if p.share_gpu:
+            report.error("parallelism.share_gpu=true puts every process on one GPU of the machine it runs on, "
+                         "for numerics studies: use launcher=local, or parallelism.share_gpu=false on SLURM "
+                         "(a GPU per process)")
+        if lc.container_mounts and not lc.container_image:
+            report.error("launcher.container_mounts is set but launcher.container_image is not")
+        if lc.max_num_timeout > 0 and not cfg.training.checkpoint_enable:
+            report.warn(
+                "launcher=slurm requeues a preempted or timed-out job, but training.checkpoint_enable="
+                "false: a requeued job starts again from step 0"
+            )
+        slurm_cluster.check_request(cfg, job_gpus_per_node(cfg), report)
+
+    def launch(self, cfg: Any, run_dir: str) -> Optional[RunSummary]:
+        sub = submit(cfg, run_dir)
+        if sub.state is None:
+            return None
+        return RunSummary.read(run_dir)
+
+
+def slurm_executor_params(cfg: Any, workdir: Path | str | None = None) -> dict[str, Any]:
+    """``AutoExecutor.update_parameters`` arguments for ``cfg`` (pure: no cluster needed).
+    ``workdir``: the tasks' working directory inside a container (default: this one)."""
+    lc, p = cfg.launcher, cfg.parallelism
+    params: dict[str, Any] = {
+        "name": lc.job_name or f"mxfp8ep-{cfg.experiment}",
+        "nodes": p.nodes,
+        "tasks_per_node": p.procs_per_node,
+        "timeout_min": lc.time_min,
+        # Task 0's stdout and stderr in one file: the log path we print.
+        "stderr_to_stdout": True,
+    }
+    gpus = job_gpus_per_node(cfg)
+    if gpus:  # 0 (CPU cluster): no GPU request at all
+        params["gpus_per_node"] = gpus
+    if lc.cpus_per_task:
+        params["cpus_per_task"] = lc.cpus_per_task
+    if lc.mem_gb:
+        params["mem_gb"] = lc.mem_gb
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(lc, key)
+        if value:
+            params[f"slurm_{key}"] = value
+    if lc.exclusive:
+        params["slurm_exclusive"] = True
+
+    # One rank dying ends the step: without this, NCCL ranks would wait in their next
+    # collective until its timeout instead of the job failing at once.
+    srun_args: list[str] = ["--kill-on-bad-exit=1"]
+    if lc.container_image:
+        # pyxis: every task runs inside the image, in the same directory as on the host
+        # (the repository must be mounted there).
+        srun_args.append(f"--container-image={lc.container_image}")
+        if lc.container_mounts:
+            srun_args.append(f"--container-mounts={lc.container_mounts}")
+        srun_args.append(f"--container-workdir={workdir or os.getcwd()}")
+    srun_args.extend(lc.srun_args)
+    params["slurm_srun_args"] = srun_args
+    if lc.setup:
+        params["slurm_setup"] = list(lc.setup)
+    if lc.additional_parameters:
+        params["slurm_additional_parameters"] = dict(lc.additional_parameters)
+    return params
+
+
+def job_gpus_per_node(cfg: Any) -> int:
+    """GPUs the job asks for on each node: ``launcher.gpus_per_node``, or one per process."""
+    lc = cfg.launcher
+    return cfg.parallelism.procs_per_node if lc.gpus_per_node is None else lc.gpus_per_node
+
+
+def slurm_executor_kwargs(cfg: Any) -> dict[str, Any]:
+    """``AutoExecutor(...)`` constructor arguments (requeue budget, python inside containers)."""
+    kwargs: dict[str, Any] = {"slurm_max_num_timeout": cfg.launcher.max_num_timeout}
+    if cfg.launcher.container_image:
+        # The submitting interpreter's path need not exist inside the image.
+        kwargs["slurm_python"] = "python"
+    return kwargs
+
+
+class SlurmTrainJob:
+    """The function submitit runs in every task; requeues itself on preemption / timeout."""
+
+    def __init__(self, cfg_yaml: str, run_dir: str, requeues: int = 0):
+        self.cfg_yaml = cfg_yaml
+        self.run_dir = run_dir
+        self.requeues = requeues
+
+    def __call__(self) -> Optional[RunSummary]:
+        import submitit
+
+        from launch.launchers.worker import run_worker
+        from launch.run.stop import Stopped, StopSignals
+
+        # MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from SLURM.
+        # Keep CUDA_VISIBLE_DEVICES: torchtitan picks cuda:LOCAL_RANK itself.
+        env = submitit.helpers.TorchDistributedEnvironment().export(
+            set_cuda_visible_devices=False, overwrite=True
+        )
+        if env.rank == 0 and self.requeues:
+            line = (f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
+                    f"last checkpoint in {self.run_dir}")
+            print(line, flush=True)
+            with Path(self.run_dir, CONSOLE_LOG).open("a") as f:
+                f.write(f"==== {line.removeprefix('[mxfp8ep] ')} ====\n")
+        # The runner writes the run's summary.json (rank 0) and stops cleanly on signals.
+        stopped_by = None
+        try:
+            with StopSignals():  # from here on, SIGTERM / SIGUSR2 stop the run cleanly
+                summary = run_worker(self.cfg_yaml, self.run_dir)
+        except Stopped as e:
+            summary, stopped_by = e.summary, e.signum
+        if summary is not None:
+            print(console.format_summary(summary), flush=True)
+        if stopped_by == signal.SIGUSR2:
+            # SLURM's notice of a preemption / the time limit: the run has stopped with a
+            # checkpoint; now submitit's SIGUSR2 handler (restored after training) does what it
+            # does: on rank 0 call checkpoint() below, requeue the job, exit.
+            signal.getsignal(signal.SIGUSR2)(signal.SIGUSR2, None)
+        return summary
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        """Called by submitit on preemption / time limit: resubmit the same run. torchtitan
+        loads the newest checkpoint under the run dir when the new job starts, and the wandb
+        run id in the config is the same."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(
+            SlurmTrainJob(self.cfg_yaml, self.run_dir, self.requeues + 1)
+        )
+
+
+@dataclass
+class SlurmSubmission:
+    job_id: str
+    log_path: str
+    folder: str
+    state: Optional[str] = None  # set when waited for: COMPLETED / FAILED / CANCELLED / ...
+
+
+def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
+    """Submit the run; with ``launcher.wait`` block until it ends and report its final state.
+    Raises :class:`RunRefused` when SLURM (or submitit) does not take the job."""
+    if shutil.which("sbatch") is None:
+        raise RunRefused(
+            "launcher=slurm needs the SLURM client (sbatch) on PATH: run from a SLURM login node, "
+            "or use launcher=local"
+        )
+    import submitit
+
+    from launch.config.schema import config_to_yaml
+
+    folder = os.path.join(run_dir, "slurm")
+    try:
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm", **slurm_executor_kwargs(cfg))
+    except RuntimeError as e:  # submitit's own check of the SLURM client (srun)
+        raise RunRefused(f"submitit cannot submit from here ({e}); run from a SLURM login node "
+                         f"(sbatch and srun on PATH), or use launcher=local") from e
+    try:
+        executor.update_parameters(**slurm_executor_params(cfg))
+    except (NameError, ValueError, TypeError) as e:  # a parameter submitit does not take
+        raise RunRefused(f"submitit rejected the job's parameters ({str(e).splitlines()[0]}); check "
+                         f"launcher.additional_parameters and launcher.srun_args") from e
+    job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
+    sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder)
+    log.info("submitted SLURM job %s; task 0's log: %s", sub.job_id, sub.log_path)
+    print(f"[mxfp8ep] submitted SLURM job {sub.job_id}\n"
+          f"[mxfp8ep]   log (task 0): {sub.log_path}\n"
+          f"[mxfp8ep]   run dir:      {run_dir}", flush=True)
+    if not cfg.launcher.wait:
+        return sub
+    return _wait(job, sub, run_dir)
+
+
+def _submit(executor: Any, fn: Any, cfg: Any) -> Any:
+    """``executor.submit(fn)``; a refusal becomes one :class:`RunRefused` that names the
+    option to change. submitit prints sbatch's stderr itself before raising: that goes into the
+    message instead."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            return executor.submit(fn)
+    except FailedJobError as e:  # sbatch exited non-zero; its stderr is the message
+        raise RunRefused(slurm_cluster.explain_refusal(str(e) or printed.getvalue(), cfg,
+                                                       job_gpus_per_node(cfg))) from e
+    except FailedSubmissionError as e:  # sbatch said something without a job id
+        raise RunRefused(f"sbatch did not return a job id ({str(e).splitlines()[0]}); check the "
+                         f"launcher.* options and `sbatch --version`") from e
+    except OSError as e:  # sbatch could not be run at all
+        raise RunRefused(f"could not run sbatch ({e}); run from a SLURM login node, or use "
+                         f"launcher=local") from e
+
+
+def _wait(job: Any, sub: SlurmSubmission, run_dir: str) -> SlurmSubmission:
+    """Follow the job's console lines until it ends. Ctrl-C here stops the run, as it does a
+    local one: scancel sends SIGTERM to every task, which stop cleanly (checkpoint, wandb)."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    try:
+        with console.follow(run_dir):
+            job.results()
+    except KeyboardInterrupt:
+        job.cancel(check=False)
+        sub.state = _final_state(job)
+        raise RunStopped(int(signal.SIGINT), RunSummary.read(run_dir)) from None
+    except (FailedJobError, UncompletedJobError) as e:
+        sub.state = _final_state(job) or "FAILED"
+        raise RunFailed(
+            f"SLURM job {sub.job_id} {sub.state}; see {sub.log_path} (every task's log: "
+            f"{sub.folder}/{sub.job_id}_<task>_log.out); {str(e).strip().splitlines()[-1]}"
+        ) from None
+    sub.state = _final_state(job) or "COMPLETED"
+    print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}", flush=True)
+    return sub
+
+
+_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
+             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def _final_state(job: Any, timeout_s: float = 90.0) -> Optional[str]:
+    """SLURM's state once the job has left RUNNING/COMPLETING (results can arrive first)."""
+    deadline = time.monotonic() + timeout_s
+    state = None
+    while True:
+        try:
+            # sacct writes e.g. "CANCELLED by 0"; get_info's cache is stale without "force".
+            raw = job.get_info(mode="force").get("State")
+            state = raw.split()[0] if raw else state
+        except Exception:  # noqa: BLE001 - state is informational
+            pass
+        if (state and state.startswith(_TERMINAL)) or time.monotonic() > deadline:
+            return state
+        time.sleep(1.0)

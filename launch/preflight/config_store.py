@@ -1,0 +1,36 @@
+"""Register the recipe's structured configs and resolvers with Hydra / OmegaConf.
+
+* ``train_schema`` (``launch.config.schema.TrainConfig``) starts ``conf/train.yaml``'s defaults list
+  and types every group but ``launcher`` (each launcher types its own fields: launch/launchers/launcher.py):
+  a misspelled key or a wrong type fails while Hydra composes.
+* ``a2a_preset_<name>`` for every preset in ``mxfp8_ep.config.PRESETS``: the legs of
+  ``conf/a2a/<name>.yaml`` come from there (root-level nodes, so ``--help`` does not list
+  them as a group).
+* ``${mxfp8ep.run_dir:...}`` (``hydra.run.dir``): the run dir ``training.resume`` asks for.
+* ``${mxfp8ep.folder_name:<overrides>,<a2a>}`` (run and sweep folder names): what the run
+  trains, from its overrides (``launch.run.run_dir.folder_name``).
+"""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from launch.config.schema import A2ASchema, TrainConfig
+from launch.run.run_dir import folder_name, resolve_run_dir
+from mxfp8_ep.config import PRESETS
+
+
+def register_configs() -> None:
+    """Idempotent: safe to call from the Hydra app and from tests."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for name, legs in PRESETS.items():
+        cs.store(name=f"a2a_preset_{name}", node=A2ASchema(name=name, **legs))
+    OmegaConf.register_new_resolver("mxfp8ep.run_dir", resolve_run_dir, replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("mxfp8ep.folder_name",
+                                     lambda overrides, a2a: folder_name(list(overrides or []), a2a),
+                                     replace=True)
+
+
+register_configs()

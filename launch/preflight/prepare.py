@@ -1,0 +1,102 @@
+"""From what Hydra composed to the config a run launches with, before anything is started.
+
+:func:`prepare_run` (a single run; ``launch.preflight.callbacks.PrepareRun`` calls it before Hydra creates
+the run dir): resolve ``training.resume`` (``launch.run.resume``), then :func:`prepare`. A sweep's
+jobs go through :func:`prepare` alone (``launch/train.py``), after
+``launch.preflight.callbacks.CheckEverySweepPoint`` checked every point.
+
+:func:`prepare`: fill the fields whose defaults depend on the rest (wandb group, run id and
+name), check everything (``launch.preflight.validate``) and type the launcher's fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import uuid
+from typing import Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from launch.config.problems import ConfigError
+from launch.launchers.launcher import with_typed_launcher
+from launch.preflight.validate import validate
+from launch.run.resume import AUTO, Resume, check_new_run_dir, check_resumable, resumed_config
+from launch.run.run_dir import RunDirBefore, run_name
+
+# The run dir PrepareRun prepared the config for (train.py does not prepare it again), what
+# the launch resumes (None: a new run) and what the run dir held before.
+_prepared: Optional[str] = None
+_prepared_launch: tuple[Optional[Resume], Optional[RunDirBefore]] = (None, None)
+
+
+def finalize(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """Fill the fields whose defaults depend on the rest of the config (a copy)."""
+    cfg = copy.deepcopy(cfg)
+    with read_write(cfg):
+        lg = cfg.logging
+        lg.group = lg.group or cfg.experiment
+        lg.run_id = lg.run_id or uuid.uuid4().hex[:8]
+        lg.run_name = lg.run_name or run_name(overrides, cfg.a2a.name)
+    return cfg
+
+
+def prepare(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """The launch config and the warnings; raises :class:`ConfigError` with every problem."""
+    cfg = finalize(cfg, overrides)
+    warnings = validate(cfg)
+    return with_typed_launcher(cfg), warnings
+
+
+def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
+                compose: Callable[[list[str]], DictConfig],
+                run_dir_given: bool = False) -> tuple[DictConfig, list[str], Optional[Resume]]:
+    """A single run: the launch config, the warnings and what ``training.resume`` continues
+    (None without it; its ``line`` says what it does). ``composed``: Hydra's config without its
+    own node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line."""
+    asked = composed.training.resume
+    resume = None
+    cfg = composed
+    if asked is None:
+        check_new_run_dir(run_dir, composed.training.checkpoint_folder)
+    else:
+        if run_dir_given and asked != AUTO and os.path.abspath(asked) != os.path.abspath(run_dir):
+            raise ConfigError([f"training.resume={asked} and hydra.run.dir={run_dir} name two "
+                               f"folders: give training.resume alone (the run stays in its folder)"])
+        step = check_resumable(asked, run_dir, composed.training.checkpoint_folder)
+        resume = Resume(run_dir, asked)
+        if step is not None:
+            cfg, resume = resumed_config(composed, overrides, run_dir, step, compose)
+    cfg, warnings = prepare(cfg, overrides)
+    return cfg, warnings, resume
+
+
+def mark_prepared(run_dir: str, resume: Optional[Resume], before: RunDirBefore) -> None:
+    global _prepared, _prepared_launch
+    _prepared = os.path.abspath(run_dir)
+    _prepared_launch = (resume, before)
+
+
+def prepared_launch() -> tuple[Optional[Resume], Optional[RunDirBefore]]:
+    """What the prepared launch resumes (None: a new run) and what its run dir held before."""
+    return _prepared_launch
+
+
+def was_prepared(run_dir: str) -> bool:
+    return _prepared == os.path.abspath(run_dir)
+
+
+def replace_task_config(config: DictConfig, cfg: DictConfig) -> None:
+    """Put ``cfg`` in place of the task part of Hydra's ``config`` (its ``hydra`` node stays):
+    what the job, and ``.hydra/config.yaml``, get."""
+    with read_write(config), open_dict(config):
+        for key in list(config.keys()):
+            if key != "hydra" and key not in cfg:
+                del config[key]
+        for key in cfg.keys():
+            config[key] = cfg[key]
+
+
+def task_config(config: DictConfig) -> DictConfig:
+    """Hydra's ``config`` without its own node."""
+    return OmegaConf.masked_copy(config, [k for k in config.keys() if k != "hydra"])

@@ -1,0 +1,443 @@
+"""Check a composed training config before any process or job is started.
+
+Everything that can be known without starting a process is checked here, in well under two
+seconds (no torch, no torchtitan: model numbers come from ``launch.config.model_facts``, the machine
+from ``launch.launchers.machine``): keys the schema does not have (also ones added with ``+``), values,
+what torchtitan requires of the sequence length and the parallel degrees, the model against
+the parallel layout, the kernel and transport against the device, data and tokenizer paths,
+the launcher's own settings, a memory estimate against this machine and, for CPU processes, a
+bound on the time of a step.
+
+Every problem found is collected and raised together as one :class:`ConfigError`, each line
+saying what to change. Things that are legal but probably not what the user meant come back
+as warnings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from launch.config import model_facts
+from launch.config.memory import MemoryEstimate, estimate
+from launch.config.model_facts import ModelFacts
+from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
+                                    unknown_key_problem)
+from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig
+from launch.config.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
+from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
+from launch.launchers.machine import GIB, Machine
+from launch.run.console import format_eta
+from launch.titan.data import check_data
+from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
+from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
+from mxfp8_ep.wire_format import WireFormat, quantized_formats
+
+WANDB_MODES = ("offline", "online", "disabled")
+ACTIVATION_CHECKPOINT = ("none", "full", "selective")
+MEMORY_CHECK = ("error", "warn")
+# a2a.name for legs set by hand (no preset).
+CUSTOM_A2A = "custom"
+
+
+def validate(cfg: Any, machine: Optional[Machine] = None) -> list[str]:
+    """Raise :class:`ConfigError` listing every problem in ``cfg``; return the warnings.
+
+    ``cfg`` is the composed config (``launch.config.schema.TrainConfig``); ``machine`` defaults to
+    this one (``Machine.probe()``).
+    """
+    machine = machine or Machine.probe()
+    r = Report()
+    launcher = _launcher(cfg, r)
+    if not _check_keys(cfg, r, launcher):
+        raise ConfigError(r.errors)  # the checks below read the schema's keys
+    if launcher is not None:
+        cfg = _with_launcher_types(cfg, launcher, r)
+    _check_training(cfg, r)
+    world = _check_parallelism(cfg, r)
+    quantized = _check_a2a(cfg, r)
+    facts = _check_model(cfg, r)
+    if facts is not None:
+        _check_model_vs_parallelism(cfg, r, facts, quantized)
+    _check_data(cfg, r, facts, world)
+    _check_logging(cfg, r)
+    if launcher is not None and not r.errors:
+        machine_launcher = launcher()
+        machine_launcher.check(cfg, machine, r)
+        target = machine_launcher.target(cfg, machine)
+        _check_device(cfg, r, target, facts)
+        if facts is not None and world is not None:
+            _check_memory(cfg, r, target, facts)
+        if facts is not None:
+            _check_step_time(cfg, r, target, facts)
+    if r.errors:
+        raise ConfigError(r.errors)
+    return r.warnings
+
+
+# ------------------------------------------------------------------------------- keys
+def _check_keys(cfg: Any, r: Report, launcher: Optional[type[Launcher]]) -> bool:
+    """Keys the schema does not know: Hydra rejects ``training.stepz=3`` but lets
+    ``+training.stepz=3`` add one. The ``launcher`` group is checked against the chosen
+    launcher's own ``Config``."""
+    before = len(r.errors)
+    _unknown_keys(cfg, TrainConfig, "", r)
+    if launcher is not None and isinstance(cfg.get("launcher"), DictConfig):
+        _unknown_keys(cfg.launcher, launcher.Config, "launcher.", r,
+                      owner=f"launcher={cfg.launcher.get('name')}")
+    return len(r.errors) == before
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str, r: Report, owner: Optional[str] = None) -> None:
+    known = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        if key == "hydra" and not prefix:
+            continue
+        if key not in known:
+            r.error(unknown_key_problem(f"{prefix}{key}", known, owner))
+            continue
+        child = node._get_node(key)
+        child_schema = OmegaConf.get_type(child) if isinstance(child, DictConfig) else None
+        if child_schema is not None and dataclasses.is_dataclass(child_schema):
+            _unknown_keys(child, child_schema, f"{prefix}{key}.", r)
+
+
+def _with_launcher_types(cfg: Any, launcher: type[Launcher], r: Report) -> Any:
+    """``cfg`` with its ``launcher`` node typed (a copy); a wrong type is a problem."""
+    import copy
+
+    try:
+        node = typed_launcher(launcher, cfg.launcher)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "key", None)
+        value = cfg.launcher.get(key) if key else None
+        r.error(type_problem(f"launcher.{key}", value, str(e)) if key else f"launcher: {e}")
+        return cfg
+    out = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(out, False)
+    with open_dict(out):
+        out.launcher = node
+    return out
+
+
+# --------------------------------------------------------------------------- training
+def _check_training(cfg: Any, r: Report) -> None:
+    t = cfg.training
+    for key in ("steps", "seq_len", "local_batch_size"):
+        if getattr(t, key) <= 0:
+            r.error(f"training.{key}={getattr(t, key)} must be > 0 (e.g. training.{key}=8)")
+    if t.lr <= 0:
+        r.error(f"training.lr={t.lr} must be > 0")
+    if t.warmup_steps < 0:
+        r.error(f"training.warmup_steps={t.warmup_steps} must be >= 0")
+    elif t.steps > 0 and t.warmup_steps >= t.steps:
+        r.warn(
+            f"training.warmup_steps={t.warmup_steps} >= training.steps={t.steps}: the learning "
+            "rate never leaves warmup"
+        )
+    if t.max_norm <= 0:
+        r.error(f"training.max_norm={t.max_norm} must be > 0")
+    if t.checkpoint_enable and t.checkpoint_interval <= 0:
+        r.error(f"training.checkpoint_interval={t.checkpoint_interval} must be > 0")
+    if t.checkpoint_keep == 1 or t.checkpoint_keep < 0:
+        r.error(f"training.checkpoint_keep={t.checkpoint_keep}: 0 (keep all) or >= 2 (torchtitan "
+                f"keeps the one being written besides the newest complete one)")
+    if t.activation_checkpoint not in ACTIVATION_CHECKPOINT:
+        r.error(choice_problem("training.activation_checkpoint", t.activation_checkpoint,
+                               ACTIVATION_CHECKPOINT))
+    warmup_and_active = PROFILER_WARMUP_STEPS + 1
+    if t.profile_freq != 0 and t.profile_freq < warmup_and_active:
+        r.error(
+            f"training.profile_freq={t.profile_freq}: 0 (off) or >= {warmup_and_active} (the "
+            f"profiler warms up {PROFILER_WARMUP_STEPS} steps before the step it records)"
+        )
+    if cfg.validate.memory not in MEMORY_CHECK:
+        r.error(choice_problem("validate.memory", cfg.validate.memory, MEMORY_CHECK))
+    if cfg.validate.max_step_s < 0:
+        r.error(f"validate.max_step_s={cfg.validate.max_step_s}: 0 (no check) or the seconds a "
+                f"step on CPU may take at most (e.g. 300)")
+
+
+# ------------------------------------------------------------------------ parallelism
+def _check_parallelism(cfg: Any, r: Report) -> Optional[int]:
+    """Return the world size, or None when the degrees themselves are invalid."""
+    p = cfg.parallelism
+    ok = True
+    for key in ("nodes", "procs_per_node", "ep", "tp"):
+        if getattr(p, key) < 1:
+            r.error(f"parallelism.{key}={getattr(p, key)} must be >= 1")
+            ok = False
+    if p.fsdp == 0 or p.fsdp < -1:
+        r.error(f"parallelism.fsdp={p.fsdp}: use -1 (the rest of the world size) or a degree >= 1")
+        ok = False
+    if not ok:
+        return None
+    world = p.nodes * p.procs_per_node
+    where = (
+        f"world size = parallelism.nodes × parallelism.procs_per_node = "
+        f"{p.nodes} × {p.procs_per_node} = {world}"
+    )
+    if world % p.tp:
+        r.error(f"parallelism.tp={p.tp} does not divide the {where}")
+        return world
+    fsdp = world // p.tp if p.fsdp == -1 else p.fsdp
+    if fsdp * p.tp != world:
+        r.error(
+            f"parallelism.fsdp × parallelism.tp = {p.fsdp} × {p.tp} = {p.fsdp * p.tp} must equal "
+            f"the {where}; set parallelism.fsdp=-1 to use the rest, or parallelism.fsdp="
+            f"{world // p.tp}"
+        )
+    if world % p.ep:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        r.error(
+            f"parallelism.ep={p.ep} must divide the {where}; choose parallelism.ep from "
+            f"{divisors} or change the number of processes"
+        )
+    # torchtitan 0.2.2 (ParallelDims.seq_len_divisor): sequence parallel splits the sequence
+    # over TP, and context parallel's load balancing halves it (2 × CP; CP is 1 here).
+    divisor = 2 * p.tp
+    if cfg.training.seq_len > 0 and cfg.training.seq_len % divisor:
+        fixed = -(-cfg.training.seq_len // divisor) * divisor
+        r.error(
+            f"training.seq_len={cfg.training.seq_len}: torchtitan needs a multiple of 2 × "
+            f"parallelism.tp = {divisor}; use training.seq_len={fixed}"
+        )
+    return world
+
+
+# -------------------------------------------------------------------------------- a2a
+def _check_a2a(cfg: Any, r: Report) -> bool:
+    """Return whether any leg is MXFP8."""
+    a = cfg.a2a
+    if a.name not in PRESETS and a.name != CUSTOM_A2A:
+        r.error(
+            f"a2a.name={a.name!r} is not a preset; {did_you_mean(a.name, PRESETS, 'a2a={}')}use "
+            f"a2a=<one of {sorted(PRESETS)}>, or a2a.name={CUSTOM_A2A} with the legs set by hand"
+        )
+    for key, allowed in FIELD_CHOICES.items():
+        if a[key] not in allowed:
+            r.error(choice_problem(f"a2a.{key}", a[key], allowed))
+    factor_error = capacity_factor_error(a.capacity_factor)
+    if factor_error is not None:
+        r.error(f"a2a.capacity_factor={a.capacity_factor!r}: {factor_error}")
+    formats = quantized_formats(a[leg] for leg in LEGS)
+    if a.quantize_local_rows and not formats:
+        r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
+                f"legs, but a2a={a.name} quantizes none; use a2a=mxfp8 or a2a=mxfp8_all with it, "
+                f"or drop a2a.quantize_local_rows")
+    if a.name in PRESETS:
+        changed = [f"{leg}={a[leg]}" for leg in LEGS if a[leg] != PRESETS[a.name][leg]]
+        if changed:
+            r.warn(
+                f"a2a legs differ from preset {a.name!r} ({', '.join(changed)}); the run is still "
+                f"labelled a2a={a.name} – set a2a.name={CUSTOM_A2A} to make that visible"
+            )
+    return formats
+
+
+# ------------------------------------------------------------------------------ model
+def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
+    m = cfg.model
+    try:
+        return model_facts.facts(m.family, m.flavor)
+    except model_facts.UnknownModelError:
+        if m.family not in model_facts.FAMILIES:
+            r.error(f"model={m.name}: {choice_problem('model.family', m.family, model_facts.FAMILIES)}")
+        else:
+            flavors = sorted(f for fam, f in model_facts.MODELS if fam == m.family)
+            r.error(f"model={m.name}: {choice_problem('model.flavor', m.flavor, flavors)}")
+        return None
+
+
+def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantized: list[WireFormat]) -> None:
+    p = cfg.parallelism
+    if quantized and p.ep == 1 and not cfg.a2a.quantize_local_rows:
+        r.warn(
+            f"a2a={cfg.a2a.name} quantizes the all-to-all but parallelism.ep=1: every token stays "
+            "in its process, nothing crosses a wire, and the MXFP8 legs are skipped. Use "
+            "parallelism=ep2 (or higher) to measure anything, or a2a.quantize_local_rows=true to "
+            "train with every row quantized as if it crossed."
+        )
+    if cfg.a2a.quantize_local_rows and p.ep == 1 and p.tp > 1:
+        r.error(f"a2a.quantize_local_rows=true with parallelism.ep=1 routes the MoE layers through the "
+                f"dispatcher on each rank alone, which takes whole experts, but parallelism.tp={p.tp} "
+                f"shards them; use parallelism.tp=1 or parallelism.ep > 1")
+    if p.ep >= 1 and facts.num_experts % p.ep:
+        divisors = [d for d in range(1, facts.num_experts + 1) if facts.num_experts % d == 0]
+        r.error(
+            f"parallelism.ep={p.ep} must divide the number of experts of model={cfg.model.name} "
+            f"({facts.num_experts}); choose parallelism.ep from {divisors}"
+        )
+    for fmt in quantized:
+        if fmt.dim_error(facts.dim):
+            r.error(
+                f"model={cfg.model.name} has hidden dim {facts.dim}, not a multiple of {fmt.block_size} "
+                f"(the {fmt.value} block size), so its tokens cannot be sent as {fmt.value}; use a2a=bf16 "
+                f"or a model with dim % {fmt.block_size} == 0"
+            )
+    if p.tp > 1:
+        for name, heads in (("n_heads", facts.n_heads), ("n_kv_heads", facts.n_kv_heads)):
+            if heads % p.tp:
+                r.error(f"parallelism.tp={p.tp} must divide {name}={heads} of model={cfg.model.name}")
+
+
+# ------------------------------------------------------------------------------- data
+def _check_data(cfg: Any, r: Report, facts: Optional[ModelFacts], world: Optional[int]) -> None:
+    tp = cfg.parallelism.tp
+    dp = world // tp if world and tp >= 1 and world % tp == 0 else None
+    errors, warnings = check_data(cfg.training, model_vocab=facts.vocab_size if facts else None,
+                                  dp_degree=dp)
+    for e in errors:
+        r.error(e)
+    for w in warnings:
+        r.warn(w)
+
+
+# ---------------------------------------------------------------------------- logging
+def _check_logging(cfg: Any, r: Report) -> None:
+    lg = cfg.logging
+    if lg.wandb_mode not in WANDB_MODES:
+        r.error(choice_problem("logging.wandb_mode", lg.wandb_mode, WANDB_MODES))
+    if lg.log_freq < 1:
+        r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
+    if lg.numerics_every < 0:
+        r.error(f"logging.numerics_every={lg.numerics_every}: 0 (off) or the steps between samples (e.g. 50)")
+    elif lg.numerics_every and not quantized_formats(cfg.a2a[leg] for leg in LEGS):
+        r.warn(f"logging.numerics_every={lg.numerics_every} measures the MXFP8 legs, but a2a={cfg.a2a.name} "
+               f"has none: nothing will be logged under numerics/")
+    elif lg.numerics_every and cfg.parallelism.ep == 1 and not cfg.a2a.quantize_local_rows:
+        r.warn(f"logging.numerics_every={lg.numerics_every} with parallelism.ep=1: the MoE layers run "
+               f"torchtitan's own path, which quantizes nothing, so nothing is logged under numerics/; "
+               f"add a2a.quantize_local_rows=true")
+
+
+# --------------------------------------------------------------------------- launcher
+def _launcher(cfg: Any, r: Report) -> Optional[type[Launcher]]:
+    try:
+        cls = launcher_class(cfg)
+    except Exception as e:  # noqa: BLE001 - a bad _target_ is a config problem
+        r.error(f"launcher={cfg.launcher.get('name')}: launcher._target_="
+                f"{cfg.launcher.get('_target_')!r} does not name a launcher class ({e}); use "
+                f"launcher=local or launcher=slurm")
+        return None
+    if not dataclasses.is_dataclass(getattr(cls, "Config", None)):
+        r.error(f"launcher._target_={cfg.launcher._target_}: the class has no Config dataclass "
+                f"of its launcher.* fields (launch/launchers/launcher.py says what a launcher is)")
+        return None
+    return cls
+
+
+# ----------------------------------------------------------------------------- device
+def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFacts]) -> None:
+    a, p = cfg.a2a, cfg.parallelism
+    if target.device == "cpu" and a.kernel == "triton":
+        r.error(f"a2a.kernel=triton needs CUDA GPUs, but {target.where}; use a2a.kernel=auto "
+                f"(Triton on GPUs, torch elsewhere) or a2a.kernel=torch")
+    if a.transport == Transport.SYMM:
+        why = []
+        if p.nodes > 1:
+            why.append(f"parallelism.nodes={p.nodes} (symmetric memory spans one node)")
+        if target.device == "cpu":
+            why.append(target.where)
+        if p.procs_per_node < 2:
+            why.append(f"parallelism.procs_per_node={p.procs_per_node} (it needs >= 2 GPUs)")
+        if why:
+            r.error(f"a2a.transport=symm needs one node with CUDA and >= 2 GPUs, but "
+                    f"{'; '.join(why)}; use a2a.transport=auto (symm where it can, nccl elsewhere) "
+                    f"or a2a.transport=nccl")
+    if p.share_gpu and target.device == "cuda" and not _runs_symm(cfg, target):
+        r.error(f"parallelism.share_gpu=true: the ranks on one GPU talk over gloo, whose CUDA all-gather "
+                f"torch's functional collectives cannot run, so the EP exchange must be the symm transport "
+                f"(peer buffers over CUDA IPC), but a2a.transport={a.transport} with parallelism.ep={p.ep} "
+                f"does not run it; use parallelism.ep >= 2 with a2a.transport=symm or auto")
+    if facts is not None and target.device == "cpu" and facts.attention == "flex":
+        r.error(f"model={cfg.model.name} uses flex attention ({cfg.model.family}/"
+                f"{cfg.model.flavor}), which torch cannot train on CPU (no backward kernel), and "
+                f"{target.where}; use a model with sdpa attention (tiny_llama4, tiny_dsv3, "
+                f"llama4_debugmodel, dsv3_debugmodel) or GPUs")
+
+
+# ----------------------------------------------------------------------------- memory
+# The symm transport sizes its expert-side tensors by a2a.capacity_factor (the worst case, EP x
+# top-k rows per token, when null): what to try when that is what does not fit.
+SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_factor times the balanced case: "
+                    "a smaller factor keeps fewer of them, a2a.transport=nccl none)")
+
+
+def _runs_symm(cfg: Any, target: Target) -> bool:
+    """Whether the EP layers will run the symm transport (``mxfp8_ep.transport.resolve``, as the
+    dispatcher resolves it): asked for, or ``auto`` with CUDA and an EP group of >= 2 ranks
+    inside one node (EP groups are consecutive ranks, so one node holds them when they fit its
+    processes)."""
+    a, p = cfg.a2a, cfg.parallelism
+    if a.transport not in TRANSPORTS:
+        return False  # reported by _check_a2a
+    hosts = 1 if p.nodes == 1 or p.procs_per_node % p.ep == 0 else 2
+    try:
+        return resolve(a.transport, cuda=target.device == "cuda", ranks=p.ep, hosts=lambda: hosts) is Transport.SYMM
+    except ValueError:  # symm across nodes: reported by _check_device
+        return True
+
+
+def memory_estimate(cfg: Any, target: Target, facts: ModelFacts) -> MemoryEstimate:
+    """``launch.config.memory.estimate`` of one process of ``cfg`` run on ``target``."""
+    p, t = cfg.parallelism, cfg.training
+    return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
+                    seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
+                    device=target.device, symm=_runs_symm(cfg, target),
+                    combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums),
+                    capacity_factor=cfg.a2a.capacity_factor)
+
+
+def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
+    if target.memory_bytes is None:
+        return
+    p, t = cfg.parallelism, cfg.training
+    est = memory_estimate(cfg, target, facts)
+    procs = 1 if target.device == "cuda" and not p.share_gpu else p.procs_per_node
+    need = est.total * procs
+    if need <= target.memory_bytes:
+        return
+
+    def gib(x: float) -> str:
+        return f"{x / GIB:,.1f}"
+
+    per = (f"parameters {gib(est.parameters)}, gradients {gib(est.gradients)}, optimizer state "
+           f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
+           f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
+           f"runtime {gib(est.runtime)}"
+           + (f", symm peer buffers {gib(est.peer_buffers)}" if est.peer_buffers else "") + ")")
+    times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
+    msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
+           f"process ({per}{times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
+           f"Use a smaller model, more GPUs or nodes to shard it over, a smaller "
+           f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
+           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway")
+    (r.warn if cfg.validate.memory == "warn" else r.error)(msg)
+
+
+# ------------------------------------------------------------------------------ step time
+def _check_step_time(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
+    """CPU processes: a step that would take longer than ``validate.max_step_s`` even at the
+    best speed of a CPU core (``launch.config.step_time``) is refused."""
+    limit, p, t = cfg.validate.max_step_s, cfg.parallelism, cfg.training
+    if target.device != "cpu" or not target.cores or limit <= 0 or t.seq_len <= 0 or t.local_batch_size <= 0:
+        return
+    flops = step_flops(facts, local_batch_size=t.local_batch_size, seq_len=t.seq_len, tp=p.tp)
+    cores = max(1, target.cores // p.procs_per_node)  # the runner's torch threads per process
+    seconds = cpu_step_seconds(flops, cores)
+    if seconds <= limit:
+        return
+    attention = flops.attention / flops.total
+    field = (f"training.seq_len={t.seq_len}" if attention > 0.5 else
+             f"training.local_batch_size={t.local_batch_size} × training.seq_len={t.seq_len}")
+    why = (f"{attention:.0%} of them attention over {t.seq_len:,}² token pairs per sequence, "
+           f"which grows with the square of training.seq_len" if attention > 0.5 else
+           f"for model={cfg.model.name}")
+    r.error(f"{field}: every training step would take at least {format_eta(seconds)} on {cores} CPU "
+            f"core(s) per process ({flops.total:.1e} FLOPs per process and step, {why}; a core "
+            f"computes at most ~{CPU_FLOPS_PER_CORE:.0e} FLOP/s). Use a smaller training.seq_len or "
+            f"training.local_batch_size, or GPUs; validate.max_step_s=0 launches anyway")

@@ -1,0 +1,277 @@
+"""The recipe's datasets, registered with torchtitan 0.2.2, and the validation batches.
+
+torchtitan finds datasets by name in ``torchtitan.hf_datasets.text_datasets.DATASETS``; the
+wheel only knows c4 (a download). :func:`register_datasets` adds ours, each read into an
+in-memory HF ``Dataset`` (no HF cache directory, no network, nothing two ranks could race on;
+being map-style, torchtitan checkpoints the position by sample index, so resumed runs
+continue where they stopped):
+
+* ``mxfp8ep_tiny`` (the default): ``launch/titan/assets/tiny_text.jsonl`` and the 512-id tokenizer
+  next to it, written by ``scripts/build_tiny_assets.py``. No validation split.
+* ``debian_docs``: a corpus folder written by ``scripts/build_corpus.py`` (default
+  ``data/corpus/``): ``train.jsonl.gz``, ``validation.jsonl.gz``, ``tokenizer/`` and
+  ``manifest.json``. ``training.dataset_path`` names the folder; the tokenizer defaults to the
+  one inside it.
+
+:func:`validation_batches` cuts the validation split into the same token windows on every
+run that has the same batch shape, so every arm of a comparison is scored on the same tokens.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from launch.config.problems import choice_problem
+
+__all__ = [
+    "ASSETS_DIR",
+    "CORPUS_DATASET",
+    "CORPUS_DIR",
+    "CORPUS_FILES",
+    "DATASET_PATHS",
+    "DataSource",
+    "TINY_DATASET",
+    "TINY_TEXT",
+    "TOKENIZER_DIR",
+    "TOKENIZER_FILES",
+    "check_data",
+    "corpus_provenance",
+    "corpus_sha256",
+    "data_source",
+    "load_jsonl_dataset",
+    "register_datasets",
+    "tokenizer_vocab_size",
+    "validation_batches",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+TINY_TEXT = ASSETS_DIR / "tiny_text.jsonl"
+TOKENIZER_DIR = ASSETS_DIR / "tokenizer"
+TINY_DATASET = "mxfp8ep_tiny"
+CORPUS_DATASET = "debian_docs"
+CORPUS_DIR = REPO / "data" / "corpus"
+
+
+@dataclass(frozen=True)
+class CorpusFiles:
+    """What ``scripts/build_corpus.py`` writes into a corpus folder."""
+
+    train: str = "train.jsonl.gz"
+    validation: str = "validation.jsonl.gz"
+    tokenizer: str = "tokenizer"
+    manifest: str = "manifest.json"
+    licenses: str = "licenses"
+
+
+CORPUS_FILES = CorpusFiles()
+# The datasets training.dataset may name and where each reads from without
+# training.dataset_path: torchtitan 0.2.2's (a Hugging Face hub id or a path) plus ours.
+# tests/test_titan_models.py checks this against torchtitan's DATASETS.
+DATASET_PATHS = {
+    "c4": "allenai/c4",
+    "c4_test": "tests/assets/c4_test",
+    "c4_validation": "allenai/c4",
+    TINY_DATASET: str(TINY_TEXT),
+    CORPUS_DATASET: str(CORPUS_DIR),
+}
+# What torchtitan's HuggingFaceTokenizer loads from a tokenizer directory (one of them).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
+BUILD_CORPUS = "python scripts/build_corpus.py"
+
+
+# ------------------------------------------------------------------------------ identity
+def corpus_sha256(files: dict[str, dict]) -> str:
+    """A corpus folder's digest: SHA-256 of its files' names and SHA-256s (``files``: relative
+    path -> {"sha256": ...}, the manifest's ``files``), in name order. Equal digests, equal files."""
+    lines = "".join(f"{name} {files[name]['sha256']}\n" for name in sorted(files))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def corpus_provenance(corpus: str | Path) -> dict[str, Any]:
+    """What a result trained on this corpus folder records of it, from its manifest: the corpus's
+    ``sha256`` and the Debian package versions it was built from (``{"corpus_sha256": None}``
+    when the folder has no manifest that says)."""
+    path = Path(corpus) / CORPUS_FILES.manifest
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    packages = {p["package"]: p.get("version") for p in manifest.get("packages", [])}
+    return {"corpus_sha256": manifest.get("sha256"), "corpus_packages": packages or None}
+
+
+# ------------------------------------------------------------------------------ reading
+def _open_text(path: str | Path) -> Any:
+    path = str(path)
+    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+
+
+def iter_texts(path: str | Path) -> Iterator[str]:
+    """The ``text`` of every row of a ``.jsonl`` or ``.jsonl.gz`` file, in order."""
+    with _open_text(path) as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)["text"]
+
+
+def load_jsonl_dataset(path: str) -> Any:
+    """A ``.jsonl`` / ``.jsonl.gz`` file, or a corpus folder's train split, as an in-memory
+    ``datasets.Dataset`` with one column, ``text``."""
+    from datasets import Dataset
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / CORPUS_FILES.train
+    return Dataset.from_dict({"text": list(iter_texts(p))})
+
+
+def _text(sample: dict[str, Any]) -> str:
+    return sample["text"]
+
+
+def register_datasets() -> None:
+    """Register ``mxfp8ep_tiny`` and ``debian_docs`` with torchtitan (overwrites: idempotent).
+    ``training.dataset_path`` in the job config still overrides the path per run."""
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    for name in (TINY_DATASET, CORPUS_DATASET):
+        DATASETS[name] = DatasetConfig(path=DATASET_PATHS[name], loader=load_jsonl_dataset,
+                                       sample_processor=_text)
+
+
+# ------------------------------------------------------------------------------ paths
+@dataclass(frozen=True)
+class DataSource:
+    """Where one run's data comes from."""
+
+    dataset: str
+    path: str  # what torchtitan's loader gets: a file, a corpus folder or a hub id
+    tokenizer: Path
+    validation: Optional[Path]  # the held-out split, when the dataset has one
+    manifest: Optional[Path]  # build_corpus.py's manifest, for corpus folders
+
+
+def data_source(dataset: str, dataset_path: Optional[str], tokenizer_path: Optional[str]) -> DataSource:
+    """Resolve ``training.dataset`` / ``dataset_path`` / ``tokenizer_path`` (None: the
+    dataset's defaults). Unknown names raise ``KeyError``."""
+    path = dataset_path or DATASET_PATHS[dataset]
+    if dataset == CORPUS_DATASET:
+        root = Path(path)
+        return DataSource(dataset, str(root), Path(tokenizer_path) if tokenizer_path else root / CORPUS_FILES.tokenizer,
+                          root / CORPUS_FILES.validation, root / CORPUS_FILES.manifest)
+    return DataSource(dataset, path, Path(tokenizer_path) if tokenizer_path else TOKENIZER_DIR, None, None)
+
+
+def tokenizer_vocab_size(tokenizer_dir: Path) -> Optional[int]:
+    """Largest token id + 1 of a ``tokenizer.json`` (None when the folder has none)."""
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    ids = list(tok.get("model", {}).get("vocab", {}).values()) + [t["id"] for t in tok.get("added_tokens", [])]
+    return max(ids) + 1 if ids else None
+
+
+def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) -> tuple[list[str], list[str]]:
+    """Errors and warnings about ``cfg.training``'s data before launch: the dataset name,
+    its files, the tokenizer against the model's vocabulary, and whether the validation
+    split holds ``val_batches`` batches (``dp_degree``: data-parallel ranks)."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    if t.dataset not in DATASET_PATHS:
+        errors.append(f"{choice_problem('training.dataset', t.dataset, sorted(DATASET_PATHS))} (with "
+                      f"training.dataset_path=<local copy> for c4)")
+        return errors, warnings
+    src = data_source(t.dataset, t.dataset_path, t.tokenizer_path)
+    if src.path.startswith("allenai/"):
+        warnings.append(f"training.dataset={t.dataset} without training.dataset_path downloads {src.path} "
+                        f"from the Hugging Face hub at start; set training.dataset_path to a local copy")
+    elif t.dataset == CORPUS_DATASET:
+        if not (Path(src.path) / CORPUS_FILES.train).is_file():
+            # One message: the tokenizer and validation split would be missing with it.
+            errors.append(f"training.dataset_path={src.path}: no {CORPUS_FILES.train} there (training.dataset="
+                          f"{t.dataset} reads a corpus folder); build it with `{BUILD_CORPUS} --out {src.path}`")
+            return errors, warnings
+    elif not Path(src.path).exists():
+        errors.append(f"training.dataset_path={src.path}: no such file or directory (training.dataset="
+                      f"{t.dataset})")
+
+    tokenizer = src.tokenizer
+    if not tokenizer.is_dir():
+        errors.append(f"training.tokenizer_path={tokenizer}: no such directory (point it at the model's "
+                      f"Hugging Face tokenizer files)")
+    elif not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
+        errors.append(f"training.tokenizer_path={tokenizer} has none of {list(TOKENIZER_FILES)}, which "
+                      f"torchtitan's tokenizer loads")
+    else:
+        vocab = tokenizer_vocab_size(tokenizer)
+        if vocab is not None and model_vocab is not None and vocab > model_vocab:
+            errors.append(f"the tokenizer in {tokenizer} has {vocab} ids but the model's vocabulary has "
+                          f"{model_vocab}: token ids would index past the embedding; use a model whose "
+                          f"vocab_size is >= {vocab} (the parity_* models take the corpus tokenizer)")
+
+    if t.val_every < 0 or t.val_batches < 1:
+        errors.append(f"training.val_every={t.val_every}, training.val_batches={t.val_batches}: "
+                      f"val_every is 0 (off) or a step interval, val_batches >= 1")
+    elif t.val_every > 0 and src.validation is None:
+        errors.append(f"training.val_every={t.val_every} but training.dataset={t.dataset} has no "
+                      f"validation split; use training.dataset={CORPUS_DATASET} or training.val_every=0")
+    elif t.val_every > 0 and not src.validation.is_file():
+        errors.append(f"training.val_every={t.val_every}: no validation split {src.validation}; "
+                      f"build the corpus with `{BUILD_CORPUS} --out {src.path}`")
+    # The manifest counts tokens with the corpus's own tokenizer.
+    if dp_degree and src.manifest is not None and src.manifest.is_file() and t.tokenizer_path is None:
+        _check_split_sizes(t, json.loads(src.manifest.read_text()).get("splits", {}), dp_degree,
+                           errors, warnings)
+    return errors, warnings
+
+
+def _check_split_sizes(t: Any, splits: dict, dp_degree: int, errors: list[str], warnings: list[str]) -> None:
+    """The validation tokens the batches need against the split's count; passes over train."""
+    window = t.seq_len + 1
+    per_batch = dp_degree * t.local_batch_size * window
+    have = splits.get("validation", {}).get("tokens")
+    if t.val_every > 0 and have is not None and t.val_batches * per_batch > have:
+        errors.append(f"training.val_batches={t.val_batches} × {dp_degree} data-parallel ranks × "
+                      f"local_batch_size {t.local_batch_size} × (seq_len+1) {window} = "
+                      f"{t.val_batches * per_batch:,} tokens, but the validation split has {have:,}; "
+                      f"use training.val_batches={max(1, have // per_batch)} or fewer")
+    train_tokens = splits.get("train", {}).get("tokens")
+    if train_tokens and t.steps > 0:
+        passes = t.steps * per_batch / train_tokens
+        if passes > 1:
+            warnings.append(f"training.steps={t.steps} reads the train split {passes:.2f} times "
+                            f"({train_tokens:,} tokens): later passes repeat what the model has seen")
+
+
+# ------------------------------------------------------------------------------ validation
+def validation_batches(path: Path, tokenizer: Any, *, batches: int, batch_size: int, seq_len: int,
+                       dp_rank: int = 0, dp_degree: int = 1) -> list[tuple[Any, Any]]:
+    """This rank's ``batches`` validation batches, ``(input, labels)`` of shape
+    ``(batch_size, seq_len)``.
+
+    The split's documents are tokenized in file order as torchtitan tokenizes training text
+    (BOS and EOS around each), concatenated and cut into windows of ``seq_len + 1`` tokens;
+    global batch ``i`` is windows ``i*G .. (i+1)*G`` (``G = dp_degree × batch_size``) and rank
+    ``r`` takes its ``r``-th ``batch_size`` of them. Every run with the same global batch shape
+    sees the same tokens, however the ranks are laid out.
+    """
+    import torch
+
+    window = seq_len + 1
+    need = batches * dp_degree * batch_size * window
+    tokens: list[int] = []
+    for text in iter_texts(path):
+        tokens.extend(tokenizer.encode(text, add_bos=True, add_eos=True))
+        if len(tokens) >= need:
+            break
+    if len(tokens) < need:
+        raise ValueError(f"the validation split {path} has {len(tokens):,} tokens; {batches} batches of "
+                         f"{dp_degree} × {batch_size} × {window} need {need:,}: lower training.val_batches")
+    windows = torch.tensor(tokens[:need], dtype=torch.long).view(batches, dp_degree, batch_size, window)
+    mine = windows[:, dp_rank]
+    return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in mine]

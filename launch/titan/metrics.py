@@ -1,0 +1,358 @@
+"""Step metrics for the recipe: torchtitan's MetricsProcessor plus what an EP/MXFP8 study needs.
+
+torchtitan 0.2.2 already measures loss, grad norm, tokens/s per device, TFLOPS, MFU, peak memory
+and step time. :class:`RecipeMetricsProcessor` keeps those (same metric keys, so dashboards
+match stock torchtitan runs; the names are ``launch.run.run_summary``'s) and adds:
+
+* ``throughput/global_tps``: tokens/s over all ranks (torchtitan's ``throughput(tps)`` is per
+  device),
+* ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
+  from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
+* ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
+* ``a2a/capacity_rows`` and ``a2a/replays`` (symm transport): the largest expert-major capacity
+  and the steps run again after a capacity overflow so far (``mxfp8_ep.elastic``),
+* ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
+  samples (``launch.run.numerics_log``; names in ``launch.run.run_summary``), with a console line,
+* ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
+* ``val/loss``: the validation loss (``launch.titan.validation``), with its own console line,
+* any further metrics a component hands to :meth:`RecipeMetricsProcessor.log_metrics` or
+  through ``extra_metrics``, passed to wandb as they are (``numerics/...`` ones also kept for
+  the run's summary),
+* a console line per log window (``launch.run.console.progress_line``) in ``<run dir>/console.log``,
+* a run history (``history``) the runner turns into the run's ``RunSummary``.
+
+TFLOPS and MFU need the accelerator's peak FLOPS; a CPU has none torchtitan knows (it would
+fall back to an A100's), so on CPU they are not logged and the summary shows n/a.
+
+:class:`RecipeWandBLogger` replaces torchtitan's ``WandBLogger`` because that one puts the run
+under ``<dump>/tb/<timestamp>`` and logs only torchtitan's config; ours writes
+``<run_dir>/wandb/...``, logs the full composed recipe config and resumes the run id the
+recipe gives it. Only rank 0 creates it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+from torchtitan.config import JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.tools.logging import logger
+
+from launch.run import numerics_log
+from launch.run import run_summary as names
+from launch.run.console import format_eta, progress_line, validation_line
+from mxfp8_ep import elastic, wire_stats
+from mxfp8_ep.config import LEGS
+
+__all__ = ["RecipeMetricsProcessor", "RecipeWandBLogger", "RunHistory", "WandbSettings"]
+
+_WIRE_KEYS = LEGS + ("other",)
+
+
+@dataclass
+class RunHistory:
+    """What the runner reports at the end (rank 0): one entry per logged step. ``windows``: each
+    log window's steps and its throughput, step time and byte metrics as logged (TFLOPS and MFU
+    absent on CPU), which ``run_summary.steady_numbers`` sums up."""
+
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    windows: list[dict[str, float]] = field(default_factory=list)
+    max_reserved_gib: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    # numerics telemetry: metric name -> its values, in step order
+    numerics: dict[str, list[float]] = field(default_factory=dict)
+
+    def record_numerics(self, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            if key.startswith(names.NUMERICS_PREFIX):
+                self.numerics.setdefault(key, []).append(float(value))
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """``wandb.init`` arguments from the recipe's ``logging`` config."""
+
+    mode: str
+    project: str
+    run_id: str
+    name: Optional[str]
+    group: Optional[str]
+    entity: Optional[str]
+    tags: tuple[str, ...]
+    dir: str
+
+
+class RecipeWandBLogger(BaseLogger):
+    """wandb run under ``settings.dir`` with the full recipe config. ``resume="allow"`` with
+    the recipe's run id: a resumed run (same run dir, or a requeued SLURM job) appends to the
+    same wandb run (offline: one folder per launch with the same id, which ``wandb sync``
+    uploads one after the other)."""
+
+    def __init__(self, settings: WandbSettings, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.wandb = wandb
+        os.makedirs(settings.dir, exist_ok=True)
+        self.run = wandb.init(
+            entity=settings.entity,
+            project=settings.project,
+            name=settings.name,
+            id=settings.run_id,
+            resume="allow",
+            group=settings.group,
+            tags=list(settings.tags) or None,
+            mode=settings.mode,  # type: ignore[arg-type]
+            dir=settings.dir,
+            config=config,
+            settings=wandb.Settings(
+                # offline: nothing may try the network
+                disable_code=settings.mode == "offline",
+                console="off",  # the worker's own log files already hold its output
+            ),
+        )
+        for metric in names.SUMMARY_METRICS:
+            # wandb's default summary is the last value; the run writes its own at the end.
+            self.run.define_metric(metric, summary="none")
+        logger.info(f"wandb ({settings.mode}) logging to {self.run.dir}")
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.wandb.log(metrics, step=step)
+
+    def set_summary(self, values: dict[str, float]) -> None:
+        self.run.summary.update(values)
+
+    def close(self, exit_code: int = 0) -> None:
+        """Finish the wandb run. Training is over by then: a lost connection to wandb's own
+        service process while it finishes (e.g. ``ConnectionResetError`` from its telemetry
+        flush on a loaded machine) is a warning, not a failed job; what was logged is already
+        in the run directory (offline) or queued for sync."""
+        if self.wandb.run is None:
+            return
+        try:
+            self.wandb.finish(exit_code=exit_code)
+        except ConnectionError as e:
+            logger.warning(f"wandb could not finish its run cleanly ({e!r}); its files: {self.run.dir}")
+
+
+class RecipeMetricsProcessor(MetricsProcessor):
+    """torchtitan's MetricsProcessor + global throughput, a2a bytes, a2a mode, ETA, console
+    lines, history.
+
+    ``log`` runs on every rank (torchtitan calls it on each), so the all-reduce of the wire
+    byte counters is a proper collective; only rank 0 has loggers and the console file.
+    """
+
+    def __init__(
+        self,
+        job_config: JobConfig,
+        parallel_dims: ParallelDims,
+        tag: str | None = None,
+        *,
+        a2a_name: str = "bf16",
+        wandb_settings: Optional[WandbSettings] = None,
+        wandb_config: dict[str, Any] | None = None,
+        console_path: Optional[str] = None,
+    ) -> None:
+        super().__init__(job_config, parallel_dims, tag)
+        self.a2a_name = a2a_name
+        self.history = RunHistory()
+        self.total_steps = job_config.training.steps
+        self.wandb: Optional[RecipeWandBLogger] = None
+        self.console = open(console_path, "a", buffering=1) if console_path and _rank() == 0 else None
+        self._flops_known = self.device_memory_monitor.device.type != "cpu"
+        self._last_logged_step = 0
+        self._train_time = 0.0  # seconds over steps after the first logged window
+        self._train_steps = 0
+        self._first_window_done = False
+        self.capacity_replays = 0  # the trainer counts them (earlier launches included)
+        if wandb_settings is not None and _rank() == 0:
+            container = LoggerContainer()
+            container.add_logger(self.logger)
+            try:
+                self.wandb = RecipeWandBLogger(wandb_settings, wandb_config or {})
+                container.add_logger(self.wandb)
+            except Exception as e:  # noqa: BLE001 - like torchtitan: wandb must not stop training
+                logger.error(f"wandb logging disabled, wandb.init failed: {e}")
+            self.logger = container
+        wire_stats.reset()
+
+    def start_at(self, step: int) -> None:
+        """Tell the processor the step training resumes from (after a checkpoint load)."""
+        self._last_logged_step = step
+        self.time_last_log = time.perf_counter()
+
+    def _wire_bytes(self) -> dict[str, float]:
+        """Bytes sent since the last log by all ranks: per leg, ``other`` and ``total``.
+
+        A fixed layout (the four legs + ``other`` for any key the core may add) keeps the
+        all-reduce identical on every rank.
+        """
+        local = wire_stats.snapshot(reset=True)
+        values = [float(local.get(leg, 0)) for leg in LEGS]
+        values.append(float(sum(v for k, v in local.items() if k not in LEGS and k != "total")))
+        if dist.is_available() and dist.is_initialized():
+            # On the trainer's device: NCCL cannot reduce host tensors (gloo reduces CPU ones).
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if torch.cuda.is_available()
+                else torch.device("cpu")
+            )
+            t = torch.tensor(values, dtype=torch.float64, device=device)
+            dist.all_reduce(t)
+            values = t.tolist()
+        totals = dict(zip(_WIRE_KEYS, values))
+        totals["total"] = sum(values)
+        return totals
+
+    def log(
+        self,
+        step: int,
+        global_avg_loss: float,
+        global_max_loss: float,
+        grad_norm: float,
+        extra_metrics: dict[str, Any] | None = None,
+    ) -> None:
+        assert self.num_flops_per_token > 0, "num_flops_per_token must be set"
+        now = time.perf_counter()
+        time_delta = now - self.time_last_log
+        steps_in_window = max(1, step - self._last_logged_step)
+        step_time = time_delta / steps_in_window
+
+        world = self.parallel_dims.world_size
+        non_dp = self.parallel_dims.non_data_parallel_size
+        tps = self.ntokens_since_last_log / (time_delta * non_dp)
+        global_tps = tps * world
+        data_time = sum(self.data_loading_times)
+        mem = self.device_memory_monitor.get_peak_stats()
+
+        wire = self._wire_bytes()
+        a2a_bytes_per_step = wire["total"] / steps_in_window
+
+        # ETA from the mean step time, leaving out the first window of this process
+        # (lazy init, compile, checkpoint load).
+        if self._first_window_done:
+            self._train_time += time_delta
+            self._train_steps += steps_in_window
+        self._first_window_done = True
+        mean_step = self._train_time / self._train_steps if self._train_steps else step_time
+        eta = mean_step * max(0, self.total_steps - step)
+
+        metrics: dict[str, Any] = {
+            names.LOSS: global_avg_loss,
+            "loss_metrics/global_max_loss": global_max_loss,
+            "grad_norm": grad_norm,
+            names.TOKENS_PER_S: tps,
+            names.TOKENS_PER_S_GLOBAL: global_tps,
+            names.STEP_TIME: step_time,
+            "time_metrics/data_loading(s)": data_time / max(1, len(self.data_loading_times)),
+            "time_metrics/data_loading(%)": 100 * data_time / time_delta,
+            "time_metrics/eta(s)": eta,
+            "memory/max_active(GiB)": mem.max_active_gib,
+            "memory/max_active(%)": mem.max_active_pct,
+            names.MAX_MEMORY: mem.max_reserved_gib,
+            "memory/max_reserved(%)": mem.max_reserved_pct,
+            "memory/num_alloc_retries": mem.num_alloc_retries,
+            "memory/num_ooms": mem.num_ooms,
+            names.A2A_BYTES: a2a_bytes_per_step,
+        }
+        tflops = mfu = None
+        if self._flops_known:
+            tflops = self.num_flops_per_token * tps / 1e12
+            mfu = 100 * self.num_flops_per_token * tps / self.gpu_peak_flops
+            metrics.update({names.TFLOPS: tflops, names.MFU: mfu})
+        for leg, value in wire.items():
+            if leg != "total" and (leg != "other" or value):
+                metrics[names.a2a_leg_metric(leg)] = value / steps_in_window
+        capacity = elastic.capacity_rows()
+        if capacity is not None:
+            metrics.update({names.A2A_CAPACITY_ROWS: capacity, names.A2A_REPLAYS: self.capacity_replays})
+        if extra_metrics:
+            metrics.update(extra_metrics)
+            self.history.record_numerics(extra_metrics)
+        # The quantization telemetry of the steps sampled since the last log (a collective then).
+        numerics = numerics_log.collect_metrics(self.model_parts or [])
+        metrics.update(numerics)
+        self.history.record_numerics(numerics)
+        self.logger.log(metrics, step)
+
+        h = self.history
+        h.steps.append(step)
+        h.losses.append(float(global_avg_loss))
+        h.windows.append({names.WINDOW_STEPS: steps_in_window,
+                          **{k: float(metrics[k]) for k in names.SUMMARY_METRICS if k in metrics}})
+        h.max_reserved_gib.append(mem.max_reserved_gib)
+
+        c = self.color
+        flops = f"tflops: {tflops:,.2f}  mfu: {mfu:.2f}%  " if tflops is not None else ""
+        logger.info(
+            f"{c.red}step: {step:2}/{self.total_steps}  "
+            f"{c.green}loss: {global_avg_loss:8.5f}  "
+            f"{c.orange}grad_norm: {grad_norm:7.4f}  "
+            f"{c.turquoise}memory: {mem.max_reserved_gib:5.2f}GiB({mem.max_reserved_pct:.2f}%)  "
+            f"{c.blue}tps: {round(tps):,} (global {round(global_tps):,})  "
+            f"{c.cyan}{flops}"
+            f"{c.yellow}a2a[{self.a2a_name}]: {a2a_bytes_per_step / 2**20:,.2f}MiB/step  "
+            f"{c.white}step: {step_time:.2f}s  eta: {format_eta(eta)}{c.reset}"
+        )
+        if self.console is not None:
+            self.console.write(progress_line(step, self.total_steps, global_avg_loss, global_tps, eta) + "\n")
+            line = numerics_log.console_line(step, numerics)
+            if line:
+                self.console.write(line + "\n")
+
+        self._last_logged_step = step
+        self.ntokens_since_last_log = 0
+        self.data_loading_times.clear()
+        self.time_last_log = time.perf_counter()
+        self.device_memory_monitor.reset_peak_stats()
+
+    def capacity_replay(self, step: int, overflow: elastic.Overflow, replays: int) -> None:
+        """A step runs again after a capacity overflow (every rank calls it; rank 0 writes the
+        console line)."""
+        self.capacity_replays = replays
+        grown = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.grown) or "on another EP group"
+        line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
+                f"({grown} rows), step run again ({names.A2A_REPLAYS} = {replays})")
+        if _rank() == 0:
+            logger.warning(line)
+            if self.console is not None:
+                self.console.write(line + "\n")
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None,
+                       seconds: float = 0.0) -> None:
+        """The validation loss at ``step`` (every rank calls it; rank 0 has the loggers).
+        ``seconds``: how long validation took, left out of the next training window's step
+        time and throughput."""
+        self.time_last_log += seconds
+        self.log_metrics(step, {names.VAL_LOSS: loss, **(extra_metrics or {})})
+        self.history.val_steps.append(step)
+        self.history.val_losses.append(float(loss))
+        c = self.color
+        logger.info(f"{c.red}step: {step:2}/{self.total_steps}  {c.yellow}validation loss: "
+                    f"{loss:8.5f}  {c.white}({seconds:.2f}s){c.reset}")
+        if self.console is not None:
+            self.console.write(validation_line(step, self.total_steps, loss) + "\n")
+
+    def log_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log ``metrics`` at ``step`` to the loggers (wandb) as they are; ``numerics/...``
+        values are also kept for the run's summary."""
+        self.history.record_numerics(metrics)
+        self.logger.log(metrics, step)
+
+    def close(self) -> None:
+        super().close()  # the loggers: wandb finishes here (exit code 0)
+        if self.console is not None:
+            self.console.close()
+            self.console = None
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

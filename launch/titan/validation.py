@@ -1,0 +1,85 @@
+"""Validation loss on the held-out split, inside torchtitan 0.2.2's training loop.
+
+torchtitan's own ``Validator`` streams its dataloader on from wherever the previous call
+stopped, so consecutive evaluations score different tokens, and it counts its tokens into the
+training throughput. :class:`HeldOutLoss` instead scores the same batches every time
+(``launch.titan.data.validation_batches``, built once), leaves the training metrics and the
+MoE load-balancing counters as they were, and reports through
+``RecipeMetricsProcessor.log_validation``.
+
+The trainer calls ``should_validate(step)`` after every step (after the checkpoint save) and
+``validate(model_parts, step)`` when it says yes: every ``training.val_every`` steps and at
+the last step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.validate import BaseValidator
+
+from launch.titan.data import validation_batches
+
+
+class HeldOutLoss(BaseValidator):
+    """Mean cross-entropy per token over a fixed set of validation batches.
+
+    Args:
+        trainer: the torchtitan ``Trainer`` being run (its model context, loss, device and
+            ``post_dataloading_process`` are used as its training steps use them).
+        path: the validation split (``.jsonl`` / ``.jsonl.gz``).
+        every: validate every this many steps (and at the last step).
+        batches: validation batches per evaluation, of the training batch shape.
+    """
+
+    def __init__(self, trainer: Any, path: Path, every: int, batches: int) -> None:
+        self.trainer = trainer
+        self.every = every
+        jc = trainer.job_config
+        self.last_step = jc.training.steps
+        dims = trainer.parallel_dims
+        if dims.dp_enabled:
+            mesh = dims.get_mesh("batch")
+            self.group = mesh.get_group()
+            dp_rank, dp_degree = mesh.get_local_rank(), mesh.size()
+        else:
+            self.group, dp_rank, dp_degree = None, 0, 1
+        self.batches = validation_batches(
+            path, trainer.tokenizer, batches=batches, batch_size=jc.training.local_batch_size,
+            seq_len=jc.training.seq_len, dp_rank=dp_rank, dp_degree=dp_degree)
+
+    def should_validate(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.last_step
+
+    @torch.no_grad()
+    def validate(self, model_parts: list[torch.nn.Module], step: int) -> None:
+        start = time.perf_counter()
+        t = self.trainer
+        (model,) = model_parts
+        # The router's token counts feed the next optimizer step's expert-bias update:
+        # validation tokens must not.
+        counters = [(b, b.clone()) for name, b in model.named_buffers() if name.endswith("tokens_per_expert")]
+        model.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=t.device)  # loss sum, tokens
+        try:
+            for inputs, labels in self.batches:
+                inputs, labels, extra_inputs, extra_kwargs = t.post_dataloading_process(
+                    {"input": inputs.to(t.device)}, labels.to(t.device))
+                with t.train_context(), t.maybe_enable_amp:
+                    pred = model(inputs, **extra_inputs, **extra_kwargs)
+                    totals[0] += t.loss_fn(pred, labels).double()
+                totals[1] += (labels != IGNORE_INDEX).sum()
+                del pred
+        finally:
+            model.train()
+            for buffer, saved in counters:
+                buffer.copy_(saved)
+        if self.group is not None:
+            dist.all_reduce(totals, group=self.group)
+        loss = (totals[0] / totals[1]).item()
+        t.metrics_processor.log_validation(loss, step, seconds=time.perf_counter() - start)
