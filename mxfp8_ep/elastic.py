@@ -215,7 +215,7 @@ def checked_forward_backward(trainer, forward_backward_step, *args, **kwargs):
     (``ReplayOverflowedSteps``)."""
     loss = forward_backward_step(*args, **kwargs)
     trainer._backwards_left -= 1
-    if trainer._backwards_left == 0:
+    if trainer._backwards_left == 0 and getattr(trainer, "checks_capacity", True):
         overflow = check_overflow()
         if overflow.replay:
             raise _OverflowedStep(overflow)
@@ -233,8 +233,9 @@ class ReplayOverflowedSteps:
     generators and the MoE load-balancing counters go back to where the step started, and the
     same microbatches run again at the grown capacity. ``capacity_replays`` counts the steps run
     again, ``capacity_grown`` the (old, new) capacities; ``on_capacity_replay(overflow)``, where
-    defined, is called before each replay. ``install_replays`` gives an existing trainer class
-    the same behaviour."""
+    defined, is called before each replay. A trainer whose every rank knows that no symm
+    dispatch runs at an elastic capacity sets ``checks_capacity = False``: no check, no read.
+    ``install_replays`` gives an existing trainer class the same behaviour."""
 
     capacity_replays: int = 0
 

@@ -304,3 +304,20 @@ def test_a_trainer_replays_an_overflowed_step_from_the_same_batches_rng_and_coun
     assert first == second and [b for b, _ in first] == [0, 1], trainer.seen  # same batches, same RNG draws
     assert trainer.optimizer_steps == 1 and trainer.capacity_replays == 1
     assert trainer.model_parts[0].tokens_per_expert.tolist() == [2.0, 2.0]  # counted once
+
+
+def test_a_trainer_that_checks_no_capacity_reads_nothing(monkeypatch):
+    """``checks_capacity = False`` (every rank knows no symm dispatch runs at an elastic
+    capacity: the recipe with nccl, or symm at the worst case): no overflow check, no read."""
+    cls = type("ReplayingTrainer", (elastic.ReplayOverflowedSteps, _StubTrainer), {"checks_capacity": False})
+    trainer = cls([True])
+
+    def no_check():
+        raise AssertionError("checked")
+
+    monkeypatch.setattr(elastic, "check_overflow", no_check)
+    try:
+        trainer.train_step(iter(range(10)))
+    finally:
+        elastic.expect_replays(False)
+    assert trainer.optimizer_steps == 1 and trainer.capacity_replays == 0 and len(trainer.seen) == 2

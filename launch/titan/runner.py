@@ -39,6 +39,7 @@ from torchtitan.train import Trainer
 
 from mxfp8_ep import elastic
 from mxfp8_ep.elastic import ReplayOverflowedSteps
+from mxfp8_ep.transport import Transport
 
 from launch.config.schema import PROFILER_WARMUP_STEPS
 from launch.run.heartbeat import StepHeartbeat, append_line
@@ -192,6 +193,10 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         self.stop = stop
         self.stopped_by: Optional[int] = None
         self.start_step = 0
+        # The elastic capacity's per-step check, where a symm dispatch may run at one (every rank
+        # has the same config): none for nccl, nor for symm at the worst case.
+        self.checks_capacity = (Transport(cfg.a2a.transport) is not Transport.NCCL
+                                and cfg.a2a.capacity_factor is not None)
         self.capacity_replay_steps: list[int] = []  # this launch's
         self.earlier_replay_steps: list[int] = []  # a resumed run's, up to its checkpoint
         super().__init__(job_config)
