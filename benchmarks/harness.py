@@ -485,15 +485,12 @@ def layer_rows(shape: MoEShape, arms: list[Arm], results: dict, args, **extra) -
     return rows
 
 
-def build_moe(shape, device, dtype, arm: Arm, mesh):
+def titan_moe(shape, device, dtype, local_experts: int | None = None):
     """torchtitan 0.2.2's MoE layer of ``shape`` (sigmoid router, grouped-GEMM experts, one
-    shared expert), its experts sharded over ``mesh`` by the arm's style: torchtitan's
-    ``ExpertParallel`` for the baseline, else our ``DispatcherExpertParallel``."""
-    from torch.distributed.tensor.parallel import parallelize_module
-    from torchtitan.distributed.expert_parallel import ExpertParallel
-    from torchtitan.models.moe.moe import MoE, MoEArgs
-
-    from mxfp8_ep.titan022 import DispatcherExpertParallel
+    shared expert), the same weights on every rank and in every arm. ``local_experts``: its
+    experts module holds only that many (one rank's share, built without the others), the router
+    still over ``shape.experts``."""
+    from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs
 
     args = MoEArgs(
         num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,
@@ -502,11 +499,25 @@ def build_moe(shape, device, dtype, arm: Arm, mesh):
     )
     with torch.device("meta"):
         moe = MoE(args, dim=shape.dim, hidden_dim=shape.hidden)
+        if local_experts is not None:
+            moe.experts = GroupedExperts(shape.dim, shape.hidden, local_experts, use_grouped_mm=args.use_grouped_mm)
+            moe.experts.num_experts = shape.experts  # what the router and the dispatcher count over
     moe.to_empty(device=device)
     torch.manual_seed(1234)  # the same full weights on every rank and in every arm
     with torch.no_grad():
         moe.init_weights(0.02, device)
-    moe.to(dtype)
+    return moe.to(dtype)
+
+
+def build_moe(shape, device, dtype, arm: Arm, mesh):
+    """``titan_moe``, its experts sharded over ``mesh`` by the arm's style: torchtitan's
+    ``ExpertParallel`` for the baseline, else our ``DispatcherExpertParallel``."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torchtitan.distributed.expert_parallel import ExpertParallel
+
+    from mxfp8_ep.titan022 import DispatcherExpertParallel
+
+    moe = titan_moe(shape, device, dtype)
     if arm.baseline:
         style = ExpertParallel()
     else:

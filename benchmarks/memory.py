@@ -43,6 +43,7 @@ from benchmarks.harness import (
     parsed,
     peak_bytes,
     reset_peak,
+    titan_moe,
 )
 from launch.config.memory import estimate
 from launch.config.model_facts import MODELS
@@ -95,26 +96,6 @@ def init_ranks() -> torch.device:
     return torch.device("cuda", 0)
 
 
-def local_moe(shape: MoEShape, experts: int, device, dtype):
-    """torchtitan 0.2.2's MoE of ``shape`` whose experts module holds ``experts`` experts (this
-    rank's), the router over ``shape.experts``; the router and shared expert the same on every
-    rank and in every arm, the experts drawn per rank."""
-    from torchtitan.models.moe.moe import GroupedExperts, MoE, MoEArgs
-
-    args = MoEArgs(num_experts=shape.experts, num_shared_experts=1, score_func="sigmoid", route_norm=shape.route_norm,
-                   route_scale=shape.route_scale, score_before_experts=shape.score_before_experts, top_k=shape.top_k,
-                   use_grouped_mm=device.type == "cuda", load_balance_coeff=None)
-    with torch.device("meta"):
-        moe = MoE(args, dim=shape.dim, hidden_dim=shape.hidden)
-        moe.experts = GroupedExperts(shape.dim, shape.hidden, experts, use_grouped_mm=args.use_grouped_mm)
-    moe.experts.num_experts = shape.experts  # what the router and the dispatcher count over
-    moe.to_empty(device=device)
-    torch.manual_seed(1234)
-    with torch.no_grad():
-        moe.init_weights(0.02, device)
-    return moe.to(dtype)
-
-
 def ep_moe(shape: MoEShape, arm, device, dtype):
     """Our dispatcher's layer over every rank: this rank's experts and the plan
     ``DispatcherExpertParallel`` would record (built by hand: every rank allocates only its
@@ -122,7 +103,7 @@ def ep_moe(shape: MoEShape, arm, device, dtype):
     from mxfp8_ep.titan022 import CapacityGroupedExperts, ExpertParallelPlan
 
     world = dist.get_world_size()
-    moe = local_moe(shape, shape.experts // world, device, dtype)
+    moe = titan_moe(shape, device, dtype, local_experts=shape.experts // world)
     if device.type == "cuda":
         moe.experts.__class__ = CapacityGroupedExperts
     moe.experts.expert_parallel_plan = ExpertParallelPlan(dist.group.WORLD, arm.a2a(), shape.tokens)
@@ -137,7 +118,7 @@ def titan_moe_alone(shape: MoEShape, group, device, dtype):
     from torchtitan.distributed.expert_parallel import ExpertParallel
 
     share = replace(shape, experts=shape.experts // dist.get_world_size())
-    moe = local_moe(share, share.experts, device, dtype)
+    moe = titan_moe(share, device, dtype, local_experts=share.experts)
     mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("ep",))
     parallelize_module(moe.experts, mesh, ExpertParallel())
     return moe
