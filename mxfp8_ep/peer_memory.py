@@ -5,10 +5,11 @@ mapped in all ranks, plus a barrier after which all writes into this rank's buff
 * CUDA, every rank of the group in its own process on one shared GPU (``share_one_device``;
   torch's symmetric memory refuses ranks on one device): each rank allocates its buffer on the
   GPU and the ranks open each other's through CUDA IPC handles, exchanged over the group
-  (``torch.multiprocessing``'s own tensor sharing); the barrier waits on the host, for this
-  rank's stream and then for the group. Stores into a peer are HBM stores there, and the
-  barrier is stronger than symmetric memory's stream-ordered one: for numerics and logic on
-  one GPU, not for NVLink ordering or speed.
+  (``torch.multiprocessing``'s own tensor sharing). The barrier is stream-ordered as symmetric
+  memory's is: each rank records an interprocess CUDA event, the group meets on the host
+  (gloo), and each rank's stream then waits for every peer's event; no host waits for a
+  stream. Stores into a peer are HBM stores there: for numerics and logic on one GPU, not for
+  NVLink ordering or speed.
 * CPU: files in ``/dev/shm`` mapped by every process of the group (``torch.from_file`` with
   ``shared=True``); the barrier is the group's (gloo) barrier. This runs the very same push
   kernels (Triton interpreter or torch twins) that CUDA runs, so CI exercises the symm
@@ -30,9 +31,10 @@ import torch.distributed as dist
 
 DISABLE_MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
 _SHARED_DEVICE = False
-# The shared-device barrier's host wait is the emulation's own, not a sync the transport makes:
-# it goes through Stream.synchronize as it was at import, with the sync debug mode off, so
-# checks that patch or trap host syncs (``torch.cuda.set_sync_debug_mode("error")``) see none.
+# The shared-device mapping's one host wait (a new buffer zeroed before any peer opens it) is
+# the emulation's own, not a sync the transport makes: it goes through Stream.synchronize as it
+# was at import, with the sync debug mode off, so checks that patch or trap host syncs
+# (``torch.cuda.set_sync_debug_mode("error")``) see none.
 _stream_synchronize = torch.cuda.Stream.synchronize
 
 
@@ -121,20 +123,35 @@ def _map_symmetric_memory(nbytes: int, group: dist.ProcessGroup, device: torch.d
     return peers, handle
 
 
-class _HostBarrier:
-    """A symmetric-memory handle's ``barrier`` for ranks on one GPU: once every rank has
-    finished what its stream did before (its stores into peers included), all ranks go on."""
+class _StreamBarrier:
+    """A symmetric-memory handle's ``barrier`` for ranks on one GPU. Each rank records its
+    interprocess event on its stream, the ranks meet on the host, and each rank's stream waits
+    for its peers' events: the work after the barrier starts once every rank's work before it
+    (its stores into peers included) has finished, and the host never waits for a stream.
 
-    def __init__(self, group: dist.ProcessGroup):
+    A peer's wait takes the event's most recent record when it is issued. That is the record of
+    this barrier, or, where this rank has already gone on to its next barrier, a later one: a
+    stronger wait, never a wrong one, and never a cycle (a record only depends on waits issued
+    before it, on records made before those waits)."""
+
+    def __init__(self, group: dist.ProcessGroup, device: torch.device):
         self.group = group
+        self.event = torch.cuda.Event(interprocess=True)
+        handles: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(handles, self.event.ipc_handle(), group=group)
+        rank = dist.get_rank(group)
+        self.peer_events = [torch.cuda.Event.from_ipc_handle(device, h) for r, h in enumerate(handles) if r != rank]
 
     def barrier(self, channel: int = 0) -> None:  # noqa: ARG002 (symm_mem's signature)
-        _wait_for_stream()
+        stream = torch.cuda.current_stream()
+        self.event.record(stream)
         dist.barrier(group=self.group)
+        for event in self.peer_events:
+            stream.wait_event(event)
 
 
 def _wait_for_stream() -> None:
-    """The shared-device barrier's wait for this rank's stream (see ``_stream_synchronize``)."""
+    """The shared-device mapping's host wait for this rank's stream (see ``_stream_synchronize``)."""
     mode = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode(0)
     try:
@@ -145,7 +162,7 @@ def _wait_for_stream() -> None:
 
 def _map_over_cuda_ipc(nbytes: int, group: dist.ProcessGroup, device: torch.device):
     """``_map_symmetric_memory``'s result for ranks on one GPU: every rank's buffer, opened in
-    this process through its CUDA IPC handle, and a host barrier."""
+    this process through its CUDA IPC handle, and a stream barrier over interprocess events."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     mine = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -155,7 +172,7 @@ def _map_over_cuda_ipc(nbytes: int, group: dist.ProcessGroup, device: torch.devi
     dist.all_gather_object(shared, reduce_tensor(mine), group=group)
     peers = [mine if r == rank else rebuild(*args) for r, (rebuild, args) in enumerate(shared)]
     dist.barrier(group=group)
-    return peers, _HostBarrier(group)
+    return peers, _StreamBarrier(group, device)
 
 
 def _map_shared_files(nbytes: int, group: dist.ProcessGroup) -> list[torch.Tensor]:

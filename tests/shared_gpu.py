@@ -4,16 +4,15 @@ torch's symmetric memory refuses ranks on one device ("detected allocations from
 devices from different ranks") and NCCL refuses two ranks per GPU, so a one-GPU machine cannot
 run the symm transport as it ships. It can run everything but the mapping: the library's
 ``peer_memory.share_one_device`` has each rank allocate its buffer on the shared GPU, open its
-peers' through CUDA IPC handles exchanged over their gloo group, and wait on the host at each
-barrier. The dispatcher, its compiled Triton kernels and its staging logic run unchanged in
+peers' through CUDA IPC handles exchanged over their gloo group, and order each barrier with
+interprocess CUDA events (the ranks meet on the host; each stream waits for its peers'
+events). The dispatcher, its compiled Triton kernels and its staging logic run unchanged in
 separate processes: every row must land where its owner reads it. Peer stores are HBM stores
-here, not NVLink ones, and the barrier is stronger than symmetric memory's stream-ordered one
-(it only stands in for it): this checks the logic on real GPU processes, not NVLink ordering or
-speed.
-
-The barrier's host wait is the emulation's, not the dispatcher's: it runs with the sync debug
-mode off and through ``torch.cuda.Stream.synchronize`` as it was at import, so
-``tests.moe_harness.host_sync_check`` neither raises on it nor counts it.
+here, not NVLink ones: this checks the logic on real GPU processes, not NVLink ordering or
+speed. The barrier makes no host wait for a stream, so ``tests.moe_harness.host_sync_check``
+holds the shared-GPU dispatches to the same no-sync rule as the others (the one host wait when a
+buffer is mapped is the emulation's: sync debug mode off, ``torch.cuda.Stream.synchronize`` as
+it was at import).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ them and the GPU machine runs them (``benchmarks/run.sh tests_2gpu``, ``tests_1g
 
 On a machine with one GPU the symm checks run with ranks sharing it (``[sharing_one_gpu]`` and
 ``*_sharing_one_gpu``,
-``tests.shared_gpu``: a gloo group, peer buffers over CUDA IPC, a host barrier in place of
-symmetric memory's): the same compiled kernels and staging logic across real processes, at 2,
+``tests.shared_gpu``: a gloo group, peer buffers over CUDA IPC, a barrier over interprocess
+CUDA events in place of symmetric memory's): the same compiled kernels and staging logic across real processes, at 2,
 3 and 4 ranks, without NVLink. The nccl transport needs a GPU per rank and stays out of them."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 memory is the CPU emulation (shared-memory files). On CPU the kernels run under the Triton
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU). On a GPU machine
 the same tests run the compiled kernels on CUDA tensors, the dispatcher's ranks sharing GPU 0
-(``tests.shared_gpu``: CUDA IPC peers, a host barrier), and tests/test_dispatcher_gpu.py runs
+(``tests.shared_gpu``: CUDA IPC peers, a barrier over interprocess events), and tests/test_dispatcher_gpu.py runs
 the comparison again at real shapes on NCCL and symmetric memory on 2 GPUs.
 
 One routing per case, run twice on every rank (``kernel="torch"``, then ``kernel="triton"``):

@@ -11,11 +11,11 @@ ranks of such a run therefore (``join_one_gpu``, before torchtitan's ``Trainer``
 * reduce FSDP's gradients with SUM and scale them apart (gloo has no AVG or PREMUL_SUM:
   ``launch.titan.cpu_compat.force_sum_reduction``, applied by the runner to any gloo run);
 * exchange the EP rows through the symm transport's peer buffers, opened over CUDA IPC, with
-  a host barrier (``mxfp8_ep.peer_memory.share_one_device``).
+  a barrier over interprocess CUDA events (``mxfp8_ep.peer_memory.share_one_device``).
 
 torch's functional all-gather crashes on CUDA tensors over gloo (torch 2.11), and the nccl
 transport's MXFP8 path exchanges its counts with one, so ``launch/preflight/validate.py`` requires the
-symm transport. The ranks take turns on the GPU and meet at host barriers: the run's throughput
+symm transport. The ranks take turns on the GPU, their FSDP traffic goes through host memory: the run's throughput
 is no speed figure. Its summary says the GPU was shared (``RunSummary.gpu_shared``), and
 ``compare_runs`` and the benchmark rows mark it.
 """

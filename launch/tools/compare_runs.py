@@ -486,7 +486,7 @@ def format_table(runs: list[Compared]) -> str:
     if on_cpu(runs):
         lines.append(f"* {CPU_NOTE}: tokens/s and step times of CPU (gloo) runs say nothing about GPUs.")
     if on_shared_gpu(runs):
-        lines.append(f"* cuda (shared): {SHARED_GPU_NOTE}; the ranks took turns on the GPU and met at host barriers.")
+        lines.append(f"* cuda (shared): {SHARED_GPU_NOTE}; the ranks took turns on the GPU.")
     return "\n".join(lines)
 
 
