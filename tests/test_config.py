@@ -273,6 +273,19 @@ def test_ep8_recipes_fit_80gb_gpus_with_the_lightest_checkpointing_that_fits(rec
     assert any(need(p, lighter) > GPU_80GB for p in points), [need(p, lighter) / 2**30 for p in points]
 
 
+def test_weights_kept_from_forward_to_backward_cost_every_blocks_bf16_copy():
+    """``fsdp_reshard_after_forward=never`` holds each block's gathered bf16 weights, not two."""
+    from launch.config.memory import BF16, estimate
+    from launch.config.model_facts import facts
+
+    m = facts("deepseek_v3", "parity")
+    kw = dict(world=2, ep=2, tp=1, local_batch_size=4, seq_len=512, activation_checkpoint="none", device="cuda")
+    resharded, kept = estimate(m, **kw), estimate(m, **kw, reshard_after_forward=False)
+    block = (m.params - m.expert_params - 2 * m.vocab_size * m.dim) / m.n_layers + m.expert_params / m.n_moe_layers / 2
+    assert kept.working_copies - resharded.working_copies == pytest.approx((m.n_layers - 2) * block * BF16, abs=1)
+    assert kept.total - resharded.total == kept.working_copies - resharded.working_copies
+
+
 def test_recipe_sweeps_ep_across_nodes():
     cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "parallelism.ep=16")
     assert cfg.parallelism.nodes * cfg.parallelism.procs_per_node == 16

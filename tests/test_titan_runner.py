@@ -259,6 +259,15 @@ def test_profile_freq_turns_on_torchtitans_profiler(freq, tmp_path: Path) -> Non
         assert jc.job.dump_folder == str(tmp_path)  # traces land in <run dir>/profile_traces
 
 
+@pytest.mark.parametrize("policy", ["default", "never"])
+def test_fsdp_reshard_policy_reaches_torchtitan(policy, tmp_path: Path) -> None:
+    from launch.titan.runner import build_job_config
+
+    cfg = make_cfg("deepseek_v3")
+    cfg.parallelism.fsdp_reshard_after_forward = policy
+    assert build_job_config(cfg, str(tmp_path)).parallelism.fsdp_reshard_after_forward == policy
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_install_dispatcher_takes_a2a_tokens_and_shared_expert_overlap_from_the_config(overlap, monkeypatch):
     import mxfp8_ep

@@ -599,3 +599,9 @@ def test_comm_heavy_model_fits_two_h200_and_not_a_cpu_box():
     assert check(*run, "a2a=mxfp8", "a2a.transport=symm", machine=two_h200) == []
     with pytest.raises(ConfigError, match="memory"):
         check(*run, "a2a=mxfp8")
+
+
+def test_fsdp_reshard_policy_is_one_torchtitan_knows():
+    msg = one_problem("parallelism.fsdp_reshard_after_forward=sometimes")
+    assert "parallelism.fsdp_reshard_after_forward='sometimes'" in msg
+    assert "default, always, never" in msg

@@ -7,7 +7,8 @@ Per process (rank):
   and AdamW's two moments (8), sharded over all ranks (FSDP x TP for dense weights, EP x
   FSDP for the experts: either way over the world size);
 * working copies: FSDP gathers one block (and prefetches the next) as bf16 weights with fp32
-  gradients before the reduce-scatter;
+  gradients before the reduce-scatter (every block's bf16 weights when they are kept from
+  forward to backward, ``parallelism.fsdp_reshard_after_forward=never``);
 * activations at the configured batch, kept for the backward pass (bf16): per token per
   layer, attention and norms (~15 x dim bytes: Korthikanti et al. 2022 without the attention
   matrix, which sdpa/flex never store) plus the FFN (MoE: input, w1/w3 outputs and their
@@ -105,10 +106,12 @@ def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_
 def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,
              activation_checkpoint: str, device: str, symm: bool = False,
              combine_partial_sums: bool = True,
-             capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> MemoryEstimate:
+             capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR,
+             reshard_after_forward: bool = True) -> MemoryEstimate:
     """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda";
     ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` and
-    ``capacity_factor`` its settings)."""
+    ``capacity_factor`` its settings; ``reshard_after_forward=False``: FSDP keeps every block's
+    gathered bf16 weights from forward to backward)."""
     shard = max(1, world)
     dense_params = m.params - m.expert_params
     block = (dense_params - 2 * m.vocab_size * m.dim) / m.n_layers / tp
@@ -128,7 +131,7 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         parameters=int(m.params * FP32 / shard),
         gradients=int(m.params * FP32 / shard),
         optimizer=int(m.params * ADAM_STATE / shard),
-        working_copies=int(2 * block * (BF16 + FP32)),
+        working_copies=int((2 if reshard_after_forward else m.n_layers) * block * BF16 + 2 * block * FP32),
         activations=int(tokens * (kept + logits) / tp),
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
         peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else 0,

@@ -42,8 +42,12 @@ class ParallelismConfig:
     # Every process on this machine's first GPU (launcher=local, one node), talking over gloo,
     # the EP exchange through the symm transport's peer buffers over CUDA IPC: EP numerics on a
     # one-GPU machine (launch/run/shared_gpu.py). Its throughput is no speed figure: the ranks take
-    # turns on one GPU and meet at host barriers. Without it a machine needs a GPU per process.
+    # turns on one GPU. Without it a machine needs a GPU per process.
     share_gpu: bool = False
+    # torchtitan's FSDP policy for the gathered weights after forward: "default" (regathered in
+    # backward), "always" or "never" (kept from forward to backward: one all-gather fewer per
+    # block, the gathered bf16 weights of every block held through the step).
+    fsdp_reshard_after_forward: str = "default"
 
 
 def _a2a_schema() -> type:

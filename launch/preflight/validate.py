@@ -162,6 +162,10 @@ def _check_training(cfg: Any, r: Report) -> None:
 
 
 # ------------------------------------------------------------------------ parallelism
+# torchtitan 0.2.2's ParallelismConfig.fsdp_reshard_after_forward values.
+FSDP_RESHARD_POLICIES = ("default", "always", "never")
+
+
 def _check_parallelism(cfg: Any, r: Report) -> Optional[int]:
     """Return the world size, or None when the degrees themselves are invalid."""
     p = cfg.parallelism
@@ -173,6 +177,9 @@ def _check_parallelism(cfg: Any, r: Report) -> Optional[int]:
     if p.fsdp == 0 or p.fsdp < -1:
         r.error(f"parallelism.fsdp={p.fsdp}: use -1 (the rest of the world size) or a degree >= 1")
         ok = False
+    if p.fsdp_reshard_after_forward not in FSDP_RESHARD_POLICIES:
+        r.error(f"parallelism.fsdp_reshard_after_forward={p.fsdp_reshard_after_forward!r}: choose one of "
+                f"{', '.join(FSDP_RESHARD_POLICIES)}")
     if not ok:
         return None
     world = p.nodes * p.procs_per_node
@@ -389,7 +396,8 @@ def memory_estimate(cfg: Any, target: Target, facts: ModelFacts) -> MemoryEstima
                     seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
                     device=target.device, symm=_runs_symm(cfg, target),
                     combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums),
-                    capacity_factor=cfg.a2a.capacity_factor)
+                    capacity_factor=cfg.a2a.capacity_factor,
+                    reshard_after_forward=p.fsdp_reshard_after_forward != "never")
 
 
 def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:

@@ -113,6 +113,7 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
 
     jc.parallelism.expert_parallel_degree = int(p.ep)
     jc.parallelism.data_parallel_shard_degree = int(p.fsdp)
+    jc.parallelism.fsdp_reshard_after_forward = str(p.fsdp_reshard_after_forward)
     jc.parallelism.tensor_parallel_degree = int(p.tp)
 
     jc.checkpoint.enable = bool(t.checkpoint_enable)
