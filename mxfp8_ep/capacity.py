@@ -34,8 +34,9 @@ def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_expert
 
 
 # A capacity that overflowed grows to what the step needed plus this fraction, so that the
-# step-to-step spread of the routing does not overflow it again at once.
-GROWTH_HEADROOM = 0.1
+# routing's imbalance, still rising in the steps after the first overflow, does not overflow it
+# again at once (docs/design.md, "A grown capacity").
+GROWTH_HEADROOM = 0.25
 
 
 def grown_capacity(needed: int, worst: int, align: int) -> int:
