@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import symm_quantizes_partial_sums
+from tests.round_trips import replayed
 
 WORLD = 2
 GPU_EXAMPLES = 200  # hypothesis routings of the fuzz on WORLD GPUs (CPU: 80 at 2 ranks, 200 over 2-4)
@@ -94,7 +95,9 @@ def _check(rank, _world):
                 )
                 disp = cfg.build(dist.group.WORLD, device)
                 assert isinstance(disp, SymmTokenDispatcher)
-                _run(disp, x, scores, ids, counts, sync_check=False)  # allocates the peer buffers
+                # Allocates the peer buffers and, where the routing overflows the default
+                # capacity (skew: every row to rank 0), grows it through a replay.
+                replayed(lambda: _run(disp, x, scores, ids, counts, sync_check=False))
                 results[kernel] = _run(disp, x, scores, ids, counts, sync_check=(kernel == "triton"))
             ref, got = results["torch"], results["triton"]
             case = f"{preset} top_k={top_k} score_before={sbe} skew={skew}"
@@ -187,7 +190,8 @@ def _check_fused_nccl(rank, _world):
                 disp = cfg.build(dist.group.WORLD, device)
                 assert type(disp) is cls
                 # nccl makes its one device-to-host sync per layer (the splits): no sync check.
-                results[transport, kernel] = _run(disp, x, scores, ids, counts, sync_check=False)
+                # symm grows its capacity through a replay where the routing overflows it (skew).
+                results[transport, kernel], _ = replayed(lambda: _run(disp, x, scores, ids, counts, sync_check=False))
             symm_cfg = SymmTokenDispatcher.Config.of(cfg)  # which way symm sends each leg
             got = results["nccl", "triton"]
             case = f"{preset} top_k={top_k} score_before={sbe} skew={skew}"
