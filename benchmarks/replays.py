@@ -4,11 +4,15 @@
     python -m benchmarks.replays EXPORT_DIR --out OUT --like ROWS.jsonl --command "..."   # runs made elsewhere
 
 Each run: a run dir (``summary.json``, ``console.log``), or in an export folder a pair
-``<run>.summary.json`` / ``<run>.console.log``. Per run: the steps it trained, the steps run again
-after a capacity overflow (``capacity_replay_steps``, the last one), the capacity it started at
-and ended at (expert rows: from the console's replay lines and the summary), and its last
-validation loss. ``--like``: rows of the machine and session the runs were made in, whose
-machine and versions these rows take (with ``--command``, the command that ran them).
+``<run>.summary.json`` / ``<run>.console.log``, or a ``<run>.console.log`` alone (a run cut off
+with its machine before it wrote a summary: its row says ``cut_off``, takes its steps and last
+validation loss from the console lines, its preset and seed from a name like
+``scripts/parity_study.py``'s arms, ``<preset>[_seed<k>]``, and the rest from ``--set``).
+Per run: the steps it trained, the steps run again after a capacity overflow
+(``capacity_replay_steps``, the last one), the capacity it started at and ended at (expert
+rows: from the console's replay lines and the summary), and its last validation loss.
+``--like``: rows of the machine and session the runs were made in, whose machine and versions
+these rows take (with ``--command``, the command that ran them).
 """
 
 from __future__ import annotations
@@ -21,32 +25,49 @@ from pathlib import Path
 from benchmarks.rows import Machine, ResultsFile, read_rows
 from launch.run.run_dir import CONSOLE_LOG, SUMMARY
 
+STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)\s+loss ")
+VAL_LINE = re.compile(r"^step\s+(\d+)/\d+\s+val loss ([\d.]+)")
+ARM_NAME = re.compile(r"^(?P<a2a>.+?)(?:_seed(?P<seed>\d+))?$")
 REPLAY_LINE = re.compile(r"^step (\d+): a symm dispatch needed more expert rows than its capacity; "
                          r"capacity grown \(([\d,]+) -> ([\d,]+) rows\)")
 
 
 def runs_in(path: Path) -> dict[str, tuple[Path, Path]]:
-    """Run name -> (summary, console log) of a run dir or of an export folder's pairs."""
+    """Run name -> (summary, console log) of a run dir or of an export folder's runs (the
+    summary path need not exist: a console log alone)."""
     if (path / SUMMARY).is_file():
         return {path.name: (path / SUMMARY, path / CONSOLE_LOG)}
-    return {p.name.removesuffix(".summary.json"): (p, p.with_name(p.name.replace(".summary.json", ".console.log")))
-            for p in sorted(path.glob("*.summary.json"))}
+    return {p.name.removesuffix(".console.log"): (p.with_name(p.name.replace(".console.log", ".summary.json")), p)
+            for p in sorted(path.glob("*.console.log"))}
 
 
 def run_row(name: str, summary_path: Path, console_path: Path) -> dict:
-    s = json.loads(summary_path.read_text())
-    grown = [m for m in map(REPLAY_LINE.match, console_path.read_text().splitlines()) if m] \
-        if console_path.is_file() else []
+    lines = console_path.read_text().splitlines() if console_path.is_file() else []
+    grown = [m for m in map(REPLAY_LINE.match, lines) if m]
+    s = json.loads(summary_path.read_text()) if summary_path.is_file() else _from_console(name, lines, grown)
     steps = s.get("capacity_replay_steps", [])
     return {
-        "run": name, "model": s["model"], "a2a": s["a2a"], "seed": s.get("seed"), "ep": s["ep"],
+        "run": name, "model": s.get("model"), "a2a": s["a2a"], "seed": s.get("seed"), "ep": s.get("ep"),
         "steps": s["steps"], "capacity_replays": s.get("capacity_replays", 0), "capacity_replay_steps": steps,
         "last_replay_step": steps[-1] if steps else None,
         "start_capacity_rows": int(grown[0].group(2).replace(",", "")) if grown else s.get("capacity_rows"),
         "capacity_rows": s.get("capacity_rows"),
         "val_step": s["val_logged_steps"][-1] if s.get("val_logged_steps") else None,
         "val_loss": s.get("final_val_loss"), "gpu_shared": s.get("gpu_shared", False),
+        **({"cut_off": True} if s.get("cut_off") else {}),
     }
+
+
+def _from_console(name: str, lines: list[str], grown: list[re.Match]) -> dict:
+    """A summary's fields that a run's console lines give (module docstring)."""
+    steps = [int(m.group(1)) for m in map(STEP_LINE.match, lines) if m]
+    vals = [(int(m.group(1)), float(m.group(2))) for m in map(VAL_LINE.match, lines) if m]
+    arm = ARM_NAME.match(name)
+    return {"a2a": arm.group("a2a"), "seed": int(arm.group("seed") or 0), "steps": max(steps, default=0),
+            "capacity_replays": len(grown), "capacity_replay_steps": [int(m.group(1)) for m in grown],
+            "capacity_rows": int(grown[-1].group(3).replace(",", "")) if grown else None,
+            "val_logged_steps": [v[0] for v in vals], "final_val_loss": vals[-1][1] if vals else None,
+            "cut_off": True}
 
 
 def main(argv=None) -> None:
@@ -55,13 +76,17 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--like", type=Path, help="a rows file of the machine and session the runs were made in")
     parser.add_argument("--command", help="the command that ran them (with --like)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="a field of every row where the run does not give it (e.g. ep=2, gpu_shared=true)")
     args = parser.parse_args(argv)
     provenance = {}
     if args.like:
         like = read_rows(args.like)[0]
         provenance = {"machine": Machine(**like["machine"]), "versions": like["versions"],
                       "command": args.command or like["command"]}
+    fixed = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     rows = [run_row(name, *paths) for path in args.runs for name, paths in runs_in(path).items()]
+    rows = [{**row, **{k: v for k, v in fixed.items() if row.get(k) in (None, False)}} for row in rows]
     results = ResultsFile("capacity_replays", args.out, **provenance)
     for row in rows:
         results.write(**row)

@@ -29,3 +29,20 @@ def test_an_exported_run_becomes_a_row(tmp_path):
     assert row["capacity_replays"] == 2 and row["capacity_replay_steps"] == [3, 9] and row["last_replay_step"] == 9
     assert row["start_capacity_rows"] == 1024 and row["capacity_rows"] == 1600
     assert (row["val_step"], row["val_loss"], row["steps"]) == (20, 4.5, 20)
+
+
+def test_a_run_cut_off_before_its_summary_becomes_a_row_from_its_console(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    lines = LINES + ["step 10/20  val loss 5.2500", "step 10/20  loss 5.9  tokens/s 300  eta 4s",
+                     "step 12/20  loss 5.8  tokens/s 300  eta 3s"]
+    (export / "mxfp8_all_seed1.console.log").write_text("\n".join(lines) + "\n")
+    main([str(export), "--out", str(tmp_path / "rows"), "--set", "ep=2", "--set", 'model="parity_dsv3"',
+          "--set", "gpu_shared=true"])
+    (path,) = (tmp_path / "rows").glob("*_capacity_replays.jsonl")
+    (row,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (row["a2a"], row["seed"], row["ep"], row["model"], row["gpu_shared"]) == ("mxfp8_all", 1, 2,
+                                                                                      "parity_dsv3", True)
+    assert row["cut_off"] is True and row["steps"] == 12
+    assert row["capacity_replay_steps"] == [3, 9] and row["capacity_rows"] == 1600
+    assert row["start_capacity_rows"] == 1024 and (row["val_step"], row["val_loss"]) == (10, 5.25)
