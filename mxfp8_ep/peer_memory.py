@@ -163,16 +163,24 @@ def _wait_for_stream() -> None:
 def _map_over_cuda_ipc(nbytes: int, group: dist.ProcessGroup, device: torch.device):
     """``_map_symmetric_memory``'s result for ranks on one GPU: every rank's buffer, opened in
     this process through its CUDA IPC handle, and a stream barrier over interprocess events."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
     mine = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     _wait_for_stream()  # zeroed before any peer opens it
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    shared: list = [None] * world
-    dist.all_gather_object(shared, reduce_tensor(mine), group=group)
-    peers = [mine if r == rank else rebuild(*args) for r, (rebuild, args) in enumerate(shared)]
+    peers = _open_peers(mine, group)
     dist.barrier(group=group)
     return peers, _StreamBarrier(group, device)
+
+
+def _open_peers(mine: torch.Tensor, group: dist.ProcessGroup, share=None) -> list[torch.Tensor]:
+    """Every rank's buffer in this process: ``mine`` and each peer's, opened from the share of it
+    that peer made (``share``, default ``torch.multiprocessing.reductions.reduce_tensor``: a
+    rebuild function and its arguments)."""
+    if share is None:
+        from torch.multiprocessing.reductions import reduce_tensor as share
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shared: list = [None] * world
+    dist.all_gather_object(shared, share(mine), group=group)
+    return [mine if r == rank else rebuild(*args) for r, (rebuild, args) in enumerate(shared)]
 
 
 def _map_shared_files(nbytes: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
