@@ -5,11 +5,11 @@ mapped in all ranks, plus a barrier after which all writes into this rank's buff
 * CUDA, every rank of the group in its own process on one shared GPU (``share_one_device``;
   torch's symmetric memory refuses ranks on one device): each rank allocates its buffer on the
   GPU and the ranks open each other's through CUDA IPC handles, exchanged over the group
-  (``torch.multiprocessing``'s own tensor sharing). The barrier is stream-ordered as symmetric
-  memory's is: each rank records an interprocess CUDA event, the group meets on the host
-  (gloo), and each rank's stream then waits for every peer's event; no host waits for a
-  stream. Stores into a peer are HBM stores there: for numerics and logic on one GPU, not for
-  NVLink ordering or speed.
+  (``torch.multiprocessing``'s own tensor sharing, one share per peer: ``_open_peers``). The
+  barrier is stream-ordered as symmetric memory's is: each rank records an interprocess CUDA
+  event, the group meets on the host (gloo), and each rank's stream then waits for every
+  peer's event; no host waits for a stream. Stores into a peer are HBM stores there: for
+  numerics and logic on one GPU, not for NVLink ordering or speed.
 * CPU: files in ``/dev/shm`` mapped by every process of the group (``torch.from_file`` with
   ``shared=True``); the barrier is the group's (gloo) barrier. This runs the very same push
   kernels (Triton interpreter or torch twins) that CUDA runs, so CI exercises the symm
@@ -163,16 +163,32 @@ def _wait_for_stream() -> None:
 def _map_over_cuda_ipc(nbytes: int, group: dist.ProcessGroup, device: torch.device):
     """``_map_symmetric_memory``'s result for ranks on one GPU: every rank's buffer, opened in
     this process through its CUDA IPC handle, and a stream barrier over interprocess events."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
     mine = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     _wait_for_stream()  # zeroed before any peer opens it
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    shared: list = [None] * world
-    dist.all_gather_object(shared, reduce_tensor(mine), group=group)
-    peers = [mine if r == rank else rebuild(*args) for r, (rebuild, args) in enumerate(shared)]
+    peers = _open_peers(mine, group)
     dist.barrier(group=group)
     return peers, _StreamBarrier(group, device)
+
+
+def _open_peers(mine: torch.Tensor, group: dist.ProcessGroup, share=None) -> list[torch.Tensor]:
+    """Every rank's buffer in this process: ``mine`` and each peer's, opened from the share of it
+    that peer made for this rank (``share``, default ``torch.multiprocessing.reductions.reduce_tensor``:
+    a rebuild function and its arguments). One share per peer, as torch's CUDA IPC counts them:
+    one reference taken per share, one given back by each process that lets go of what it
+    opened. A share opened by several peers is given back more often than taken, and torch then
+    keeps the buffer's block allocated after every rank dropped it (with 3 or more ranks)."""
+    if share is None:
+        from torch.multiprocessing.reductions import reduce_tensor as share
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shared: list = [None] * world
+    dist.all_gather_object(shared, [None if peer == rank else share(mine) for peer in range(world)], group=group)
+    return [mine if r == rank else _open_share(shares[rank]) for r, shares in enumerate(shared)]
+
+
+def _open_share(share) -> torch.Tensor:
+    rebuild, args = share
+    return rebuild(*args)
 
 
 def _map_shared_files(nbytes: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
