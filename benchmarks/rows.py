@@ -29,6 +29,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -87,6 +88,9 @@ def git_commit(repo: Path = REPO) -> tuple[str, bool | None, str | None]:
     the files that were copied, so its files are compared with the named commit."""
     env = os.environ.get(COMMIT_ENV)
     if env:
+        if not re.fullmatch(r"[0-9a-f]{40}", env):
+            raise ValueError(f"${COMMIT_ENV}={env!r}: set it to the copied commit's full 40-character id "
+                             f"($(git rev-parse HEAD)), which every row records")
         known = _git(repo, "cat-file", "-e", f"{env}^{{commit}}")
         if known is not None and known.returncode == 0:
             diff = _git(repo, "diff", "--quiet", env, "--")

@@ -219,6 +219,16 @@ def test_an_explicit_commit_wins_over_git(tmp_path, monkeypatch):
                                                   capture_output=True, text=True).stdout.strip()
 
 
+@pytest.mark.parametrize("commit", ["9db6276", "F" * 40, "f" * 39])
+def test_an_explicit_commit_must_be_the_full_id(commit, monkeypatch):
+    """Every row records the full commit: an abbreviated one is refused before anything runs."""
+    from benchmarks import rows
+
+    monkeypatch.setenv(rows.COMMIT_ENV, commit)
+    with pytest.raises(ValueError, match="full 40-character id"):
+        rows.git_commit()
+
+
 def test_every_claim_id_the_design_notes_cite_exists():
     """docs/design.md cites its figures by claim id ("[parity-dsv3-mxfp8]"); each must name a
     claim of benchmarks/claims.yaml, so a figure there always has its row in docs/results.md."""
