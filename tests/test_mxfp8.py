@@ -3,6 +3,7 @@ documented edge cases, errors, and the round-trip error bound that follows from 
 
 import math
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -62,16 +63,33 @@ def edge_blocks(dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", ["random", "edge"])
 def test_quantize_bit_identical_to_torchao(rounding, dtype, case):
-    x = (random_input(64, 512, dtype, seed=hash((rounding, str(dtype))) % 1000) if case == "random"
+    x = (random_input(64, 512, dtype, seed=zlib.crc32(f"{rounding} {dtype}".encode()) % 1000) if case == "random"
          else edge_blocks(dtype))
     ref_scale, ref_data = to_mx(x, torch.float8_e4m3fn, BLOCK_SIZE, MODES[rounding])
     q = quantize_reference(x, rounding)
     assert q.data.dtype == torch.float8_e4m3fn and q.scale.dtype == torch.uint8
-    assert_bits_equal(q.scale, ref_scale.view(torch.uint8))
-    assert_bits_equal(q.data, ref_data, nan_equal=True)
+    # The one documented exception (test_rceil_is_exact_where_torchao_eager_log2_rounds): there
+    # our scale is the next power of two; everywhere else every bit is torchao's.
+    exception = _torchao_log2_rounds_down(x) if rounding == "rceil" else torch.zeros_like(q.scale, dtype=torch.bool)
+    assert dtype == torch.float32 or not exception.any()
+    assert torch.equal(q.scale.long()[exception], ref_scale.view(torch.uint8).long()[exception] + 1)
+    kept = ~exception.repeat_interleave(BLOCK_SIZE, dim=-1)
+    assert_bits_equal(q.scale[~exception], ref_scale.view(torch.uint8)[~exception])
+    assert_bits_equal(q.data[kept], ref_data[kept], nan_equal=True)
     for out_dtype in (torch.float32, torch.bfloat16):
         ref = to_dtype(ref_data, ref_scale, torch.float8_e4m3fn, BLOCK_SIZE, out_dtype)
-        assert_bits_equal(dequantize_reference(q, out_dtype), ref, nan_equal=True)
+        assert_bits_equal(dequantize_reference(q, out_dtype)[kept], ref[kept], nan_equal=True)
+
+
+def _torchao_log2_rounds_down(x: torch.Tensor) -> torch.Tensor:
+    """Per block: amax/448 lies just above a power of two 2**k, and its fp32 log2 rounds down to
+    k (torchao's eager RCEIL then takes 2**k, below amax/448)."""
+    blocks = x.reshape(*x.shape[:-1], -1, BLOCK_SIZE).float()
+    descale = blocks.abs().amax(dim=-1) / E4M3_MAX
+    bits = descale.view(torch.int32)
+    exponent, mantissa = ((bits >> 23) & 0xFF) - 127, bits & 0x7FFFFF
+    normal = torch.isfinite(descale) & (descale >= 2.0**-126)
+    return normal & (mantissa != 0) & (torch.log2(descale) == exponent.float())
 
 
 def test_rceil_is_exact_where_torchao_eager_log2_rounds():
