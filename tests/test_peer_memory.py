@@ -5,7 +5,8 @@ process that lets go of what it opened, so one share opened by several peers is 
 often than taken, and torch then keeps the dropped buffer allocated for the rest of the run
 (measured on one H200 at EP=4: every peer buffer an earlier arm of ``benchmarks/memory.py``
 dropped, still held at the next arm's peak). The shares here are stand-ins that record who
-opens them; CUDA IPC itself needs a GPU."""
+opens them; CUDA IPC itself needs a GPU. And the order of the ranks' barrier: their streams wait
+for each other's interprocess events, the host for no stream."""
 
 from __future__ import annotations
 
@@ -44,3 +45,55 @@ def _open_every_peer(rank: int, world: int) -> None:
 
 def test_each_peer_opens_a_share_of_its_own_of_every_buffer():
     run_on_ranks(4, _open_every_peer)
+
+
+def test_shared_gpu_barrier_orders_streams_not_the_host(monkeypatch):
+    """``_StreamBarrier``: this rank's event is recorded on its stream before the ranks meet on
+    the host, and the stream waits for every peer's event after it; the host never waits for a
+    stream. (CUDA interprocess events need a GPU: here they are fakes that log what happens.)"""
+    log: list = []  # what the fakes saw, in order
+
+    class Event:
+        def __init__(self, interprocess=False, name="mine"):
+            assert interprocess or name != "mine"
+            self.name = name
+
+        def ipc_handle(self):
+            return f"handle-{self.name}"
+
+        @classmethod
+        def from_ipc_handle(cls, device, handle):
+            assert device == torch.device("cuda", 0)
+            return cls(name=handle.removeprefix("handle-"))
+
+        def record(self, stream):
+            log.append(("record", self.name, stream))
+
+        def synchronize(self):
+            log.append(("host waits", self.name))
+
+    class Stream:
+        def wait_event(self, event):
+            log.append(("stream waits", event.name, self))
+
+        def synchronize(self):
+            log.append(("host waits", "stream"))
+
+    stream = Stream()
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: log.append(("host barrier",)))
+
+    def all_gather_object(out, obj, group=None):
+        out[:] = ["handle-peer0", obj, "handle-peer2"]
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    barrier = peer_memory._StreamBarrier(group=None, device=torch.device("cuda", 0))
+    assert [e.name for e in barrier.peer_events] == ["peer0", "peer2"]
+    for _ in range(2):
+        log.clear()
+        barrier.barrier()
+        assert log == [("record", "mine", stream), ("host barrier",),
+                       ("stream waits", "peer0", stream), ("stream waits", "peer2", stream)]
