@@ -41,10 +41,13 @@ def runs_in(path: Path) -> dict[str, tuple[Path, Path]]:
             for p in sorted(path.glob("*.console.log"))}
 
 
-def run_row(name: str, summary_path: Path, console_path: Path) -> dict:
+def run_row(name: str, summary_path: Path, console_path: Path, fill: dict | None = None) -> dict:
+    """A run's row; ``fill``: the summary fields of a run without one that its console lines do
+    not give (``--set``)."""
     lines = console_path.read_text().splitlines() if console_path.is_file() else []
     grown = [m for m in map(REPLAY_LINE.match, lines) if m]
-    s = json.loads(summary_path.read_text()) if summary_path.is_file() else _from_console(name, lines, grown)
+    s = (json.loads(summary_path.read_text()) if summary_path.is_file()
+         else {**(fill or {}), **_from_console(name, lines, grown)})
     steps = s.get("capacity_replay_steps", [])
     return {
         "run": name, "model": s.get("model"), "a2a": s["a2a"], "seed": s.get("seed"), "ep": s.get("ep"),
@@ -77,7 +80,7 @@ def main(argv=None) -> None:
     parser.add_argument("--like", type=Path, help="a rows file of the machine and session the runs were made in")
     parser.add_argument("--command", help="the command that ran them (with --like)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
-                        help="a field of every row where the run does not give it (e.g. ep=2, gpu_shared=true)")
+                        help="a field that runs without a summary do not give (e.g. ep=2, gpu_shared=true)")
     args = parser.parse_args(argv)
     provenance = {}
     if args.like:
@@ -85,8 +88,7 @@ def main(argv=None) -> None:
         provenance = {"machine": Machine(**like["machine"]), "versions": like["versions"],
                       "command": args.command or like["command"]}
     fixed = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    rows = [run_row(name, *paths) for path in args.runs for name, paths in runs_in(path).items()]
-    rows = [{**row, **{k: v for k, v in fixed.items() if row.get(k) in (None, False)}} for row in rows]
+    rows = [run_row(name, *paths, fill=fixed) for path in args.runs for name, paths in runs_in(path).items()]
     results = ResultsFile("capacity_replays", args.out, **provenance)
     for row in rows:
         results.write(**row)
