@@ -32,13 +32,16 @@ REPLAY_LINE = re.compile(r"^step (\d+): a symm dispatch needed more expert rows 
                          r"capacity grown \(([\d,]+) -> ([\d,]+) rows\)")
 
 
+EXPORTED = (".summary.json", ".console.log")  # an export folder's files of a run, by its name
+
+
 def runs_in(path: Path) -> dict[str, tuple[Path, Path]]:
-    """Run name -> (summary, console log) of a run dir or of an export folder's runs (the
-    summary path need not exist: a console log alone)."""
+    """Run name -> (summary, console log) of a run dir or of an export folder's runs, each with
+    either file or both (a path that does not exist: the run has no such file)."""
     if (path / SUMMARY).is_file():
         return {path.name: (path / SUMMARY, path / CONSOLE_LOG)}
-    return {p.name.removesuffix(".console.log"): (p.with_name(p.name.replace(".console.log", ".summary.json")), p)
-            for p in sorted(path.glob("*.console.log"))}
+    names = {p.name.removesuffix(suffix) for suffix in EXPORTED for p in path.glob(f"*{suffix}")}
+    return {name: tuple(path / f"{name}{suffix}" for suffix in EXPORTED) for name in sorted(names)}
 
 
 def run_row(name: str, summary_path: Path, console_path: Path, fill: dict | None = None) -> dict:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from benchmarks.replays import main
 from launch.run.run_summary import RunSummary
 
@@ -12,7 +14,8 @@ LINES = ["step  1/20  loss 6.8  tokens/s 300  eta 9s",
          "step run again (a2a/replays = 2)"]
 
 
-def test_an_exported_run_becomes_a_row(tmp_path):
+@pytest.mark.parametrize("with_console", [True, False])
+def test_an_exported_run_becomes_a_row(tmp_path, with_console):
     export = tmp_path / "export"
     export.mkdir()
     summary = RunSummary(run_name="x", experiment="e", a2a="mxfp8", a2a_legs={}, model="parity_dsv3",
@@ -21,13 +24,15 @@ def test_an_exported_run_becomes_a_row(tmp_path):
                          val_logged_steps=[10, 20], val_losses=[5.0, 4.5], final_val_loss=4.5,
                          capacity_replays=2, capacity_replay_steps=[3, 9], capacity_rows=1600)
     (export / "mxfp8_seed1.summary.json").write_text(json.dumps(summary.__dict__))
-    (export / "mxfp8_seed1.console.log").write_text("\n".join(LINES) + "\n")
+    if with_console:
+        (export / "mxfp8_seed1.console.log").write_text("\n".join(LINES) + "\n")
     main([str(export), "--out", str(tmp_path / "rows")])
     (path,) = (tmp_path / "rows").glob("*_capacity_replays.jsonl")
     (row,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert row["bench"] == "capacity_replays" and row["run"] == "mxfp8_seed1" and row["seed"] == 1
     assert row["capacity_replays"] == 2 and row["capacity_replay_steps"] == [3, 9] and row["last_replay_step"] == 9
-    assert row["start_capacity_rows"] == 1024 and row["capacity_rows"] == 1600
+    assert row["capacity_rows"] == 1600 and (row["start_capacity_rows"] == 1024 or not with_console)
+    assert "cut_off" not in row
     assert (row["val_step"], row["val_loss"], row["steps"]) == (20, 4.5, 20)
 
 
