@@ -9,6 +9,7 @@ Symbols: ``W`` EP ranks, ``T`` the most tokens a rank dispatches (``max_tokens``
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def worst_case_capacity(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int) -> int:
@@ -25,11 +26,15 @@ def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_expert
     rank routes alike, rounded up to ``align``, plus each local expert's padding; never more
     than the worst case (``worst_case_capacity``), which ``factor=None`` asks for. A dispatch
     that needs more rows than this overflows: it is flagged on the device and its step runs
-    again at a grown capacity (``mxfp8_ep.elastic``)."""
+    again at a grown capacity (``mxfp8_ep.elastic``). Any finite factor works: one past the
+    worst case is the worst case."""
     worst = worst_case_capacity(max_tokens, top_k, ep, num_local_experts, align)
     if factor is None:
         return worst
-    balanced = _round_up(math.ceil(factor * max_tokens * top_k), align)
+    rows = factor * max_tokens * top_k
+    if rows >= worst:  # compared as a float: a huge factor never reaches math.ceil
+        return worst
+    balanced = _round_up(math.ceil(rows), align)
     return min(worst, balanced + num_local_experts * align)
 
 
@@ -43,6 +48,35 @@ def grown_capacity(needed: int, worst: int, align: int) -> int:
     """The capacity after a dispatch needed ``needed`` rows: that plus ``GROWTH_HEADROOM``,
     a multiple of ``align``, at most the worst case."""
     return min(worst, _round_up(math.ceil(needed * (1 + GROWTH_HEADROOM)), align))
+
+
+@dataclass(frozen=True)
+class CapacityStep:
+    """What a step whose dispatches needed ``needed`` rows does to a buffer set
+    (``next_capacity``): ``capacity``, the rows it holds from the next step on, and
+    ``step_rows``, the rows the step itself runs again at (0: it fitted, no rerun).
+    ``kind``: ``"fits"``, ``"grow"`` (rerun at the grown capacity) or ``"spill"`` (the step
+    needs more than the ceiling: the capacity stops at the ceiling and the step alone reruns
+    at exactly the rows it needs)."""
+
+    kind: str
+    capacity: int
+    step_rows: int
+
+
+def next_capacity(needed: int, capacity: int, ceiling: int, worst: int, align: int) -> CapacityStep:
+    """The elastic capacity's rule: a step that fits changes nothing; one that needs more than
+    ``capacity`` but no more than ``ceiling`` grows it (``grown_capacity``, at most the
+    ceiling) and runs again at it; one that needs more than the ceiling spills: the capacity
+    grows to the ceiling and never past it, and the step runs again at exactly ``needed``
+    rows (rounded up to ``align``), a size that lasts that step only. Either rerun computes
+    what the worst case computes."""
+    if needed <= capacity:
+        return CapacityStep("fits", capacity, 0)
+    if needed <= ceiling:
+        grown = min(ceiling, grown_capacity(needed, worst, align))
+        return CapacityStep("grow", grown, grown)
+    return CapacityStep("spill", max(capacity, ceiling), min(worst, _round_up(needed, align)))
 
 
 def _round_up(rows: int, align: int) -> int:

@@ -33,8 +33,10 @@ KERNELS = ("auto", "triton", "torch")
 FIELD_CHOICES: dict[str, tuple[str, ...]] = {
     **{leg: LEG_FORMATS for leg in LEGS}, "scale_rounding": SCALE_ROUNDINGS, "kernel": KERNELS, "transport": TRANSPORTS,
 }
-# The symm transport's expert-major rows per balanced case (``A2AConfig.capacity_factor``).
+# The symm transport's expert-major rows per balanced case: where they start
+# (``A2AConfig.capacity_factor``) and the most they grow to (``A2AConfig.capacity_ceiling``).
 DEFAULT_CAPACITY_FACTOR = 1.25
+DEFAULT_CAPACITY_CEILING = 2.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ class A2AConfig:
     # device and runs again at a grown capacity (``mxfp8_ep.elastic``): no token is dropped
     # and no host sync is added per layer. None: the worst case, EP x T x top_k rows.
     capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR
+    # symm: the most rows the capacity grows to, as the same multiple (at least
+    # ``capacity_factor``). A step that needs more runs once at exactly the rows it needs, a
+    # size that lasts that step only (a spill, ``capacity.next_capacity``). None: no ceiling
+    # below the worst case.
+    capacity_ceiling: float | None = DEFAULT_CAPACITY_CEILING
 
     def problems(self) -> list[str]:
         """What is wrong with this config, one line per field (empty: nothing). Not checked at
@@ -81,9 +88,13 @@ class A2AConfig:
         for name in ("symm_combine_partial_sums", "quantize_local_rows"):
             if not isinstance(getattr(self, name), bool):
                 found.append(f"A2AConfig.{name}={getattr(self, name)!r}: expected true or false")
-        error = capacity_factor_error(self.capacity_factor)
+        for name in ("capacity_factor", "capacity_ceiling"):
+            error = capacity_factor_error(getattr(self, name))
+            if error is not None:
+                found.append(f"A2AConfig.{name}={getattr(self, name)!r}: {error}")
+        error = capacity_ceiling_error(self.capacity_factor, self.capacity_ceiling)
         if error is not None:
-            found.append(f"A2AConfig.capacity_factor={self.capacity_factor!r}: {error}")
+            found.append(error)
         if self.quantize_local_rows is True and not quantized_formats(getattr(self, leg) for leg in LEGS):
             found.append(
                 "A2AConfig.quantize_local_rows=True quantizes the rows that stay on their rank on the "
@@ -134,6 +145,18 @@ def capacity_factor_error(factor) -> str | None:
     return ("expected a finite number > 0 (the expert rows as a multiple of the balanced case's; below 1 the "
             "first steps replay until the capacity has grown to what the routing needs) or None / null (the "
             "worst case, EP x tokens x top_k rows)")
+
+
+def capacity_ceiling_error(factor, ceiling) -> str | None:
+    """Why ``ceiling`` cannot cap a capacity that starts at ``factor`` (both valid
+    ``capacity_factor`` values), or None: a ceiling is at least the starting factor (a
+    worst-case start, None, grows never, so no ceiling applies to it)."""
+    if capacity_factor_error(factor) or capacity_factor_error(ceiling) or ceiling is None or factor is None:
+        return None
+    if ceiling < factor:
+        return (f"A2AConfig.capacity_ceiling={ceiling!r} is below where the capacity starts "
+                f"(capacity_factor={factor!r}): a ceiling is at least the starting factor, or None (the worst case)")
+    return None
 
 
 _BF16 = {leg: "bf16" for leg in LEGS}
