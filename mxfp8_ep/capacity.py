@@ -44,10 +44,10 @@ def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_expert
 GROWTH_HEADROOM = 0.25
 
 
-def grown_capacity(needed: int, worst: int, align: int) -> int:
-    """The capacity after a dispatch needed ``needed`` rows: that plus ``GROWTH_HEADROOM``,
-    a multiple of ``align``, at most the worst case."""
-    return min(worst, _round_up(math.ceil(needed * (1 + GROWTH_HEADROOM)), align))
+def grown_capacity(needed: int, worst: int, align: int, headroom: float = GROWTH_HEADROOM) -> int:
+    """The capacity after a dispatch needed ``needed`` rows: that plus ``headroom``, a
+    multiple of ``align``, at most the worst case."""
+    return min(worst, _round_up(math.ceil(needed * (1 + headroom)), align))
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ class CapacityStep:
     step_rows: int
 
 
-def next_capacity(needed: int, capacity: int, ceiling: int, worst: int, align: int) -> CapacityStep:
+def next_capacity(needed: int, capacity: int, ceiling: int, worst: int, align: int,
+                  headroom: float = GROWTH_HEADROOM) -> CapacityStep:
     """The elastic capacity's rule: a step that fits changes nothing; one that needs more than
     ``capacity`` but no more than ``ceiling`` grows it (``grown_capacity``, at most the
     ceiling) and runs again at it; one that needs more than the ceiling spills: the capacity
@@ -74,7 +75,7 @@ def next_capacity(needed: int, capacity: int, ceiling: int, worst: int, align: i
     if needed <= capacity:
         return CapacityStep("fits", capacity, 0)
     if needed <= ceiling:
-        grown = min(ceiling, grown_capacity(needed, worst, align))
+        grown = min(ceiling, grown_capacity(needed, worst, align, headroom))
         return CapacityStep("grow", grown, grown)
     return CapacityStep("spill", max(capacity, ceiling), min(worst, _round_up(needed, align)))
 
