@@ -1,33 +1,42 @@
 """The elastic capacity's step contract: the symm transport stays sync-free and drop-free with
-expert-side memory bounded by ``A2AConfig.capacity_factor`` times the balanced case.
+expert-side memory bounded by ``A2AConfig.capacity_factor`` times the balanced case, growing
+up to ``A2AConfig.capacity_ceiling``.
 
-A symm dispatch hands the experts a tensor of a capacity fixed on the host (so no host sync
-waits for the token counts). A dispatch whose routing needs more rows than that does not drop
-them quietly: it stays in bounds, its results are wrong, and it raises its buffer set's
-overflow counter on the device (``dispatcher.symm``). Once per step, after the last backward
-and before the optimizer, every rank reads the counters: one device-to-host copy, plus one
-all-reduce of one integer over the training group so that every rank decides alike. On an
-overflow each rank discards the step's gradients, every capacity that overflowed grows to what
-the step needed plus headroom (``capacity.grown_capacity``; it stays grown), and the step runs
-again on the same batch, with the random number generators and the MoE load-balancing counters
-as they were before it: the replayed step computes exactly what the worst-case capacity
-(``capacity_factor=None``) computes on that batch. A replay costs one more forward and
-backward; it comes once per growth, and growth is bounded by the worst case.
+A symm dispatch inside a replay scope (``dispatcher.symm.replay_scope``: each attempt of a
+``ReplayGuard``, each step of ``ReplayOverflowedSteps``) hands the experts a tensor of a
+capacity fixed on the host, so no host sync waits for the token counts. A dispatch whose
+routing needs more rows than that stays in bounds, its results are wrong, and it raises its
+buffer set's overflow counter on the device. Once per step, after the last backward and before
+the optimizer, every rank reads the counters: one device-to-host copy, plus one all-reduce of
+one integer over the training group so that every rank decides alike. On an overflow each rank
+drops the step's gradients, every capacity that overflowed grows to what the step needed plus
+headroom, up to the ceiling (``capacity.next_capacity``; it stays grown), and the step runs
+again on the same batch, with the random number generators, the MoE load-balancing counters
+and the trainer's token count as they were before it. A step that needs more than the ceiling
+spills: it runs again at exactly the rows it needs, a size that lasts that step only, and the
+capacity stops at the ceiling. Either way the rerun computes exactly what the worst-case
+capacity (``capacity_factor=None``) computes on that batch, and costs one more forward and
+backward.
 
 A training loop::
 
     guard = ReplayGuard(model.modules(), group=None)   # None: the default (world) group
     for batch in batches:
         for _ in guard.attempts():          # again only after an overflow
-            optimizer.zero_grad()
             loss_fn(model(batch)).backward()
         optimizer.step()
+        optimizer.zero_grad()
+
+The guard owns the gradients of its attempts: a rerun starts from none, wherever the loop
+zeroes them (an attempt holds one whole optimizer step: all its microbatches). An evaluation
+pass wraps each batch the same way with ``owns_gradients=False``.
 
 torchtitan's ``Trainer`` (0.2.2 and 0.3.0) gets the same from the mixin
 ``ReplayOverflowedSteps``: ``class MyTrainer(ReplayOverflowedSteps, Trainer)``.
 
-Without a ``ReplayGuard`` (or ``expect_replays``), an overflow is an error instead
-(``dispatcher.symm.CapacityOverflowError``; a device assert on CUDA).
+A dispatch outside any replay scope is never wrong either: it reads the rows it needs on the
+host (one sync per dispatch, announced once) and grows its buffers, or spills, before any row
+moves (``dispatcher.symm``).
 """
 
 from __future__ import annotations
@@ -42,10 +51,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from mxfp8_ep.dispatcher import symm
-from mxfp8_ep.dispatcher.symm import CapacityOverflowError, expect_replays
+from mxfp8_ep.dispatcher.symm import replay_scope
 
-__all__ = ["CapacityOverflowError", "LOAD_BALANCE_BUFFERS", "Overflow", "ReplayGuard", "ReplayOverflowedSteps",
-           "StepState", "capacity_rows", "check_overflow", "expect_replays", "install_replays"]
+__all__ = ["LOAD_BALANCE_BUFFERS", "MAX_REPLAYS", "Overflow", "ReplayGuard", "ReplayLimitError",
+           "ReplayOverflowedSteps", "StepState", "capacity_rows", "check_overflow", "install_replays",
+           "replay_scope"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,6 +63,21 @@ _log = logging.getLogger(__name__)
 # the tokens routed to each expert for its load-balancing expert bias (DeepSeek-V3), as
 # ``tokens_per_expert`` (0.2.2) or ``tokens_per_expert_E`` (0.3.0).
 LOAD_BALANCE_BUFFERS = ("tokens_per_expert", "tokens_per_expert_E")
+# Reruns of one step before it is an error: a rerun at the grown (or spilled) size fits the
+# same routing, so a step overflows again only where its routing changes between runs.
+MAX_REPLAYS = 3
+
+
+class ReplayLimitError(RuntimeError):
+    """A step overflowed its symm capacity on ``MAX_REPLAYS`` reruns in a row."""
+
+
+def _replay_limit_error(where: str, replays: int) -> ReplayLimitError:
+    return ReplayLimitError(
+        f"{where}: a symm dispatch overflowed its expert capacity again after {replays} reruns at a grown or "
+        f"exact size: the routing differs between runs of the same step (a router that is not deterministic, "
+        f"or inputs that change between attempts). Run the step's forward deterministically, or set "
+        f"A2AConfig.capacity_factor=None (the worst case, never rerun)")
 
 
 @dataclass
@@ -61,37 +86,48 @@ class Overflow:
 
     replay: bool  # some rank of the group overflowed: every rank runs the step again
     grown: list[tuple[int, int]] = field(default_factory=list)  # (old, new) capacity of this rank's grown sets
+    # (ceiling, rows needed) of this rank's sets that needed more than their ceiling
+    spilled: list[tuple[int, int]] = field(default_factory=list)
+    # some rank's set needed more than its ceiling: every rank reruns the step outside a replay
+    # scope, each dispatch at exactly the rows it needs
+    spill: bool = False
 
 
-def check_overflow(group: dist.ProcessGroup | None = None) -> Overflow:
-    """The step boundary's check (module docstring): whether any symm dispatch since the last
-    check, on any rank of ``group`` (None: the default group; every rank calls it), needed more
-    rows than its capacity; this rank's overflowed capacities grow. One device-to-host copy and
-    one all-reduce of one integer; a process without the default group and without ``group``
-    checks alone."""
-    counters = symm.overflow_counters()
+def check_overflow(group: dist.ProcessGroup | None = None, scope: symm.ReplayScope | None = None) -> Overflow:
+    """The step boundary's check (module docstring): whether any symm dispatch inside ``scope``
+    (None: the innermost open replay scope), on any rank of ``group`` (None: the default group;
+    every rank calls it), overflowed its capacity, and whether one needed more rows than its
+    ceiling (then every rank reruns the step outside a replay scope: a spill); this rank's
+    overflowed capacities grow. One device-to-host copy and one all-reduce of two integers; a
+    process without the default group and without ``group`` checks alone. Outside every scope
+    nothing is counted (such dispatches fit themselves): no replay."""
+    scope = scope if scope is not None else symm.innermost_scope()
+    sets = symm.needed_rows()
     if group is None and dist.is_initialized():
         group = dist.group.WORLD
-    flag_device = _flag_device(group, counters)
-    if counters is None:
-        needed = torch.zeros(0, dtype=torch.int64, device=flag_device)
-        flag = torch.zeros(1, dtype=torch.int64, device=flag_device)
-    else:
-        needed, capacity = counters
-        flag = (needed > capacity).any().to(torch.int64).view(1).to(flag_device)
+    device = _flag_device(group, sets)
+    flags = torch.zeros(2, dtype=torch.int64, device=device)  # overflowed, needs more than a ceiling
+    if scope is not None:
+        flags[0] = scope.overflows(device).clamp(max=1)[0]
+    needed = torch.zeros(0, dtype=torch.int64, device=device)
+    if sets is not None:
+        needed = sets[0].to(device)
+        flags[1] = (sets[0] > sets[1]).any()
     if group is not None:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    values = torch.cat([flag, needed.to(flag_device)]).tolist()  # the one device-to-host copy
-    replay = bool(values[0])
-    return Overflow(replay=replay, grown=symm.grow_overflowed(values[1:]) if replay else [])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    values = torch.cat([flags, needed]).tolist()  # the one device-to-host copy
+    if not values[0]:
+        return Overflow(replay=False)
+    plan = symm.plan_overflowed(values[2:])
+    return Overflow(replay=True, grown=plan.grown, spilled=plan.spilled, spill=bool(values[1]))
 
 
-def _flag_device(group: dist.ProcessGroup | None, counters) -> torch.device:
-    """Where the flag is all-reduced: on the GPU for NCCL, on the CPU for gloo."""
+def _flag_device(group: dist.ProcessGroup | None, sets) -> torch.device:
+    """Where the flags are all-reduced: on the GPU for NCCL, on the CPU for gloo."""
     if group is not None and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
-    if group is None and counters is not None:
-        return counters[0].device
+    if group is None and sets is not None:
+        return sets[0].device
     return torch.device("cpu")
 
 
@@ -123,59 +159,110 @@ class StepState:
 class ReplayGuard:
     """Runs each step until no symm dispatch of it overflowed (module docstring). ``modules``:
     every module of the model (``model.modules()``, each model part's for pipeline stages):
-    their load-balancing buffers are restored before a replay. ``group``: the ranks that step
-    together (the default group when None); every rank of it runs the same steps through a
-    guard. ``replays`` counts the steps run again, ``grown`` the capacities that grew."""
+    their load-balancing buffers are restored before a rerun and, with ``owns_gradients``, their
+    parameters' gradients dropped (an evaluation pass, which computes none, passes False).
+    ``group``: the ranks that step together (the default group when None); every rank of it
+    runs the same steps through a guard. ``replays`` counts the reruns, ``spills`` those of a
+    step that needed more than a ceiling (rerun outside a replay scope, each dispatch at
+    exactly its rows); ``grown`` and ``spilled`` list what changed. More than ``max_replays`` reruns
+    of one step raise ``ReplayLimitError``."""
 
     def __init__(self, modules: Iterable[nn.Module], group: dist.ProcessGroup | None = None,
-                 buffer_names: tuple[str, ...] = LOAD_BALANCE_BUFFERS):
+                 buffer_names: tuple[str, ...] = LOAD_BALANCE_BUFFERS, owns_gradients: bool = True,
+                 max_replays: int = MAX_REPLAYS):
         self.modules = list(modules)
         self.group = group
         self.buffer_names = buffer_names
+        self.owns_gradients = owns_gradients
+        self.max_replays = max_replays
         self.replays = 0
+        self.spills = 0
         self.grown: list[tuple[int, int]] = []
-        expect_replays(True)
+        self.spilled: list[tuple[int, int]] = []
 
     def attempts(self) -> Iterator[int]:
-        """Yields once per run of the step (the attempt's number, 0 first): the body runs the
-        forward and backward passes of one step; after it the check decides whether to run it
-        again."""
+        """Yields once per run of the step (the attempt's number, 0 first), inside a replay
+        scope: the body runs the forward (and backward) passes of one step; after it the check
+        decides whether to run it again."""
         state = StepState(self.modules, self.buffer_names)
-        attempt = 0
+        attempt, spill = 0, False
         while True:
-            yield attempt
-            overflow = check_overflow(self.group)
+            with replay_scope(exact=spill) as scope:
+                yield attempt
+                overflow = check_overflow(self.group, scope)
             if not overflow.replay:
                 return
+            if attempt == self.max_replays:
+                raise _replay_limit_error("ReplayGuard", attempt)
             self.replays += 1
+            spill = overflow.spill
+            self.spills += spill
             self.grown.extend(overflow.grown)
+            self.spilled.extend(overflow.spilled)
             state.restore()
+            if self.owns_gradients:
+                self._drop_gradients()
             attempt += 1
 
-    def close(self) -> None:
-        """Overflows are errors again (``dispatcher.symm.expect_replays``)."""
-        expect_replays(False)
+    def _drop_gradients(self) -> None:
+        for module in self.modules:
+            for param in module.parameters(recurse=False):
+                param.grad = None
 
 
 class _OverflowedStep(Exception):
     """Raised after a step's last backward when a dispatch overflowed: the step runs again."""
 
 
+# Token counts a torchtitan ``Trainer`` keeps (dotted paths from the trainer): 0.2.2 adds to
+# them as it draws a microbatch, 0.3.0 adds to ``ntokens_seen`` as each forward-backward
+# prepares its microbatch. A rerun puts each back to where the step started plus what the
+# draws added, so that the step's tokens count once either way.
+TRAINER_TOKEN_COUNTS = ("ntokens_seen", "metrics_processor.ntokens_since_last_log")
+
+
+class _TokenCounts:
+    """The values of ``TRAINER_TOKEN_COUNTS`` a trainer has, read and written by path."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+        self.paths = [p for p in TRAINER_TOKEN_COUNTS if self._owner(p) is not None]
+
+    def _owner(self, path: str):
+        *parents, name = path.split(".")
+        owner = self._trainer
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        return owner if owner is not None and isinstance(getattr(owner, name, None), int) else None
+
+    def read(self) -> list[int]:
+        return [getattr(self._owner(p), p.rsplit(".", 1)[-1]) for p in self.paths]
+
+    def write(self, values: list[int]) -> None:
+        for path, value in zip(self.paths, values, strict=True):
+            setattr(self._owner(path), path.rsplit(".", 1)[-1], value)
+
+
 class _RecordedBatches:
     """A step's microbatches, drawn from the data iterator once and handed out again on a
-    replay (the data loader, and the token counts torchtitan takes as it draws, move once)."""
+    replay (the data loader moves once), with what the draws added to the trainer's token
+    counts (``drawn``)."""
 
-    def __init__(self, data_iterator):
+    def __init__(self, data_iterator, counts: _TokenCounts):
         self._source = data_iterator
+        self._counts = counts
         self._drawn: list = []
         self._next = 0
+        self.drawn = [0] * len(counts.paths)
 
     def __iter__(self):
         return self
 
     def __next__(self):
         if self._next == len(self._drawn):
+            before = self._counts.read()
             self._drawn.append(next(self._source))
+            self.drawn = [d + after - b for d, b, after in zip(self.drawn, before, self._counts.read(), strict=True)]
         self._next += 1
         return self._drawn[self._next - 1]
 
@@ -185,28 +272,44 @@ class _RecordedBatches:
 
 def replaying_train_step(trainer, data_iterator, train_step):
     """``train_step(batches)`` (torchtitan's ``Trainer.train_step`` of ``trainer``) until no
-    dispatch of the step overflowed (``ReplayOverflowedSteps``)."""
-    if not hasattr(trainer, "capacity_grown"):
-        expect_replays(True)
-        trainer.capacity_grown = []
-        trainer.capacity_replays = getattr(trainer, "capacity_replays", 0)
-    batches = _RecordedBatches(data_iterator)
+    dispatch of the step overflowed (``ReplayOverflowedSteps``); a trainer that checks no
+    capacity (``checks_capacity = False``) runs it once, as it is."""
+    if not getattr(trainer, "checks_capacity", True):
+        return train_step(data_iterator)
+    for name, empty in (("capacity_replays", 0), ("capacity_spills", 0)):
+        setattr(trainer, name, getattr(trainer, name, empty))
+    for name in ("capacity_grown", "capacity_spilled"):
+        if not hasattr(trainer, name):
+            setattr(trainer, name, [])
+    counts = _TokenCounts(trainer)
+    at_start = counts.read()
+    batches = _RecordedBatches(data_iterator, counts)
     state = StepState(m for part in trainer.model_parts for m in part.modules())
+    replays, spill = 0, False
     while True:
         trainer._backwards_left = trainer.gradient_accumulation_steps
         try:
-            return train_step(batches)
-        except _OverflowedStep as overflow:
+            with replay_scope(exact=spill) as trainer._replay_scope:
+                return train_step(batches)
+        except _OverflowedStep as overflowed:
+            overflow = overflowed.args[0]
+            if replays == MAX_REPLAYS:
+                raise _replay_limit_error(f"step {getattr(trainer, 'step', '?')}", replays) from None
+            replays += 1
+            spill = overflow.spill
             trainer.capacity_replays += 1
-            trainer.capacity_grown.extend(overflow.args[0].grown)
+            trainer.capacity_spills += spill
+            trainer.capacity_grown.extend(overflow.grown)
+            trainer.capacity_spilled.extend(overflow.spilled)
             on_replay = getattr(trainer, "on_capacity_replay", None)
             if on_replay is not None:
-                on_replay(overflow.args[0])
+                on_replay(overflow)
             else:
-                _log.warning("step %s: a symm dispatch overflowed its expert capacity; grown %s, step run again "
-                             "(replay %d)", getattr(trainer, "step", "?"), overflow.args[0].grown,
+                _log.warning("step %s: a symm dispatch overflowed its expert capacity; grown %s, spilled %s, step run "
+                             "again (replay %d)", getattr(trainer, "step", "?"), overflow.grown, overflow.spilled,
                              trainer.capacity_replays)
             state.restore()
+            counts.write([start + drawn for start, drawn in zip(at_start, batches.drawn, strict=True)])
             batches.rewind()
 
 
@@ -214,9 +317,11 @@ def checked_forward_backward(trainer, forward_backward_step, *args, **kwargs):
     """``forward_backward_step`` of ``trainer``; after the step's last one, the overflow check
     (``ReplayOverflowedSteps``)."""
     loss = forward_backward_step(*args, **kwargs)
+    if not getattr(trainer, "checks_capacity", True):
+        return loss
     trainer._backwards_left -= 1
-    if trainer._backwards_left == 0 and getattr(trainer, "checks_capacity", True):
-        overflow = check_overflow()
+    if trainer._backwards_left == 0:
+        overflow = check_overflow(scope=trainer._replay_scope)
         if overflow.replay:
             raise _OverflowedStep(overflow)
     return loss
@@ -230,14 +335,17 @@ class ReplayOverflowedSteps:
     before gradient clipping and the optimizer, every rank checks the overflow counters (one
     device-to-host copy, one all-reduce of one integer over the default group); on an overflow
     the step's gradients are dropped (``train_step`` zeroes them first), the random number
-    generators and the MoE load-balancing counters go back to where the step started, and the
-    same microbatches run again at the grown capacity. ``capacity_replays`` counts the steps run
-    again, ``capacity_grown`` the (old, new) capacities; ``on_capacity_replay(overflow)``, where
-    defined, is called before each replay. A trainer whose every rank knows that no symm
-    dispatch runs at an elastic capacity sets ``checks_capacity = False``: no check, no read.
+    generators, the MoE load-balancing counters and the trainer's token counts
+    (``TRAINER_TOKEN_COUNTS``) go back to where the step started, and the same microbatches run
+    again at the grown capacity (or, past the ceiling, at a spill's size). ``capacity_replays``
+    counts the steps run again, ``capacity_spills`` those at a spill's size, ``capacity_grown``
+    and ``capacity_spilled`` what changed; ``on_capacity_replay(overflow)``, where defined, is
+    called before each replay. A trainer whose every rank knows that no symm dispatch runs at
+    an elastic capacity sets ``checks_capacity = False``: no check, no read, no state saved.
     ``install_replays`` gives an existing trainer class the same behaviour."""
 
     capacity_replays: int = 0
+    capacity_spills: int = 0
 
     def train_step(self, data_iterator):
         return replaying_train_step(self, data_iterator, super().train_step)

@@ -442,8 +442,6 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     finally:
         for h in hooks:
             h.remove()
-        if guard is not None:
-            guard.close()
     grads = {"x": x.grad if x.grad is not None else torch.zeros_like(x)}
     for name, p in moe.named_parameters():
         grads[name] = p.grad if p.grad is not None else torch.zeros_like(p)

@@ -46,7 +46,7 @@ class _StagingViewDispatcher(SymmTokenDispatcher):
 
     def to_experts(self, src, meta, leg, **kwargs):
         out = super().to_experts(src, meta, leg, **kwargs)
-        bufs = self._buffers_for(src)
+        bufs = self._buffers_for(meta)
         used = bufs.staging[bufs.next_staging ^ 1]  # the staging buffer this leg just took
         assert used.local.storage_offset() == 0
         # A tensor over the buffer's memory with its own version counter: like the kernels'

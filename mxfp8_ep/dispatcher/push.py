@@ -36,6 +36,7 @@ class ExpertRowRouting:
     # send buffer of combine
     return_row: torch.Tensor
     splits: ExchangeSplits | None = None  # nccl: the all-to-all's rows per rank
+    buffers: object | None = None  # symm: the buffer set every leg of the dispatch uses
 
 
 @dataclass

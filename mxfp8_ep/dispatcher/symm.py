@@ -5,21 +5,36 @@ backward never wait for the host. The peer buffers are allocated once per (group
 dtype, layout) and shared by every layer of that shape (``release_peer_buffers`` drops them).
 
 The expert-major tensors hold an elastic capacity (``A2AConfig.capacity_factor`` times the
-balanced case, ``capacity.expert_major_capacity``): a dispatch whose routing needs more rows
-still stays in bounds (``routing.routing_tables``' ``row_limit``), and raises, on the device,
-the rows its buffer set needed (``_SymmBuffers.needed``). At a step boundary
-``grow_overflowed`` reads those counters once and grows each capacity that overflowed; the
-caller runs the step again (``mxfp8_ep.elastic``). Without a caller that replays
-(``expect_replays``), an overflow is an error (a device assert on CUDA)."""
+balanced case, growing up to ``A2AConfig.capacity_ceiling``: ``capacity.next_capacity``). A
+dispatch learns the rows its routing needs on the device, once every rank's token counts have
+arrived and before any row moves. What it does when they pass the capacity depends on where
+it runs:
+
+* inside a replay scope (``replay_scope``: a ``mxfp8_ep.elastic.ReplayGuard`` attempt, or a
+  step of ``ReplayOverflowedSteps``) it reads nothing on the host: it stays in bounds
+  (``routing.routing_tables``' ``row_limit``), its results are wrong, and it raises its buffer
+  process's overflow count and its buffer set's needed rows (``_SymmBuffers.needed``); at
+  the step boundary the caller reads them once, ``plan_overflowed`` grows each capacity that
+  overflowed, up to its ceiling, and the caller runs the step again: in a scope again, or,
+  where the step needs more than a ceiling (a spill), outside one;
+* outside one (a forward of a loop without a guard, torchtitan's own ``Trainer``, an eval
+  pass) it reads that row count on the host (one sync per dispatch, announced once per
+  process) and, before any row moves, grows its buffers to fit, or above the ceiling takes
+  buffers of exactly the rows it needs for this dispatch alone. Nothing is cut, nothing fails.
+
+Every leg of a dispatch uses the buffer set the dispatch took (``ExpertRowRouting.buffers``),
+so a set re-allocated between a layer's forward and its backward changes nothing for it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import logging
+from dataclasses import dataclass, field
 
 import torch
 
 from mxfp8_ep import wire_stats
-from mxfp8_ep.capacity import expert_major_capacity, grown_capacity, staging_rows, worst_case_capacity
+from mxfp8_ep.capacity import expert_major_capacity, next_capacity, staging_rows, worst_case_capacity
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
@@ -28,24 +43,26 @@ from mxfp8_ep.staging import staging_buffer_nbytes, staging_nbytes, token_map_of
 from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows, partial_sums
 from mxfp8_ep.transport import Transport
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass
 class _SymmBuffers:
     """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
     that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
     then (at ``map_offset``) a token map and row weights of ``capacity`` entries each
-    (``staging.token_map``, ``row_weights``)."""
+    (``staging.token_map``, ``row_weights``). A re-allocation (``_SymmBuffers.resized``) makes
+    new staging buffers and keeps the count buffer and the overflow counter."""
 
+    key: tuple  # ``SymmTokenDispatcher._buffer_key``
     counts: PeerBuffer
     staging: tuple[PeerBuffer, PeerBuffer]
     staging_rows: int
     max_tokens: int
     capacity: int  # rows of the expert-major tensor dispatch returns
-    worst_case: int  # the drop-free worst case of those rows (``capacity.worst_case_capacity``)
-    align: int  # each local expert's rows are padded to a multiple of this
     map_offset: int
-    # (1,) int64 on the device: the most rows a dispatch through these buffers needed since
-    # the counter was last read (``grow_overflowed``); above ``capacity``: an overflow.
+    # (1,) int64 on the device: the most rows a dispatch through these buffers needed inside
+    # the outermost replay scope (``replay_scope``), until ``plan_overflowed`` reads it.
     needed: torch.Tensor
     next_staging: int = 0
 
@@ -58,53 +75,135 @@ class _SymmBuffers:
         return buf
 
 
+@dataclass
+class _Capacity:
+    """A buffer set's rows across its re-allocations (``capacity.next_capacity``): the elastic
+    capacity it holds from step to step, its ceiling and the worst case, for ``max_tokens``
+    tokens per rank (which never shrinks)."""
+
+    rows: int
+    ceiling: int
+    worst: int
+    align: int
+    max_tokens: int
+
+
 _BUFFERS: dict[tuple, _SymmBuffers] = {}
-_GROWN: dict[tuple, int] = {}  # buffer key -> the capacity an overflow grew it to
-_REPLAYS_EXPECTED = False
+_CAPACITY: dict[tuple, _Capacity] = {}
+# Per device, (1,) int64: how many dispatches inside a replay scope overflowed, ever (never
+# reset: each scope compares it with its value when it opened, so nothing an earlier, nested
+# or abandoned attempt counted is lost or counted for another).
+_OVERFLOWS: dict[torch.device, torch.Tensor] = {}
+_SCOPES: list[ReplayScope] = []  # the replay scopes open in this process, innermost last
+_ANNOUNCED: set[str] = set()  # what ``_announce_once`` said
 
 
-def expect_replays(on: bool) -> None:
-    """Whether a caller reads the overflow counters at every step boundary and runs an
-    overflowed step again (``mxfp8_ep.elastic``; every rank alike). Off (the default), a
-    dispatch that needs more rows than its capacity is an error: at once on CPU or in debug
-    mode, else a device assert (the process stops at its next sync)."""
-    global _REPLAYS_EXPECTED
-    _REPLAYS_EXPECTED = bool(on)
+def _overflow_count(device: torch.device) -> torch.Tensor:
+    device = torch.device(device)
+    if device not in _OVERFLOWS:
+        _OVERFLOWS[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _OVERFLOWS[device]
 
 
-def overflow_counters() -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Every buffer set's overflow counter and capacity, as two int64 device tensors (one entry
-    per set, in ``grow_overflowed``'s order; no host sync), or None when this process holds
-    no symm buffers."""
+class ReplayScope:
+    """An open replay scope (``replay_scope``): the overflow counts when it opened, and whether
+    its dispatches take exactly the rows they need (``exact``)."""
+
+    def __init__(self, exact: bool = False):
+        self.exact = exact
+        self._opened = {device: count.clone() for device, count in _OVERFLOWS.items()}
+
+    def overflows(self, device: torch.device) -> torch.Tensor:
+        """(1,) int64 on ``device``: the dispatches that overflowed since the scope opened, on
+        every device of this process (device ops, no host sync)."""
+        total = torch.zeros(1, dtype=torch.int64, device=device)
+        for dev, count in _OVERFLOWS.items():
+            opened = self._opened.get(dev)
+            total += (count - opened if opened is not None else count).to(device)
+        return total
+
+
+@contextlib.contextmanager
+def replay_scope(exact: bool = False):
+    """Dispatches inside run sync-free: an overflow is only counted on the device, and the
+    caller checks at the step boundary (``mxfp8_ep.elastic.check_overflow`` with the scope this
+    yields) and runs the step again (every rank of the group alike). Scopes nest; each counts
+    the overflows from when it opened, so an inner scope's check and replay leave an outer
+    scope's overflow to the outer check, and closing one leaves the others open. The outermost
+    scope clears the rows the buffer sets needed when it opens (an earlier, abandoned attempt's
+    are not this step's). ``exact``: the rerun of a step that needed more than a ceiling (a
+    spill): each dispatch reads its rows on the host and takes exactly those, as outside a
+    scope, and nothing overflows."""
+    if not _SCOPES:
+        for bufs in _BUFFERS.values():
+            bufs.needed.zero_()
+    scope = ReplayScope(exact)
+    _SCOPES.append(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPES.remove(scope)
+
+
+def in_replay_scope() -> bool:
+    """Whether dispatches now count their overflows for a replay (an open scope, not ``exact``)."""
+    return bool(_SCOPES) and not _SCOPES[-1].exact
+
+
+def innermost_scope() -> ReplayScope | None:
+    return _SCOPES[-1] if _SCOPES else None
+
+
+def needed_rows() -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Every buffer set's rows needed since the outermost scope opened and its ceiling, as two
+    int64 device tensors (one entry per set, in ``plan_overflowed``'s order; no host sync), or
+    None when this process holds no symm buffers."""
     if not _BUFFERS:
         return None
     sets = list(_BUFFERS.values())
     device = sets[0].needed.device
-    return torch.cat([b.needed.to(device) for b in sets]), int64_tensor([b.capacity for b in sets], device)
+    ceilings = int64_tensor([_CAPACITY[b.key].ceiling for b in sets], device)
+    return torch.cat([b.needed.to(device) for b in sets]), ceilings
 
 
-def grow_overflowed(needed: list[int]) -> list[tuple[int, int]]:
-    """After the counters were read (``needed``, in ``overflow_counters``' order): reset them,
-    and grow each buffer set whose dispatches needed more rows than its capacity to that plus
-    headroom (``capacity.grown_capacity``): its peer buffers are dropped and the next dispatch
-    allocates them at the new capacity (a collective of its EP group, whose ranks all saw the
-    same counts and grow alike). Returns ``(old, new)`` capacity per grown set. Every rank
-    calls it at the same point, when no rank is in a leg."""
-    grown = []
+@dataclass
+class CapacityPlan:
+    """What ``plan_overflowed`` decided at a step boundary: per buffer set that overflowed,
+    ``(old, new)`` capacity where it grew (``grown``), and ``(ceiling, rows needed)`` where the
+    step needs more than the ceiling (``spilled``)."""
+
+    grown: list[tuple[int, int]] = field(default_factory=list)
+    spilled: list[tuple[int, int]] = field(default_factory=list)
+
+
+def plan_overflowed(needed: list[int]) -> CapacityPlan:
+    """At a step boundary where the step runs again, after the rows the sets needed were read
+    (``needed``, in ``needed_rows``' order): each buffer set that needed more rows than it
+    holds grows (``capacity.next_capacity``), up to its ceiling. Past the ceiling the step
+    spills: the caller runs it again outside a replay scope, where each dispatch reads its own
+    rows and takes exactly those (``SymmTokenDispatcher._fit``). The next dispatch in a scope
+    re-allocates at the grown capacity (a collective of its EP group, whose ranks all saw the
+    same counts and decide alike). Every rank calls it at the same point, when no rank is in a
+    leg."""
+    plan = CapacityPlan()
     for key, rows in zip(list(_BUFFERS), needed, strict=True):
-        bufs = _BUFFERS[key]
+        bufs, cap = _BUFFERS[key], _CAPACITY[key]
         bufs.needed.zero_()
-        if rows > bufs.capacity:
-            new = grown_capacity(rows, bufs.worst_case, bufs.align)
-            grown.append((bufs.capacity, new))
-            _GROWN[key] = new
-            del _BUFFERS[key]
-    return grown
+        if rows <= bufs.capacity:
+            continue
+        step = next_capacity(rows, cap.rows, cap.ceiling, cap.worst, cap.align)
+        if step.capacity != cap.rows:
+            plan.grown.append((cap.rows, step.capacity))
+        if step.kind == "spill":
+            plan.spilled.append((cap.ceiling, rows))
+        cap.rows = step.capacity
+    return plan
 
 
 def capacities() -> list[int]:
-    """The expert-major capacity of each buffer set this process holds (rows)."""
-    return [b.capacity for b in _BUFFERS.values()]
+    """The elastic capacity of each buffer set this process holds (rows; a spill's size, which
+    lasts one step, is not one)."""
+    return [_CAPACITY[key].rows for key in _BUFFERS]
 
 
 def peer_buffer_nbytes() -> int:
@@ -114,21 +213,23 @@ def peer_buffer_nbytes() -> int:
 
 
 def release_peer_buffers() -> None:
-    """Drop the cached peer buffers and the capacities overflows grew; the next symm dispatch
+    """Drop the cached peer buffers and the capacities they grew to; the next symm dispatch
     allocates them again (a collective). Every rank of the group calls it at the same point,
     when no rank is in a leg."""
     _BUFFERS.clear()
-    _GROWN.clear()
+    _CAPACITY.clear()
 
 
-class CapacityOverflowError(RuntimeError):
-    """A symm dispatch needed more expert-major rows than its capacity, and no caller replays
-    overflowed steps (``expect_replays``)."""
+def _announce_once(what: str, message: str) -> None:
+    if what not in _ANNOUNCED:
+        _ANNOUNCED.add(what)
+        _log.warning(message)
 
 
-CAPACITY_ASSERT_MESSAGE = (
-    "symm dispatch: more rows for a rank than A2AConfig.capacity_factor allows; run each step through "
-    "mxfp8_ep.elastic.ReplayGuard, or set capacity_factor=None")
+UNGUARDED_MESSAGE = (
+    "symm dispatch outside a replay scope: each dispatch reads the rows its routing needs on the host (one sync "
+    "per dispatch) and grows its buffers before any row moves. For the sync-free path run each training step "
+    "through mxfp8_ep.elastic.ReplayGuard, or give torchtitan's Trainer mxfp8_ep.elastic.ReplayOverflowedSteps")
 
 
 @register_transport(Transport.SYMM)
@@ -181,44 +282,67 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         # The cached PeerBuffers hold the group, so its id cannot be reused while cached.
         cfg = self.config
         return (id(self.group), device, dim, dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
-                cfg.combine_fwd_partial_sums, cfg.a2a.capacity_factor)
+                cfg.combine_fwd_partial_sums, cfg.a2a.capacity_factor, cfg.a2a.capacity_ceiling)
+
+    def _capacity(self, max_tokens: int, earlier: _Capacity | None) -> _Capacity:
+        """The rows of a buffer set for ``max_tokens`` tokens per rank: its start
+        (``capacity_factor``), ceiling (``capacity_ceiling``, at least the start) and worst
+        case; a capacity the set grew to earlier is kept."""
+        cfg = self.config
+        shape = (max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+        start = expert_major_capacity(*shape, cfg.a2a.capacity_factor)
+        ceiling = max(start, expert_major_capacity(*shape, cfg.a2a.capacity_ceiling))
+        rows = min(ceiling, max(start, earlier.rows if earlier else 0))
+        return _Capacity(rows=rows, ceiling=ceiling, worst=worst_case_capacity(*shape), align=cfg.pad_multiple,
+                         max_tokens=max_tokens)
 
     def _buffers(self, device: torch.device, dim: int, dtype: torch.dtype, tokens: int) -> _SymmBuffers:
         """The peer buffers for (group, device, ``dim``, ``dtype``), allocated at the first
         dispatch (a collective: every rank builds the same dispatchers in the same order) and
-        again, larger, when this dispatcher is configured for more tokens than they hold. Each
+        again when their capacity changed (``plan_overflowed``) or this dispatcher is configured
+        for more tokens than they hold (never for fewer: tokens per rank never shrink). Each
         allocation first checks that every rank allocates the same (``checks.agree``), which
         also gives the group's largest token count (``tokens``: this rank's)."""
         cfg = self.config
         key = self._buffer_key(device, dim, dtype)
-        bufs = _BUFFERS.get(key)
-        if bufs is None or (cfg.max_tokens_per_rank or 0) > bufs.max_tokens:
-            facts = {"dim": dim, "dtype": str(dtype), "max_tokens_per_rank": cfg.max_tokens_per_rank,
-                     "held_tokens": None if bufs is None else bufs.max_tokens, "grown": _GROWN.get(key)}
-            gathered = checks.agree(self.group, "symm buffers", facts, local={"tokens": tokens})
-            max_tokens = cfg.max_tokens_per_rank or max(g["tokens"] for g in gathered)
-            shape = (max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
-            worst = worst_case_capacity(*shape)
-            capacity = min(worst, max(expert_major_capacity(*shape, cfg.a2a.capacity_factor), _GROWN.get(key, 0)))
-            rows = self._staging_rows(max_tokens, capacity, dim, dtype)
-            map_offset = token_map_offset(rows, dim, dtype)
-            # The rows' bytes also hold the score gradients combine's backward returns
-            # (``_return_row_dots``): fp32, one per expert-major row of every rank.
-            assert not cfg.combine_fwd_partial_sums or map_offset >= self.ep * capacity * 4
-            nbytes = staging_buffer_nbytes(rows, dim, dtype, capacity)
-            bufs = _SymmBuffers(
-                # Per rank: its counts per expert, its token count and its fault word
-                # (``checks.Fault``), checked by every rank.
-                counts=PeerBuffer(self.ep * (cfg.num_experts + 2) * 8, self.group, device),
-                staging=(PeerBuffer(nbytes, self.group, device), PeerBuffer(nbytes, self.group, device)),
-                staging_rows=rows,
-                max_tokens=max_tokens,
-                capacity=capacity,
-                worst_case=worst,
-                align=cfg.pad_multiple,
-                map_offset=map_offset,
-                needed=torch.zeros(1, dtype=torch.int64, device=device),
-            )
+        bufs, cap = _BUFFERS.get(key), _CAPACITY.get(key)
+        if bufs is not None and (cfg.max_tokens_per_rank or 0) <= bufs.max_tokens and bufs.capacity == cap.rows:
+            return bufs
+        facts = {"dim": dim, "dtype": str(dtype), "max_tokens_per_rank": cfg.max_tokens_per_rank,
+                 "held_tokens": None if cap is None else cap.max_tokens, "rows": None if cap is None else cap.rows}
+        gathered = checks.agree(self.group, "symm buffers", facts, local={"tokens": tokens})
+        max_tokens = max(cfg.max_tokens_per_rank or max(g["tokens"] for g in gathered), cap.max_tokens if cap else 0)
+        if cap is None or max_tokens > cap.max_tokens:
+            cap = _CAPACITY[key] = self._capacity(max_tokens, cap)
+        return self._allocate(key, bufs, cap.rows, cap.max_tokens)
+
+    def _allocate(self, key: tuple, earlier: _SymmBuffers | None, capacity: int, max_tokens: int,
+                  keep: bool = True) -> _SymmBuffers:
+        """Staging buffers for ``capacity`` expert-major rows and ``max_tokens`` tokens per rank
+        (a collective of the group); the count buffer and the overflow counter of ``earlier``,
+        where there is one, carry over. ``keep``: the set the key's next dispatches use (else
+        one dispatch's alone, a spill)."""
+        cfg = self.config
+        _, device, dim, dtype = key[:4]
+        rows = self._staging_rows(max_tokens, capacity, dim, dtype)
+        map_offset = token_map_offset(rows, dim, dtype)
+        # The rows' bytes also hold the score gradients combine's backward returns
+        # (``_return_row_dots``): fp32, one per expert-major row of every rank.
+        assert not cfg.combine_fwd_partial_sums or map_offset >= self.ep * capacity * 4
+        nbytes = staging_buffer_nbytes(rows, dim, dtype, capacity)
+        bufs = _SymmBuffers(
+            key=key,
+            # Per rank: its counts per expert, its token count and its fault word
+            # (``checks.Fault``), checked by every rank.
+            counts=earlier.counts if earlier else PeerBuffer(self.ep * (cfg.num_experts + 2) * 8, self.group, device),
+            staging=(PeerBuffer(nbytes, self.group, device), PeerBuffer(nbytes, self.group, device)),
+            staging_rows=rows,
+            max_tokens=max_tokens,
+            capacity=capacity,
+            map_offset=map_offset,
+            needed=earlier.needed if earlier else torch.zeros(1, dtype=torch.int64, device=device),
+        )
+        if keep:
             _BUFFERS[key] = bufs
         return bufs
 
@@ -254,28 +378,43 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         table = bufs.counts.local[: W * (E + 2) * 8].view(torch.int64).view(W, E + 2)
         # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
         # only after this leg's staging barrier, which this rank reaches after these reads.
+        needed = torch.zeros(1, dtype=torch.int64, device=device)
         tables, ok = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens,
-                                            bufs.capacity, bufs.needed)
+                                            bufs.capacity, needed)
         checks.assert_no_faults(table[:, E + 1], self.debug, E, ok=ok, where="symm dispatch")
-        if not _REPLAYS_EXPECTED:
-            self._assert_within_capacity(bufs)
-        rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity))
+        if in_replay_scope():  # counted on the device, checked at the step boundary
+            torch.maximum(bufs.needed, needed, out=bufs.needed)
+            _overflow_count(device).add_(needed > bufs.capacity)
+        elif bufs.capacity < _CAPACITY[bufs.key].worst:  # else nothing can overflow
+            if not _SCOPES:
+                _announce_once("unguarded", UNGUARDED_MESSAGE)
+            fitted = self._fit(bufs, int(needed[0]))  # the one host read of a dispatch outside a replay scope
+            if fitted is not bufs:
+                bufs = fitted
+                tables, _ = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens,
+                                                   bufs.capacity)
+        rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity),
+                                buffers=bufs)
         return tables, rows
 
-    def _assert_within_capacity(self, bufs: _SymmBuffers) -> None:
-        """No caller replays overflowed steps: a dispatch that needed more rows than the
-        capacity fails (on CPU and in debug mode at once, naming the rows; else a device
-        assert, no host sync)."""
-        if bufs.needed.is_cuda and not self.debug:
-            torch._assert_async(bufs.needed[0] <= bufs.capacity, CAPACITY_ASSERT_MESSAGE)
-            return
-        needed = int(bufs.needed[0])
-        if needed > bufs.capacity:
-            raise CapacityOverflowError(
-                f"symm dispatch: a rank's expert-major tensor needs {needed} rows, its capacity is "
-                f"{bufs.capacity} (A2AConfig.capacity_factor={self.config.a2a.capacity_factor}); run each step "
-                f"through mxfp8_ep.elastic.ReplayGuard, which grows the capacity and runs the step again, or "
-                f"set capacity_factor=None for the worst case ({bufs.worst_case} rows)")
+    def _fit(self, bufs: _SymmBuffers, needed: int) -> _SymmBuffers:
+        """A dispatch outside a replay scope whose routing needs ``needed`` rows (every rank of
+        the group read the same count): ``bufs`` when they hold them, else, before any row
+        moves, the buffers grown to fit (``capacity.next_capacity``) or, past the ceiling,
+        buffers of exactly ``needed`` rows for this dispatch alone (the key's next dispatches
+        then hold the ceiling). A collective of the group where it allocates."""
+        if needed <= bufs.capacity:
+            return bufs
+        key = bufs.key
+        cap = _CAPACITY[key]
+        step = next_capacity(needed, cap.rows, cap.ceiling, cap.worst, cap.align)
+        cap.rows = step.capacity
+        if step.kind == "grow":
+            _log.info("symm dispatch: %d rows needed, capacity grown %d -> %d", needed, bufs.capacity, step.capacity)
+            return self._allocate(key, bufs, step.capacity, cap.max_tokens)
+        _log.info("symm dispatch: %d rows needed, more than the capacity's ceiling (%d): this dispatch runs at "
+                  "exactly those rows (a spill)", needed, cap.ceiling)
+        return self._allocate(key, bufs, step.step_rows, cap.max_tokens, keep=False)
 
     def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=False):
         """With top-k > 1 each token goes once per rank that owns one of its experts
@@ -288,7 +427,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         for the rows that stay only (``dot_with_expert_rows``). Dispatch's forward carries the router
         scores along for combine's partial sums (``Config.combine_fwd_partial_sums``): the owner
         keeps each row's score in ``meta.row_score``. Top-1 pushes row by row."""
-        bufs = self._buffers_for(src)
+        bufs = self._buffers_for(meta)
         send = bufs.take_staging()
         staged = self._staged(send, bufs.staging_rows, fmt, tokens_per_rank=bufs.max_tokens,
                               map_offset=bufs.map_offset, map_rows=bufs.capacity)
@@ -350,16 +489,16 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         row_dots = torch.zeros(meta.capacity, dtype=torch.float32, device=src.device)
         kernels.receive_rows(received, out, source=meta.row_source, stage_row=stage_row, weight=row_weight,
                              dot_with=dot_with, dot_out=row_dots)
-        self._return_row_dots(row_dots, meta, dot_out, src)
+        self._return_row_dots(row_dots, meta, dot_out)
         return out
 
-    def _return_row_dots(self, row_dots, meta, dot_out, src):
+    def _return_row_dots(self, row_dots, meta, dot_out):
         """Each rank's score gradients of its expert-major rows into every peer's next staging
         buffer (rank ``r``'s at ``[r * capacity, (r + 1) * capacity)``, fp32); after the barrier
         each slot whose row a peer holds takes its entry there (the slot's ``dst_rank`` /
         ``dst_row``). A leg of its own (a staging buffer and a barrier): the token's rank needs
         its score gradients before combine's backward returns."""
-        bufs = self._buffers_for(src)
+        bufs = self._buffers_for(meta)
         send = bufs.take_staging()
         W, capacity = self.ep, bufs.capacity
         for peer in range(W):
@@ -387,7 +526,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         if not self._sends_partials(meta, leg):
             return super()._push_to_tokens(src, meta, leg, fmt)
         weighted = leg == "combine_fwd"
-        bufs = self._buffers_for(src)
+        bufs = self._buffers_for(meta)
         staged = self._staged(bufs.take_staging(), bufs.staging_rows, fmt, tokens_per_rank=meta.slot_tokens)
         order, start = self._partial_order(meta)
         sent = torch.zeros(1, dtype=torch.int64, device=src.device)
@@ -440,13 +579,15 @@ class SymmTokenDispatcher(PushTokenDispatcher):
     def _send_buffer(self, src, meta, leg, fmt):
         wire_stats.record_rows(leg, (meta.return_rank >= 0).sum(),
                                wire_stats.row_bytes(src.shape[1], src.element_size(), fmt))
-        bufs = self._buffers_for(src)
+        bufs = self._buffers_for(meta)
         return self._staged(bufs.take_staging(), bufs.staging_rows, fmt)
 
     def _exchange(self, sent, src, meta):  # noqa: ARG002 (the peers pushed already)
         sent.staging.barrier()  # the peers' pushes into this rank's staging buffer are visible
         return sent, None
 
-    def _buffers_for(self, src: torch.Tensor) -> _SymmBuffers:
-        return _BUFFERS[self._buffer_key(src.device, src.shape[1], src.dtype)]
+    @staticmethod
+    def _buffers_for(meta) -> _SymmBuffers:
+        """The buffer set the dispatch of ``meta`` took: every leg of it uses that one."""
+        return meta.expert_rows.buffers
 

@@ -167,8 +167,6 @@ def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types",
             for p in moe.parameters():
                 p -= spec.lr * p.grad
                 p.grad = None
-    if guard is not None:
-        guard.close()
     if dispatchers is not None:
         token_dispatcher = moe.routed_experts.token_dispatcher
         dispatchers.extend(d for d in (token_dispatcher, getattr(token_dispatcher, "_ours", None)) if d is not None)

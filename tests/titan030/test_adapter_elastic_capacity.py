@@ -3,8 +3,8 @@ layer (2 gloo ranks, its load-balancing counts on), each step run through
 ``mxfp8_ep.elastic.ReplayGuard``. At half the balanced case's rows the first step overflows and
 runs again; every step's output, input gradient, parameter gradients and the layer's
 ``tokens_per_expert_E`` (what its expert-bias update reads: a replay must not count a step twice)
-are then the worst-case capacity's, bit for bit. Without a guard the overflow is an error on
-every rank, naming what to do."""
+are then the worst-case capacity's, bit for bit. Without a guard each dispatch reads its rows on
+the host and grows before any row moves: the worst case's results too, bit for bit."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import torch  # noqa: E402
 
 from mxfp8_ep.config import A2AConfig  # noqa: E402
 from mxfp8_ep.dispatcher import release_peer_buffers  # noqa: E402
-from mxfp8_ep.elastic import CapacityOverflowError  # noqa: E402
 from tests.moe_harness import run_forked  # noqa: E402
 from tests.titan030.moe_layer import MoESpec, reference_config, run_arm, setup_rank  # noqa: E402
 
@@ -52,11 +51,9 @@ def compare(rank: int, world: int, out_dir) -> None:
     release_peer_buffers()
     report = {"replays": [s["replays"] for s in elastic], "worst_replays": [s["replays"] for s in worst],
               "differ": [_differ(e, w) for e, w in zip(elastic, worst, strict=True)]}
-    try:
-        run_arm(SPEC, _arm(0.5), mesh)
-        report["unguarded"] = "no error"
-    except CapacityOverflowError as e:
-        report["unguarded"] = str(e)
+    unguarded = run_arm(SPEC, _arm(0.5), mesh)
+    report["unguarded_differ"] = [_differ(u, {k: v for k, v in w.items() if k in u})
+                                  for u, w in zip(unguarded, worst, strict=True)]
     release_peer_buffers()
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
 
@@ -68,4 +65,4 @@ def test_an_overflowed_step_replays_to_the_worst_case_bit_for_bit(tmp_path):
         assert report["worst_replays"] == [0] * SPEC.steps, report
         assert report["replays"][0] == 1, report
         assert report["differ"] == [[]] * SPEC.steps, report
-        assert "ReplayGuard" in report["unguarded"] and "capacity_factor=None" in report["unguarded"], report
+        assert report["unguarded_differ"] == [[]] * SPEC.steps, report
