@@ -72,10 +72,10 @@ class A2AConfig:
     # device and runs again at a grown capacity (``mxfp8_ep.elastic``): no token is dropped
     # and no host sync is added per layer. None: the worst case, EP x T x top_k rows.
     capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR
-    # symm: the most rows the capacity grows to, as the same multiple (at least
-    # ``capacity_factor``). A step that needs more runs once at exactly the rows it needs, a
-    # size that lasts that step only (a spill, ``capacity.next_capacity``). None: no ceiling
-    # below the worst case.
+    # symm: the most rows the capacity grows to, as the same multiple (the capacity grows to
+    # the larger of this and ``capacity_factor``). A step that needs more runs once more with
+    # each dispatch at exactly the rows it needs (a spill, ``capacity.next_capacity``). None: no
+    # ceiling below the worst case.
     capacity_ceiling: float | None = DEFAULT_CAPACITY_CEILING
 
     def problems(self) -> list[str]:
@@ -92,9 +92,6 @@ class A2AConfig:
             error = capacity_factor_error(getattr(self, name))
             if error is not None:
                 found.append(f"A2AConfig.{name}={getattr(self, name)!r}: {error}")
-        error = capacity_ceiling_error(self.capacity_factor, self.capacity_ceiling)
-        if error is not None:
-            found.append(error)
         if self.quantize_local_rows is True and not quantized_formats(getattr(self, leg) for leg in LEGS):
             found.append(
                 "A2AConfig.quantize_local_rows=True quantizes the rows that stay on their rank on the "
@@ -145,18 +142,6 @@ def capacity_factor_error(factor) -> str | None:
     return ("expected a finite number > 0 (the expert rows as a multiple of the balanced case's; below 1 the "
             "first steps replay until the capacity has grown to what the routing needs) or None / null (the "
             "worst case, EP x tokens x top_k rows)")
-
-
-def capacity_ceiling_error(factor, ceiling) -> str | None:
-    """Why ``ceiling`` cannot cap a capacity that starts at ``factor`` (both valid
-    ``capacity_factor`` values), or None: a ceiling is at least the starting factor (a
-    worst-case start, None, grows never, so no ceiling applies to it)."""
-    if capacity_factor_error(factor) or capacity_factor_error(ceiling) or ceiling is None or factor is None:
-        return None
-    if ceiling < factor:
-        return (f"A2AConfig.capacity_ceiling={ceiling!r} is below where the capacity starts "
-                f"(capacity_factor={factor!r}): a ceiling is at least the starting factor, or None (the worst case)")
-    return None
 
 
 _BF16 = {leg: "bf16" for leg in LEGS}

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -54,8 +54,8 @@ from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import replay_scope
 
 __all__ = ["LOAD_BALANCE_BUFFERS", "MAX_REPLAYS", "Overflow", "ReplayGuard", "ReplayLimitError",
-           "ReplayOverflowedSteps", "StepState", "capacity_rows", "check_overflow", "install_replays",
-           "replay_scope"]
+           "ReplayOverflowedSteps", "StepState", "capacity_ceiling_rows", "capacity_rows", "check_overflow",
+           "install_replays", "replay_scope"]
 
 _log = logging.getLogger(__name__)
 
@@ -136,6 +136,11 @@ def capacity_rows() -> int | None:
     return max(symm.capacities(), default=None)
 
 
+def capacity_ceiling_rows() -> int | None:
+    """The largest ceiling (rows) of this process's symm buffer sets, or None."""
+    return max(symm.ceilings(), default=None)
+
+
 class StepState:
     """What a replayed step must start from: the random number generators (CPU, and the current
     CUDA device's) and the module buffers a forward pass adds to (``LOAD_BALANCE_BUFFERS``)."""
@@ -164,17 +169,19 @@ class ReplayGuard:
     ``group``: the ranks that step together (the default group when None); every rank of it
     runs the same steps through a guard. ``replays`` counts the reruns, ``spills`` those of a
     step that needed more than a ceiling (rerun outside a replay scope, each dispatch at
-    exactly its rows); ``grown`` and ``spilled`` list what changed. More than ``max_replays`` reruns
-    of one step raise ``ReplayLimitError``."""
+    exactly its rows); ``grown`` and ``spilled`` list what changed; ``on_replay(overflow)``, where
+    given, is called before each rerun. More than ``max_replays`` reruns of one step raise
+    ``ReplayLimitError``."""
 
     def __init__(self, modules: Iterable[nn.Module], group: dist.ProcessGroup | None = None,
                  buffer_names: tuple[str, ...] = LOAD_BALANCE_BUFFERS, owns_gradients: bool = True,
-                 max_replays: int = MAX_REPLAYS):
+                 max_replays: int = MAX_REPLAYS, on_replay: Callable[[Overflow], None] | None = None):
         self.modules = list(modules)
         self.group = group
         self.buffer_names = buffer_names
         self.owns_gradients = owns_gradients
         self.max_replays = max_replays
+        self.on_replay = on_replay
         self.replays = 0
         self.spills = 0
         self.grown: list[tuple[int, int]] = []
@@ -199,6 +206,8 @@ class ReplayGuard:
             self.spills += spill
             self.grown.extend(overflow.grown)
             self.spilled.extend(overflow.spilled)
+            if self.on_replay is not None:
+                self.on_replay(overflow)
             state.restore()
             if self.owns_gradients:
                 self._drop_gradients()

@@ -74,8 +74,12 @@ def test_a2a_options_are_the_library_presets(preset):
     # the yaml spells out only the transport; the legs come from mxfp8_ep.config
     text = (CONF / "a2a" / f"{preset}.yaml").read_text()
     assert "transport: auto" in text and not any(f"{leg}:" in text for leg in LEGS)
-    # and the group is accepted by the core's own config type
-    assert A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a)) == A2AConfig.preset(preset)
+    # and the group is accepted by the core's own config type, its ceiling ("auto": what fits
+    # the memory) resolved as a worker resolves it (here: no symm, the library's default)
+    from launch.titan.runner import a2a_config
+
+    assert cfg.a2a.capacity_ceiling == "auto"
+    assert a2a_config(cfg) == A2AConfig.preset(preset)
 
 
 def test_block_size_is_the_formats():
@@ -117,10 +121,13 @@ def test_every_preset_passes_its_checks():
 
 
 def test_a2a_schema_is_the_library_config_plus_a_name():
+    """The recipe's a2a group: A2AConfig's fields and defaults, a preset name, and a ceiling
+    that defaults to ``auto`` (the largest that fits the memory, launch/config/memory.py)."""
     schema = {f.name: f.default for f in dataclasses.fields(A2ASchema)}
     library = {f.name: f.default for f in dataclasses.fields(A2AConfig)}
-    assert schema.pop("name") is not None and schema == library
-    assert list(library)[:4] == list(LEGS)
+    assert schema.pop("name") is not None and schema.pop("capacity_ceiling") == "auto"
+    assert library.pop("capacity_ceiling") is not None and schema == library
+    assert list(schema)[:4] == list(LEGS)
 
 
 def test_parallelism_options():

@@ -78,12 +78,11 @@ def test_the_rule_fits_grows_up_to_the_ceiling_and_spills_past_it():
     (0, 2.0, "capacity_factor=0: expected a finite number > 0"),
     (float("inf"), None, "capacity_factor=inf: expected a finite number > 0"),
     (1.25, float("nan"), "capacity_ceiling=nan: expected a finite number > 0"),
-    (2.0, 1.5, "capacity_ceiling=1.5 is below where the capacity starts"),
 ])
 def test_a_factor_or_ceiling_that_cannot_be_is_refused(factor, ceiling, why):
-    with pytest.raises(ValueError, match=why.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=why):
         A2AConfig(capacity_factor=factor, capacity_ceiling=ceiling).check()
-    A2AConfig(capacity_factor=None, capacity_ceiling=1.0).check()  # a worst-case start grows never: no ceiling
+    A2AConfig(capacity_factor=8, capacity_ceiling=2.0).check()  # grows to the larger: no growth past 8
 
 
 def _routing(kind: str, rank: int, world: int, num_experts: int, top_k: int, g: torch.Generator, tokens=TOKENS):
@@ -170,12 +169,14 @@ def test_routings_at_the_default_capacity_match_the_worst_case(world):
 
 
 def test_the_triton_kernels_at_the_default_capacity_match_the_worst_case():
-    """The Triton kernels (under the interpreter) on the routings that overflow: every push
-    and receiving kernel of the three cases runs at a cut capacity, then at the grown one."""
+    """The Triton kernels (under the interpreter) on a routing that overflows: the push and
+    receiving kernels of both MXFP8 cases (token-once pushes with partial sums; row by row)
+    run at a cut capacity, then at the grown one. (tests/test_symm_kernels.py holds every
+    kernel to its torch twin, bf16 included.)"""
     import mxfp8_ep.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
 
     preload(titan=False)
-    run_forked(2, _match_the_worst_case, "triton", [("all_to_one", case) for case in CASES], timeout_s=300)
+    run_forked(2, _match_the_worst_case, "triton", [("all_to_one", case) for case in CASES[1:]], timeout_s=300)
 
 
 def _spill_past_the_ceiling(rank, world):

@@ -29,6 +29,7 @@ from launch.config.schema import (
 from launch.launchers.launcher import LauncherConfig
 from launch.run.run_summary import RunSummary
 from mxfp8_ep.config import PRESETS
+from tests.corpus_files import sample_texts, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -195,12 +196,20 @@ def test_deepseek_v3_ep2_resumes_from_checkpoint(tmp_path: Path) -> None:
 def test_symm_capacity_overflows_replay_to_the_worst_case_losses(tmp_path: Path) -> None:
     """The symm transport at ``capacity_factor=0.5`` (DeepSeek-V3, whose load-balancing expert
     bias a double update would change): the first step's routing overflows half the balanced
-    case's capacity, each such step runs again at a grown capacity, and every step's loss is bit
-    for bit the worst-case capacity's. A resume from the step-3 checkpoint starts at the configured
-    capacity again and grows it again, still without a wrong step."""
-    def cfg(factor: Any, steps: int = 6) -> Any:
-        return make_cfg("deepseek_v3", a2a="mxfp8", steps=steps, checkpoint=True, wandb_mode="disabled",
-                        transport="symm", capacity_factor=factor)
+    case's capacity, each such step runs again at a grown capacity, and every step's loss and the
+    validation loss (its batches overflow too) are bit for bit the worst-case capacity's. A
+    resume from the step-3 checkpoint starts at the configured capacity again and grows it again,
+    still without a wrong step. With the ceiling at the start (``capacity_ceiling=0.5``) every
+    overflow spills: the step reruns with each dispatch at exactly its rows, the losses are the
+    worst case's again and the capacity never passes the ceiling."""
+    corpus = write_corpus(tmp_path / "corpus", sample_texts(60), sample_texts(20, offset=300))
+
+    def cfg(factor: Any, steps: int = 6, **a2a: Any) -> Any:
+        c = make_cfg("deepseek_v3", a2a="mxfp8", steps=steps, checkpoint=True, wandb_mode="disabled",
+                     transport="symm", capacity_factor=factor, **a2a)
+        c.training.dataset, c.training.dataset_path = "debian_docs", str(corpus)
+        c.training.val_every, c.training.val_batches = 3, 2
+        return c
 
     runs = {}
     for factor, name in ((None, "worst"), (0.5, "elastic")):  # 3 steps, then resumed from step 3 to 6
@@ -210,13 +219,23 @@ def test_symm_capacity_overflows_replay_to_the_worst_case_losses(tmp_path: Path)
     assert elastic["capacity_replay_steps"][:1] == [1], elastic["capacity_replay_steps"]
     assert elastic["capacity_rows"] < worst["capacity_rows"], (elastic["capacity_rows"], worst["capacity_rows"])
     console = (tmp_path / "elastic" / "console.log").read_text()
+    assert console.startswith("a2a capacity  starts at "), console
     assert "step 1: a symm dispatch needed more expert rows than its capacity" in console
     assert elastic["losses"] == worst["losses"], (elastic["losses"], worst["losses"])
+    assert elastic["val_losses"] == worst["val_losses"] and len(worst["val_losses"]) == 1, (elastic, worst)
     assert resumed["start_step"] == 3
     assert resumed["losses"] == worst_resumed["losses"], (resumed["losses"], worst_resumed["losses"])
+    assert resumed["val_losses"] == worst_resumed["val_losses"]
     # The capacity starts over after the resume: the first step after it grows it again.
-    assert resumed["capacity_replay_steps"] == elastic["capacity_replay_steps"] + [4], resumed["capacity_replay_steps"]
+    assert resumed["capacity_replay_steps"][:len(elastic["capacity_replay_steps"]) + 1] == (
+        elastic["capacity_replay_steps"] + [4]), resumed["capacity_replay_steps"]
     assert resumed["capacity_replays"] == len(resumed["capacity_replay_steps"])
+
+    spilled = train(cfg(0.5, steps=3, capacity_ceiling=0.5), tmp_path / "spill")
+    assert spilled["losses"] == worst["losses"] and spilled["val_losses"] == worst["val_losses"], spilled
+    assert spilled["capacity_spills"] >= 1 and spilled["capacity_spill_steps"][0] == 1, spilled
+    assert spilled["capacity_rows"] == spilled["capacity_ceiling_rows"] < worst["capacity_rows"], spilled
+    assert "more expert rows than the capacity's ceiling" in (tmp_path / "spill" / "console.log").read_text()
 
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])

@@ -329,6 +329,59 @@ def test_symm_memory_is_a_factor_of_the_balanced_case():
     assert check(*run, "a2a.capacity_factor=null", "a2a.transport=nccl", machine=H100_BOX) == []
 
 
+DSV3_EP8 = ("parallelism=ep8", "model=dsv3_16b", "training.seq_len=4096", "training.local_batch_size=2",
+            "training.activation_checkpoint=selective")
+
+
+@pytest.mark.parametrize("value, why", [
+    ("1.0", "a2a.capacity_ceiling=1.0 is below where the capacity starts (a2a.capacity_factor=1.25)"),
+    ("0", "a2a.capacity_ceiling=0: expected a finite number > 0"),
+    ("most", "a2a.capacity_ceiling='most': expected a finite number > 0"),
+])
+def test_a_ceiling_that_cannot_be_is_refused(value, why):
+    assert why in one_problem(f"a2a.capacity_ceiling={value}")
+
+
+def test_a_huge_finite_factor_is_the_worst_case_not_a_crash():
+    """``a2a.capacity_factor=1e308`` (and the same ceiling) is the worst case: accepted, and on
+    an 8-GPU node the memory check holds it to the worst case's estimate."""
+    assert check("a2a.capacity_factor=1e308", "a2a.capacity_ceiling=1e308") == []
+    msg = one_problem(*DSV3_EP8, "a2a.capacity_factor=1e308", "a2a.capacity_ceiling=1e308", machine=H100_BOX)
+    assert "needs about 139.4 GiB per process" in msg, msg
+
+
+def test_a_ceiling_that_does_not_fit_is_refused_and_auto_takes_the_largest_that_fits(monkeypatch):
+    """DeepSeek-V3 16B at EP 8 on 80 GB GPUs: the capacity starts at 1.25x the balanced case
+    (fits), a ceiling at the worst case (null) or at 3x does not fit and is refused before
+    launch, naming the largest that does; ``auto`` (the default) becomes that ceiling in the
+    launch config, and its estimate fits while the next step up does not."""
+    from launch.config.memory import CEILING_STEP
+    from launch.config.model_facts import facts
+    from launch.launchers.launcher import Target
+    from launch.preflight.prepare import with_capacity_ceiling
+    from launch.preflight.validate import memory_estimate
+
+    assert check(*DSV3_EP8, machine=H100_BOX) == []
+    for ceiling in ("null", "3.0"):
+        msg = one_problem(*DSV3_EP8, f"a2a.capacity_ceiling={ceiling}", machine=H100_BOX)
+        assert f"a2a.capacity_ceiling={ceiling.rstrip('0').rstrip('.') if ceiling != 'null' else 'null'}" in msg, msg
+        assert "the largest ceiling that fits is" in msg and "a2a.capacity_ceiling=auto picks it" in msg, msg
+    largest = float(msg.split("the largest ceiling that fits is ")[1].split(" ")[0])
+    assert check(*DSV3_EP8, f"a2a.capacity_ceiling={largest}", machine=H100_BOX) == []
+
+    import launch.preflight.prepare as prepare
+
+    monkeypatch.setattr(prepare.Machine, "probe", staticmethod(lambda: H100_BOX))
+    cfg = compose_cfg(*DSV3_EP8)
+    resolved = with_capacity_ceiling(cfg)
+    assert cfg.a2a.capacity_ceiling == "auto" and resolved.a2a.capacity_ceiling == largest
+    target, m = Target("cuda", 80 * 10**9, "each GPU's memory", "8 GPUs"), facts("deepseek_v3", "16B")
+    assert memory_estimate(resolved, target, m, largest).total <= target.memory_bytes
+    assert memory_estimate(resolved, target, m, largest + CEILING_STEP).total > target.memory_bytes
+    # Where the memory is not known before launch (a SLURM job), auto stays for the job's nodes.
+    assert with_capacity_ceiling(compose_cfg(*DSV3_EP8, "launcher=slurm")).a2a.capacity_ceiling == "auto"
+
+
 def test_memory_warn_launches_anyway():
     machine = Machine(24 * GIB, 2, gpu_memory_bytes=(80 * GIB,) * 8)
     warnings = check("parallelism=ep8", "model=dsv3_16b", "training.seq_len=4096",

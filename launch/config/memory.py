@@ -29,11 +29,14 @@ It is an estimate (allocator fragmentation, temporary buffers and compile are no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from launch.config.model_facts import ModelFacts
 from mxfp8_ep.capacity import expert_major_capacity, staging_buffer_bytes, staging_rows
 from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR
+from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
 
 BF16, FP32 = 2, 4
 ADAM_STATE = 2 * FP32
@@ -136,3 +139,59 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
         peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else 0,
     )
+
+
+def runs_symm(cfg: Any, device: str) -> bool:
+    """Whether the EP layers of ``cfg`` on ``device`` ("cuda" or "cpu") will run the symm
+    transport (``mxfp8_ep.transport.resolve``, as the dispatcher resolves it): asked for, or
+    ``auto`` with CUDA and an EP group of >= 2 ranks inside one node (EP groups are consecutive
+    ranks, so one node holds them when they fit its processes). A symm asked for across nodes
+    counts as symm (the check before launch refuses it)."""
+    a, p = cfg.a2a, cfg.parallelism
+    if a.transport not in TRANSPORTS:
+        return False
+    hosts = 1 if p.nodes == 1 or p.procs_per_node % p.ep == 0 else 2
+    try:
+        return resolve(a.transport, cuda=device == "cuda", ranks=p.ep, hosts=lambda: hosts) is Transport.SYMM
+    except ValueError:
+        return True
+
+
+def run_estimate(cfg: Any, facts: ModelFacts, device: str, symm: bool, capacity_factor: float | None) -> MemoryEstimate:
+    """``estimate`` of one process of the recipe config ``cfg`` (its parallelism, batch and
+    checkpointing) on ``device``, the EP layers on the symm transport when ``symm``, its
+    capacity at ``capacity_factor`` (the config's starting factor, or a ceiling)."""
+    p, t = cfg.parallelism, cfg.training
+    return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
+                    seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint, device=device, symm=symm,
+                    combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums), capacity_factor=capacity_factor,
+                    reshard_after_forward=p.fsdp_reshard_after_forward != "never")
+
+
+# ``a2a.capacity_ceiling`` in the recipe: the largest ceiling whose estimate fits the memory.
+AUTO_CEILING = "auto"
+# Ceilings ``fitting_ceiling`` picks are rounded down to this step of the balanced case.
+CEILING_STEP = 0.05
+
+
+def fitting_ceiling(cfg: Any, facts: ModelFacts, device: str, memory_bytes: int, procs: int) -> float | None:
+    """The largest ``a2a.capacity_ceiling`` (a multiple of ``CEILING_STEP``) whose estimate,
+    times ``procs`` processes sharing ``memory_bytes``, fits it: None (no ceiling below the worst
+    case) when the worst case fits; the starting factor when nothing above it does (the check
+    of the start itself reports that). The symm transport at an elastic capacity only."""
+    start = cfg.a2a.capacity_factor
+    if start is None:
+        return None
+
+    def fits(factor: float | None) -> bool:
+        return run_estimate(cfg, facts, device, True, factor).total * procs <= memory_bytes
+
+    if fits(None):
+        return None
+    low, high = int(math.ceil(start / CEILING_STEP)), int(cfg.parallelism.ep / CEILING_STEP) + 1
+    if not fits(low * CEILING_STEP):
+        return float(start)
+    while high - low > 1:  # fits(low), not fits(high): the estimate grows with the factor
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid * CEILING_STEP) else (low, mid)
+    return round(max(start, low * CEILING_STEP), 4)

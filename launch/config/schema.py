@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from launch.config.memory import AUTO_CEILING
 from mxfp8_ep.config import A2AConfig
 
 
@@ -54,11 +55,14 @@ def _a2a_schema() -> type:
     """``A2AConfig``'s fields with its defaults (the four legs, scale rounding, kernel,
     transport: whatever the library's config has), plus the preset ``name``."""
     types = typing.get_type_hints(A2AConfig)
+
+    def schema_field(f: dataclasses.Field) -> tuple:
+        if f.name == "capacity_ceiling":  # a number, null, or "auto": what fits the memory (launch/config/memory.py)
+            return f.name, Any, field(default=AUTO_CEILING)
+        return f.name, types[f.name], field(default=f.default)
+
     schema = dataclasses.make_dataclass(
-        "A2ASchema",
-        [("name", str, field(default=MISSING))]
-        + [(f.name, types[f.name], field(default=f.default)) for f in dataclasses.fields(A2AConfig)],
-    )
+        "A2ASchema", [("name", str, field(default=MISSING))] + [schema_field(f) for f in dataclasses.fields(A2AConfig)])
     schema.__module__ = __name__
     schema.__doc__ = ("The ``a2a`` group: a preset name (mxfp8_ep.config.PRESETS, or custom) and "
                       "the fields of mxfp8_ep.config.A2AConfig.")

@@ -6,7 +6,8 @@ jobs go through :func:`prepare` alone (``launch/train.py``), after
 ``launch.preflight.callbacks.CheckEverySweepPoint`` checked every point.
 
 :func:`prepare`: fill the fields whose defaults depend on the rest (wandb group, run id and
-name), check everything (``launch.preflight.validate``) and type the launcher's fields.
+name), check everything (``launch.preflight.validate``), type the launcher's fields and
+resolve ``a2a.capacity_ceiling=auto`` where the memory is known.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from launch.config import model_facts
 from launch.config.problems import ConfigError
-from launch.launchers.launcher import with_typed_launcher
-from launch.preflight.validate import validate
+from launch.launchers.launcher import launcher_class, with_typed_launcher
+from launch.launchers.machine import Machine
+from launch.preflight.validate import resolved_ceiling, validate
 from launch.run.resume import AUTO, Resume, check_new_run_dir, check_resumable, resumed_config
 from launch.run.run_dir import RunDirBefore, run_name
 
@@ -45,7 +48,21 @@ def prepare(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str
     """The launch config and the warnings; raises :class:`ConfigError` with every problem."""
     cfg = finalize(cfg, overrides)
     warnings = validate(cfg)
-    return with_typed_launcher(cfg), warnings
+    return with_capacity_ceiling(with_typed_launcher(cfg)), warnings
+
+
+def with_capacity_ceiling(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with ``a2a.capacity_ceiling=auto`` resolved to the largest ceiling that fits the
+    memory the run's processes get, where it is known before launch (``resolved_ceiling``); a
+    SLURM job's workers resolve it on their node (``launch.titan.runner.a2a_config``)."""
+    target = launcher_class(cfg)().target(cfg, Machine.probe())
+    ceiling = resolved_ceiling(cfg, target, model_facts.facts(cfg.model.family, cfg.model.flavor))
+    if ceiling == cfg.a2a.capacity_ceiling:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    with read_write(cfg):
+        cfg.a2a.capacity_ceiling = ceiling
+    return cfg
 
 
 def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import model_facts
-from launch.config.memory import MemoryEstimate, estimate
+from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, run_estimate, runs_symm
 from launch.config.model_facts import ModelFacts
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
@@ -33,7 +33,7 @@ from launch.launchers.machine import GIB, Machine
 from launch.run.console import format_eta
 from launch.titan.data import check_data
 from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
-from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
+from mxfp8_ep.transport import Transport
 from mxfp8_ep.wire_format import WireFormat, quantized_formats
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -230,6 +230,14 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
     factor_error = capacity_factor_error(a.capacity_factor)
     if factor_error is not None:
         r.error(f"a2a.capacity_factor={a.capacity_factor!r}: {factor_error}")
+    if a.capacity_ceiling != AUTO_CEILING:
+        ceiling_error = capacity_factor_error(a.capacity_ceiling)
+        if ceiling_error is not None:
+            r.error(f"a2a.capacity_ceiling={a.capacity_ceiling!r}: {ceiling_error}, or {AUTO_CEILING} (the largest "
+                    f"that fits the memory)")
+        elif _ceiling_below_start(a):
+            r.error(f"a2a.capacity_ceiling={a.capacity_ceiling!r} is below where the capacity starts "
+                    f"(a2a.capacity_factor={a.capacity_factor!r}): use a ceiling >= the factor, {AUTO_CEILING} or null")
     formats = quantized_formats(a[leg] for leg in LEGS)
     if a.quantize_local_rows and not formats:
         r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
@@ -355,7 +363,7 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
             r.error(f"a2a.transport=symm needs one node with CUDA and >= 2 GPUs, but "
                     f"{'; '.join(why)}; use a2a.transport=auto (symm where it can, nccl elsewhere) "
                     f"or a2a.transport=nccl")
-    if p.share_gpu and target.device == "cuda" and not _runs_symm(cfg, target):
+    if p.share_gpu and target.device == "cuda" and not runs_symm(cfg, target.device):
         r.error(f"parallelism.share_gpu=true: the ranks on one GPU talk over gloo, whose CUDA all-gather "
                 f"torch's functional collectives cannot run, so the EP exchange must be the symm transport "
                 f"(peer buffers over CUDA IPC), but a2a.transport={a.transport} with parallelism.ep={p.ep} "
@@ -374,30 +382,33 @@ SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_
                     "a smaller factor keeps fewer of them, a2a.transport=nccl none)")
 
 
-def _runs_symm(cfg: Any, target: Target) -> bool:
-    """Whether the EP layers will run the symm transport (``mxfp8_ep.transport.resolve``, as the
-    dispatcher resolves it): asked for, or ``auto`` with CUDA and an EP group of >= 2 ranks
-    inside one node (EP groups are consecutive ranks, so one node holds them when they fit its
-    processes)."""
-    a, p = cfg.a2a, cfg.parallelism
-    if a.transport not in TRANSPORTS:
-        return False  # reported by _check_a2a
-    hosts = 1 if p.nodes == 1 or p.procs_per_node % p.ep == 0 else 2
-    try:
-        return resolve(a.transport, cuda=target.device == "cuda", ranks=p.ep, hosts=lambda: hosts) is Transport.SYMM
-    except ValueError:  # symm across nodes: reported by _check_device
-        return True
+def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
+                    capacity_factor: float | None | str = "start") -> MemoryEstimate:
+    """``launch.config.memory.run_estimate`` of one process of ``cfg`` run on ``target``, the
+    symm capacity at its start (``capacity_factor="start"``) or at the factor given."""
+    factor = cfg.a2a.capacity_factor if capacity_factor == "start" else capacity_factor
+    return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor)
 
 
-def memory_estimate(cfg: Any, target: Target, facts: ModelFacts) -> MemoryEstimate:
-    """``launch.config.memory.estimate`` of one process of ``cfg`` run on ``target``."""
-    p, t = cfg.parallelism, cfg.training
-    return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
-                    seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint,
-                    device=target.device, symm=_runs_symm(cfg, target),
-                    combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums),
-                    capacity_factor=cfg.a2a.capacity_factor,
-                    reshard_after_forward=p.fsdp_reshard_after_forward != "never")
+def _processes_per_memory(cfg: Any, target: Target) -> int:
+    """Processes sharing one ``target.memory_bytes``: one per GPU, or every process of a node
+    (its RAM, or one GPU shared by them)."""
+    return 1 if target.device == "cuda" and not cfg.parallelism.share_gpu else cfg.parallelism.procs_per_node
+
+
+def elastic_symm(cfg: Any, target: Target) -> bool:
+    """Whether the EP layers run the symm transport at an elastic capacity (one that grows)."""
+    return runs_symm(cfg, target.device) and cfg.a2a.capacity_factor is not None
+
+
+def resolved_ceiling(cfg: Any, target: Target, facts: ModelFacts) -> float | None | str:
+    """``a2a.capacity_ceiling`` as the run will take it: ``auto`` becomes the largest ceiling
+    whose estimate fits ``target``'s memory (``launch.config.memory.fitting_ceiling``) where that
+    memory is known and the symm transport runs at an elastic capacity; otherwise as given."""
+    ceiling = cfg.a2a.capacity_ceiling
+    if ceiling != AUTO_CEILING or target.memory_bytes is None or not elastic_symm(cfg, target):
+        return ceiling
+    return fitting_ceiling(cfg, facts, target.device, target.memory_bytes, _processes_per_memory(cfg, target))
 
 
 def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
@@ -405,9 +416,10 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
         return
     p, t = cfg.parallelism, cfg.training
     est = memory_estimate(cfg, target, facts)
-    procs = 1 if target.device == "cuda" and not p.share_gpu else p.procs_per_node
+    procs = _processes_per_memory(cfg, target)
     need = est.total * procs
     if need <= target.memory_bytes:
+        _check_ceiling_memory(cfg, r, target, facts)
         return
 
     def gib(x: float) -> str:
@@ -425,6 +437,36 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
            f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
            f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway")
     (r.warn if cfg.validate.memory == "warn" else r.error)(msg)
+
+
+def _ceiling_below_start(a: Any) -> bool:
+    """A ceiling given as a number below a starting factor given as one (the library would
+    take the factor as the ceiling: the capacity would never grow, surely not what was meant)."""
+    numbers = [v for v in (a.capacity_factor, a.capacity_ceiling) if v is not None and not capacity_factor_error(v)]
+    return len(numbers) == 2 and a.capacity_ceiling < a.capacity_factor
+
+
+def _check_ceiling_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
+    """An ``a2a.capacity_ceiling`` given as a number (or null, the worst case) whose estimate
+    does not fit: the symm capacity may grow to it hours into a run. ``auto`` fits by
+    construction (``resolved_ceiling``)."""
+    a = cfg.a2a
+    if (not elastic_symm(cfg, target) or a.capacity_ceiling == AUTO_CEILING or capacity_factor_error(a.capacity_ceiling)
+            or _ceiling_below_start(a)):
+        return
+    est = memory_estimate(cfg, target, facts, a.capacity_ceiling)
+    procs = _processes_per_memory(cfg, target)
+    if est.total * procs <= target.memory_bytes:
+        return
+    largest = fitting_ceiling(cfg, facts, target.device, target.memory_bytes, procs)
+    grows = "the worst case" if a.capacity_ceiling is None else f"{a.capacity_ceiling} times the balanced case"
+    times = f" × {procs} processes" if procs > 1 else ""
+    (r.warn if cfg.validate.memory == "warn" else r.error)(
+        f"a2a.capacity_ceiling={a.capacity_ceiling if a.capacity_ceiling is not None else 'null'}: the symm "
+        f"transport's expert rows may grow to {grows}, where a process needs about {est.total / GIB:,.1f} GiB "
+        f"(activations {est.activations / GIB:,.1f}){times}, but {target.memory_name} is "
+        f"{target.memory_bytes / GIB:,.1f} GiB; the largest ceiling that fits is {largest} "
+        f"(a2a.capacity_ceiling={AUTO_CEILING} picks it); validate.memory=warn launches anyway")
 
 
 # ------------------------------------------------------------------------------ step time

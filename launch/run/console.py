@@ -74,12 +74,17 @@ def _steady(s: RunSummary) -> str:
 
 
 def _capacity(s: RunSummary) -> str:
-    """The symm transport's expert capacity at the end, and the steps run again to grow it."""
+    """The symm transport's expert capacity at the end and its ceiling, the steps run again to
+    grow it, and those that needed more than the ceiling."""
     if s.capacity_rows is None:
         return ""
+    ceiling = f" (ceiling {s.capacity_ceiling_rows:,})" if s.capacity_ceiling_rows else ""
     steps = ", ".join(str(step) for step in s.capacity_replay_steps)
     replays = f", {s.capacity_replays} steps run again to grow it ({steps})" if s.capacity_replays else ""
-    return f"  a2a capacity    {s.capacity_rows:,} expert rows{replays}\n"
+    spill_steps = ", ".join(str(step) for step in s.capacity_spill_steps)
+    spills = (f"; {s.capacity_spills} of them past the ceiling, run at exactly their rows ({spill_steps})"
+              if s.capacity_spills else "")
+    return f"  a2a capacity    {s.capacity_rows:,} expert rows{ceiling}{replays}{spills}\n"
 
 
 def still_running_line(step: int, steps: int, seconds: float) -> str:

@@ -37,9 +37,11 @@ MFU = "mfu(%)"
 MAX_MEMORY = "memory/max_reserved(GiB)"
 VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.titan.validation)
 # The symm transport's elastic capacity (mxfp8_ep.elastic): the largest expert-major capacity
-# (rows) after the window, and the steps run again after an overflow, since the run started.
+# (rows) after the window, the steps run again after an overflow since the run started, and of
+# those the ones that needed more than the ceiling (spills: rerun at exactly their rows).
 A2A_CAPACITY_ROWS = "a2a/capacity_rows"
 A2A_REPLAYS = "a2a/replays"
+A2A_SPILLS = "a2a/spills"
 # The a2a preset every other one is compared with (compare_runs, the wandb dashboard):
 # torchtitan's own all-to-all.
 BASELINE = "bf16"
@@ -215,10 +217,15 @@ class RunSummary:
     # numerics telemetry of this launch: metric name -> series_stats of its samples
     numerics: dict[str, dict[str, float]] = field(default_factory=dict)
     # the symm transport's elastic capacity (earlier launches of a resumed run included): steps
-    # run again after an overflow, at which steps, and the largest capacity at the end (rows)
+    # run again after an overflow and at which steps, those of them that needed more than the
+    # ceiling (spills) and at which steps, the largest capacity at the end (rows) and the ceiling
+    # it grows to (rows; the worst case when it has none below it)
     capacity_replays: int = 0
     capacity_replay_steps: list[int] = field(default_factory=list)
+    capacity_spills: int = 0
+    capacity_spill_steps: list[int] = field(default_factory=list)
     capacity_rows: Optional[int] = None
+    capacity_ceiling_rows: Optional[int] = None
     # wandb
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
@@ -253,6 +260,7 @@ class RunSummary:
         out[LOSS] = self.final_loss
         out[VAL_LOSS] = self.final_val_loss
         out[A2A_REPLAYS] = self.capacity_replays if self.capacity_rows is not None else None
+        out[A2A_SPILLS] = self.capacity_spills if self.capacity_rows is not None else None
         out[A2A_CAPACITY_ROWS] = self.capacity_rows
         out.update({a2a_leg_metric(leg): v for leg, v in self.a2a_bytes_per_step_by_leg.items()})
         return {k: v for k, v in out.items() if v is not None}

@@ -9,8 +9,9 @@ match stock torchtitan runs; the names are ``launch.run.run_summary``'s) and add
 * ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
   from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
-* ``a2a/capacity_rows`` and ``a2a/replays`` (symm transport): the largest expert-major capacity
-  and the steps run again after a capacity overflow so far (``mxfp8_ep.elastic``),
+* ``a2a/capacity_rows``, ``a2a/replays`` and ``a2a/spills`` (symm transport): the largest
+  expert-major capacity, the steps run again after a capacity overflow so far, and those of
+  them that needed more than the ceiling (``mxfp8_ep.elastic``),
 * ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
   samples (``launch.run.numerics_log``; names in ``launch.run.run_summary``), with a console line,
 * ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
@@ -173,6 +174,7 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self._train_steps = 0
         self._first_window_done = False
         self.capacity_replays = 0  # the trainer counts them (earlier launches included)
+        self.capacity_spills = 0
         if wandb_settings is not None and _rank() == 0:
             container = LoggerContainer()
             container.add_logger(self.logger)
@@ -273,7 +275,8 @@ class RecipeMetricsProcessor(MetricsProcessor):
                 metrics[names.a2a_leg_metric(leg)] = value / steps_in_window
         capacity = elastic.capacity_rows()
         if capacity is not None:
-            metrics.update({names.A2A_CAPACITY_ROWS: capacity, names.A2A_REPLAYS: self.capacity_replays})
+            metrics.update({names.A2A_CAPACITY_ROWS: capacity, names.A2A_REPLAYS: self.capacity_replays,
+                            names.A2A_SPILLS: self.capacity_spills})
         if extra_metrics:
             metrics.update(extra_metrics)
             self.history.record_numerics(extra_metrics)
@@ -314,13 +317,20 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self.time_last_log = time.perf_counter()
         self.device_memory_monitor.reset_peak_stats()
 
-    def capacity_replay(self, step: int, overflow: elastic.Overflow, replays: int) -> None:
-        """A step runs again after a capacity overflow (every rank calls it; rank 0 writes the
-        console line)."""
-        self.capacity_replays = replays
+    def capacity_replay(self, step: int, overflow: elastic.Overflow, replays: int, spills: int,
+                        what: str = "step") -> None:
+        """A step (or a validation batch: ``what``) runs again after a capacity overflow (every
+        rank calls it; rank 0 writes the console line)."""
+        self.capacity_replays, self.capacity_spills = replays, spills
         grown = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.grown) or "on another EP group"
-        line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
-                f"({grown} rows), step run again ({names.A2A_REPLAYS} = {replays})")
+        if overflow.spill:
+            past = ", ".join(f"{needed:,} rows, ceiling {ceiling:,}" for ceiling, needed in overflow.spilled)
+            line = (f"step {step}: a symm dispatch needed more expert rows than the capacity's ceiling "
+                    f"({past or 'on another EP group'}); {what} run again with each dispatch at exactly its rows "
+                    f"({names.A2A_SPILLS} = {spills})")
+        else:
+            line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
+                    f"({grown} rows), {what} run again ({names.A2A_REPLAYS} = {replays})")
         if _rank() == 0:
             logger.warning(line)
             if self.console is not None:

@@ -41,6 +41,8 @@ from mxfp8_ep import elastic
 from mxfp8_ep.elastic import ReplayOverflowedSteps
 from mxfp8_ep.transport import Transport
 
+from launch.config.memory import AUTO_CEILING, fitting_ceiling, run_estimate, runs_symm, symm_capacity
+from launch.config.model_facts import facts
 from launch.config.schema import PROFILER_WARMUP_STEPS
 from launch.run.heartbeat import StepHeartbeat, append_line
 from launch.run.numerics_log import arm_for_step
@@ -199,7 +201,9 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         self.checks_capacity = (Transport(cfg.a2a.transport) is not Transport.NCCL
                                 and cfg.a2a.capacity_factor is not None)
         self.capacity_replay_steps: list[int] = []  # this launch's
+        self.capacity_spill_steps: list[int] = []
         self.earlier_replay_steps: list[int] = []  # a resumed run's, up to its checkpoint
+        self.earlier_spill_steps: list[int] = []
         super().__init__(job_config)
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
@@ -258,14 +262,19 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         finally:
             arm_for_step(self.step, 0)
 
-    def on_capacity_replay(self, overflow: Any) -> None:
-        """Before an overflowed step runs again: what it observed is dropped (the numerics
-        telemetry samples the step that counts), the replay is logged and counted."""
+    def on_capacity_replay(self, overflow: Any, what: str = "step") -> None:
+        """Before an overflowed step (or validation batch: ``what``) runs again: what it
+        observed is dropped (the numerics telemetry samples the run that counts), the replay
+        (and a spill) is logged; the counts are the mixin's (``ReplayOverflowedSteps``) and
+        ``validation.HeldOutLoss``'s."""
         from mxfp8_ep.numerics import PROBE
 
         PROBE.collect()
         self.capacity_replay_steps.append(self.step)
-        self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays)
+        if overflow.spill:
+            self.capacity_spill_steps.append(self.step)
+        self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays, self.capacity_spills,
+                                               what)
     def close(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.close()
@@ -297,7 +306,9 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         # the replays of the earlier launches up to the checkpoint still count.
         earlier = RunSummary.read(self.run_dir)
         self.earlier_replay_steps = [s for s in (earlier.capacity_replay_steps if earlier else []) if s <= self.step]
+        self.earlier_spill_steps = [s for s in (earlier.capacity_spill_steps if earlier else []) if s <= self.step]
         self.capacity_replays = self.metrics_processor.capacity_replays = len(self.earlier_replay_steps)
+        self.capacity_spills = self.metrics_processor.capacity_spills = len(self.earlier_spill_steps)
 
     def should_continue_training(self) -> bool:
         """Also asked at every step boundary, on every rank: did any rank get a stop signal?
@@ -335,6 +346,7 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             val_steps, val_losses = _continue(earlier.val_logged_steps, earlier.val_losses,
                                               self.start_step, val_steps, val_losses)
         replay_steps = self.earlier_replay_steps + self.capacity_replay_steps
+        spill_steps = self.earlier_spill_steps + self.capacity_spill_steps
         saved = checkpoint_steps(self.run_dir, jc.checkpoint.folder) if jc.checkpoint.enable else []
         return RunSummary(
             run_name=str(cfg.logging.run_name or cfg.experiment),
@@ -368,7 +380,10 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             numerics={k: series_stats(v) for k, v in h.numerics.items()},
             capacity_replays=len(replay_steps),
             capacity_replay_steps=replay_steps,
+            capacity_spills=len(spill_steps),
+            capacity_spill_steps=spill_steps,
             capacity_rows=elastic.capacity_rows(),
+            capacity_ceiling_rows=elastic.capacity_ceiling_rows(),
             wandb_mode=str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
         )
@@ -417,24 +432,73 @@ def _setup_process(cpu: bool) -> None:
 
 
 def a2a_config(cfg: DictConfig) -> Any:
-    """The library's ``A2AConfig`` of ``cfg.a2a``."""
+    """The library's ``A2AConfig`` of ``cfg.a2a``; a ``capacity_ceiling`` still ``auto`` (the
+    memory was not known before launch: a SLURM job) resolved here, on the node
+    (``capacity_ceiling_here``)."""
     from mxfp8_ep.config import A2AConfig
 
-    return A2AConfig.from_dict(OmegaConf.to_container(cfg.a2a, resolve=True))  # type: ignore[arg-type]
+    values = OmegaConf.to_container(cfg.a2a, resolve=True)
+    if values["capacity_ceiling"] == AUTO_CEILING:  # type: ignore[index]
+        values["capacity_ceiling"] = capacity_ceiling_here(cfg)  # type: ignore[index]
+    return A2AConfig.from_dict(values)  # type: ignore[arg-type]
 
 
-def install_dispatcher(cfg: DictConfig) -> None:
+def capacity_ceiling_here(cfg: DictConfig) -> float | None:
+    """``a2a.capacity_ceiling=auto`` for this node: the largest ceiling whose estimate fits
+    this GPU's memory (the node's RAM on CPU), shared by the processes that share it
+    (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
+    runs at an elastic capacity (nothing grows, so no ceiling applies)."""
+    from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not runs_symm(cfg, device) or cfg.a2a.capacity_factor is None:
+        return DEFAULT_CAPACITY_CEILING
+    if device == "cuda":
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    p = cfg.parallelism
+    procs = p.procs_per_node if p.share_gpu or device == "cpu" else 1
+    return fitting_ceiling(cfg, facts(cfg.model.family, cfg.model.flavor), device, memory, procs)
+
+
+def capacity_line(cfg: DictConfig, a2a: Any) -> str | None:
+    """What the symm transport's elastic capacity holds, as the console's header states it:
+    the rows it starts at and the most it grows to, each with the memory estimate of one
+    process there (``launch.config.memory``); None where no symm dispatch runs at an elastic
+    capacity."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not runs_symm(cfg, device) or a2a.capacity_factor is None:
+        return None
+    m = facts(cfg.model.family, cfg.model.flavor)
+    tokens = int(cfg.training.local_batch_size) * int(cfg.training.seq_len)
+    ep = int(cfg.parallelism.ep)
+
+    def at(factor: float | None) -> str:
+        rows = symm_capacity(m, tokens, ep, factor)
+        gib = run_estimate(cfg, m, device, True, factor).total / 2**30
+        times = "the worst case" if factor is None else f"{factor:g}x balanced"
+        return f"{rows:,} expert rows ({times}; est. {gib:,.1f} GiB per process)"
+
+    ceiling = a2a.capacity_ceiling
+    return (f"a2a capacity  starts at {at(a2a.capacity_factor)}, grows up to {at(ceiling)}; a step that needs "
+            f"more runs once at exactly its rows")
+
+
+def install_dispatcher(cfg: DictConfig) -> Any:
     """Route every EP MoE layer of the models built from now on through our dispatcher, as
-    ``cfg.a2a`` and ``cfg.parallelism`` say."""
+    ``cfg.a2a`` and ``cfg.parallelism`` say; returns the ``A2AConfig`` it installed."""
     import mxfp8_ep
 
+    a2a = a2a_config(cfg)
     mxfp8_ep.install_expert_parallel(
-        a2a_config(cfg),
+        a2a,
         # Every rank sees at most this many tokens per MoE layer: the symm transport's
         # buffers are sized for it on every rank alike.
         max_tokens_per_rank=int(cfg.training.local_batch_size) * int(cfg.training.seq_len),
         overlap_shared_experts=bool(cfg.parallelism.overlap_shared_experts),
     )
+    return a2a
 
 
 def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
@@ -466,7 +530,10 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
 
         register_tiny_flavors()
         register_datasets()
-        install_dispatcher(cfg)
+        a2a = install_dispatcher(cfg)
+        line = capacity_line(cfg, a2a)
+        if line is not None and os.environ.get("RANK", "0") == "0":
+            append_line(os.path.join(run_dir, CONSOLE_LOG))(line)
 
         owns_process_group = not dist.is_initialized()
         job_config = build_job_config(cfg, run_dir)

@@ -5,7 +5,10 @@ stopped, so consecutive evaluations score different tokens, and it counts its to
 training throughput. :class:`HeldOutLoss` instead scores the same batches every time
 (``launch.titan.data.validation_batches``, built once), leaves the training metrics and the
 MoE load-balancing counters as they were, and reports through
-``RecipeMetricsProcessor.log_validation``.
+``RecipeMetricsProcessor.log_validation``. Where a symm dispatch may run at an elastic
+capacity (``trainer.checks_capacity``), each batch runs through a ``mxfp8_ep.elastic.ReplayGuard``:
+a batch whose routing overflows the capacity runs again at the grown one (counted and logged
+as the training steps' replays are), so no loss comes from cut rows.
 
 The trainer calls ``should_validate(step)`` after every step (after the checkpoint save) and
 ``validate(model_parts, step)`` when it says yes: every ``training.val_every`` steps and at
@@ -24,6 +27,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import BaseValidator
 
 from launch.titan.data import validation_batches
+from mxfp8_ep import elastic
 
 
 class HeldOutLoss(BaseValidator):
@@ -70,11 +74,13 @@ class HeldOutLoss(BaseValidator):
             for inputs, labels in self.batches:
                 inputs, labels, extra_inputs, extra_kwargs = t.post_dataloading_process(
                     {"input": inputs.to(t.device)}, labels.to(t.device))
-                with t.train_context(), t.maybe_enable_amp:
-                    pred = model(inputs, **extra_inputs, **extra_kwargs)
-                    totals[0] += t.loss_fn(pred, labels).double()
+                for _ in self._attempts(model):
+                    with t.train_context(), t.maybe_enable_amp:
+                        pred = model(inputs, **extra_inputs, **extra_kwargs)
+                        loss = t.loss_fn(pred, labels).double()
+                    del pred
+                totals[0] += loss
                 totals[1] += (labels != IGNORE_INDEX).sum()
-                del pred
         finally:
             model.train()
             for buffer, saved in counters:
@@ -83,3 +89,17 @@ class HeldOutLoss(BaseValidator):
             dist.all_reduce(totals, group=self.group)
         loss = (totals[0] / totals[1]).item()
         t.metrics_processor.log_validation(loss, step, seconds=time.perf_counter() - start)
+
+    def _attempts(self, model: torch.nn.Module):
+        """One batch's forward passes: one, or through a ``ReplayGuard`` where a symm dispatch
+        may overflow (every rank validates alike, so every rank checks alike)."""
+        t = self.trainer
+        if not getattr(t, "checks_capacity", False):
+            return range(1)
+
+        def counted(overflow: elastic.Overflow) -> None:
+            t.capacity_replays += 1
+            t.capacity_spills += overflow.spill
+            t.on_capacity_replay(overflow, what="validation batch")
+
+        return elastic.ReplayGuard(model.modules(), owns_gradients=False, on_replay=counted).attempts()

@@ -206,6 +206,11 @@ def capacities() -> list[int]:
     return [_CAPACITY[key].rows for key in _BUFFERS]
 
 
+def ceilings() -> list[int]:
+    """The ceiling of each buffer set this process holds (rows)."""
+    return [_CAPACITY[key].ceiling for key in _BUFFERS]
+
+
 def peer_buffer_nbytes() -> int:
     """Bytes of peer memory this process's symm dispatchers hold (its own count and staging
     buffers; symmetric memory is not the caching allocator's, so its statistics miss them)."""
