@@ -1,12 +1,14 @@
 """The results report: the rows in benchmarks/results/ and the claims in benchmarks/claims.yaml,
-written as docs/results.md, as the README's results block, and as its Numerics table (the parity
-studies side by side, ``benchmarks.parity_table``).
+written as docs/results.md, as the README's results block, its Numerics table (the parity
+studies side by side, ``benchmarks.parity_table``) and its elastic-capacity figures
+(``benchmarks.capacity_figures``).
 
     python -m benchmarks.report            # rewrite docs/results.md and the README blocks
     python -m benchmarks.report --check    # exit 1 with a diff when either differs from what it makes
 
 A run measured on a commit older than the last change to the code its bench measures (the bench's
-``paths``) is shown as STALE: some commit between the run's commit and HEAD touched those paths
+``paths``, and for every bench the pinned dependencies and the script that runs the GPU benches,
+``EVERY_BENCH``) is shown as STALE: some commit between the run's commit and HEAD touched those paths
 (Markdown under them is prose, not code, and does not count).
 Its numbers stay in the report; they describe the commit they were measured on. The output is a
 function of the committed rows, the claims and the git history only (no clock), so CI can check it.
@@ -20,12 +22,13 @@ import difflib
 import json
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from benchmarks import parity_table, speed_model
+from benchmarks import capacity_figures, parity_table, speed_model
 from benchmarks.rows import OPTIONAL_PROVENANCE_KEYS, PROVENANCE_KEYS, read_rows
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,11 +48,17 @@ LEG_CODE = LIBRARY + ("benchmarks/legs.py",) + TIMED
 TRAIN_CODE = RECIPE + ("benchmarks/train.py",)
 
 
+# What every bench's figures depend on besides its own code: the pinned dependencies and the
+# script that runs the GPU benches.
+EVERY_BENCH = ("pyproject.toml", "benchmarks/run.sh")
+
+
 @dataclass(frozen=True)
 class Bench:
     """How one bench's rows read: what it measures, which code its figures depend on (``paths``:
-    the library, the benchmark script and what it times with, the recipe for training runs), the
-    fields that make rows comparable (``group``), and the arms the other arms are set against."""
+    the library, the benchmark script and what it times with, the recipe for training runs;
+    ``EVERY_BENCH`` is added to each), the fields that make rows comparable (``group``), and the
+    arms the other arms are set against."""
 
     title: str
     paths: tuple = LIBRARY
@@ -58,6 +67,9 @@ class Bench:
     key: str = "ms"
     better: str = "lower"
     hide: tuple = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "paths", tuple(dict.fromkeys(self.paths + EVERY_BENCH)))
 
 
 LEG_GROUP = ("link", "routing", "rows", "dim", "leg", "pass")
@@ -115,7 +127,7 @@ BENCHES = {
     "capacity_replays": Bench("Training runs over the symm transport at the default capacity factor: the steps "
                               "run again after a capacity overflow, and the capacity (expert rows) they started "
                               "and ended at",
-                              paths=RECIPE + ("scripts/parity_study.py",),
+                              paths=RECIPE + ("recipes/", "scripts/parity_study.py"),
                               key="capacity_replays", hide=("capacity_replay_steps",)),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
@@ -146,14 +158,16 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
 
 def code_of(path: str, text: str) -> str:
     """What of a file can change a measurement: a Python module's syntax tree without docstrings
-    (comments and formatting are not in it), a YAML file's data, any other file's text. A file
-    that does not parse counts as its text."""
+    (comments and formatting are not in it), a YAML or TOML file's data, any other file's text. A
+    file that does not parse counts as its text."""
     try:
         if path.endswith(".py"):
             return ast.dump(_strip_docstrings(ast.parse(text)))
         if path.endswith((".yaml", ".yml")):
             return json.dumps(yaml.safe_load(text), sort_keys=True, default=str)
-    except (SyntaxError, ValueError, yaml.YAMLError):
+        if path.endswith(".toml"):
+            return json.dumps(tomllib.loads(text), sort_keys=True, default=str)
+    except (SyntaxError, ValueError, yaml.YAMLError, tomllib.TOMLDecodeError):
         pass
     return text
 
@@ -614,6 +628,11 @@ def render_numerics_block(runs: dict[str, Run], history: History) -> str:
     return parity_table.render(runs, lambda run: history.status(run.first["commit"], run.bench.paths), MARKS, REPO)
 
 
+def render_capacity_block(runs: dict[str, Run], history: History) -> str:
+    """The README's elastic-capacity figures (``benchmarks.capacity_figures``) with the runs' marks."""
+    return capacity_figures.render(runs, lambda run: history.status(run.first["commit"], run.bench.paths), MARKS)
+
+
 def build(history: History | None = None) -> tuple[str, str]:
     """(docs/results.md, the README with its block rewritten)."""
     history = history or History()
@@ -624,6 +643,7 @@ def build(history: History | None = None) -> tuple[str, str]:
         raise ValueError("claims that no row backs:\n  " + "\n  ".join(broken))
     readme = splice_readme(README.read_text(), render_readme_block(claims, history))
     readme = splice_readme(readme, render_numerics_block(runs, history), parity_table.BEGIN, parity_table.END)
+    readme = splice_readme(readme, render_capacity_block(runs, history), capacity_figures.BEGIN, capacity_figures.END)
     return render_report(runs, claims, history), readme
 
 

@@ -295,6 +295,14 @@ def test_code_ignores_comments_docstrings_and_formatting():
     assert report.code_of("c.yaml", "a: 1  # one\nb: [2]\n") == report.code_of("c.yaml", "# lead\nb:\n  - 2\na: 1\n")
     assert report.code_of("c.yaml", "a: 1\n") != report.code_of("c.yaml", "a: 2\n")
     assert report.code_of("m.py", "def (") == "def ("  # does not parse: its text
+    assert report.code_of("p.toml", "a = 1  # one\n") == report.code_of("p.toml", "# pins\na = 1\n")
+    assert report.code_of("p.toml", "a = 1\n") != report.code_of("p.toml", "a = 2\n")
+
+
+def test_every_bench_depends_on_the_pins_and_the_gpu_bench_script():
+    for name, bench in report.BENCHES.items():
+        assert set(report.EVERY_BENCH) <= set(bench.paths), name
+    assert "recipes/" in report.BENCHES["capacity_replays"].paths
 
 
 def _commit(repo: Path, files: dict[str, str], message: str) -> str:
@@ -456,3 +464,47 @@ def test_the_numerics_table_shows_each_study_from_its_newest_rows(tmp_path):
     assert "†: the code these runs measured has changed" in block
     current = parity_table.render(runs, lambda run: "current", report.MARKS, tmp_path)
     assert "†" not in current and "4.4350 (+0.57%) |" in current
+
+
+def _bench_runs(tmp_path: Path, files: dict[str, list[dict]]) -> dict:
+    for name, rows in files.items():
+        prov = {"commit": "abcdef0" * 5 + "ab", "dirty": False, "date": f"{name[:10]}T00:00:00Z",
+                "machine": {"gpu": "NVIDIA H200", "count": 1, "link": "shared-gpu", "host_cpus": 16},
+                "versions": {"torch": "2.11"}, "command": "x"}
+        (tmp_path / name).write_text("".join(json.dumps({**prov, **r}) + "\n" for r in rows))
+    return report.load_runs(tmp_path)
+
+
+def test_the_capacity_figures_come_from_the_newest_rows(tmp_path):
+    """The README's elastic-capacity block: the layer's peak against torchtitan's, whole and
+    above the weights, per EP degree; the estimate at the start, ceiling and worst case; the
+    replays of long runs; STALE marks; a bench without rows is not measured."""
+    from benchmarks import capacity_figures
+
+    def layer(ep, arm, peak, above):
+        return {"bench": "layer_memory", "ep": ep, "arm": arm, "pass": "fwd+bwd", "peak_gib": peak,
+                "above_weights_gib": above, "dims": {"dim": 64, "experts": 8, "top_k": 2, "tokens_per_rank": 1024}}
+
+    def est(arm, gib, factor):
+        return {"bench": "memory_estimate", "model": "deepseek_v3/16B", "ep": 8, "seq_len": 4096,
+                "local_batch_size": 2, "activation_checkpoint": "selective", "arm": arm, "gib": gib,
+                "capacity_factor": factor}
+
+    runs = _bench_runs(tmp_path, {
+        "2026-01-01_abcdef0_h200x1_layer_memory.jsonl": [layer(2, "torchtitan", 99.0, 9.0)],
+        "2026-01-02_abcdef0_h200x1_layer_memory.jsonl": [
+            layer(2, "torchtitan", 20.0, 4.0), layer(2, "mxfp8/symm", 21.0, 5.0),
+            layer(2, "mxfp8/symm:worst", 23.0, 7.0)],
+        "2026-01-02_abcdef0_cpux1_memory_estimate.jsonl": [
+            est("nccl", 60.0, None), est("symm", 61.0, 1.25), est("symm:ceiling", 70.0, 2.0),
+            est("symm:worst", 139.0, None)],
+    })
+    block = capacity_figures.render(runs, lambda run: "STALE", report.MARKS)
+    assert block.startswith(capacity_figures.BEGIN) and block.endswith(capacity_figures.END)
+    assert "1.05× at EP=2 (1.15× at the worst case)" in block  # 21/20, 23/20
+    assert "16.0 of 20.0 GiB at EP=2" in block and "above them symm needs 1.25× at EP=2 (1.75×)" in block
+    assert "61.0 GiB per GPU at the start (1.25× the balanced case), 70.0 at the ceiling (2.0×), 139.0 at the " \
+           "worst case, against 60.0 on nccl" in block
+    assert f"capacity_replays: {capacity_figures.NOT_MEASURED}" in block
+    assert block.count("†") == 3  # two figures and the legend
+    assert "†" not in capacity_figures.render(runs, lambda run: "current", report.MARKS)
