@@ -40,7 +40,8 @@ def test_committed_report_is_current():
 def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch, capsys):
     readme, results = tmp_path / "README.md", tmp_path / "results.md"
     readme.write_text("# x\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nrest\n"
-                      "<!-- numerics:begin -->\nold\n<!-- numerics:end -->\n")
+                      "<!-- numerics:begin -->\nold\n<!-- numerics:end -->\n"
+                      "<!-- capacity:begin -->\nold\n<!-- capacity:end -->\n")
     monkeypatch.setattr(report, "README", readme)
     monkeypatch.setattr(report, "REPORT", results)
     monkeypatch.setattr(report, "REPO", tmp_path)
@@ -50,7 +51,8 @@ def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch
     text = readme.read_text()
     assert text.startswith("# x\n\n<!-- results:begin -->\nEach figure against its target") and \
         "\n| result |" in text and "<!-- results:end -->\n\nrest\n<!-- numerics:begin -->\nFinal validation" in text
-    assert text.endswith("<!-- numerics:end -->\n") and "\n| setup | bf16 |" in text
+    assert "<!-- numerics:end -->\n<!-- capacity:begin -->\n- Measured, one DeepSeek-V3-like" in text
+    assert text.endswith("<!-- capacity:end -->\n") and "\n| setup | bf16 |" in text
     assert report.main(["--check"]) == 0
     readme.write_text(text.replace("4.4019 (−0.36%)", "4.3000 (−2.66%)"))  # a hand-edited parity figure
     assert report.main(["--check"]) == 1
