@@ -137,17 +137,13 @@ def pass_peak(moe, x, grad, device, group=None) -> tuple[float, float, int]:
     from mxfp8_ep.elastic import ReplayGuard
 
     guard = ReplayGuard(moe.modules(), group) if group is not None else None
-    try:
-        for measured in (False, True):
-            for _ in guard.attempts() if guard is not None else (0,):
-                moe.zero_grad(set_to_none=True)
-                xi = x.clone().requires_grad_()
-                if measured:
-                    reset_peak(device)
-                moe(xi).backward(grad)
-    finally:
-        if guard is not None:
-            guard.close()
+    for measured in (False, True):
+        for _ in guard.attempts() if guard is not None else (0,):
+            moe.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            if measured:
+                reset_peak(device)
+            moe(xi).backward(grad)
     peak = peak_bytes(device)
     return peak / GIB, (peak - weights_bytes(moe)) / GIB, guard.replays if guard is not None else 0
 
