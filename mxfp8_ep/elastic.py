@@ -105,17 +105,20 @@ def check_overflow(group: dist.ProcessGroup | None = None, scope: symm.ReplaySco
     sets = symm.needed_rows()
     if group is None and dist.is_initialized():
         group = dist.group.WORLD
-    device = _flag_device(group, sets)
-    flags = torch.zeros(2, dtype=torch.int64, device=device)  # overflowed, needs more than a ceiling
+    flag_device = _flag_device(group, sets)
+    device = sets[0].device if sets is not None else flag_device
+    # [overflowed, needs more than a ceiling, each set's rows needed], built where the counters
+    # are and copied to where the flags are all-reduced once.
+    values = torch.zeros(2, dtype=torch.int64, device=device)
     if scope is not None:
-        flags[0] = scope.overflows(device).clamp(max=1)[0]
-    needed = torch.zeros(0, dtype=torch.int64, device=device)
+        values[0] = scope.overflows(device).clamp(max=1)[0]
     if sets is not None:
-        needed = sets[0].to(device)
-        flags[1] = (sets[0] > sets[1]).any()
+        values[1] = (sets[0] > sets[1]).any()
+        values = torch.cat([values, sets[0]])
+    values = values.to(flag_device)
     if group is not None:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-    values = torch.cat([flags, needed]).tolist()  # the one device-to-host copy
+        dist.all_reduce(values[:2], op=dist.ReduceOp.MAX, group=group)
+    values = values.tolist()  # the one device-to-host copy
     if not values[0]:
         return Overflow(replay=False)
     plan = symm.plan_overflowed(values[2:])
