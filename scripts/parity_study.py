@@ -13,6 +13,7 @@ The studies (``STUDIES``) and their arms (``ARMS``), runs of ``recipes/parity_ds
     llama4:    EP 1, every row quantized: bf16, mxfp8_all
     dsv3_symm: EP 2 over the symm transport, the two ranks sharing the GPU
                (parallelism=ep2_shared_gpu): bf16 seeds 0, 1, 2, mxfp8_all seeds 0, 1, mxfp8
+               seeds 0, 1, 2
 
 Each arm is one ``python launch/train.py +recipe=<recipe> a2a=<preset> training.seed=<seed>``
 (torch elastic picks a free rendezvous port) with its own run dir ``<out>/<study>/<arm>``; all of
@@ -119,6 +120,8 @@ ARMS = (
     Arm("dsv3_symm", "mxfp8_all_seed0", "mxfp8_all", 0),
     Arm("dsv3_symm", "mxfp8_all_seed1", "mxfp8_all", 1),
     Arm("dsv3_symm", "mxfp8", "mxfp8", 0),
+    Arm("dsv3_symm", "mxfp8_seed1", "mxfp8", 1),
+    Arm("dsv3_symm", "mxfp8_seed2", "mxfp8", 2),
 )
 
 

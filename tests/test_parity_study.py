@@ -47,7 +47,8 @@ def test_arms_are_the_study():
     assert arms == {("dsv3", "bf16", 0), ("dsv3", "bf16", 1), ("dsv3", "mxfp8", 0),
                     ("dsv3", "mxfp8_all", 0), ("llama4", "bf16", 0), ("llama4", "mxfp8_all", 0),
                     ("dsv3_symm", "bf16", 0), ("dsv3_symm", "bf16", 1), ("dsv3_symm", "bf16", 2),
-                    ("dsv3_symm", "mxfp8_all", 0), ("dsv3_symm", "mxfp8_all", 1), ("dsv3_symm", "mxfp8", 0)}
+                    ("dsv3_symm", "mxfp8_all", 0), ("dsv3_symm", "mxfp8_all", 1), ("dsv3_symm", "mxfp8", 0),
+                    ("dsv3_symm", "mxfp8", 1), ("dsv3_symm", "mxfp8", 2)}
     assert list(parity_study.STUDIES) == ["dsv3", "llama4", "dsv3_symm"]
     assert len({a.run_dir(Path("out")) for a in parity_study.ARMS}) == len(parity_study.ARMS)
 
@@ -108,7 +109,7 @@ def test_dry_run_prints_the_commands_and_unknown_studies_are_refused(tmp_path, c
     assert out.count("+recipe=parity_llama4") == 2 and "llama4/mxfp8_all: new" in out
     assert parity_study.main(["--dry-run", "--study", "dsv3_symm", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("parallelism=ep2_shared_gpu") == 6 and "dsv3_symm/mxfp8_all_seed1: new" in out
+    assert out.count("parallelism=ep2_shared_gpu") == 8 and "dsv3_symm/mxfp8_seed2: new" in out
     assert parity_study.main(["--study", "gpt", "--out", str(tmp_path)]) == 2
     assert parity_study.main(["--parallel", "-1", "--out", str(tmp_path)]) == 2
 
@@ -235,7 +236,7 @@ def test_a_finished_study_becomes_its_comparison_rows_and_export(tmp_path, monke
 # The symm study's final validation losses: bf16 mean 4.41, sample std 0.01; the bound is
 # max(2 × 0.01, 0.5% × 4.41) = 0.02205. mxfp8_all seed 1 lies outside it.
 SYMM_VAL = {"bf16_seed0": 4.40, "bf16_seed1": 4.41, "bf16_seed2": 4.42, "mxfp8_all_seed0": 4.415,
-            "mxfp8_all_seed1": 4.385, "mxfp8": 4.43}
+            "mxfp8_all_seed1": 4.385, "mxfp8": 4.43, "mxfp8_seed1": 4.42, "mxfp8_seed2": 4.44}
 
 
 class _FakeArm:
@@ -276,7 +277,7 @@ def test_symm_arms_run_n_at_a_time_and_write_rows_as_each_finishes(tmp_path, mon
     monkeypatch.setattr(parity_study, "POLL_S", 0)
     _FakeArm.running, _FakeArm.most = set(), 0
     out, export = tmp_path / "out", tmp_path / "export"
-    polls = iter([2, 5, 1, 3, 2, 4])
+    polls = iter([2, 5, 1, 3, 2, 4, 1, 2])
     monkeypatch.setattr(parity_study, "_start",
                         lambda arm, o, extra: ("new", _FakeArm(arm, o, corpus, next(polls))))
     counts = []
@@ -291,9 +292,9 @@ def test_symm_arms_run_n_at_a_time_and_write_rows_as_each_finishes(tmp_path, mon
     assert parity_study.main(["--study", "dsv3_symm", "--parallel", "2", "--out", str(out),
                               "--export", str(export)]) == 0
     assert _FakeArm.most == 2
-    assert counts == [1, 2, 3, 4, 5, 6, 6]  # one more row after each arm, then the final write
+    assert counts == [1, 2, 3, 4, 5, 6, 7, 8, 8]  # one more row after each arm, then the final write
     rows = {f"{r['arm']}/{r['seed']}": r for r in read_rows(export)}
-    assert len(rows) == 6
+    assert len(rows) == 8
     mean, std = statistics.fmean([4.40, 4.41, 4.42]), statistics.stdev([4.40, 4.41, 4.42])
     bound = max(2 * std, 0.005 * mean)
     for key, row in rows.items():
@@ -307,6 +308,7 @@ def test_symm_arms_run_n_at_a_time_and_write_rows_as_each_finishes(tmp_path, mon
     assert rows["mxfp8_all/0"]["within_tolerance"] is True
     assert rows["mxfp8_all/1"]["within_tolerance"] is False  # -0.025 from the mean
     assert rows["mxfp8/0"]["within_tolerance"] is True
+    assert rows["mxfp8/2"]["within_tolerance"] is False  # +0.03 from the mean
     assert rows["bf16/2"]["within_tolerance"] is None
     assert (rows["mxfp8/0"]["capacity_replays"], rows["mxfp8/0"]["capacity_replay_steps"]) == (2, [120, 130])
     assert "vs bf16 mean of 3 seeds" in rows["mxfp8_all/1"]["verdict"]
