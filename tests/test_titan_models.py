@@ -106,6 +106,20 @@ def test_parity_flavors_are_the_studys_models(family: str) -> None:
     assert tiny.vocab_size == CORPUS_VOCAB_SIZE and tiny.num_experts % 2 == 0 and tiny.top_k >= 4
 
 
+def test_routing_study_flavor_routes_like_deepseek_v3_16b() -> None:
+    """The capacity study's model: the 16B's experts, top-k, shared experts and router, the
+    corpus vocabulary, a dense first layer and more than one MoE layer."""
+    study, target = MODELS["deepseek_v3", "routing_study"], MODELS["deepseek_v3", "16B"]
+    assert (study.num_experts, study.top_k, study.num_shared_experts) == (target.num_experts, target.top_k,
+                                                                          target.num_shared_experts)
+    routing = ("score_func", "route_norm", "route_scale", "score_before_experts", "load_balance_coeff",
+               "num_expert_groups")
+    study_moe = model_args("deepseek_v3", "routing_study").moe_args
+    target_moe = model_args("deepseek_v3", "16B").moe_args
+    assert {k: getattr(study_moe, k) for k in routing} == {k: getattr(target_moe, k) for k in routing}
+    assert study.vocab_size == CORPUS_VOCAB_SIZE and study.n_layers - study.n_moe_layers == 1 < study.n_moe_layers
+
+
 def test_model_args_is_a_private_copy() -> None:
     args = model_args("llama4", "tiny")
     args.dim = 7

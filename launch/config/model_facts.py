@@ -68,6 +68,8 @@ MODELS: dict[tuple[str, str], ModelFacts] = {
     ("deepseek_v3", "tiny"): ModelFacts(128, 2, 2, 4, 4, 512, 8, 1, 2, 64, 0, 731_904, 393_216, "sdpa"),
     ("deepseek_v3", "parity"): ModelFacts(512, 8, 7, 8, 8, 16384, 32, 1, 4, 256, 1536, 117_040_640, 88_080_384, "sdpa"),
     ("deepseek_v3", "parity_tiny"): ModelFacts(128, 3, 2, 4, 4, 16384, 16, 1, 4, 64, 384, 5_416_000, 786_432, "sdpa"),
+    ("deepseek_v3", "routing_study"): ModelFacts(128, 5, 4, 4, 4, 16384, 64, 2, 6, 64, 384, 11_253_440, 6_291_456,
+                                                 "sdpa"),
     ("deepseek_v3", "ep_bench"): ModelFacts(7168, 2, 2, 16, 16, 512, 64, 1, 8, 2048, 0,
                                             5_819_371_520, 5_637_144_576, "sdpa"),
     ("deepseek_v3", "debugmodel"): _DS_DEBUG,

@@ -87,6 +87,14 @@ def _capacity(s: RunSummary) -> str:
     return f"  a2a capacity    {s.capacity_rows:,} expert rows{ceiling}{replays}{spills}\n"
 
 
+def _routing(s: RunSummary) -> str:
+    """The routing telemetry's largest load per EP degree (busiest rank over balanced)."""
+    if not s.moe_imbalance:
+        return ""
+    loads = ", ".join(f"EP {k.removeprefix('ep')} {v['max']:.2f}" for k, v in s.moe_imbalance.items())
+    return f"  routing load    {loads} (busiest rank / balanced, largest of any step)\n"
+
+
 def still_running_line(step: int, steps: int, seconds: float) -> str:
     """The heartbeat while a step runs long (``logging.heartbeat_s``)."""
     return (f"step {step:>{len(str(steps))}}/{steps}  still running ({format_eta(seconds)} so "
@@ -145,6 +153,7 @@ def format_summary(s: RunSummary) -> str:
         f"{'%' if s.mfu_pct is not None else ''}\n"
         f"  a2a bytes/step  {_num(s.a2a_bytes_per_step, ',.0f')}\n"
         + _capacity(s)
+        + _routing(s)
         + f"  run dir         {s.run_dir}\n"
         f"  wandb ({s.wandb_mode})  {wandb}"
     )

@@ -25,6 +25,8 @@ from typing import Iterable, Optional
 RUN_CONFIG = "train_config.yaml"
 CONSOLE_LOG = "console.log"
 SUMMARY = "summary.json"
+# Each training step's routing loads per MoE layer and EP degree (launch.titan.routing_telemetry).
+ROUTING_LOG = "routing.jsonl"
 WORKER_LOGS = "worker_logs"
 # resumes/<n>/: the config and command line of the n-th resume of the run.
 RESUMES = "resumes"

@@ -42,6 +42,9 @@ VAL_LOSS = "val/loss"  # mean loss per token on the validation batches (launch.t
 A2A_CAPACITY_ROWS = "a2a/capacity_rows"
 A2A_REPLAYS = "a2a/replays"
 A2A_SPILLS = "a2a/spills"
+# The routing telemetry (launch.titan.routing_telemetry): rows the busiest rank would receive at
+# EP degree e over the balanced count, the largest of a log window's steps and MoE layers.
+IMBALANCE_PREFIX = "moe/imbalance_ep"
 # The a2a preset every other one is compared with (compare_runs, the wandb dashboard):
 # torchtitan's own all-to-all.
 BASELINE = "bf16"
@@ -76,6 +79,11 @@ WINDOW_STEPS = "steps"  # a log window's number of steps, beside its metrics (st
 def a2a_leg_metric(leg: str) -> str:
     """wandb metric of one all-to-all leg's bytes per step (``leg``: a LEGS name or "other")."""
     return f"a2a/{leg}_bytes_per_step"
+
+
+def imbalance_metric(ep: int) -> str:
+    """wandb metric of the routing's load at EP degree ``ep`` (its run maximum: ``..._max``)."""
+    return f"{IMBALANCE_PREFIX}{ep}"
 
 
 def numerics_metric(leg: str, stat: str, layer: Optional[int] = None) -> str:
@@ -226,6 +234,9 @@ class RunSummary:
     capacity_spill_steps: list[int] = field(default_factory=list)
     capacity_rows: Optional[int] = None
     capacity_ceiling_rows: Optional[int] = None
+    # routing telemetry of this launch, per EP degree "ep<e>": the largest load (busiest rank's
+    # rows over the balanced count, any step and MoE layer), its step, the last log window's
+    moe_imbalance: dict[str, dict[str, float]] = field(default_factory=dict)
     # wandb
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
@@ -263,6 +274,9 @@ class RunSummary:
         out[A2A_SPILLS] = self.capacity_spills if self.capacity_rows is not None else None
         out[A2A_CAPACITY_ROWS] = self.capacity_rows
         out.update({a2a_leg_metric(leg): v for leg, v in self.a2a_bytes_per_step_by_leg.items()})
+        for degree, load in self.moe_imbalance.items():
+            metric = imbalance_metric(int(degree.removeprefix("ep")))
+            out.update({metric: load["last"], f"{metric}_max": load["max"]})
         return {k: v for k, v in out.items() if v is not None}
 
     # ------------------------------------------------------------------------------ wandb

@@ -12,6 +12,8 @@ match stock torchtitan runs; the names are ``launch.run.run_summary``'s) and add
 * ``a2a/capacity_rows``, ``a2a/replays`` and ``a2a/spills`` (symm transport): the largest
   expert-major capacity, the steps run again after a capacity overflow so far, and those of
   them that needed more than the ceiling (``mxfp8_ep.elastic``),
+* ``moe/imbalance_ep<e>``: the rows the busiest rank would receive at EP 2, 4, 8 and the run's
+  own over the balanced count, the window's largest (``launch.titan.routing_telemetry``),
 * ``numerics/...``: the MXFP8 legs' quantization telemetry on the steps ``logging.numerics_every``
   samples (``launch.run.numerics_log``; names in ``launch.run.run_summary``), with a console line,
 * ``time_metrics/eta(s)``: estimated time left, from the mean step time so far,
@@ -48,6 +50,7 @@ from torchtitan.tools.logging import logger
 from launch.run import numerics_log
 from launch.run import run_summary as names
 from launch.run.console import format_eta, progress_line, validation_line
+from launch.titan.routing_telemetry import RoutingTelemetry
 from mxfp8_ep import elastic, wire_stats
 from mxfp8_ep.config import LEGS
 
@@ -175,6 +178,7 @@ class RecipeMetricsProcessor(MetricsProcessor):
         self._first_window_done = False
         self.capacity_replays = 0  # the trainer counts them (earlier launches included)
         self.capacity_spills = 0
+        self.routing: Optional[RoutingTelemetry] = None  # the trainer's, once its model exists
         if wandb_settings is not None and _rank() == 0:
             container = LoggerContainer()
             container.add_logger(self.logger)
@@ -277,6 +281,8 @@ class RecipeMetricsProcessor(MetricsProcessor):
         if capacity is not None:
             metrics.update({names.A2A_CAPACITY_ROWS: capacity, names.A2A_REPLAYS: self.capacity_replays,
                             names.A2A_SPILLS: self.capacity_spills})
+        if self.routing is not None:  # a collective, like the wire bytes
+            metrics.update(self.routing.collect())
         if extra_metrics:
             metrics.update(extra_metrics)
             self.history.record_numerics(extra_metrics)

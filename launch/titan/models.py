@@ -13,6 +13,8 @@ finds them by name:
   (mostly routed experts), small enough per step that several runs share one GPU; vocab
   ``CORPUS_VOCAB_SIZE``, the tokenizer ``scripts/build_corpus.py`` trains.
 * ``parity_tiny`` (deepseek_v3): the same study's DeepSeek-V3 shape shrunk for CPU/gloo.
+* ``routing_study`` (deepseek_v3): DeepSeek-V3 16B's routing (64 experts, top-6) shrunk for a
+  CPU, for the routing telemetry's capacity study.
 * ``ep_bench`` (deepseek_v3): full-width DeepSeek-V3 MoE layers for exchange benchmarks.
 
 Every width the EP all-to-all sends (the model dim) and every expert hidden dim is a multiple
@@ -197,6 +199,34 @@ def _parity_tiny_deepseek_v3() -> Any:
     )
 
 
+def _routing_study_deepseek_v3() -> Any:
+    """DeepSeek-V3 16B's routing (torchtitan's "16B": 64 routed experts, top-6 softmax scores
+    applied after the experts, two shared experts, auxiliary-loss-free load balancing) in a
+    model small enough to train on a CPU: dim 128, a dense first layer and four MoE layers of
+    experts with hidden 64, the corpus vocab. For measuring how unevenly that routing loads EP
+    ranks as it trains (``launch.titan.routing_telemetry``)."""
+    from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
+    from torchtitan.models.moe import MoEArgs
+
+    return DeepSeekV3ModelArgs(
+        vocab_size=CORPUS_VOCAB_SIZE,
+        dim=128,
+        inter_dim=384,
+        moe_inter_dim=64,
+        n_layers=5,
+        n_dense_layers=1,
+        n_heads=4,
+        max_seq_len=2048,
+        moe_args=MoEArgs(num_experts=64, num_shared_experts=2, top_k=6, score_func="softmax", route_norm=False,
+                         score_before_experts=False),
+        q_lora_rank=0,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=32,
+        v_head_dim=32,
+    )
+
+
 # The recipe's own flavors, added to torchtitan's flavor dicts by register_tiny_flavors.
 _TINY_BUILDERS = {
     ("llama4", "tiny"): _tiny_llama4,
@@ -204,6 +234,7 @@ _TINY_BUILDERS = {
     ("deepseek_v3", "tiny"): _tiny_deepseek_v3,
     ("deepseek_v3", "parity"): _parity_deepseek_v3,
     ("deepseek_v3", "parity_tiny"): _parity_tiny_deepseek_v3,
+    ("deepseek_v3", "routing_study"): _routing_study_deepseek_v3,
     ("deepseek_v3", "ep_bench"): _ep_bench_deepseek_v3,
 }
 

@@ -52,6 +52,7 @@ from launch.run.shared_gpu import gpu_shared, join_one_gpu
 from launch.run.stop import Stopped, StopSignals, signal_name
 from launch.run.wandb_offline import find_runs
 from launch.titan.metrics import WandbSettings
+from launch.titan.routing_telemetry import RoutingTelemetry
 
 __all__ = ["RecipeTrainer", "build_job_config", "run_training", "wandb_settings"]
 
@@ -189,6 +190,7 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
     """
 
     _heartbeat: Optional[StepHeartbeat] = None
+    routing: Optional[RoutingTelemetry] = None
 
     def __init__(self, job_config: Any, cfg: DictConfig, run_dir: str, stop: StopSignals) -> None:
         self.cfg = cfg
@@ -205,6 +207,8 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         self.earlier_replay_steps: list[int] = []  # a resumed run's, up to its checkpoint
         self.earlier_spill_steps: list[int] = []
         super().__init__(job_config)
+        self.routing = self.metrics_processor.routing = RoutingTelemetry.of(self.model_parts, self.parallel_dims.ep,
+                                                                            run_dir)
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
         every_s = float(cfg.logging.heartbeat_s)
@@ -255,12 +259,22 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         """torchtitan's step, with the numerics telemetry armed on the steps it samples, and
         the heartbeat watching it (rank 0)."""
         arm_for_step(self.step, int(self.cfg.logging.numerics_every))
+        if self.routing is not None:
+            self.routing.begin_step()
         watched = self._heartbeat.step(self.step) if self._heartbeat else contextlib.nullcontext()
         try:
             with watched:
                 super().train_step(data_iterator)
         finally:
             arm_for_step(self.step, 0)
+
+    def forward_backward_step(self, *args: Any, **kwargs: Any) -> Any:
+        """torchtitan's (checked for capacity overflows); the routing telemetry keeps the
+        counts of a step that counts."""
+        loss = super().forward_backward_step(*args, **kwargs)
+        if self.routing is not None:
+            self.routing.microbatch_done(self.step, self.gradient_accumulation_steps)
+        return loss
 
     def on_capacity_replay(self, overflow: Any, what: str = "step") -> None:
         """Before an overflowed step (or validation batch: ``what``) runs again: what it
@@ -270,11 +284,14 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
         from mxfp8_ep.numerics import PROBE
 
         PROBE.collect()
+        if self.routing is not None:
+            self.routing.restart_step()
         self.capacity_replay_steps.append(self.step)
         if overflow.spill:
             self.capacity_spill_steps.append(self.step)
         self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays, self.capacity_spills,
                                                what)
+
     def close(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.close()
@@ -384,6 +401,7 @@ class RecipeTrainer(ReplayOverflowedSteps, Trainer):
             capacity_spill_steps=spill_steps,
             capacity_rows=elastic.capacity_rows(),
             capacity_ceiling_rows=elastic.capacity_ceiling_rows(),
+            moe_imbalance=self.routing.summary() if self.routing is not None else {},
             wandb_mode=str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
         )
