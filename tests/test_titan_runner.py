@@ -287,6 +287,15 @@ def test_fsdp_reshard_policy_reaches_torchtitan(policy, tmp_path: Path) -> None:
     assert build_job_config(cfg, str(tmp_path)).parallelism.fsdp_reshard_after_forward == policy
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mixed_precision_param_reaches_torchtitan(dtype, tmp_path: Path) -> None:
+    from launch.titan.runner import build_job_config
+
+    cfg = make_cfg("deepseek_v3")
+    cfg.training.mixed_precision_param = dtype
+    assert build_job_config(cfg, str(tmp_path)).training.mixed_precision_param == dtype
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_install_dispatcher_takes_a2a_tokens_and_shared_expert_overlap_from_the_config(overlap, monkeypatch):
     import mxfp8_ep

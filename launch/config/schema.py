@@ -122,6 +122,10 @@ class TrainingConfig:
     resume: Optional[str] = None
     compile: bool = False
     activation_checkpoint: str = "none"  # none | full | selective
+    # torchtitan's training.mixed_precision_param: the dtype the weights compute in (FSDP's
+    # param dtype; autocast on one process). "float32": full precision, e.g. on a CPU, where
+    # torch's bfloat16 backward of the experts' small matmuls runs several times slower.
+    mixed_precision_param: str = "bfloat16"  # bfloat16 | float32
     # Every this many steps, torchtitan's profiler writes one step's Chrome trace per rank to
     # <run dir>/profile_traces/iteration_<step>/ (`python -m benchmarks.train RUNS --step-profile` sums them up);
     # 0: off. It records one step after PROFILER_WARMUP_STEPS warm-up steps, so at least 4.

@@ -109,6 +109,7 @@ def build_job_config(cfg: Any, run_dir: str) -> Any:
     jc.training.seq_len = int(t.seq_len)
     jc.training.steps = int(t.steps)
     jc.training.max_norm = float(t.max_norm)
+    jc.training.mixed_precision_param = str(t.mixed_precision_param)
     jc.debug.seed = int(t.seed)
 
     jc.optimizer.lr = float(t.lr)
