@@ -129,6 +129,20 @@ BENCHES = {
                               "and ended at",
                               paths=RECIPE + ("recipes/", "scripts/parity_study.py"),
                               key="capacity_replays", hide=("capacity_replay_steps",)),
+    "capacity_study": Bench("The elastic capacity's rule (`capacity.next_capacity`) over a measured routing: each "
+                            "step's busiest-rank load at EP 2, 4, 8 from a CPU run's routing telemetry "
+                            "(`recipes/routing_study_cpu.yaml`, the loads in `telemetry`), applied to the DeepSeek-V3 "
+                            "16B recipe's shape on 8 GPUs, per start factor, growth headroom and ceiling "
+                            "(null: the worst case): steps run again (`replays`), steps above the ceiling "
+                            "(`spills`), the capacity at the end and its peak (rows; `end_factor` of the balanced "
+                            "case), and the memory estimate per GPU at the start, the ceiling and the end "
+                            "(`gib_nccl`: the nccl transport's)",
+                            paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "mxfp8_ep/routing_stats.py",
+                                   "launch/config/memory.py", "launch/config/model_facts.py",
+                                   "launch/titan/routing_telemetry.py", "benchmarks/capacity_study.py",
+                                   "recipes/routing_study_cpu.yaml", "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"),
+                            group=("ep",), key="replays",
+                            hide=("telemetry_sha256",)),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
                       baselines=("alltoall", "minimal_async_ep"),

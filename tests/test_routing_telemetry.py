@@ -176,5 +176,3 @@ def test_an_ep2_symm_run_counts_a_replayed_step_once(tmp_path):
     tokens = WORLD * cfg.training.local_batch_size * cfg.training.seq_len
     assert all(line["picks"] == [2 * tokens] * 2 for line in lines)
     assert set(summary["moe_imbalance"]) == {"ep2", "ep4", "ep8"}
-    # the replayed step needed more than half the balanced rows on some rank
-    assert max(lines[0]["load"]["2"]) > 0.5
