@@ -24,6 +24,7 @@ of 32, the MXFP8 block size, so the MXFP8 path sees whole blocks.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from launch.config.model_facts import FAMILIES, ModelFacts, UnknownModelError, resolve
@@ -200,30 +201,17 @@ def _parity_tiny_deepseek_v3() -> Any:
 
 
 def _routing_study_deepseek_v3() -> Any:
-    """DeepSeek-V3 16B's routing (torchtitan's "16B": 64 routed experts, top-6 softmax scores
-    applied after the experts, two shared experts, auxiliary-loss-free load balancing) in a
-    model small enough to train on a CPU: dim 128, a dense first layer and four MoE layers of
-    experts with hidden 64, the corpus vocab. For measuring how unevenly that routing loads EP
-    ranks as it trains (``launch.titan.routing_telemetry``)."""
-    from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
+    """``parity_tiny`` with four MoE layers and DeepSeek-V3 16B's routing (torchtitan's "16B":
+    64 routed experts, top-6 softmax scores applied after the experts, two shared experts,
+    auxiliary-loss-free load balancing): for measuring on a CPU how unevenly that routing loads
+    EP ranks as it trains (``launch.titan.routing_telemetry``)."""
     from torchtitan.models.moe import MoEArgs
 
-    return DeepSeekV3ModelArgs(
-        vocab_size=CORPUS_VOCAB_SIZE,
-        dim=128,
-        inter_dim=384,
-        moe_inter_dim=64,
+    return dataclasses.replace(
+        _parity_tiny_deepseek_v3(),
         n_layers=5,
-        n_dense_layers=1,
-        n_heads=4,
-        max_seq_len=2048,
         moe_args=MoEArgs(num_experts=64, num_shared_experts=2, top_k=6, score_func="softmax", route_norm=False,
                          score_before_experts=False),
-        q_lora_rank=0,
-        kv_lora_rank=64,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=32,
-        v_head_dim=32,
     )
 
 
