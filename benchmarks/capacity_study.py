@@ -17,9 +17,10 @@ the last one's step), the steps above the ceiling (``spills``), the capacity at 
 peak (rows, and as a factor of the balanced case), and ``launch/config/memory.py``'s estimate
 per GPU (selective checkpointing, as the target recipe) at the start factor, at the ceiling and
 at the end, beside the nccl transport's. ``max_load``: the largest load of the run at that
-degree; ``sampling_floor``: the largest load a router that picks its experts uniformly at random
-shows at the run's tokens per step and layer count (the part of a load that is the count's
-noise: the target's steps count many more tokens, so it sees less of it).
+degree (``max_load_second_half``: over the second half of its steps); ``sampling_floor``: the
+largest load a router that picks its experts uniformly at random shows at the run's tokens per
+step and layer count (the part of a load that is the count's noise: the target's steps count
+many more tokens, so it sees less of it).
 
 Assumes that every rank of the target routes like the measured steps (their shares of the
 experts carry over, not their token counts). ``--save-telemetry`` writes the input, gzipped,
@@ -47,7 +48,7 @@ from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR
 TARGET_RECIPE = "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"
 EP_DEGREES = (2, 4, 8)
 # (start factor, headroom, ceiling factor; None: the worst case) the policy is simulated at.
-GRID = tuple((f, h, c) for f in (1.0, 1.25, 1.5) for h in (0.1, 0.25, 0.5) for c in (1.5, 2.0, 3.0, None)
+GRID = tuple((f, h, c) for f in (1.0, 1.25, 1.5) for h in (0.1, 0.25, 0.5) for c in (1.5, 2.0, 2.5, 3.0, None)
              if c is None or c >= f)
 DEFAULTS = (DEFAULT_CAPACITY_FACTOR, GROWTH_HEADROOM, DEFAULT_CAPACITY_CEILING)
 GIB = 2**30
@@ -176,7 +177,8 @@ def study_rows(steps: list[dict], t: Target, grid=GRID, degrees=EP_DEGREES) -> l
                 "capacity_factor": factor, "headroom": headroom, "capacity_ceiling": ceiling,
                 "defaults": (factor, headroom, ceiling) == DEFAULTS,
                 "steps": len(numbers), "max_load": round(max(loads), 4),
-                "max_load_step": numbers[loads.index(max(loads))], "sampling_floor": floor, **sim,
+                "max_load_step": numbers[loads.index(max(loads))],
+                "max_load_second_half": round(max(loads[len(loads) // 2:]), 4), "sampling_floor": floor, **sim,
                 "gib_start": t.gib(ep, factor), "gib_ceiling": t.gib(ep, ceiling),
                 "gib_end": t.gib(ep, sim["end_factor"]), "gib_nccl": nccl,
             })

@@ -65,6 +65,7 @@ def test_rows_from_telemetry_and_again_from_the_saved_copy(tmp_path):
     (default,) = [r for r in rows if r["defaults"] and r["ep"] == 8]
     assert (default["capacity_factor"], default["headroom"], default["capacity_ceiling"]) == DEFAULTS
     assert default["max_load"] == 1.9 and default["max_load_step"] == 2 and default["steps"] == 3
+    assert default["max_load_second_half"] == 1.9  # steps 2 and 3
     assert default["gib_nccl"] < default["gib_start"] <= default["gib_ceiling"]
     assert default["telemetry_source"] == "python x" and default["study_picks_per_layer"] == 600
     assert all(r["replays"] == 0 and r["spills"] == 0 for r in rows if r["ep"] != 8 and r["capacity_factor"] >= 1.0)

@@ -94,7 +94,7 @@ class RoutingTelemetry:
 
     def begin_step(self) -> None:
         """Before the step's first attempt."""
-        self._start = self._counts().clone()
+        self._start = self._counts()  # a new tensor (stacked)
         self._microbatches = 0
 
     def restart_step(self) -> None:
