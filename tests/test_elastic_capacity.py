@@ -37,6 +37,7 @@ from mxfp8_ep.capacity import (
 from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR, A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, release_peer_buffers
 from mxfp8_ep.dispatcher import symm
+from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, run_forked, setup_rank
 from tests.round_trips import replayed, round_trip
 
@@ -106,16 +107,18 @@ def _config(world, preset, factor, kernel, top_k, num_experts, score_before=Fals
 
 
 def _inputs(kind, rank, world, num_experts, top_k, seed, tokens=TOKENS):
+    """On the rank's device (the CPU, or the GPU its ranks share)."""
     g = torch.Generator().manual_seed(seed)
     ids = _routing(kind, rank, world, num_experts, top_k, g, tokens)
     x = torch.randn(tokens, DIM, generator=g).to(torch.bfloat16)
     scores = torch.rand(tokens, top_k, generator=g)
-    return x, scores, ids, torch.bincount(ids.reshape(-1), minlength=num_experts)
+    inputs = x, scores, ids, torch.bincount(ids.reshape(-1), minlength=num_experts)
+    return tuple(t.to(rank_device()) for t in inputs)
 
 
 def _needed(ids: torch.Tensor, num_experts: int, group=None) -> int:
     """The rows the largest expert-major tensor of the group needs for every rank's ``ids``."""
-    counts = torch.bincount(ids.reshape(-1), minlength=num_experts)
+    counts = torch.bincount(ids.reshape(-1).cpu(), minlength=num_experts)  # gloo's all_gather on the host
     table = [torch.zeros_like(counts) for _ in range(dist.get_world_size(group))]
     dist.all_gather(table, counts, group=group)
     return int(routing.rows_needed(torch.stack(table), ALIGN))
@@ -128,7 +131,8 @@ def _assert_same(got, want, where):
 
 def _worst_case(world, inputs, preset, kernel, top_k, num_experts, score_before=False):
     release_peer_buffers()
-    dispatcher = _config(world, preset, None, kernel, top_k, num_experts, score_before).build(dist.group.WORLD, "cpu")
+    dispatcher = _config(world, preset, None, kernel, top_k, num_experts, score_before).build(
+        dist.group.WORLD, rank_device())
     want, replays = replayed(lambda: round_trip(dispatcher, *inputs))
     assert replays == 0
     return want
@@ -148,7 +152,7 @@ def _match_the_worst_case(rank, world, kernel, combos):
         want = _worst_case(world, inputs, preset, kernel, top_k, num_experts, score_before)
         release_peer_buffers()
         dispatcher = _config(world, preset, DEFAULT_CAPACITY_FACTOR, kernel, top_k, num_experts, score_before).build(
-            dist.group.WORLD, "cpu")
+            dist.group.WORLD, rank_device())
         got, replays = replayed(lambda: round_trip(dispatcher, *inputs))
         capacity = expert_major_capacity(TOKENS, top_k, world, num_experts // world, ALIGN, DEFAULT_CAPACITY_FACTOR)
         overflows = _needed(inputs[2], num_experts) > capacity
@@ -179,20 +183,37 @@ def test_the_triton_kernels_at_the_default_capacity_match_the_worst_case():
     run_forked(2, _match_the_worst_case, "triton", [("all_to_one", case) for case in CASES[1:]], timeout_s=300)
 
 
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the ranks share it)")
+
+
+@needs_a_gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_compiled_kernels_at_the_default_capacity_match_the_worst_case_sharing_one_gpu(world):
+    """The CPU checks above on real GPU processes (``tests.shared_gpu``): compiled Triton
+    kernels, CUDA counters and the replay's one device-to-host read, every routing and preset."""
+    run_on_ranks(world, _match_the_worst_case, "triton", ALL_COMBOS, backend=SHARED_GPU, timeout_s=300)
+
+
+@needs_a_gpu
+def test_a_step_past_the_ceiling_spills_and_matches_the_worst_case_sharing_one_gpu():
+    run_on_ranks(2, _spill_past_the_ceiling, backend=SHARED_GPU, timeout_s=300)
+
+
 def _spill_past_the_ceiling(rank, world):
     """A ceiling at the starting factor: an all-to-one routing needs more, so the step spills:
     it reruns with each dispatch reading its rows and taking exactly those, and matches the
     worst case; the capacity stays at the ceiling and the next step, balanced, runs there
-    without a rerun. Without a guard the same routing spills inside the dispatch."""
+    without a rerun. Without a guard the same routing spills inside the dispatch. The kernels
+    are the device's (torch twins on the CPU, compiled Triton on a GPU)."""
     setup_rank()
     num_experts, (preset, top_k, score_before) = 4 * world, CASES[1]
     skewed = _inputs("all_to_one", rank, world, num_experts, top_k, rank)
     balanced = _inputs("balanced", rank, world, num_experts, top_k, 10 + rank)
-    want = _worst_case(world, skewed, preset, "torch", top_k, num_experts, score_before)
+    want = _worst_case(world, skewed, preset, "auto", top_k, num_experts, score_before)
     for guarded in (True, False):
         release_peer_buffers()
-        dispatcher = _config(world, preset, 1.25, "torch", top_k, num_experts, score_before, ceiling=1.25).build(
-            dist.group.WORLD, "cpu")
+        dispatcher = _config(world, preset, 1.25, "auto", top_k, num_experts, score_before, ceiling=1.25).build(
+            dist.group.WORLD, rank_device())
         ceiling = expert_major_capacity(TOKENS, top_k, world, num_experts // world, ALIGN, 1.25)
         guard = elastic.ReplayGuard(())
         if guarded:
@@ -282,7 +303,7 @@ def _without_a_guard(rank, world, caplog):
     config = TokenDispatcher.Config(num_experts=num_experts, top_k=top_k, pad_multiple=ALIGN,
                                     max_tokens_per_rank=TOKENS,
                                     a2a=A2AConfig.preset(preset, transport="symm", kernel="torch"))
-    dispatcher = config.build(dist.group.WORLD, "cpu")
+    dispatcher = config.build(dist.group.WORLD, rank_device())
     symm._ANNOUNCED.clear()
     balanced = _inputs("balanced", rank, world, num_experts, top_k, 10 + rank)
     with caplog.at_level(logging.WARNING, logger="mxfp8_ep.dispatcher.symm"):
@@ -324,13 +345,13 @@ def _eval_pass(rank, world):
             return dispatcher.combine(routed.clone(), meta)
 
     release_peer_buffers()
-    want = forward(_config(world, preset, None, "torch", top_k, num_experts).build(dist.group.WORLD, "cpu"))
+    want = forward(_config(world, preset, None, "torch", top_k, num_experts).build(dist.group.WORLD, rank_device()))
     weight = torch.nn.Linear(2, 2)
     weight.weight.grad = torch.ones(2, 2)
     for guarded in (False, True):
         release_peer_buffers()
         dispatcher = _config(world, preset, DEFAULT_CAPACITY_FACTOR, "torch", top_k, num_experts).build(
-            dist.group.WORLD, "cpu")
+            dist.group.WORLD, rank_device())
         if guarded:
             guard = elastic.ReplayGuard([weight], owns_gradients=False)
             for _ in guard.attempts():
@@ -453,7 +474,7 @@ def _attempt_cap(rank, world):
     num_experts, top_k = 4 * world, 2
     release_peer_buffers()
     config = _config(world, "bf16", 0.0625, "torch", top_k, num_experts, ceiling=None)
-    dispatcher = config.build(dist.group.WORLD, "cpu")
+    dispatcher = config.build(dist.group.WORLD, rank_device())
     guard = elastic.ReplayGuard(())
     tokens = [4]
     with pytest.raises(elastic.ReplayLimitError, match="routing differs between runs"):
