@@ -43,10 +43,11 @@ def layer_memory(run: Any, mark: str) -> str:
         base, elastic, worst = by.get((ep, "torchtitan")), by.get((ep, "mxfp8/symm")), by.get((ep, "mxfp8/symm:worst"))
         if not (base and elastic and worst):
             continue
-        whole.append(f"{_ratio(elastic['peak_gib'], base['peak_gib'])} at EP={ep} "
-                     f"({_ratio(worst['peak_gib'], base['peak_gib'])} at the worst case)")
-        above.append(f"{_ratio(elastic['above_weights_gib'], base['above_weights_gib'])} at EP={ep} "
-                     f"({_ratio(worst['above_weights_gib'], base['above_weights_gib'])})")
+        ceiling = by.get((ep, "mxfp8/symm:ceiling"))
+        for out, key in ((whole, "peak_gib"), (above, "above_weights_gib")):
+            grown = f"{_ratio(ceiling[key], base[key])} at the ceiling, " if ceiling else ""
+            out.append(f"{_ratio(elastic[key], base[key])} at EP={ep} ({grown}"
+                       f"{_ratio(worst[key], base[key])} at the worst case)")
         weights.append(f"{base['peak_gib'] - base['above_weights_gib']:.1f} of {base['peak_gib']:.1f} GiB at EP={ep}")
     dims = rows[0].get("dims", {}) if rows else {}
     shape = (f"dim {dims['dim']}, {dims['experts']} experts top-{dims['top_k']}, {dims['tokens_per_rank']:,} "

@@ -131,6 +131,8 @@ class Arm:
     ``<preset>/<transport>`` with modifiers ``:overlap`` (shared experts on a side stream),
     ``:rows`` (combine's forward row by row: ``A2AConfig.symm_combine_partial_sums=False``),
     ``:worst`` (symm's expert capacity at the worst case: ``A2AConfig.capacity_factor=None``),
+    ``:ceiling`` (symm's expert capacity at the default ceiling, the most it grows to:
+    ``capacity_factor=DEFAULT_CAPACITY_CEILING``),
     ``:<kernel>=BxW[xD]`` or ``:<kernel>.<fmt>=BxW[xD]`` (that kernel's launch shape, for both
     leg formats or one), and the suffix ``@local``: every rank runs the layer alone with its
     share of the experts (no exchange; the layer's floor, not comparable to the others)."""
@@ -141,6 +143,7 @@ class Arm:
     overlap: bool = False
     rows: bool = False
     worst: bool = False
+    ceiling: bool = False
     local: bool = False
     launch: tuple = ()  # ((kernel, fmt or None, LaunchShape), ...)
 
@@ -149,9 +152,10 @@ class Arm:
         return self.preset is None
 
     def a2a(self):
-        from mxfp8_ep.config import A2AConfig
+        from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, A2AConfig
 
-        factor = {"capacity_factor": None} if self.worst else {}
+        factor = ({"capacity_factor": None} if self.worst
+                  else {"capacity_factor": DEFAULT_CAPACITY_CEILING} if self.ceiling else {})
         return A2AConfig.preset(self.preset, transport=self.transport, symm_combine_partial_sums=not self.rows,
                                 **factor)
 
@@ -172,7 +176,7 @@ class Arm:
         return out
 
 
-MODIFIERS = ("overlap", "rows", "worst")  # an arm's flags (``Arm``)
+MODIFIERS = ("overlap", "rows", "worst", "ceiling")  # an arm's flags (``Arm``)
 
 
 def parse_arm(text: str, baselines=("torchtitan",)) -> Arm:
@@ -197,7 +201,8 @@ def parse_arm(text: str, baselines=("torchtitan",)) -> Arm:
         else:
             raise ValueError(f"arm {text!r}: unknown modifier {mod!r}; known: {', '.join(MODIFIERS)}, "
                              f"KERNEL[.FMT]=BxW[xD]")
-    return Arm(text, preset, transport, "overlap" in flags, "rows" in flags, "worst" in flags, local, tuple(launch))
+    return Arm(text, preset, transport, "overlap" in flags, "rows" in flags, "worst" in flags, "ceiling" in flags,
+               local, tuple(launch))
 
 
 def parse_arms(text: str, baselines=("torchtitan",), first: str | None = None) -> list[Arm]:

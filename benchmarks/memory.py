@@ -6,7 +6,7 @@
 Estimate (bench ``memory_estimate``): ``launch/config/memory.py``'s bytes per GPU, the check the
 recipe makes before launch, for DeepSeek-V3 16B at EP=8 on 8 GPUs (seq 4096, local batch 2) and
 every activation checkpointing, per arm: ``nccl`` (all-to-all: the rows received), ``symm`` at
-the default ``a2a.capacity_factor``, ``symm:worst`` (``capacity_factor=None``, EP x tokens x
+the default ``a2a.capacity_factor``, ``symm:ceiling`` at the default ceiling, ``symm:worst`` (``capacity_factor=None``, EP x tokens x
 top_k rows). ``vs_nccl``: the arm's bytes over nccl's.
 
 Layer (bench ``layer_memory``): the DeepSeek-V3-like MoE layer (``harness.SHAPES``; ``--tokens``
@@ -16,7 +16,8 @@ less the layer's parameters and their gradients (``above_weights_gib``: what the
 in). With CUDA the W ranks share GPU 0 (a gloo group, peer buffers allocated by each rank and
 opened by the others over CUDA IPC: ``peer_memory.share_one_device``), so one GPU measures EP=W;
 the rows say ``gpu_shared``, and each arm starts once every rank has let go of the last arm's
-buffers. Arms: ``<preset>/symm`` at the default capacity factor and ``:worst``;
+buffers. Arms: ``<preset>/symm`` at the default capacity factor, ``:ceiling`` (the default ceiling
+the capacity grows to) and ``:worst``;
 ``torchtitan``: torchtitan 0.2.2's ``ExpertParallel`` on rank 0 alone (a one-rank NCCL group)
 with that rank's share of the experts, the rows and buffers one rank of EP=W holds under an even
 routing. Every rank builds only its own experts. ``capacity_rows``: the symm arm's expert rows.
@@ -48,7 +49,7 @@ from benchmarks.harness import (
 from launch.config.memory import estimate
 from launch.config.model_facts import MODELS
 from mxfp8_ep import peer_memory
-from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR, A2AConfig
+from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, A2AConfig
 from mxfp8_ep.titan022 import install_expert_parallel
 from mxfp8_ep.transport import Transport
 
@@ -57,7 +58,7 @@ ESTIMATED = (("deepseek_v3", "16B", 8, 8, 4096, 2),)
 CHECKPOINTING = ("none", "selective", "full")
 # arm -> (symm, capacity_factor)
 ESTIMATE_ARMS = {Transport.NCCL: (False, None), Transport.SYMM: (True, DEFAULT_CAPACITY_FACTOR),
-                 f"{Transport.SYMM}:worst": (True, None)}
+                 f"{Transport.SYMM}:ceiling": (True, DEFAULT_CAPACITY_CEILING), f"{Transport.SYMM}:worst": (True, None)}
 GIB = 2**30
 
 
@@ -83,7 +84,8 @@ def estimate_rows() -> list[dict]:
 
 # --------------------------------------------------------------------------------- the layer
 
-LAYER_ARMS = ("torchtitan", "bf16/symm", "bf16/symm:worst", "mxfp8/symm", "mxfp8/symm:worst")
+LAYER_ARMS = ("torchtitan", "bf16/symm", "bf16/symm:ceiling", "bf16/symm:worst", "mxfp8/symm", "mxfp8/symm:ceiling",
+              "mxfp8/symm:worst")
 
 
 def init_ranks() -> torch.device:

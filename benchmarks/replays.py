@@ -9,8 +9,10 @@ with its machine before it wrote a summary: its row says ``cut_off``, takes its 
 validation loss from the console lines, its preset and seed from a name like
 ``scripts/parity_study.py``'s arms, ``<preset>[_seed<k>]``, and the rest from ``--set``).
 Per run: the steps it trained, the steps run again after a capacity overflow
-(``capacity_replay_steps``, the last one), the capacity it started at and ended at (expert
-rows: from the console's replay lines and the summary), and its last validation loss.
+(``capacity_replay_steps``, the last one), those past the ceiling (``capacity_spills``), the
+capacity it started at, ended at and may grow to (expert rows: from the console's replay lines
+and the summary), the routing telemetry's loads (``moe_imbalance``), and its last validation
+loss.
 ``--like``: rows of the machine and session the runs were made in, whose machine and versions
 these rows take (with ``--command``, the command that ran them).
 """
@@ -29,7 +31,7 @@ STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+)\s+loss ")
 VAL_LINE = re.compile(r"^step\s+(\d+)/\d+\s+val loss ([\d.]+)")
 ARM_NAME = re.compile(r"^(?P<a2a>.+?)(?:_seed(?P<seed>\d+))?$")
 REPLAY_LINE = re.compile(r"^step (\d+): a symm dispatch needed more expert rows than its capacity; "
-                         r"capacity grown \(([\d,]+) -> ([\d,]+) rows\)")
+                         r"capacity grown \(([\d,]+) -> ([\d,]+)")  # the first dispatch's, where several grew
 
 
 EXPORTED = (".summary.json", ".console.log")  # an export folder's files of a run, by its name
@@ -57,7 +59,9 @@ def run_row(name: str, summary_path: Path, console_path: Path, fill: dict | None
         "steps": s["steps"], "capacity_replays": s.get("capacity_replays", 0), "capacity_replay_steps": steps,
         "last_replay_step": steps[-1] if steps else None,
         "start_capacity_rows": int(grown[0].group(2).replace(",", "")) if grown else s.get("capacity_rows"),
-        "capacity_rows": s.get("capacity_rows"),
+        "capacity_rows": s.get("capacity_rows"), "capacity_ceiling_rows": s.get("capacity_ceiling_rows"),
+        "capacity_spills": s.get("capacity_spills", 0), "capacity_spill_steps": s.get("capacity_spill_steps", []),
+        "moe_imbalance": s.get("moe_imbalance") or None,
         "val_step": s["val_logged_steps"][-1] if s.get("val_logged_steps") else None,
         "val_loss": s.get("final_val_loss"), "gpu_shared": s.get("gpu_shared", False),
         **({"cut_off": True} if s.get("cut_off") else {}),
@@ -96,7 +100,8 @@ def main(argv=None) -> None:
     for row in rows:
         results.write(**row)
         print(f"{row['run']}: {row['steps']} steps, {row['capacity_replays']} replays at "
-              f"{row['capacity_replay_steps']}, capacity {row['start_capacity_rows']} -> {row['capacity_rows']} rows")
+              f"{row['capacity_replay_steps']}, {row['capacity_spills']} spills, capacity "
+              f"{row['start_capacity_rows']} -> {row['capacity_rows']} rows (ceiling {row['capacity_ceiling_rows']})")
     print(f"wrote {len(rows)} rows to {results.path}")
 
 
