@@ -1,7 +1,7 @@
 """The README's Numerics table: the parity studies' final validation losses side by side (bench
-``parity``, ``scripts/parity_study.py``), each study from its newest run file, with the report's
-STALE marks. ``benchmarks/report.py`` writes it between ``BEGIN`` and ``END``; a study without
-rows yet shows as not measured.
+``parity``, ``scripts/parity_study.py``), each arm and seed of a study from the newest run file
+that has it, with the report's STALE marks. ``benchmarks/report.py`` writes it between ``BEGIN``
+and ``END``; a study without rows yet shows as not measured.
 """
 
 from __future__ import annotations
@@ -23,11 +23,33 @@ NOT_MEASURED = "not measured"
 CURVES = "docs/parity/{study}_loss.png"  # a study's loss curves, linked where the file exists
 
 
-def study_run(runs: dict[str, Any], study: str) -> Any | None:
-    """The newest run file (file names sort by date) with rows of ``study``."""
-    found = [run for name, run in sorted(runs.items())
-             if run.first["bench"] == "parity" and any(r.get("study") == study for r in run.rows)]
-    return found[-1] if found else None
+def study_runs(runs: dict[str, Any], study: str) -> list[Any]:
+    """The run files (file names sort by date) with rows of ``study``, oldest first."""
+    return [run for name, run in sorted(runs.items())
+            if run.first["bench"] == "parity" and any(r.get("study") == study for r in run.rows)]
+
+
+def study_rows(files: list[Any], study: str) -> tuple[list[dict], list[Any]]:
+    """The study's rows, each arm and seed from the newest file that has it, and the files they
+    come from (oldest first). A row measured without the study's bf16 runs (a later file that
+    adds seeds of an arm) is judged against the bf16 rows' reference and bound, as its study
+    judged the others."""
+    newest: dict[tuple, tuple[dict, Any]] = {}
+    for run in files:
+        for r in run.rows:
+            if r.get("study") == study:
+                newest[r["arm"], r.get("seed")] = (r, run)
+    rows = [r for r, _ in newest.values()]
+    used = [run for run in files if any(run is used_run for _, used_run in newest.values())]
+    ref = next((r for r in rows if r["arm"] == BASELINE and r.get("reference")
+                and r.get("val_loss_delta") is not None and r.get("tolerance") is not None), None)
+    if ref is not None:
+        value = ref["final_val_loss"] - ref["val_loss_delta"]
+        rows = [r if r["arm"] == BASELINE or r.get("within_tolerance") is not None else
+                {**r, "reference": ref["reference"], "val_loss_delta": r["final_val_loss"] - value,
+                 "tolerance": ref["tolerance"], "within_tolerance": abs(r["final_val_loss"] - value) <= ref["tolerance"]}
+                for r in rows]
+    return rows, used
 
 
 def _seed_order(row: dict) -> tuple:
@@ -82,21 +104,23 @@ def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, 
 
     body, used = [], set()
     for study, label in STUDIES:
-        run = study_run(runs, study)
+        files = study_runs(runs, study)
         curves = CURVES.format(study=study)
         name = f"{label} ([curves]({curves}))" if (repo / curves).is_file() else label
-        if run is None:
+        if not files:
             body.append([name, NOT_MEASURED, "", "", "", "", "", ""])
             continue
-        rows = [r for r in run.rows if r.get("study") == study]
-        mark = marks.get(status(run), "")
+        rows, sources = study_rows(files, study)
+        run = sources[-1]
+        states = {status(source) for source in sources}
+        mark = marks.get(next((s for s in ("STALE", "unknown") if s in states), "current"), "")
         used.add(mark)
 
         def marked(cell: str) -> str:
             return f"{cell} {mark}" if mark and cell != "–" else cell
 
         bound = next((r["tolerance"] for r in rows if r["arm"] in ARMS and r.get("tolerance") is not None), None)
-        when = f"`{run.first['commit'][:7]}` {run.first['date'][:10]}"
+        when = ", ".join(f"`{source.first['commit'][:7]}` {source.first['date'][:10]}" for source in sources)
         body.append([name, marked(bf16_cell(rows)), *(marked(arm_cell(rows, arm)) for arm in ARMS),
                      "" if bound is None else f"±{bound:.4f}", within_cell(rows), hardware(run, rows), when])
     lead = (f"Final validation loss per arm, in brackets its distance from the bf16 reference in % of it; "

@@ -5,6 +5,7 @@ that each continue where the last one stopped.
     python scripts/parity_study.py --deadline-s 500              # start or continue every arm
     python scripts/parity_study.py --study dsv3 --export DIR     # one study; copy results to DIR
     python scripts/parity_study.py --study dsv3_symm --parallel 3 --deadline-s 480
+    python scripts/parity_study.py --study dsv3_symm --arms mxfp8_seed1,mxfp8_seed2   # some arms
 
 The studies (``STUDIES``) and their arms (``ARMS``), runs of ``recipes/parity_dsv3.yaml`` and
 ``recipes/parity_llama4.yaml``:
@@ -349,6 +350,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=510.0,
                     help="stop the running arms this long after the start (default 510)")
     ap.add_argument("--grace-s", type=float, default=60.0, help="then kill what is left this much later")
+    ap.add_argument("--arms", default="", help="comma-separated arm names of the studies (default: all), "
+                                               "e.g. mxfp8_seed1,mxfp8_seed2")
     ap.add_argument("--parallel", type=int, default=0,
                     help="at most this many arms at once, the next starting as one ends (default 0: all)")
     ap.add_argument("--export", type=Path, default=None, help="copy the small result files here")
@@ -366,6 +369,12 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 2
     arms = [a for a in ARMS if a.study in studies]
+    named = [n for n in args.arms.split(",") if n]
+    if set(named) - {a.name for a in arms}:
+        print(f"parity_study: unknown arm {sorted(set(named) - {a.name for a in arms})} of {studies}; known: "
+              f"{sorted({a.name for a in arms})}", file=sys.stderr)
+        return 2
+    arms = [a for a in arms if not named or a.name in named]
     out = args.out.resolve()
     if args.dry_run:
         for arm in arms:

@@ -103,14 +103,19 @@ def test_each_call_starts_new_resumes_or_skips(tmp_path):
     assert parity_study.state(arm, tmp_path)[0] == "done"
 
 
-def test_dry_run_prints_the_commands_and_unknown_studies_are_refused(tmp_path, capsys):
+def test_dry_run_prints_the_commands_and_unknown_studies_or_arms_are_refused(tmp_path, capsys):
     assert parity_study.main(["--dry-run", "--study", "llama4", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("+recipe=parity_llama4") == 2 and "llama4/mxfp8_all: new" in out
     assert parity_study.main(["--dry-run", "--study", "dsv3_symm", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("parallelism=ep2_shared_gpu") == 8 and "dsv3_symm/mxfp8_seed2: new" in out
+    assert parity_study.main(["--dry-run", "--study", "dsv3_symm", "--arms", "mxfp8_seed1,mxfp8_seed2",
+                              "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("parallelism=ep2_shared_gpu") == 2 and "training.seed=1" in out and "training.seed=2" in out
     assert parity_study.main(["--study", "gpt", "--out", str(tmp_path)]) == 2
+    assert parity_study.main(["--study", "llama4", "--arms", "mxfp8", "--out", str(tmp_path)]) == 2
     assert parity_study.main(["--parallel", "-1", "--out", str(tmp_path)]) == 2
 
 

@@ -468,6 +468,35 @@ def test_the_numerics_table_shows_each_study_from_its_newest_rows(tmp_path):
     assert "†" not in current and "4.4350 (+0.57%) |" in current
 
 
+def test_a_later_file_adds_seeds_to_a_study_and_they_are_judged_by_its_bf16_reference(tmp_path):
+    """Seeds of an arm run later, without the study's bf16 runs: the table takes each arm and
+    seed from the newest file that has it, judges the new runs against the bf16 rows' reference
+    and bound, names both commits, and marks the study STALE where either file is."""
+    from benchmarks import parity_table
+
+    mean = {"reference": "bf16 mean of 3 seeds", "bf16_seeds": 3, "bf16_mean_val_loss": 4.41,
+            "bf16_std_val_loss": 0.01, "tolerance": 0.022}
+    runs = _parity_runs(tmp_path, {
+        "2026-01-01_abcdef0_h200x1_parity.jsonl": [
+            *[_parity_row("dsv3_symm", "bf16", s, v, val_loss_delta=v - 4.41, **mean) for s, v in
+              enumerate((4.40, 4.41, 4.42))],
+            _parity_row("dsv3_symm", "mxfp8", 0, 4.43, val_loss_delta=0.02, within_tolerance=True, **mean)],
+        "2026-01-05_abcdef0_h200x1_parity.jsonl": [
+            _parity_row("dsv3_symm", "mxfp8", 1, 4.40), _parity_row("dsv3_symm", "mxfp8", 2, 4.44)],
+    })
+    files = parity_table.study_runs(runs, "dsv3_symm")
+    rows, sources = parity_table.study_rows(files, "dsv3_symm")
+    assert len(rows) == 6 and sources == files
+    judged = {r["seed"]: r for r in rows if r["arm"] == "mxfp8"}
+    assert judged[1]["within_tolerance"] is True and judged[2]["within_tolerance"] is False
+    assert abs(judged[2]["val_loss_delta"] - 0.03) < 1e-9 and judged[2]["tolerance"] == 0.022
+    states = {id(files[0]): "current", id(files[1]): "STALE"}
+    block = parity_table.render(runs, lambda run: states[id(run)], report.MARKS, tmp_path)
+    symm = next(line for line in block.splitlines() if line.startswith("| DeepSeek-V3-like 117M, EP=2"))
+    assert "4.4300 (+0.45%) / 4.4000 (−0.23%) / 4.4400 (+0.68%) †" in symm
+    assert "no: mxfp8 seed 2" in symm and "`abcdef0` 2026-01-01, `abcdef0` 2026-01-05" in symm
+
+
 def _bench_runs(tmp_path: Path, files: dict[str, list[dict]]) -> dict:
     for name, rows in files.items():
         prov = {"commit": "abcdef0" * 5 + "ab", "dirty": False, "date": f"{name[:10]}T00:00:00Z",
