@@ -474,6 +474,8 @@ def test_one_gpu_machine_runs_ep2_with_the_gpu_shared():
     assert "parallelism=ep2_shared_gpu for EP numerics" in one_problem(machine=ONE_GPU)
     assert check("parallelism=ep2_shared_gpu", machine=ONE_GPU) == []
     assert check("parallelism=ep2_shared_gpu", "a2a=mxfp8_all", "a2a.transport=symm", machine=ONE_GPU) == []
+    assert check("+recipe=parity_dsv3", "parallelism=ep4_shared_gpu", "a2a=mxfp8", "a2a.transport=symm",
+                 "training.local_batch_size=2", machine=ONE_GPU) == []  # EP=4 on the one GPU
     for refused in (("a2a.transport=nccl",), ("parallelism.ep=1",)):
         msg = one_problem("parallelism=ep2_shared_gpu", *refused, machine=ONE_GPU)
         assert "parallelism.share_gpu=true" in msg and "must be the symm transport" in msg, refused
