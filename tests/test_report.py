@@ -525,15 +525,16 @@ def test_the_capacity_figures_come_from_the_newest_rows(tmp_path):
         "2026-01-01_abcdef0_h200x1_layer_memory.jsonl": [layer(2, "torchtitan", 99.0, 9.0)],
         "2026-01-02_abcdef0_h200x1_layer_memory.jsonl": [
             layer(2, "torchtitan", 20.0, 4.0), layer(2, "mxfp8/symm", 21.0, 5.0),
-            layer(2, "mxfp8/symm:worst", 23.0, 7.0)],
+            layer(2, "mxfp8/symm:ceiling", 22.0, 6.0), layer(2, "mxfp8/symm:worst", 23.0, 7.0)],
         "2026-01-02_abcdef0_cpux1_memory_estimate.jsonl": [
             est("nccl", 60.0, None), est("symm", 61.0, 1.25), est("symm:ceiling", 70.0, 2.0),
             est("symm:worst", 139.0, None)],
     })
     block = capacity_figures.render(runs, lambda run: "STALE", report.MARKS)
     assert block.startswith(capacity_figures.BEGIN) and block.endswith(capacity_figures.END)
-    assert "1.05× at EP=2 (1.15× at the worst case)" in block  # 21/20, 23/20
-    assert "16.0 of 20.0 GiB at EP=2" in block and "above them symm needs 1.25× at EP=2 (1.75×)" in block
+    assert "1.05× at EP=2 (1.10× at the ceiling, 1.15× at the worst case)" in block  # 21/20, 22/20, 23/20
+    assert "16.0 of 20.0 GiB at EP=2" in block
+    assert "above them symm needs 1.25× at EP=2 (1.50× at the ceiling, 1.75× at the worst case)" in block
     assert "61.0 GiB per GPU at the start (1.25× the balanced case), 70.0 at the ceiling (2.0×), 139.0 at the " \
            "worst case, against 60.0 on nccl" in block
     assert f"capacity_replays: {capacity_figures.NOT_MEASURED}" in block
