@@ -1,8 +1,10 @@
 """The README's elastic-capacity figures, generated from the rows like the tables: the layer's
 peak memory per rank, whole and above its expert weights (bench ``layer_memory``), the memory
 estimate of a real model at the capacity's start, its ceiling and the worst case
-(``memory_estimate``), and how often long runs replayed and where their capacity ended
-(``capacity_replays``). Each from its newest run file, with the report's STALE marks;
+(``memory_estimate``), how often long runs replayed and where their capacity ended
+(``capacity_replays``), and what the growth rule does at EP 2, 4 and 8 over a measured routing
+(``capacity_study``). Each from its newest run file (the replays: per EP degree), with the
+report's STALE marks;
 ``benchmarks/report.py`` writes it between ``BEGIN`` and ``END``.
 """
 
@@ -13,12 +15,6 @@ from typing import Any, Callable
 BEGIN, END = "<!-- capacity:begin -->", "<!-- capacity:end -->"
 NOT_MEASURED = "not measured"
 ESTIMATE = {"model": "deepseek_v3/16B", "ep": 8, "activation_checkpoint": "selective"}
-
-
-def newest(runs: dict[str, Any], bench: str) -> Any | None:
-    """The newest run file of ``bench`` (file names sort by date), or None."""
-    found = [run for name, run in sorted(runs.items()) if run.first["bench"] == bench]
-    return found[-1] if found else None
 
 
 def _ratio(a: float, b: float) -> str:
@@ -80,21 +76,42 @@ def memory_estimate(run: Any, mark: str) -> str:
             f"{arms['nccl']['gib']:.1f} on nccl.")
 
 
-def capacity_replays(run: Any, mark: str) -> str:
-    """How many runs, how often and how late they replayed, and where their capacity ended."""
-    rows = run.rows
-    eps = sorted({r["ep"] for r in rows})
+def capacity_replays(run: Any, mark: str, ep: int) -> str:
+    """How many runs at ``ep``, how often and how late they replayed or spilled, and where their
+    capacity ended."""
+    rows = [r for r in run.rows if r["ep"] == ep]
     steps = max(r["steps"] for r in rows)
     replays = sorted({r["capacity_replays"] for r in rows})
+    spills = sum(r.get("capacity_spills") or 0 for r in rows)
     last = max(r["last_replay_step"] or 0 for r in rows)
     ended = sorted({r["capacity_rows"] for r in rows})
     start = rows[0]["start_capacity_rows"]
     models = sorted({r["model"] for r in rows})
-    return (f"- Replays, {len(rows)} `{'`, `'.join(models)}` runs at EP={'/'.join(map(str, eps))} over {steps:,} "
-            f"steps, {run.hardware()}, {_when(run, mark)} ({_link('capacity_replays')}): "
-            f"{' or '.join(map(str, replays))} replays per run, the last at step {last}; their capacity started at "
-            f"{start:,} rows and ended at {' / '.join(f'{e:,}' for e in ended)} "
-            f"({' / '.join(_ratio(e, start) for e in ended)} the start).")
+    runs = f"{len(rows)} runs" if len(rows) > 1 else "1 run"
+    each = " per run" if len(rows) > 1 else ""
+    return (f"- Replays, {runs} of `{'`, `'.join(models)}` at EP={ep} over {steps:,} steps, {run.hardware()}, "
+            f"{_when(run, mark)} ({_link('capacity_replays')}): {' or '.join(map(str, replays))} replays{each}, the "
+            f"last at step {last}, {spills} spills; the capacity started at {start:,} rows and ended at "
+            f"{' / '.join(f'{e:,}' for e in ended)} ({' / '.join(_ratio(e, start) for e in ended)} the start).")
+
+
+def capacity_study(run: Any, mark: str) -> str:
+    """What the growth rule does, at the defaults, over the routing the study measured, per EP
+    degree of the target: where the capacity ends, its replays and spills, the memory there."""
+    rows = sorted((r for r in run.rows if r.get("defaults")), key=lambda r: r["ep"])
+    if not rows:
+        return f"- capacity_study: {NOT_MEASURED} at the defaults."
+    first = rows[0]
+    per_ep = "; ".join(
+        f"EP={r['ep']}: load up to {r['max_load']:.2f} ({r['max_load_second_half']:.2f} in the second half), "
+        f"{r['replays']} replays, {r['spills']} spills, ending at {r['end_factor']:.2f}× the balanced case, "
+        f"{r['gib_end']:.1f} GiB per GPU against {r['gib_nccl']:.1f} on nccl" for r in rows)
+    ceiling = "the worst case" if first["capacity_ceiling"] is None else f"{first['capacity_ceiling']}×"
+    return (f"- Growth over a measured routing (`benchmarks/capacity_study.py`: {first['steps']} steps of "
+            f"`recipes/routing_study_cpu.yaml`, measured at EP=1, applied to {first['target']} on {first['gpus']} "
+            f"GPUs; only estimated at these EP degrees), at the defaults (start {first['capacity_factor']}×, "
+            f"growth +{100 * first['headroom']:g}%, ceiling {ceiling}), {_when(run, mark)} "
+            f"({_link('capacity_study')}): {per_ep}.")
 
 
 def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, str]) -> str:
@@ -102,14 +119,20 @@ def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, 
     rows says so); the STALE mark where the measured code changed since."""
     lines, used = [], set()
     for bench, line in (("layer_memory", layer_memory), ("memory_estimate", memory_estimate),
-                        ("capacity_replays", capacity_replays)):
-        run = newest(runs, bench)
-        if run is None:
+                        ("capacity_replays", capacity_replays), ("capacity_study", capacity_study)):
+        files = [run for name, run in sorted(runs.items()) if run.first["bench"] == bench]
+        if not files:
             lines.append(f"- {bench}: {NOT_MEASURED}.")
             continue
-        mark = marks.get(status(run), "")
-        used.add(mark)
-        lines.append(line(run, mark))
+        if bench == "capacity_replays":  # each EP degree from the newest file that has runs at it
+            eps = sorted({r["ep"] for run in files for r in run.rows})
+            shown = [(next(run for run in reversed(files) if any(r["ep"] == ep for r in run.rows)), ep) for ep in eps]
+        else:
+            shown = [(files[-1], None)]
+        for run, ep in shown:
+            mark = marks.get(status(run), "")
+            used.add(mark)
+            lines.append(line(run, mark) if ep is None else line(run, mark, ep))
     if marks.get("STALE") in used:
         lines.append(f"\n{marks['STALE']}: the code these figures measured has changed since their commit; they "
                      "hold for that commit.")

@@ -6,8 +6,8 @@
 Estimate (bench ``memory_estimate``): ``launch/config/memory.py``'s bytes per GPU, the check the
 recipe makes before launch, for DeepSeek-V3 16B at EP=8 on 8 GPUs (seq 4096, local batch 2) and
 every activation checkpointing, per arm: ``nccl`` (all-to-all: the rows received), ``symm`` at
-the default ``a2a.capacity_factor``, ``symm:ceiling`` at the default ceiling, ``symm:worst`` (``capacity_factor=None``, EP x tokens x
-top_k rows). ``vs_nccl``: the arm's bytes over nccl's.
+the default ``a2a.capacity_factor``, ``symm:ceiling`` at the default ceiling, ``symm:worst``
+(``capacity_factor=None``, EP x tokens x top_k rows). ``vs_nccl``: the arm's bytes over nccl's.
 
 Layer (bench ``layer_memory``): the DeepSeek-V3-like MoE layer (``harness.SHAPES``; ``--tokens``
 per rank), one forward+backward, each rank's peak (``harness.peak_bytes``: the allocator's,

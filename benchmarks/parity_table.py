@@ -45,9 +45,10 @@ def study_rows(files: list[Any], study: str) -> tuple[list[dict], list[Any]]:
                 and r.get("val_loss_delta") is not None and r.get("tolerance") is not None), None)
     if ref is not None:
         value = ref["final_val_loss"] - ref["val_loss_delta"]
+        bound = ref["tolerance"]
         rows = [r if r["arm"] == BASELINE or r.get("within_tolerance") is not None else
                 {**r, "reference": ref["reference"], "val_loss_delta": r["final_val_loss"] - value,
-                 "tolerance": ref["tolerance"], "within_tolerance": abs(r["final_val_loss"] - value) <= ref["tolerance"]}
+                 "tolerance": bound, "within_tolerance": abs(r["final_val_loss"] - value) <= bound}
                 for r in rows]
     return rows, used
 

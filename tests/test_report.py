@@ -538,5 +538,40 @@ def test_the_capacity_figures_come_from_the_newest_rows(tmp_path):
     assert "61.0 GiB per GPU at the start (1.25× the balanced case), 70.0 at the ceiling (2.0×), 139.0 at the " \
            "worst case, against 60.0 on nccl" in block
     assert f"capacity_replays: {capacity_figures.NOT_MEASURED}" in block
+    assert f"capacity_study: {capacity_figures.NOT_MEASURED}" in block
     assert block.count("†") == 3  # two figures and the legend
     assert "†" not in capacity_figures.render(runs, lambda run: "current", report.MARKS)
+
+
+def test_the_replay_figures_per_ep_degree_and_the_growth_study_at_the_defaults(tmp_path):
+    """Each EP degree's replays from the newest file with runs at it (a later EP=4 run does not
+    hide the EP=2 runs); the growth study's rows at the defaults, per EP degree."""
+    from benchmarks import capacity_figures
+
+    def replay(ep, steps, replays, last, start, end, spills=0):
+        return {"bench": "capacity_replays", "model": "parity_dsv3", "ep": ep, "steps": steps,
+                "capacity_replays": replays, "last_replay_step": last, "capacity_spills": spills,
+                "start_capacity_rows": start, "capacity_rows": end}
+
+    def study(ep, defaults, end_factor):
+        return {"bench": "capacity_study", "target": "deepseek_v3/16B", "gpus": 8, "ep": ep, "steps": 400,
+                "capacity_factor": 1.25, "headroom": 0.25, "capacity_ceiling": 2.0, "defaults": defaults,
+                "max_load": 1.9, "max_load_second_half": 1.4, "replays": 2, "spills": 1, "end_factor": end_factor,
+                "gib_end": 63.0, "gib_nccl": 60.0}
+
+    runs = _bench_runs(tmp_path, {
+        "2026-01-01_abcdef0_h200x1_capacity_replays.jsonl": [replay(2, 3000, 2, 53, 100, 160),
+                                                             replay(2, 3000, 2, 122, 100, 160)],
+        "2026-01-03_abcdef0_h200x1_capacity_replays.jsonl": [replay(4, 1000, 3, 90, 200, 300, spills=1)],
+        "2026-01-04_abcdef0_cpux1_capacity_study.jsonl": [study(8, False, 3.0), study(2, True, 1.6),
+                                                          study(8, True, 2.0)],
+    })
+    block = capacity_figures.render(runs, lambda run: "current", report.MARKS)
+    assert ("Replays, 2 runs of `parity_dsv3` at EP=2 over 3,000 steps, 1× H200, ranks sharing the GPU, `abcdef0` "
+            "2026-01-01 ([capacity_replays](docs/results.md#capacity_replays)): 2 replays per run, the last at step "
+            "122, 0 spills; the capacity started at 100 rows and ended at 160 (1.60× the start).") in block
+    assert "Replays, 1 run of `parity_dsv3` at EP=4 over 1,000 steps" in block
+    assert "3 replays, the last at step 90, 1 spills" in block
+    assert "at the defaults (start 1.25×, growth +25%, ceiling 2.0×)" in block
+    assert "EP=2: load up to 1.90 (1.40 in the second half), 2 replays, 1 spills, ending at 1.60×" in block
+    assert "EP=8: load up to 1.90" in block and "ending at 3.00×" not in block
