@@ -2,20 +2,26 @@
 
 Importing torchtitan takes ~10 s; validation must take well under 2 s. So the numbers the
 checks use (widths, expert counts, parameter counts, attention kind) are kept here, one row per
-torchtitan 0.2.2 flavor of Llama4 and DeepSeek-V3 plus the recipe's tiny ones.
-``tests/test_model_facts.py`` rebuilds every row from torchtitan (the model on the meta
-device, ``launch.titan.models.facts_from_torchtitan``) and fails when one differs, so a
-torchtitan upgrade cannot leave this table stale.
+torchtitan 0.2.2 flavor of Llama4 and DeepSeek-V3 plus the recipe's tiny ones (:data:`MODELS`),
+and per torchtitan 0.3.0 flavor of DeepSeek-V3 and Qwen3 MoE plus ours
+(``launch.config.model_facts_030``); :func:`models` is the table of the installed stack.
+``tests/test_titan_models.py`` (0.2.2) and ``tests/titan030/test_recipe_models.py`` (0.3.0)
+rebuild every row from torchtitan (the model on the meta device) and fail when one differs, so a
+torchtitan upgrade cannot leave a table stale.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
-__all__ = ["FAMILIES", "MODELS", "ModelFacts", "UnknownModelError", "facts", "resolve"]
+from launch.config.stack import FAMILIES_BY_STACK, installed_torchtitan
 
-FAMILIES = ("llama4", "deepseek_v3")
+__all__ = ["FAMILIES", "MODELS", "ModelFacts", "UnknownModelError", "facts", "models", "resolve"]
+
+# torchtitan 0.2.2's families (:data:`MODELS`); ``launch.config.stack.FAMILIES_BY_STACK`` has each stack's.
+FAMILIES = FAMILIES_BY_STACK["0.2.2"]
 
 
 class UnknownModelError(KeyError, ValueError):
@@ -83,17 +89,29 @@ MODELS: dict[tuple[str, str], ModelFacts] = {
 }
 
 
-def resolve(family: str, flavor: str) -> tuple[str, str]:
+def models(torchtitan: Optional[str] = None) -> dict[tuple[str, str], ModelFacts]:
+    """The facts table of a torchtitan release (default: the installed one)."""
+    if (torchtitan or installed_torchtitan()) == "0.3.0":
+        from launch.config.model_facts_030 import MODELS as MODELS_030
+
+        return MODELS_030
+    return MODELS
+
+
+def resolve(family: str, flavor: str, torchtitan: Optional[str] = None) -> tuple[str, str]:
     """``(family, flavor)`` as torchtitan spells them; flavors match regardless of case
-    ("16b" -> "16B": Hydra option names are lowercase). Raises :class:`UnknownModelError`."""
-    if family not in FAMILIES:
-        raise UnknownModelError(f"unknown model family {family!r}; known: {list(FAMILIES)}")
-    known = [f for fam, f in MODELS if fam == family]
+    ("16b" -> "16B": Hydra option names are lowercase). ``torchtitan``: the release whose
+    flavors count (default: the installed one). Raises :class:`UnknownModelError`."""
+    torchtitan = torchtitan or installed_torchtitan()
+    families = FAMILIES_BY_STACK[torchtitan]
+    if family not in families:
+        raise UnknownModelError(f"unknown model family {family!r} on torchtitan {torchtitan}; known: {list(families)}")
+    known = [f for fam, f in models(torchtitan) if fam == family]
     by_lower = {f.lower(): f for f in known}
     if flavor.lower() not in by_lower:
         raise UnknownModelError(f"unknown flavor {flavor!r} for {family}; known: {known}")
     return family, by_lower[flavor.lower()]
 
 
-def facts(family: str, flavor: str) -> ModelFacts:
-    return MODELS[resolve(family, flavor)]
+def facts(family: str, flavor: str, torchtitan: Optional[str] = None) -> ModelFacts:
+    return models(torchtitan)[resolve(family, flavor, torchtitan)]

@@ -27,6 +27,7 @@ from launch.config.model_facts import ModelFacts
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
 from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig
+from launch.config.stack import CPU_MODELS, INSTALL, StackError, family_problem, installed_torchtitan
 from launch.config.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
 from launch.launchers.machine import GIB, Machine
@@ -255,15 +256,22 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
 
 # ------------------------------------------------------------------------------ model
 def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
+    """The model's facts on the installed torchtitan (None when it has none: refused)."""
     m = cfg.model
     try:
-        return model_facts.facts(m.family, m.flavor)
+        torchtitan = installed_torchtitan()
+    except StackError as e:
+        r.error(str(e))
+        return None
+    problem = family_problem(m.family, torchtitan)
+    if problem is not None:
+        r.error(f"model={m.name}: {problem}")
+        return None
+    try:
+        return model_facts.facts(m.family, m.flavor, torchtitan)
     except model_facts.UnknownModelError:
-        if m.family not in model_facts.FAMILIES:
-            r.error(f"model={m.name}: {choice_problem('model.family', m.family, model_facts.FAMILIES)}")
-        else:
-            flavors = sorted(f for fam, f in model_facts.MODELS if fam == m.family)
-            r.error(f"model={m.name}: {choice_problem('model.flavor', m.flavor, flavors)}")
+        flavors = sorted(f for fam, f in model_facts.models(torchtitan) if fam == m.family)
+        r.error(f"model={m.name}: {choice_problem('model.flavor', m.flavor, flavors)} (torchtitan {torchtitan})")
         return None
 
 
@@ -276,7 +284,11 @@ def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantize
             "parallelism=ep2 (or higher) to measure anything, or a2a.quantize_local_rows=true to "
             "train with every row quantized as if it crossed."
         )
-    if cfg.a2a.quantize_local_rows and p.ep == 1 and p.tp > 1:
+    if cfg.a2a.quantize_local_rows and p.ep == 1 and installed_torchtitan() != "0.2.2":
+        r.error(f"a2a.quantize_local_rows=true with parallelism.ep=1 routes the MoE layers through the "
+                f"dispatcher on each rank alone, which the recipe does on torchtitan 0.2.2 only "
+                f"(`{INSTALL['0.2.2']}`); on torchtitan {installed_torchtitan()} use parallelism.ep > 1")
+    elif cfg.a2a.quantize_local_rows and p.ep == 1 and p.tp > 1:
         r.error(f"a2a.quantize_local_rows=true with parallelism.ep=1 routes the MoE layers through the "
                 f"dispatcher on each rank alone, which takes whole experts, but parallelism.tp={p.tp} "
                 f"shards them; use parallelism.tp=1 or parallelism.ep > 1")
@@ -371,8 +383,8 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
     if facts is not None and target.device == "cpu" and facts.attention == "flex":
         r.error(f"model={cfg.model.name} uses flex attention ({cfg.model.family}/"
                 f"{cfg.model.flavor}), which torch cannot train on CPU (no backward kernel), and "
-                f"{target.where}; use a model with sdpa attention (tiny_llama4, tiny_dsv3, "
-                f"llama4_debugmodel, dsv3_debugmodel) or GPUs")
+                f"{target.where}; use a model with sdpa attention ({CPU_MODELS[installed_torchtitan()]}) "
+                f"or GPUs")
 
 
 # ----------------------------------------------------------------------------- memory

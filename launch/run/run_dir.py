@@ -3,7 +3,8 @@
 A run dir (``hydra.run.dir``, one per sweep point under ``hydra.sweep.dir``) collects what a
 run writes: ``train_config.yaml`` (the composed config the workers of its first launch got) and
 Hydra's ``.hydra/``, ``console.log`` (the console lines of rank 0, every launch's),
-``summary.json`` (``launch.run.run_summary.RunSummary``), ``train.log`` (the launching process's
+``summary.json`` (``launch.run.run_summary.RunSummary``), ``stack.json`` (the torchtitan, torch
+and triton versions it trains with: ``launch.config.stack``), ``train.log`` (the launching process's
 log), ``worker_logs/`` (local) or ``slurm/`` (SLURM) with every process's full output,
 ``wandb/`` and the torchtitan checkpoints. ``training.resume=<run dir>`` continues it
 (launch/run/resume.py); each resume adds ``resumes/<n>/`` with its own ``train_config.yaml`` and
@@ -27,6 +28,7 @@ CONSOLE_LOG = "console.log"
 SUMMARY = "summary.json"
 # Each training step's routing loads per MoE layer and EP degree (launch.titan.routing_telemetry).
 ROUTING_LOG = "routing.jsonl"
+STACK = "stack.json"
 WORKER_LOGS = "worker_logs"
 # resumes/<n>/: the config and command line of the n-th resume of the run.
 RESUMES = "resumes"

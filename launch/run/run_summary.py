@@ -237,6 +237,8 @@ class RunSummary:
     # routing telemetry of this launch, per EP degree "ep<e>": the largest load (busiest rank's
     # rows over the balanced count, any step and MoE layer), its step, the last log window's
     moe_imbalance: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the versions it trained with: torchtitan, torch, triton (launch.config.stack)
+    stack: dict[str, Optional[str]] = field(default_factory=dict)
     # wandb
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
@@ -317,6 +319,7 @@ class RunSummary:
             final_loss=losses[-1] if losses else None,
             final_val_loss=val_losses[-1] if val_losses else None,
             numerics=numerics_from_wandb(run),
+            stack=dict(run.config.get("stack") or {}),
             wandb_mode="offline",
             wandb_run_id=run.run_id,
             wandb_dirs=list(run.paths),

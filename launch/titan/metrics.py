@@ -1,8 +1,8 @@
 """Step metrics for the recipe: torchtitan's MetricsProcessor plus what an EP/MXFP8 study needs.
 
-torchtitan 0.2.2 already measures loss, grad norm, tokens/s per device, TFLOPS, MFU, peak memory
-and step time. :class:`RecipeMetricsProcessor` keeps those (same metric keys, so dashboards
-match stock torchtitan runs; the names are ``launch.run.run_summary``'s) and adds:
+torchtitan (0.2.2 and 0.3.0 alike) already measures loss, grad norm, tokens/s per device, TFLOPS,
+MFU, peak memory and step time. :class:`RecipeMetrics` keeps those (same metric keys, so
+dashboards match stock torchtitan runs; the names are ``launch.run.run_summary``'s) and adds:
 
 * ``throughput/global_tps``: tokens/s over all ranks (torchtitan's ``throughput(tps)`` is per
   device),
@@ -24,6 +24,9 @@ match stock torchtitan runs; the names are ``launch.run.run_summary``'s) and add
 * a console line per log window (``launch.run.console.progress_line``) in ``<run dir>/console.log``,
 * a run history (``history``) the runner turns into the run's ``RunSummary``.
 
+:class:`RecipeMetricsProcessor` is it over torchtitan 0.2.2's ``MetricsProcessor``;
+``launch.titan.titan030.metrics`` puts it over 0.3.0's (whose constructor takes a config).
+
 TFLOPS and MFU need the accelerator's peak FLOPS; a CPU has none torchtitan knows (it would
 fall back to an A100's), so on CPU they are not logged and the summary shows n/a.
 
@@ -43,8 +46,6 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
-from torchtitan.config import JobConfig
-from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from launch.run import numerics_log
@@ -54,7 +55,7 @@ from launch.titan.routing_telemetry import RoutingTelemetry
 from mxfp8_ep import elastic, wire_stats
 from mxfp8_ep.config import LEGS
 
-__all__ = ["RecipeMetricsProcessor", "RecipeWandBLogger", "RunHistory", "WandbSettings"]
+__all__ = ["RecipeMetrics", "RecipeMetricsProcessor", "RecipeWandBLogger", "RunHistory", "WandbSettings"]
 
 _WIRE_KEYS = LEGS + ("other",)
 
@@ -146,29 +147,27 @@ class RecipeWandBLogger(BaseLogger):
             logger.warning(f"wandb could not finish its run cleanly ({e!r}); its files: {self.run.dir}")
 
 
-class RecipeMetricsProcessor(MetricsProcessor):
-    """torchtitan's MetricsProcessor + global throughput, a2a bytes, a2a mode, ETA, console
-    lines, history.
+class RecipeMetrics:
+    """What the recipe adds to torchtitan's MetricsProcessor: global throughput, a2a bytes, a2a
+    mode, ETA, console lines, history. Put before torchtitan's ``MetricsProcessor`` in the bases;
+    its constructor calls :meth:`start_recipe_metrics` after torchtitan's.
 
     ``log`` runs on every rank (torchtitan calls it on each), so the all-reduce of the wire
     byte counters is a proper collective; only rank 0 has loggers and the console file.
     """
 
-    def __init__(
+    def start_recipe_metrics(
         self,
-        job_config: JobConfig,
-        parallel_dims: ParallelDims,
-        tag: str | None = None,
         *,
+        total_steps: int,
         a2a_name: str = "bf16",
         wandb_settings: Optional[WandbSettings] = None,
         wandb_config: dict[str, Any] | None = None,
         console_path: Optional[str] = None,
     ) -> None:
-        super().__init__(job_config, parallel_dims, tag)
         self.a2a_name = a2a_name
         self.history = RunHistory()
-        self.total_steps = job_config.training.steps
+        self.total_steps = total_steps
         self.wandb: Optional[RecipeWandBLogger] = None
         self.console = open(console_path, "a", buffering=1) if console_path and _rank() == 0 else None
         self._flops_known = self.device_memory_monitor.device.type != "cpu"
@@ -372,3 +371,23 @@ class RecipeMetricsProcessor(MetricsProcessor):
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class RecipeMetricsProcessor(RecipeMetrics, MetricsProcessor):
+    """:class:`RecipeMetrics` over torchtitan 0.2.2's ``MetricsProcessor``."""
+
+    def __init__(
+        self,
+        job_config: Any,
+        parallel_dims: Any,
+        tag: str | None = None,
+        *,
+        a2a_name: str = "bf16",
+        wandb_settings: Optional[WandbSettings] = None,
+        wandb_config: dict[str, Any] | None = None,
+        console_path: Optional[str] = None,
+    ) -> None:
+        super().__init__(job_config, parallel_dims, tag)
+        self.start_recipe_metrics(total_steps=job_config.training.steps, a2a_name=a2a_name,
+                                  wandb_settings=wandb_settings, wandb_config=wandb_config,
+                                  console_path=console_path)

@@ -1,4 +1,4 @@
-"""Validation loss on the held-out split, inside torchtitan 0.2.2's training loop.
+"""Validation loss on the held-out split, inside torchtitan's training loop (0.2.2 and 0.3.0).
 
 torchtitan's own ``Validator`` streams its dataloader on from wherever the previous call
 stopped, so consecutive evaluations score different tokens, and it counts its tokens into the
@@ -12,7 +12,8 @@ as the training steps' replays are), so no loss comes from cut rows.
 
 The trainer calls ``should_validate(step)`` after every step (after the checkpoint save) and
 ``validate(model_parts, step)`` when it says yes: every ``training.val_every`` steps and at
-the last step.
+the last step. A batch's loss is the trainer's (``RecipeTrainerMixin.held_out_loss``: each
+torchtitan release runs its model and loss its own way).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class HeldOutLoss(BaseValidator):
     """Mean cross-entropy per token over a fixed set of validation batches.
 
     Args:
-        trainer: the torchtitan ``Trainer`` being run (its model context, loss, device and
-            ``post_dataloading_process`` are used as its training steps use them).
+        trainer: the recipe's trainer being run (``launch.titan.recipe_trainer.RecipeTrainerMixin``:
+            its ``held_out_loss``, device, parallel dims, tokenizer and recipe config).
         path: the validation split (``.jsonl`` / ``.jsonl.gz``).
         every: validate every this many steps (and at the last step).
         batches: validation batches per evaluation, of the training batch shape.
@@ -44,8 +45,8 @@ class HeldOutLoss(BaseValidator):
     def __init__(self, trainer: Any, path: Path, every: int, batches: int) -> None:
         self.trainer = trainer
         self.every = every
-        jc = trainer.job_config
-        self.last_step = jc.training.steps
+        t = trainer.cfg.training
+        self.last_step = int(t.steps)
         dims = trainer.parallel_dims
         if dims.dp_enabled:
             mesh = dims.get_mesh("batch")
@@ -54,8 +55,8 @@ class HeldOutLoss(BaseValidator):
         else:
             self.group, dp_rank, dp_degree = None, 0, 1
         self.batches = validation_batches(
-            path, trainer.tokenizer, batches=batches, batch_size=jc.training.local_batch_size,
-            seq_len=jc.training.seq_len, dp_rank=dp_rank, dp_degree=dp_degree)
+            path, trainer.tokenizer, batches=batches, batch_size=int(t.local_batch_size),
+            seq_len=int(t.seq_len), dp_rank=dp_rank, dp_degree=dp_degree)
 
     def should_validate(self, step: int) -> bool:
         return step % self.every == 0 or step == self.last_step
@@ -72,13 +73,9 @@ class HeldOutLoss(BaseValidator):
         totals = torch.zeros(2, dtype=torch.float64, device=t.device)  # loss sum, tokens
         try:
             for inputs, labels in self.batches:
-                inputs, labels, extra_inputs, extra_kwargs = t.post_dataloading_process(
-                    {"input": inputs.to(t.device)}, labels.to(t.device))
+                inputs, labels = inputs.to(t.device), labels.to(t.device)
                 for _ in self._attempts(model):
-                    with t.train_context(), t.maybe_enable_amp:
-                        pred = model(inputs, **extra_inputs, **extra_kwargs)
-                        loss = t.loss_fn(pred, labels).double()
-                    del pred
+                    loss = t.held_out_loss(model, inputs, labels)
                 totals[0] += loss
                 totals[1] += (labels != IGNORE_INDEX).sum()
         finally:

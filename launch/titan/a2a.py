@@ -1,0 +1,71 @@
+"""A run's EP all-to-all from its ``cfg.a2a``: the library's ``A2AConfig`` with
+``capacity_ceiling=auto`` resolved on the node where it was not before launch, and the console
+line that states the symm transport's elastic capacity. The same on every torchtitan stack.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from launch.config.memory import AUTO_CEILING, fitting_ceiling, run_estimate, runs_symm, symm_capacity
+from launch.config.model_facts import facts
+
+__all__ = ["a2a_config", "capacity_ceiling_here", "capacity_line"]
+
+
+def a2a_config(cfg: DictConfig) -> Any:
+    """The library's ``A2AConfig`` of ``cfg.a2a``; a ``capacity_ceiling`` still ``auto`` (the
+    memory was not known before launch: a SLURM job) resolved here, on the node
+    (``capacity_ceiling_here``)."""
+    from mxfp8_ep.config import A2AConfig
+
+    values = OmegaConf.to_container(cfg.a2a, resolve=True)
+    if values["capacity_ceiling"] == AUTO_CEILING:  # type: ignore[index]
+        values["capacity_ceiling"] = capacity_ceiling_here(cfg)  # type: ignore[index]
+    return A2AConfig.from_dict(values)  # type: ignore[arg-type]
+
+
+def capacity_ceiling_here(cfg: DictConfig) -> float | None:
+    """``a2a.capacity_ceiling=auto`` for this node: the largest ceiling whose estimate fits
+    this GPU's memory (the node's RAM on CPU), shared by the processes that share it
+    (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
+    runs at an elastic capacity (nothing grows, so no ceiling applies)."""
+    from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not runs_symm(cfg, device) or cfg.a2a.capacity_factor is None:
+        return DEFAULT_CAPACITY_CEILING
+    if device == "cuda":
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    p = cfg.parallelism
+    procs = p.procs_per_node if p.share_gpu or device == "cpu" else 1
+    return fitting_ceiling(cfg, facts(cfg.model.family, cfg.model.flavor), device, memory, procs)
+
+
+def capacity_line(cfg: DictConfig, a2a: Any) -> str | None:
+    """What the symm transport's elastic capacity holds, as the console's header states it:
+    the rows it starts at and the most it grows to, each with the memory estimate of one
+    process there (``launch.config.memory``); None where no symm dispatch runs at an elastic
+    capacity."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not runs_symm(cfg, device) or a2a.capacity_factor is None:
+        return None
+    m = facts(cfg.model.family, cfg.model.flavor)
+    tokens = int(cfg.training.local_batch_size) * int(cfg.training.seq_len)
+    ep = int(cfg.parallelism.ep)
+
+    def at(factor: float | None) -> str:
+        rows = symm_capacity(m, tokens, ep, factor)
+        gib = run_estimate(cfg, m, device, True, factor).total / 2**30
+        times = "the worst case" if factor is None else f"{factor:g}x balanced"
+        return f"{rows:,} expert rows ({times}; est. {gib:,.1f} GiB per process)"
+
+    ceiling = a2a.capacity_ceiling
+    return (f"a2a capacity  starts at {at(a2a.capacity_factor)}, grows up to {at(ceiling)}; a step that needs "
+            f"more runs once at exactly its rows")
