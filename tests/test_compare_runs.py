@@ -189,6 +189,34 @@ def test_pairs_by_sweep_point(tmp_path):
     assert list(line.get_ydata()) == pytest.approx([0.0, 0.0, 0.5])
 
 
+def test_runs_of_different_stacks_are_named_in_a_warning(tmp_path):
+    """The table and comparison.json warn when the runs trained on different torchtitan / torch /
+    triton versions (RunSummary.stack), naming each stack's runs; runs of one stack get none."""
+    stacks = {"0.2.2": {"torchtitan": "0.2.2", "torch": "2.11.0+cu130", "triton": "3.6.0"},
+              "0.3.0": {"torchtitan": "0.3.0", "torch": "2.15.0", "triton": "3.9.0"}}
+
+    def summary(d: str, a2a: str, stack: dict) -> None:
+        (tmp_path / d).mkdir(exist_ok=True)
+        RunSummary(run_name=f"a2a={a2a}", experiment="e", a2a=a2a, a2a_legs={}, model="m", model_flavor="f/f",
+                   parallelism="ep2", world_size=2, ep=2, launcher="local", device="cpu", run_dir=str(tmp_path / d),
+                   steps=2, target_steps=2, logged_steps=[1, 2], losses=[6.0, 5.0], final_loss=5.0,
+                   stack=stack).write(tmp_path / d)
+
+    summary("a", "bf16", stacks["0.2.2"])
+    summary("b", "mxfp8", stacks["0.2.2"])
+    assert "stacks" not in format_table(compare(collect([str(tmp_path)])))
+    summary("b", "mxfp8", stacks["0.3.0"])
+    table = format_table(compare(collect([str(tmp_path)])))
+    assert table.splitlines()[-1] == (
+        "! the runs trained on different stacks: torchtitan 0.2.2, torch 2.11.0+cu130, triton 3.6.0 (a2a=bf16); "
+        "torchtitan 0.3.0, torch 2.15.0, triton 3.9.0 (a2a=mxfp8); their differences are not the all-to-all's alone")
+    with saved_figures():
+        assert compare_main([str(tmp_path), "--out", str(tmp_path / "cmp")]) == 0
+    written = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert written["stack_warning"] == table.splitlines()[-1][2:]
+    assert [r["stack"]["torchtitan"] for r in written["runs"]] == ["0.2.2", "0.3.0"]
+
+
 def test_numerics_only_in_wandb_are_read_from_there(tmp_path):
     """A run whose summary.json has no numerics statistics (telemetry logged to wandb only)."""
     write_wandb_run(tmp_path / "r", "a2a=mxfp8", "mxfp8", 1000, 6.0, 760.0, run_id="num12345")

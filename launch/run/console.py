@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from launch.config.stack import Stack
 from launch.run.run_dir import CONSOLE_LOG, resume_folder
 from launch.run.run_summary import RunSummary
 from launch.run.shared_gpu import SHARED_GPU_NOTE
@@ -141,7 +142,8 @@ def format_summary(s: RunSummary) -> str:
         f"==== mxfp8ep run {s.run_name} ====\n"
         f"  model {s.model}  a2a {s.a2a}  parallelism {s.parallelism} "
         f"(world {s.world_size}, ep {s.ep})\n"
-        f"  steps           {s.steps}/{s.target_steps}{resumed}{stopped}\n"
+        + (f"  stack           {Stack.from_dict(s.stack).label}\n" if s.stack else "")
+        + f"  steps           {s.steps}/{s.target_steps}{resumed}{stopped}\n"
         f"  final loss      {_num(s.final_loss, '.4f')}\n"
         + (f"  val loss        {_num(s.final_val_loss, '.4f')} at step {s.val_logged_steps[-1]}\n"
            if s.val_logged_steps else "")

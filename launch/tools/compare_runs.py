@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from launch.config.stack import Stack
 from launch.run.run_dir import RUN_CONFIG, SUMMARY
 from launch.run.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
                                     parse_numerics_metric, ratio_of_sums)
@@ -457,6 +458,19 @@ def throughput_notes(runs: list[Compared]) -> list[str]:
             if applies]
 
 
+def stack_warning(runs: list[Compared]) -> Optional[str]:
+    """A warning when the runs trained on different stacks (torchtitan, torch, triton:
+    ``RunSummary.stack``), naming each stack's runs; None when they share one."""
+    by_stack: dict[str, list[str]] = {}
+    for c in ordered(runs):
+        label = Stack.from_dict(c.run.stack).label if c.run.stack else "stack not recorded"
+        by_stack.setdefault(label, []).append(c.run.run_name)
+    if len(by_stack) < 2:
+        return None
+    stacks = "; ".join(f"{label} ({', '.join(names)})" for label, names in by_stack.items())
+    return f"the runs trained on different stacks: {stacks}; their differences are not the all-to-all's alone"
+
+
 def format_table(runs: list[Compared]) -> str:
     header = ("run", "a2a", "model", "world/ep", "device", "final loss", "Δloss", "val loss", "Δval",
               "tokens/s", "×bf16", "step s", "a2a MiB/step", "×bf16")
@@ -487,6 +501,9 @@ def format_table(runs: list[Compared]) -> str:
         lines.append(f"* {CPU_NOTE}: tokens/s and step times of CPU (gloo) runs say nothing about GPUs.")
     if on_shared_gpu(runs):
         lines.append(f"* cuda (shared): {SHARED_GPU_NOTE}; the ranks took turns on the GPU.")
+    warning = stack_warning(runs)
+    if warning:
+        lines.append(f"! {warning}")
     return "\n".join(lines)
 
 
@@ -728,6 +745,7 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
         "baseline": BASELINE,
         "parity_rule": PARITY_RULE,
         "notes": throughput_notes(runs),
+        "stack_warning": stack_warning(runs),
         "verdicts": verdict_list if verdict_list is not None else verdicts(runs),
         "throughput_rule": THROUGHPUT_RULE,
         "throughput_verdicts": throughput_verdicts(runs),
