@@ -139,6 +139,27 @@ def test_a_run_without_a_checkpoint_says_why(tmp_path):
         f"training.resume={tmp_path / 'early'}")
 
 
+def test_a_run_of_another_torchtitan_release_is_refused(tmp_path):
+    """Its checkpoints hold that release's model and optimizer state: it continues only where
+    that release is installed (its stack.json says which); a run of this release resumes."""
+    from launch.config.stack import Stack, installed
+    from launch.run.run_dir import STACK
+
+    here = installed()
+    other = "0.3.0" if here.torchtitan == "0.2.2" else "0.2.2"
+    run = tmp_path / "run"
+    make_run(run, *RUN)
+    Stack(torchtitan=other, torch="2.11.0+cu130", triton="3.6.0").write(run / STACK)
+    install = "bash scripts/install.sh" + (" --torchtitan 0.3.0" if other == "0.3.0" else "")
+    assert refused(f"training.resume={run}") == (
+        f"training.resume={run}: the run trained on torchtitan {other} (torchtitan {other}, torch 2.11.0+cu130, "
+        f"triton 3.6.0) and this environment runs torchtitan {here.torchtitan}; its checkpoints hold {other}'s "
+        f"model and optimizer state. Continue it where torchtitan {other} is installed (`{install}`), or start "
+        f"a new run")
+    here.write(run / STACK)
+    assert prepared(f"training.resume={run}")[2].step == 6
+
+
 def test_auto_says_whether_it_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg, _, resume = prepared("training.resume=auto", *RUN)

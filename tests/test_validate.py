@@ -252,6 +252,28 @@ def test_unknown_family():
     assert "did you mean model.family=llama4?" in one_problem("model.family=lama4")
 
 
+def test_a_family_of_the_other_torchtitan_stack_is_refused_in_one_line(monkeypatch):
+    """Llama4 is not in torchtitan 0.3.0; the recipe trains Qwen3 MoE on 0.3.0: each is refused
+    on the other stack, naming the stack that trains it and the models that train here."""
+    from launch.config import stack
+
+    monkeypatch.setattr(stack, "_version", lambda package: {"torchtitan": "0.2.2"}.get(package, "1.0"))
+    assert one_problem("model=tiny_qwen3") == (
+        "model=tiny_qwen3: the recipe trains Qwen3 MoE on torchtitan 0.3.0 (`bash scripts/install.sh --torchtitan "
+        "0.3.0`), and this environment runs torchtitan 0.2.2; here: model=tiny_llama4, model=tiny_dsv3, ...")
+    monkeypatch.setattr(stack, "_version", lambda package: {"torchtitan": "0.3.0"}.get(package, "1.0"))
+    assert one_problem("model=tiny_llama4") == (
+        "model=tiny_llama4: Llama4 is not in torchtitan 0.3.0 (removed upstream: \"deprecate llama4\"), which this "
+        "environment runs; Llama4 trains on the torchtitan 0.2.2 stack (`bash scripts/install.sh`); here: "
+        "model=tiny_dsv3, model=tiny_qwen3, ...")
+    check("model=tiny_qwen3")
+    check("model=qwen3_30b_a3b", "parallelism=2nodes_8gpus", "launcher=slurm", "a2a=mxfp8", machine=GPU_BOX)
+    monkeypatch.setattr(stack, "_version", lambda package: {"torchtitan": "0.2.1"}.get(package))
+    assert one_problem() == ("this environment has torchtitan 0.2.1; the recipe runs torchtitan 0.2.2 or 0.3.0: "
+                             "install one with `bash scripts/install.sh` or `bash scripts/install.sh --torchtitan "
+                             "0.3.0`")
+
+
 def test_flavor_case_does_not_matter():
     check("model=dsv3_debugmodel", "model.flavor=DebugModel")
 

@@ -94,14 +94,12 @@ def installed() -> Stack:
 
 def family_problem(family: str, torchtitan: str) -> Optional[str]:
     """Why the recipe does not train the model family on this torchtitan release, naming the stack
-    that does and this stack's tiny models (None when it trains it)."""
+    that does and this stack's tiny models (None when it trains it, or no stack does)."""
     families = FAMILIES_BY_STACK[torchtitan]
-    if family in families:
+    others = [s for s in STACKS if family in FAMILIES_BY_STACK[s]]
+    if family in families or not others:
         return None
     here = "here: " + ", ".join(f"model={TINY_MODEL[f]}" for f in families) + ", ..."
-    others = [s for s in STACKS if family in FAMILIES_BY_STACK[s]]
-    if not others:
-        return f"model.family={family} is no model family of the recipe; {here}"
     name, other = FAMILY_NAMES[family], others[0]
     if family == "llama4":
         return (f"{name} is not in torchtitan {torchtitan} (removed upstream: \"deprecate llama4\"), which this "

@@ -27,7 +27,7 @@ from launch.config.model_facts import ModelFacts
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
 from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig
-from launch.config.stack import CPU_MODELS, INSTALL, StackError, family_problem, installed_torchtitan
+from launch.config.stack import CPU_MODELS, FAMILIES_BY_STACK, INSTALL, StackError, family_problem, installed_torchtitan
 from launch.config.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
 from launch.launchers.machine import GIB, Machine
@@ -266,6 +266,10 @@ def _check_model(cfg: Any, r: Report) -> Optional[ModelFacts]:
     problem = family_problem(m.family, torchtitan)
     if problem is not None:
         r.error(f"model={m.name}: {problem}")
+        return None
+    families = FAMILIES_BY_STACK[torchtitan]
+    if m.family not in families:
+        r.error(f"model={m.name}: {choice_problem('model.family', m.family, families)}")
         return None
     try:
         return model_facts.facts(m.family, m.flavor, torchtitan)

@@ -4,7 +4,9 @@
   (``launch.run.run_dir.latest_run_config``) with the overrides of the same command line on top
   (listed in one line), from its newest complete checkpoint, in its folder and its wandb run.
   A path that is not a run, or a run without a checkpoint, is refused before anything starts;
-  so is a command line that changes what the run measures (only :data:`RESUMABLE` may change).
+  so is a command line that changes what the run measures (only :data:`RESUMABLE` may change),
+  and a run that trained on another torchtitan release than this environment's (its
+  ``stack.json``: the checkpoints hold that release's model and optimizer state).
 * ``training.resume=auto`` does the same with the newest run of the experiment that has a
   checkpoint, or says that it starts a new run.
 * Without ``training.resume``, a run dir that already holds a run is refused: launching into it
@@ -24,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from launch.config.problems import ConfigError
 from launch.config.schema import config_from_yaml
-from launch.run.run_dir import RUN_CONFIG, checkpoint_steps, key_under, latest_run_config, override_key
+from launch.config.stack import INSTALL, Stack, StackError, installed_torchtitan
+from launch.run.run_dir import RUN_CONFIG, STACK, checkpoint_steps, key_under, latest_run_config, override_key
 
 AUTO = "auto"
 # Groups whose option a command line may change as a whole (``a2a=mxfp8``).
@@ -107,6 +110,7 @@ def check_resumable(asked: str, run_dir: str, checkpoint_folder: str) -> Optiona
                            f"training.resume=auto for the newest run with a checkpoint"])
     saved, steps = _checkpoints(d, checkpoint_folder)
     if steps:
+        _check_same_stack(asked, d)
         return steps[-1]
     if asked == AUTO:
         return None
@@ -227,3 +231,19 @@ def _differences(a: DictConfig, b: DictConfig, prefix: str = "") -> list[str]:
         elif _plain(va) != _plain(vb):
             out.append(path)
     return sorted(out)
+
+
+def _check_same_stack(asked: str, run_dir: Path) -> None:
+    """A run continues on the torchtitan release it trained on (its ``stack.json``)."""
+    recorded = Stack.read(run_dir / STACK)
+    try:
+        here = installed_torchtitan()
+    except StackError:
+        return  # the check before launch says what is missing
+    if recorded is None or recorded.torchtitan == here:
+        return
+    raise ConfigError([f"training.resume={asked}: the run trained on torchtitan {recorded.torchtitan} "
+                       f"({recorded.label}) and this environment runs torchtitan {here}; its checkpoints hold "
+                       f"{recorded.torchtitan}'s model and optimizer state. Continue it where torchtitan "
+                       f"{recorded.torchtitan} is installed (`{INSTALL.get(recorded.torchtitan, 'pip install')}`), "
+                       f"or start a new run"])
