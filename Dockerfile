@@ -23,9 +23,9 @@ COPY pyproject.toml README.md LICENSE ./
 COPY mxfp8_ep ./mxfp8_ep
 COPY launch ./launch
 # Keep the image's CUDA build of torch (pinning it stops pip from swapping it), then install
-# the package, not editable, with exactly the pins in pyproject.toml.
+# the package, not editable, with exactly the pins in pyproject.toml: the torchtitan 0.2.2 stack.
 RUN python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${TORCH_VERSION}')" \
- && pip install --no-cache-dir "torch==${TORCH_VERSION}" . \
+ && pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[titan022]" \
  && rm -rf build *.egg-info
 # `python launch/train.py` reads its Hydra configs next to it.
 COPY conf ./conf
@@ -35,7 +35,7 @@ CMD ["python", "launch/train.py", "--help"]
 
 FROM runtime AS test
 ARG TORCH_VERSION
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test]"
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test,titan022]"
 COPY scripts ./scripts
 COPY benchmarks ./benchmarks
 COPY tests ./tests

@@ -6,9 +6,9 @@
 # The venv sees the project's own environment (--system-site-packages: torch 2.13 CPU, triton,
 # torchao, pytest, mxfp8-ep itself, as scripts/install.sh installed them) and installs the
 # pyproject.toml extra `titan030` (torchtitan 0.3.0 and the pins it needs) into the venv, where
-# they shadow torchtitan 0.2.2 without touching it. The `titan030` extra cannot go beside the
-# base dependencies (they pin torchtitan==0.2.2), so it is read from pyproject.toml, not
-# installed as `.[titan030]`. A torch outside 2.12–2.14 (0.3.0 needs >= 2.12) is replaced in the
+# they shadow torchtitan 0.2.2 without touching it. The `titan030` extra conflicts with the
+# `titan022` one the base environment has, so it is read from pyproject.toml, not installed as
+# `.[titan030]`. (A whole 0.3.0 environment: `bash scripts/install.sh --torchtitan 0.3.0`.) A torch outside 2.12–2.14 (0.3.0 needs >= 2.12) is replaced in the
 # venv by torch 2.13.0 (TORCH_INDEX_URL as in install.sh). Reruns with unchanged pins do nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +28,8 @@ VPY="$VENV/bin/python"
 if ! "$VPY" -c "import torch, sys; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if (2, 12) <= v < (2, 15) else 1)" 2>/dev/null; then
   "$VPY" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 fi
-# pip's conflict report that the base environment's mxfp8-ep pins torchtitan==0.2.2 is
-# expected here (0.3.0 shadows it on purpose): drop those two lines, keep the rest.
+# pip's conflict report about the base environment's torchtitan 0.2.2 is expected here (0.3.0
+# shadows it on purpose): drop those lines, keep the rest.
 mapfile -t reqs <<< "$pins"
 "$VPY" -m pip install -q "${reqs[@]}" 2> >(grep -v -e "resolver does not currently take into account" \
   -e "mxfp8-ep .* requires torchtitan==0.2.2" >&2)

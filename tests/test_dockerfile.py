@@ -29,8 +29,9 @@ def test_dockerfile_torch_matches_pyproject_range_and_base_image():
 def test_runtime_image_is_a_plain_install_without_tests():
     runtime = _stages()["runtime"]
     (install,) = re.findall(r"pip install [^\n]*", runtime)
-    # The package itself, not editable, no test extras; no second hand-written list of pins.
-    assert " -e " not in install and "[test]" not in install and re.search(r" \.( \\)?$", install)
+    # The package itself with its torchtitan 0.2.2 stack, not editable, no test extras; no second
+    # hand-written list of pins.
+    assert " -e " not in install and "test" not in install and re.search(r' "\.\[titan022\]"( \\)?$', install)
     assert re.findall(r"[\w-]+==[\w.${}]+", install) == ['torch==${TORCH_VERSION}']
     for needed in ("mxfp8_ep", "launch", "conf", "recipes"):
         assert re.search(rf"^COPY {needed} ", runtime, flags=re.M), needed
@@ -39,5 +40,5 @@ def test_runtime_image_is_a_plain_install_without_tests():
 
 def test_test_stage_adds_the_test_extras_and_runs_the_suite():
     test = _stages()["test"]
-    assert '".[test]"' in test and "COPY tests ./tests" in test
+    assert '".[test,titan022]"' in test and "COPY tests ./tests" in test
     assert 'CMD ["python", "-m", "pytest", "-q", "tests"]' in test
