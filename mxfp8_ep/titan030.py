@@ -92,6 +92,13 @@ class _ExchangeLegs:
         self.transport: Transport | None = None  # resolved in wire_meshes
         self._ours = None  # our dispatcher, unless the parent's path serves (nccl, bf16 legs)
 
+    @property
+    def library_dispatcher(self):
+        """The ``mxfp8_ep.dispatcher.TokenDispatcher`` this layer's exchange runs on (it reports
+        the numerics telemetry); None on the parent's path (nccl, every leg bf16) or before
+        ``wire_meshes``."""
+        return self._ours
+
     def wire_meshes(self, *, ep_mesh) -> None:
         if ep_mesh is None:
             raise ValueError(NO_EP_MESSAGE)

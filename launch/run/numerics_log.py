@@ -39,14 +39,16 @@ def arm_for_step(step: int, every: int) -> None:
 
 
 def layer_indices(model_parts: Iterable[nn.Module]) -> dict[Hashable, int]:
-    """Each MoE layer's dispatcher -> its transformer block's index (``model.layers["<i>"]``)."""
+    """Each MoE layer's dispatcher -> its transformer block's index (``model.layers["<i>"]``):
+    on torchtitan 0.2.2 the EP module's ``token_dispatcher``; on 0.3.0 the library dispatcher
+    its ``token_dispatcher`` runs on (``mxfp8_ep.titan030``'s ``library_dispatcher``)."""
     indices = {}
     for part in model_parts:
         for name, module in part.named_modules():
             dispatcher = getattr(module, "token_dispatcher", None)
             block = _BLOCK.search(name)
             if dispatcher is not None and block:
-                indices[dispatcher] = int(block.group(1))
+                indices[getattr(dispatcher, "library_dispatcher", None) or dispatcher] = int(block.group(1))
     return indices
 
 
