@@ -1,7 +1,8 @@
-"""Why the 0.3.0 tests run the MoE layer (test_moe_layer_ep.py: SGD steps under EP on gloo)
-and not 0.3.0's trainer: none of the attention backends 0.3.0 offers a language model can run a
-backward pass on CPU with this torch. If one of these starts to work, replace this test with a
-short CPU training run through ``torchtitan.train``."""
+"""Why the recipe's own models on torchtitan 0.3.0 attend with sdpa, built into their configs
+directly (``launch.titan.titan030.models``), and torchtitan's flavors are refused on CPU before
+launch: none of the attention backends 0.3.0 offers a language model can run a backward pass on
+CPU with this torch, and ``get_attention_config`` refuses sdpa. If one of these starts to work,
+torchtitan's flavors can train on CPU too (test_recipe_e2e.py refuses ``dsv3_debugmodel``)."""
 
 from __future__ import annotations
 
