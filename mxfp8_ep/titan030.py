@@ -66,8 +66,9 @@ except ImportError as e:  # torchtitan 0.2.2 (or none): no token-dispatcher seam
         found = "no torchtitan"
     raise ImportError(
         f"mxfp8_ep.titan030 adapts the dispatcher to torchtitan 0.3.0's token dispatchers, but "
-        f"this environment has {found} ({e}). Build the 0.3.0 environment with "
-        f"`bash scripts/setup_titan030.sh` (venv .venv-titan030); with torchtitan 0.2.2 use "
+        f"this environment has {found} ({e}). Install the 0.3.0 stack with "
+        f"`bash scripts/install.sh --torchtitan 0.3.0` (beside 0.2.2, in the venv .venv-titan030: "
+        f"`bash scripts/setup_titan030.sh`); with torchtitan 0.2.2 use "
         f"mxfp8_ep.install_expert_parallel instead."
     ) from e
 

@@ -1,7 +1,7 @@
 """`python launch/train.py launcher=slurm` on torchtitan 0.3.0: a job on the local SLURM cluster
 (2 fake nodes, one gloo process each, EP 2 across them), tiny DeepSeek-V3 with the MXFP8 legs;
 the job's workers run 0.3.0's trainer and the run records that stack. The cluster and the
-helpers are tests/slurm's."""
+helpers are tests/slurm's (conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 
 pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 
-from tests.slurm.conftest import slurm_cluster  # noqa: E402,F401 (fixture)
-from tests.slurm.test_train_slurm import SLURM_CPU, train  # noqa: E402,F401 (fixture)
+from tests.slurm.test_train_slurm import SLURM_CPU  # noqa: E402
 
 from launch.config.stack import installed  # noqa: E402
 from launch.run.run_summary import RunSummary  # noqa: E402
