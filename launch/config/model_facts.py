@@ -3,8 +3,8 @@
 Importing torchtitan takes ~10 s; validation must take well under 2 s. So the numbers the
 checks use (widths, expert counts, parameter counts, attention kind) are kept here, one row per
 torchtitan 0.2.2 flavor of Llama4 and DeepSeek-V3 plus the recipe's tiny ones (:data:`MODELS`),
-and per torchtitan 0.3.0 flavor of DeepSeek-V3 and Qwen3 MoE plus ours
-(``launch.config.model_facts_030``); :func:`models` is the table of the installed stack.
+and per torchtitan 0.3.0 MoE flavor of DeepSeek-V3 and Qwen3 plus ours (:data:`MODELS_030`,
+``launch.titan.titan030.models``); :func:`models` is the table of the installed stack.
 ``tests/test_titan_models.py`` (0.2.2) and ``tests/titan030/test_recipe_models.py`` (0.3.0)
 rebuild every row from torchtitan (the model on the meta device) and fail when one differs, so a
 torchtitan upgrade cannot leave a table stale.
@@ -18,7 +18,7 @@ from typing import Optional
 
 from launch.config.stack import FAMILIES_BY_STACK, installed_torchtitan
 
-__all__ = ["FAMILIES", "MODELS", "ModelFacts", "UnknownModelError", "facts", "models", "resolve"]
+__all__ = ["FAMILIES", "MODELS", "MODELS_030", "ModelFacts", "UnknownModelError", "facts", "models", "resolve"]
 
 # torchtitan 0.2.2's families (:data:`MODELS`); ``launch.config.stack.FAMILIES_BY_STACK`` has each stack's.
 FAMILIES = FAMILIES_BY_STACK["0.2.2"]
@@ -89,13 +89,28 @@ MODELS: dict[tuple[str, str], ModelFacts] = {
 }
 
 
+# torchtitan 0.3.0: DeepSeek-V3 and Qwen3 MoE. DeepSeek-V3's rows are 0.2.2's but for the
+# attention of torchtitan's flavors (flex on 0.3.0); the recipe's own attend with sdpa.
+_DEEPSEEK_V3_OURS = ("tiny", "parity_tiny", "parity", "ep_bench")
+_DEEPSEEK_V3_TITAN = ("debugmodel", "16B", "236B", "671B")
+
+MODELS_030: dict[tuple[str, str], ModelFacts] = {
+    **{("deepseek_v3", f): MODELS["deepseek_v3", f] for f in _DEEPSEEK_V3_OURS},
+    **{("deepseek_v3", f): dataclasses.replace(MODELS["deepseek_v3", f], attention="flex")
+       for f in _DEEPSEEK_V3_TITAN},
+    ("qwen3", "tiny"): ModelFacts(128, 2, 2, 4, 2, 512, 8, 0, 2, 64, 0, 625_408, 393_216, "sdpa"),
+    ("qwen3", "debugmodel_moe"): ModelFacts(256, 8, 8, 16, 8, 2048, 64, 0, 8, 768, 0, 315_758_848, 301_989_888,
+                                            "flex"),
+    ("qwen3", "30B-A3B"): ModelFacts(2048, 48, 48, 32, 4, 151936, 128, 0, 8, 768, 0, 30_532_122_624,
+                                     28_991_029_248, "flex"),
+    ("qwen3", "235B-A22B"): ModelFacts(4096, 94, 94, 64, 4, 151936, 128, 0, 8, 1536, 0, 235_093_634_560,
+                                       227_096_395_776, "flex"),
+}
+
+
 def models(torchtitan: Optional[str] = None) -> dict[tuple[str, str], ModelFacts]:
     """The facts table of a torchtitan release (default: the installed one)."""
-    if (torchtitan or installed_torchtitan()) == "0.3.0":
-        from launch.config.model_facts_030 import MODELS as MODELS_030
-
-        return MODELS_030
-    return MODELS
+    return MODELS_030 if (torchtitan or installed_torchtitan()) == "0.3.0" else MODELS
 
 
 def resolve(family: str, flavor: str, torchtitan: Optional[str] = None) -> tuple[str, str]:

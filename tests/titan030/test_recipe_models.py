@@ -1,5 +1,5 @@
 """The recipe's models on torchtitan 0.3.0 (``launch.titan.titan030.models``): the facts table the
-checks before launch read (``launch.config.model_facts_030``) is what torchtitan 0.3.0 builds, the
+checks before launch read (``launch.config.model_facts.MODELS_030``) is what torchtitan 0.3.0 builds, the
 recipe's own models attend with sdpa and torchtitan's with flex, the job config carries the
 library's override as ``--override.imports`` would. Single process, seconds."""
 
@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 
+from launch.config.model_facts import MODELS_030 as MODELS  # noqa: E402
 from launch.config.model_facts import models, resolve  # noqa: E402
-from launch.config.model_facts_030 import MODELS  # noqa: E402
 from launch.titan.titan030.models import (  # noqa: E402
     OUR_FLAVORS,
     attention_of,

@@ -172,7 +172,7 @@ def flavors_in_torchtitan() -> list[tuple[str, str]]:
 
 
 def facts_from_torchtitan(family: str, flavor: str) -> ModelFacts:
-    """The row of ``launch.config.model_facts_030.MODELS`` for a flavor, computed from
+    """The row of ``launch.config.model_facts.MODELS_030`` for a flavor, computed from
     torchtitan 0.3.0: the model built on the meta device (no memory)."""
     import torch
     from torchtitan.models.common.attention import GQAttention
