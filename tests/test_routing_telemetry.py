@@ -15,6 +15,7 @@ from launch.run.console import format_summary
 from launch.run.run_dir import ROUTING_LOG
 from launch.run.run_summary import RunSummary, imbalance_metric
 from launch.titan.routing_telemetry import RoutingTelemetry
+from mxfp8_ep.elastic import LOAD_BALANCE_BUFFERS
 from mxfp8_ep.routing_stats import busiest_rank_load, imbalance_degrees
 
 
@@ -43,57 +44,65 @@ def test_imbalance_degrees_add_the_runs_own_and_leave_out_what_does_not_divide()
 # ------------------------------------------------------------------------- the recipe's steps
 
 class _MoE(nn.Module):
-    def __init__(self, experts: int):
+    def __init__(self, experts: int, counter: str):
         super().__init__()
-        self.register_buffer("tokens_per_expert", torch.zeros(experts))
+        self.register_buffer(counter, torch.zeros(experts))
 
 
 class _Block(nn.Module):
-    def __init__(self, experts: int | None):
+    def __init__(self, experts: int | None, counter: str):
         super().__init__()
         self.moe_enabled = experts is not None
         if experts is not None:
-            self.moe = _MoE(experts)
+            self.moe = _MoE(experts, counter)
 
 
 class _Model(nn.Module):
-    """torchtitan's layout: ``layers`` of blocks, MoE ones with ``moe.tokens_per_expert``."""
+    """torchtitan's layout: ``layers`` of blocks, MoE ones with a per-expert token counter
+    (``counter``: ``moe.tokens_per_expert`` on torchtitan 0.2.2, ``moe.tokens_per_expert_E`` on 0.3.0)."""
 
-    def __init__(self, experts: int = 4):
+    def __init__(self, experts: int = 4, counter: str = "tokens_per_expert"):
         super().__init__()
-        self.layers = nn.ModuleDict({"0": _Block(None), "1": _Block(experts), "2": _Block(experts)})
+        self.counter = counter
+        self.layers = nn.ModuleDict({"0": _Block(None, counter), "1": _Block(experts, counter),
+                                     "2": _Block(experts, counter)})
+
+    def counts(self, name: str) -> torch.Tensor:
+        """Layer ``name``'s counter."""
+        return getattr(self.layers[name].moe, self.counter)
 
     def route(self, *counts):
         """One forward: the MoE layers count their tokens (layer 1 ``counts[0]``, layer 2 ``counts[1]``)."""
         for name, c in zip(("1", "2"), counts):
-            self.layers[name].moe.tokens_per_expert.add_(torch.tensor(c, dtype=torch.float32))
+            self.counts(name).add_(torch.tensor(c, dtype=torch.float32))
 
 
+@pytest.mark.parametrize("counter", LOAD_BALANCE_BUFFERS)
 @pytest.mark.parametrize("load_balancing", [True, False])
-def test_a_step_counts_once_its_own_tokens(tmp_path, load_balancing):
+def test_a_step_counts_once_its_own_tokens(tmp_path, load_balancing, counter):
     """Two microbatches a step; step 2's first attempt overflows and runs again from its counters
     as they were; with load balancing torchtitan zeroes the counters in the optimizer step,
     without it they add up over the run: either way each step's loads are its own tokens'."""
-    model = _Model()
+    model = _Model(counter=counter)
     telemetry = RoutingTelemetry.of([model], ep=1, run_dir=str(tmp_path))
     assert telemetry.layers == [1, 2] and telemetry.degrees == (2, 4)
 
     def step(number, microbatches, overflowed=None):
         telemetry.begin_step()
-        start = [model.layers[n].moe.tokens_per_expert.clone() for n in ("1", "2")]
+        start = [model.counts(n).clone() for n in ("1", "2")]
         if overflowed:
             model.route(*overflowed[0])
             telemetry.microbatch_done(number, 2)
             model.route(*overflowed[1])  # the check after the last backward raises: not done
             for n, saved in zip(("1", "2"), start):
-                model.layers[n].moe.tokens_per_expert.copy_(saved)
+                model.counts(n).copy_(saved)
             telemetry.restart_step()
         for counts in microbatches:
             model.route(*counts)
             telemetry.microbatch_done(number, 2)
         if load_balancing:
             for n in ("1", "2"):
-                model.layers[n].moe.tokens_per_expert.zero_()
+                model.counts(n).zero_()
 
     step(1, [([1, 1, 1, 1], [4, 0, 0, 0]), ([1, 1, 1, 1], [4, 0, 0, 0])])
     step(2, [([3, 1, 0, 0], [1, 1, 1, 1]), ([3, 1, 0, 0], [1, 1, 1, 1])],

@@ -2,7 +2,8 @@
 stops at a step boundary (with a checkpoint), the heartbeat, the numerics telemetry's sampled
 steps, the dispatcher's synced input checks for the first steps, the elastic capacity's replays
 counted and logged (``on_capacity_replay``; the replays themselves are
-``mxfp8_ep.elastic``'s), resumed runs' counts and series, and the run's ``RunSummary``.
+``mxfp8_ep.elastic``'s), the routing telemetry's counts of each step that counts
+(``launch.titan.routing_telemetry``), resumed runs' counts and series, and the run's ``RunSummary``.
 
 Each stack's trainer (``launch.titan.titan022.RecipeTrainer``,
 ``launch.titan.titan030.trainer.RecipeTrainer``) is ``RecipeTrainerMixin`` over torchtitan's

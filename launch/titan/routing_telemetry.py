@@ -1,15 +1,17 @@
 """The recipe's routing telemetry: how many rows the busiest rank would receive, over the
 balanced count, at EP 2, 4, 8 and the run's own EP (``mxfp8_ep.routing_stats``), per training
 step and MoE layer, from the per-expert counts torchtitan's MoE layers already keep on the
-device (``tokens_per_expert``). What a user reads to choose ``a2a.capacity_factor`` and
-``a2a.capacity_ceiling`` for an EP degree before renting its GPUs; measurable at EP=1.
+device (``tokens_per_expert`` on torchtitan 0.2.2, ``tokens_per_expert_E`` on 0.3.0:
+``mxfp8_ep.elastic.LOAD_BALANCE_BUFFERS``). What a user reads to choose ``a2a.capacity_factor``
+and ``a2a.capacity_ceiling`` for an EP degree before renting its GPUs; measurable at EP=1.
 
-Per step (``RecipeTrainer``): the counters are copied at the step's start; after the step's
-last forward-backward, once the elastic capacity's check has let the step count (a replayed
-step's counters go back to the start and its overflowed attempt is not recorded), the step's
-own counts (the difference: torchtitan zeroes them in the optimizer's pre-hook when
-``load_balance_coeff`` is set, and otherwise they add up over the run) are kept on the device.
-Nothing is read on the host and nothing is exchanged per step.
+Per step (``launch.titan.recipe_trainer.RecipeTrainerMixin``, the trainer of either stack): the
+counters are copied at the step's start; after the step's last forward-backward, once the
+elastic capacity's check has let the step count (a replayed step's counters go back to the start
+and its overflowed attempt is not recorded), the step's own counts (the difference: torchtitan
+zeroes them in the optimizer's pre-hook when ``load_balance_coeff`` is set, and otherwise they
+add up over the run) are kept on the device. Nothing is read on the host and nothing is
+exchanged per step.
 
 At the logging cadence (``RecipeMetricsProcessor.log``, every rank) the window's counts are
 summed over all ranks in one all-reduce, turned into loads per step, layer and degree, and read
@@ -37,11 +39,17 @@ import torch.nn as nn
 
 from launch.run.run_dir import ROUTING_LOG
 from launch.run.run_summary import imbalance_metric
+from mxfp8_ep.elastic import LOAD_BALANCE_BUFFERS
 from mxfp8_ep.routing_stats import busiest_rank_load, imbalance_degrees
 
 __all__ = ["RoutingTelemetry"]
 
 _log = logging.getLogger(__name__)
+
+
+def _counter_name(moe: nn.Module) -> Optional[str]:
+    """The name of the per-expert token counter ``moe`` keeps (its torchtitan release's), or None."""
+    return next((name for name in LOAD_BALANCE_BUFFERS if isinstance(getattr(moe, name, None), torch.Tensor)), None)
 
 
 def _moe_layers(model_parts: Iterable[nn.Module]) -> list[tuple[int, nn.Module]]:
@@ -51,7 +59,7 @@ def _moe_layers(model_parts: Iterable[nn.Module]) -> list[tuple[int, nn.Module]]
         layers = getattr(part, "layers", None)
         for name, block in (layers.items() if isinstance(layers, nn.ModuleDict) else ()):
             moe = getattr(block, "moe", None) if getattr(block, "moe_enabled", False) else None
-            if moe is not None and isinstance(getattr(moe, "tokens_per_expert", None), torch.Tensor):
+            if moe is not None and _counter_name(moe) is not None:
                 found.append((int(name), moe))
     return found
 
@@ -63,6 +71,8 @@ class RoutingTelemetry:
     def __init__(self, layers: list[tuple[int, nn.Module]], degrees: tuple[int, ...], path: Optional[str]):
         self.layers = [index for index, _ in layers]
         self._moes = [moe for _, moe in layers]
+        # Read by name at each step: torchtitan 0.3.0 may put a new tensor there (its buffers' init).
+        self._counter = _counter_name(self._moes[0]) if self._moes else LOAD_BALANCE_BUFFERS[0]
         self.degrees = degrees
         self.path = path
         self._start: Optional[torch.Tensor] = None
@@ -77,7 +87,7 @@ class RoutingTelemetry:
         """The telemetry of a model's MoE layers at EP ``ep``, or None where there is nothing to
         report (no MoE layer, or no degree > 1 that divides its experts)."""
         layers = _moe_layers(model_parts)
-        experts = {moe.tokens_per_expert.numel() for _, moe in layers}
+        experts = {getattr(moe, _counter_name(moe)).numel() for _, moe in layers}
         if len(experts) != 1:
             if experts:
                 _log.warning("routing telemetry off: the MoE layers have different expert counts %s", sorted(experts))
@@ -89,7 +99,7 @@ class RoutingTelemetry:
         return cls(layers, degrees, os.path.join(run_dir, ROUTING_LOG) if rank0 else None)
 
     def _counts(self) -> torch.Tensor:
-        counts = [moe.tokens_per_expert.detach() for moe in self._moes]
+        counts = [getattr(moe, self._counter).detach() for moe in self._moes]
         return torch.stack([c.to_local() if hasattr(c, "to_local") else c for c in counts]).float()
 
     def begin_step(self) -> None:

@@ -64,6 +64,7 @@ def test_each_preset_trains_and_records_its_stack(sweep):
         assert all(math.isfinite(x) for x in s.losses) and s.losses[-1] < s.losses[0] - 0.1, s.losses
         assert s.checkpoint == str(run_dir / "checkpoint" / "step-20")
         assert s.stack == stack.to_dict() == json.loads((run_dir / STACK).read_text())
+        assert set(s.moe_imbalance) == {"ep2", "ep4", "ep8"}, s.moe_imbalance  # the routing telemetry
         (wandb_run,) = read_runs(str(run_dir))
         assert wandb_run.config["stack"] == stack.to_dict()
         assert wandb_run.config["recipe"]["a2a"]["name"] == a2a

@@ -89,7 +89,8 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
         optimizer=default_adamw(lr=float(t.lr)),
         lr_scheduler=LRSchedulersContainer.Config(warmup_steps=int(t.warmup_steps)),
         training=TrainingConfig(local_batch_size=int(t.local_batch_size), seq_len=int(t.seq_len),
-                                steps=int(t.steps), max_norm=float(t.max_norm), disable_cuda_graphs=True),
+                                steps=int(t.steps), max_norm=float(t.max_norm), disable_cuda_graphs=True,
+                                mixed_precision_param=str(t.mixed_precision_param)),
         parallelism=ParallelismConfig(
             expert_parallel_degree=int(p.ep), data_parallel_shard_degree=int(p.fsdp),
             tensor_parallel_degree=int(p.tp), fsdp_reshard_after_forward=str(p.fsdp_reshard_after_forward),
