@@ -3,8 +3,9 @@
 # mxfp8_ep.titan030 and tests/titan030.
 #   bash scripts/setup_titan030.sh        # then: .venv-titan030/bin/python -m pytest tests/titan030
 #
-# The venv sees the project's own environment (--system-site-packages: torch 2.13 CPU, triton,
-# torchao, pytest, mxfp8-ep itself, as scripts/install.sh installed them) and installs the
+# The venv sees the project's own environment, PYTHON's (--system-site-packages, or that venv's
+# site-packages where PYTHON is a venv's: torch 2.13 CPU, triton, torchao, pytest, mxfp8-ep
+# itself, as scripts/install.sh installed them) and installs the
 # pyproject.toml extra `titan030` (torchtitan 0.3.0 and the pins it needs) into the venv, where
 # they shadow torchtitan 0.2.2 without touching it. The `titan030` extra conflicts with the
 # `titan022` one the base environment has, so it is read from pyproject.toml, not installed as
@@ -25,6 +26,10 @@ rm -rf "$VENV"
 "$PY" -m venv --system-site-packages --without-pip "$VENV"
 echo '*' > "$VENV/.gitignore"
 VPY="$VENV/bin/python"
+# A venv made from a venv's python sees the base interpreter's packages, not that venv's: a .pth
+# file puts the project environment's site-packages after the new venv's own (which shadow them).
+"$PY" -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")' \
+  > "$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/project_env.pth"
 if ! "$VPY" -c "import torch, sys; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if (2, 12) <= v < (2, 15) else 1)" 2>/dev/null; then
   "$VPY" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 fi

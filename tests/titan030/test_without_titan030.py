@@ -19,5 +19,6 @@ def test_library_imports_with_torchtitan_022(module):
 
 
 def test_adapter_says_it_needs_torchtitan_030():
-    with pytest.raises(ImportError, match=r"torchtitan 0\.3\.0.*has torchtitan 0\.2\.2.*install\.sh --torchtitan 0\.3\.0.*setup_titan030\.sh"):
+    with pytest.raises(ImportError, match=r"torchtitan 0\.3\.0.*has torchtitan 0\.2\.2.*install\.sh --torchtitan "
+                                          r"0\.3\.0.*setup_titan030\.sh"):
         import mxfp8_ep.titan030  # noqa: F401
