@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from launch.run.run_summary import RunSummary  # noqa: E402
 from launch.run.wandb_offline import read_runs  # noqa: E402
 from launch.tools.compare_runs import main as compare_main  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 PRESETS = ("bf16", "mxfp8", "mxfp8_all")
 SWEEP = ("--multirun", f"a2a={','.join(PRESETS)}", "model=tiny_dsv3", "training.checkpoint_enable=true",
          "training.checkpoint_interval=10", "logging.numerics_every=10")
@@ -50,6 +52,17 @@ def sweep(tmp_path_factory) -> tuple[Path, dict[str, Path], str]:
     runs = {RunSummary.read(d).a2a: d for d in (cwd / "multirun").iterdir() if (d / "summary.json").is_file()}
     assert sorted(runs) == sorted(PRESETS), out[-3000:]
     return cwd / "multirun", runs, out
+
+
+def test_the_readmes_030_command_trains_what_the_sweep_trains():
+    """The README's 0.3.0 quick start: the install line, then `python launch/train.py` with the
+    overrides of the sweep's runs (the sweep trains its model at the default size)."""
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+                if "--torchtitan 0.3.0" in b]
+    install, command = block.strip().split("&&")
+    assert install.strip() == "bash scripts/install.sh --torchtitan 0.3.0"
+    words = command.split()
+    assert words[:2] == ["python", "launch/train.py"] and set(words[2:]) <= set(SWEEP), words
 
 
 def test_each_preset_trains_and_records_its_stack(sweep):
