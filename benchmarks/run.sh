@@ -23,6 +23,7 @@ numerics        1 GPU   numerics telemetry: step time at logging.numerics_every=
 profile         2 GPUs  kernels over NVLink with bandwidths; layer and leg timelines (torch.profiler)
 power           2 GPUs  SM clock, power and energy per pass of the DSV3-like layer's arms
 titan030        2 GPUs  torchtitan 0.3.0 MoE layer: AllToAll / MinimalAsyncEP vs ours (TITAN030_SITE)
+capacity_1gpu   1 GPU   elastic capacity, ranks on one GPU: GPU tests, layer memory EP 2/4, parity_dsv3 EP=4 1,000 steps
 tests_1gpu      1 GPU   compiled kernel tests; symm checks with 2-4 ranks sharing the GPU
 tests_1gpu_fuzz 1 GPU   the symm fuzz against torchtitan, 2-4 ranks sharing the GPU
 tests_2gpu      2 GPUs  the dispatcher GPU tests and fuzz, a GPU per rank; the NCCL tests
@@ -84,6 +85,18 @@ train_rows() {  # train_rows ARGS...: the runs under $runs as rows, their traini
 
 link_env() {  # NCCL's environment for a link of benchmarks/harness.py's LINKS
   python3 -c "from benchmarks.harness import LINKS; print(' '.join(f'{k}={v}' for k, v in LINKS['$1'].items()))"
+}
+
+replay_rows() {  # the runs under $runs as capacity replay rows, their training commands recorded
+  local rows=(python3 -m benchmarks.replays "$runs"/* --out "$out")
+  export MXFP8EP_BENCH_COMMAND="$(printf '%s && ' "${trained[@]}")${rows[*]}"
+  echo "+ ${rows[*]}" | tee -a "$log"
+  "${rows[@]}" 2>&1 | tee -a "$log"
+  for run_dir in "$runs"/*/; do  # what the rows were read from, beside them
+    for f in summary.json console.log routing.jsonl; do
+      [ ! -f "$run_dir$f" ] || cp "$run_dir$f" "$out/$(basename "$run_dir").$f"
+    done
+  done
 }
 
 failed=0
@@ -162,6 +175,14 @@ titan030)
     exit 2
   fi
   bench 2 titan030
+  ;;
+capacity_1gpu)
+  tests tests_1gpu_capacity -k sharing_one_gpu tests/test_elastic_capacity.py
+  bench 2 memory --layer
+  bench 4 memory --layer --tokens 4096
+  train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
+    training.local_batch_size=2 training.steps="${STEPS:-1000}" experiment=capacity_ep4 hydra.run.dir="$runs/mxfp8_ep4"
+  replay_rows
   ;;
 tests_1gpu)
   tests tests_1gpu_kernels tests/test_triton_kernels.py tests/test_mxfp8.py tests/test_grouped_experts.py \
