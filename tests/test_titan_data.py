@@ -5,6 +5,7 @@ validator's bookkeeping (single process, seconds)."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -154,3 +155,35 @@ def test_held_out_loss_scores_the_same_tokens_and_leaves_training_alone(corpus, 
         expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
     assert l1 == pytest.approx(expected.item(), rel=1e-6)
     assert model.training and model.tokens_per_expert.tolist() == [7.0] * 4
+
+
+@pytest.mark.parametrize("lines, problem", [
+    (['{"foo": 1}'], 'line 1 has no "text" field (its fields: foo)'),
+    (["not json"], "line 1 is not JSON (Expecting value: line 1 column 1 (char 0))"),
+    (['{"text": "a"}', "", '[1, 2]'], "line 3 is a JSON array, not an object"),
+    (['{"text": 3}'], 'line 1\'s "text" is a JSON number, not a string'),
+    ([], "holds no records (an empty file)"),
+], ids=["no_text_field", "not_json", "not_an_object", "text_not_a_string", "empty"])
+def test_a_dataset_whose_first_records_the_loader_cannot_read_is_refused(tmp_path, lines, problem):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(line + "\n" for line in lines))
+    errors, _ = check_data(training(dataset="mxfp8ep_tiny", dataset_path=str(data), val_every=0),
+                           model_vocab=512, dp_degree=2)
+    assert errors == [f"training.dataset_path={data}: {problem}; training.dataset=mxfp8ep_tiny reads one JSON "
+                      f'object per line, the document in its "text" field (a string)'], errors
+
+
+def test_a_corpus_whose_splits_are_not_gzipped_records_is_refused(tmp_path):
+    corpus = write_corpus(tmp_path / "c", sample_texts(4), sample_texts(4, offset=10), manifest=False)
+    (corpus / "train.jsonl.gz").write_bytes(b"plain text, not gzip")
+    (errors, _) = check_data(training(dataset_path=str(corpus)), model_vocab=512, dp_degree=2)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"training.dataset_path={corpus} (train.jsonl.gz): cannot be read as gzip-compressed text (Not a gzipped file")
+    (corpus / "train.jsonl.gz").unlink()
+    write_corpus(corpus, sample_texts(4), ["x"], manifest=False)
+    with gzip.open(corpus / "validation.jsonl.gz", "wt") as f:
+        f.write('{"body": "no text field"}\n')
+    (errors, _) = check_data(training(dataset_path=str(corpus)), model_vocab=512, dp_degree=2)
+    assert errors == [f"training.val_every=10: the validation split {corpus / 'validation.jsonl.gz'}: line 1 has "
+                      f'no "text" field (its fields: body); training.dataset=debian_docs reads one JSON object '
+                      f'per line, the document in its "text" field (a string)']

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +96,26 @@ class LocalLauncher:
             raise RunStopped(int(signal.SIGINT), RunSummary.read(run_dir)) from None
         except ChildFailedError as e:
             rank, failure = e.get_first_failure()
-            reason = (failure.message or f"exit code {failure.exitcode}").strip().splitlines()
-            log_dir = Path(failure.error_file).parent if failure.error_file else Path(run_dir) / WORKER_LOGS
-            raise RunFailed(f"rank {rank} failed: {reason[-1] if reason else '?'}; its full output: "
-                            f"{log_dir}/stderr.log and stdout.log") from None
+            raise RunFailed(failure_line(rank, failure, run_dir)) from None
         log.info("every process exited cleanly")
         return RunSummary.read(run_dir)
+
+
+def failure_line(rank: int, failure: Any, run_dir: str) -> str:
+    """The one line that says which rank failed, why, and where its output is, from torch
+    elastic's ``ProcessFailure``. A worker's Python exception comes through its ``@record``
+    error file, whose ``message`` is ``{"message": "<type>: <text>", "extraInfo": {...}}``; a
+    worker killed by a signal or exiting without one has a plain string, or only its exit code."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message")
+    lines = str(message or "").strip().splitlines()
+    if not lines or lines[-1].startswith("To enable traceback"):  # torch's text when it knows nothing
+        reason = f"exit code {failure.exitcode}"
+    else:
+        reason = lines[-1]
+    log_dir = Path(failure.error_file).parent if failure.error_file else Path(run_dir) / WORKER_LOGS
+    return f"rank {rank} failed: {reason}; its full output: {log_dir}/stderr.log and stdout.log"
 
 
 def _fits(gpus: int) -> str:
@@ -134,6 +149,11 @@ def _train_until_stopped(cfg_yaml: str, run_dir: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    except BaseException:
+        # torch's spawn wrapper keeps the traceback only in the error file: the rank's
+        # stderr.log, which the failure message names, gets it too.
+        traceback.print_exc()
+        raise
 
 
 def launch_config(cfg: Any, run_dir: str) -> Any:

@@ -55,6 +55,8 @@ TINY_TEXT = ASSETS_DIR / "tiny_text.jsonl"
 TOKENIZER_DIR = ASSETS_DIR / "tokenizer"
 TINY_DATASET = "mxfp8ep_tiny"
 CORPUS_DATASET = "debian_docs"
+# The datasets read with load_jsonl_dataset (register_datasets).
+JSONL_DATASETS = (TINY_DATASET, CORPUS_DATASET)
 CORPUS_DIR = REPO / "data" / "corpus"
 
 
@@ -117,15 +119,60 @@ def iter_texts(path: str | Path) -> Iterator[str]:
                 yield json.loads(line)["text"]
 
 
+def jsonl_file(path: str | Path) -> Path:
+    """The file :func:`load_jsonl_dataset` reads for ``path``: the file itself, or a corpus
+    folder's train split."""
+    p = Path(path)
+    return p / CORPUS_FILES.train if p.is_dir() else p
+
+
 def load_jsonl_dataset(path: str) -> Any:
     """A ``.jsonl`` / ``.jsonl.gz`` file, or a corpus folder's train split, as an in-memory
     ``datasets.Dataset`` with one column, ``text``."""
     from datasets import Dataset
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / CORPUS_FILES.train
-    return Dataset.from_dict({"text": list(iter_texts(p))})
+    return Dataset.from_dict({"text": list(iter_texts(jsonl_file(path)))})
+
+
+# What the records of a .jsonl dataset must be (the loader's reading of them), for the messages.
+RECORD_FORMAT = 'one JSON object per line, the document in its "text" field (a string)'
+# How many records the check before launch reads.
+CHECKED_RECORDS = 3
+
+
+def _json_type(value: Any) -> str:
+    """JSON's name for the type of a decoded value."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def first_records_problem(path: Path, records: int = CHECKED_RECORDS) -> Optional[str]:
+    """What is wrong with the first ``records`` records of a ``.jsonl`` / ``.jsonl.gz`` file for
+    :func:`iter_texts` (None: they read as documents): so a malformed dataset is refused before
+    launch instead of failing every worker after start-up."""
+    seen = 0
+    try:
+        with _open_text(path) as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    return f"line {number} is not JSON ({e})"
+                if not isinstance(record, dict):
+                    return f"line {number} is a JSON {_json_type(record)}, not an object"
+                if "text" not in record:
+                    keys = ", ".join(sorted(map(str, record))) or "none"
+                    return f'line {number} has no "text" field (its fields: {keys})'
+                if not isinstance(record["text"], str):
+                    return f'line {number}\'s "text" is a JSON {_json_type(record["text"])}, not a string'
+                seen += 1
+                if seen == records:
+                    break
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, a truncated gzip, binary data
+        return f"cannot be read as {'gzip-compressed ' if str(path).endswith('.gz') else ''}text ({e})"
+    return None if seen else "holds no records (an empty file)"
 
 
 def _text(sample: dict[str, Any]) -> str:
@@ -138,7 +185,7 @@ def register_datasets() -> None:
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.text_datasets import DATASETS
 
-    for name in (TINY_DATASET, CORPUS_DATASET):
+    for name in JSONL_DATASETS:
         DATASETS[name] = DatasetConfig(path=DATASET_PATHS[name], loader=load_jsonl_dataset,
                                        sample_processor=_text)
 
@@ -199,6 +246,14 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
     elif not Path(src.path).exists():
         errors.append(f"training.dataset_path={src.path}: no such file or directory (training.dataset="
                       f"{t.dataset})")
+    if t.dataset in JSONL_DATASETS and Path(src.path).exists():
+        data = jsonl_file(src.path)
+        shown = f"training.dataset_path={src.path}" + (f" ({data.name})" if data != Path(src.path) else "")
+        if not data.is_file():
+            errors.append(f"{shown}: no such file (a folder given to training.dataset={t.dataset} is read as "
+                          f"a corpus folder, its train split in {CORPUS_FILES.train})")
+        else:
+            _check_records(shown, t.dataset, data, errors)
 
     tokenizer = src.tokenizer
     if not tokenizer.is_dir():
@@ -223,11 +278,20 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
     elif t.val_every > 0 and not src.validation.is_file():
         errors.append(f"training.val_every={t.val_every}: no validation split {src.validation}; "
                       f"build the corpus with `{BUILD_CORPUS} --out {src.path}`")
+    elif t.val_every > 0:
+        _check_records(f"training.val_every={t.val_every}: the validation split {src.validation}", t.dataset,
+                       src.validation, errors)
     # The manifest counts tokens with the corpus's own tokenizer.
     if dp_degree and src.manifest is not None and src.manifest.is_file() and t.tokenizer_path is None:
         _check_split_sizes(t, json.loads(src.manifest.read_text()).get("splits", {}), dp_degree,
                            errors, warnings)
     return errors, warnings
+
+
+def _check_records(shown: str, dataset: str, path: Path, errors: list[str]) -> None:
+    problem = first_records_problem(path)
+    if problem is not None:
+        errors.append(f"{shown}: {problem}; training.dataset={dataset} reads {RECORD_FORMAT}")
 
 
 def _check_split_sizes(t: Any, splits: dict, dp_degree: int, errors: list[str], warnings: list[str]) -> None:

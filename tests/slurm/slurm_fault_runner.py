@@ -7,6 +7,9 @@ on ``PYTHONPATH``, which sbatch passes on to the job). Runs the real
                                                           Python cleanup) before step 3
   MXFP8EP_TEST_STEP_SLEEP=0.5                           every rank sleeps this long per step
                                                           (room to preempt a tiny run mid-way)
+
+``MXFP8EP_RUNNER=slurm_fault_runner:raise_on_rank`` trains nothing: the rank named by
+``MXFP8EP_TEST_CRASH_RANK`` (default 0) raises a Python exception, the others return.
 """
 
 from __future__ import annotations
@@ -49,3 +52,9 @@ def run_training(cfg: Any, run_dir: str) -> Any:
         Trainer.train_step = slow
 
     return titan_runner.run_training(cfg, run_dir)
+
+
+def raise_on_rank(cfg: Any, run_dir: str) -> Any:  # noqa: ARG001 (run_training's signature)
+    """A worker whose Python code fails: its exception reaches torch elastic's error file."""
+    if int(os.environ.get("RANK", "0")) == int(os.environ.get("MXFP8EP_TEST_CRASH_RANK", "0")):
+        raise ValueError("injected failure")

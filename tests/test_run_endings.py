@@ -1,0 +1,45 @@
+"""How a local run that goes wrong ends: a worker that raises, a dataset the loader cannot read.
+Each ends with one short message naming what failed and where its log is, the exit code the
+docs name, and no traceback from the recipe."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from tests.hydra_compose import REPO
+from tests.train_cli import run_train
+
+FAULTS = {"PYTHONPATH": os.pathsep.join((str(REPO / "tests" / "slurm"), str(REPO))),
+          "MXFP8EP_RUNNER": "slurm_fault_runner:raise_on_rank"}
+
+
+def test_a_worker_that_raises_is_one_line_naming_its_rank_and_log(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_train(tmp_path, "logging=none", f"hydra.run.dir={run_dir}", timeout=180,
+                     MXFP8EP_TEST_CRASH_RANK="1", **FAULTS)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    m = re.fullmatch(r"\[mxfp8ep\] rank 1 failed: ValueError: injected failure; its full output: "
+                     r"(\S+)/stderr\.log and stdout\.log", line)
+    assert m, line
+    log_dir = m.group(1)
+    assert log_dir.startswith(str(run_dir / "worker_logs")) and log_dir.endswith("/attempt_0/1")
+    # the rank's log has the traceback, each line after the time it was written
+    stderr = open(os.path.join(log_dir, "stderr.log")).read().splitlines()
+    assert stderr[-1].endswith("] ValueError: injected failure") and "Traceback" in stderr[0]
+    assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", line) for line in stderr), stderr
+    assert "Traceback" not in proc.stdout
+
+
+def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"foo": 1}\n')
+    t0 = time.monotonic()
+    proc = run_train(tmp_path, "training.dataset_path=bad.jsonl", "training.steps=3", timeout=60)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "[mxfp8ep] 1 problem(s) in the training config:",
+        '  - training.dataset_path=bad.jsonl: line 1 has no "text" field (its fields: foo); training.dataset='
+        'mxfp8ep_tiny reads one JSON object per line, the document in its "text" field (a string)']
+    assert time.monotonic() - t0 < 15 and not (tmp_path / "outputs").exists()
