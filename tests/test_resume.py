@@ -51,9 +51,10 @@ def refused(*overrides: str) -> str:
     return problem
 
 
-# A run of 10 steps with checkpoints, trained at seq_len 32 (not conf/'s 64).
+# A run of 10 steps of a 30-step learning-rate schedule with checkpoints, trained at seq_len 32
+# (not conf/'s 64).
 RUN = ("training.checkpoint_enable=true", "training.checkpoint_interval=2", "training.steps=10",
-       "training.seq_len=32")
+       "training.lr_schedule_steps=30", "training.seq_len=32")
 
 
 def test_resume_takes_the_runs_config_and_lists_the_changes(tmp_path):
@@ -68,8 +69,10 @@ def test_resume_takes_the_runs_config_and_lists_the_changes(tmp_path):
     cfg, _, resume = prepared(f"training.resume={run}", "training.steps=20", "training.checkpoint_interval=4",
                               "training.seq_len=32", "logging=none", "launcher.name=local")
     assert resume.line.endswith("changed on the command line: training.steps=20 "
-                                "training.checkpoint_interval=4 logging=none")
+                                "training.checkpoint_interval=4 logging=none; the learning-rate schedule "
+                                "keeps its 30 steps (training.lr_schedule_steps=<n> changes it)")
     assert cfg.training.steps == 20 and cfg.training.checkpoint_interval == 4
+    assert cfg.training.lr_schedule_steps == 30
     # a new logging group keeps the run's wandb run
     assert (cfg.logging.run_id, cfg.logging.run_name) == (saved["logging"]["run_id"],
                                                           saved["logging"]["run_name"])
@@ -84,7 +87,7 @@ def test_a_resume_that_changes_what_the_run_measures_is_refused(tmp_path):
     assert refused(f"training.resume={run}", "training.steps=20", "a2a=mxfp8") == (
         f"training.resume={run}: a resumed run keeps what it measures, but the command line changes "
         f"a2a=mxfp8 (was bf16); start a new run for that (a resume may change training.steps, "
-        f"training.checkpoint_interval, training.checkpoint_keep, training.val_every, "
+        f"training.lr_schedule_steps, training.checkpoint_interval, training.checkpoint_keep, training.val_every, "
         f"training.profile_freq, launcher, logging, validate)")
     problem = refused(f"training.resume={run}", "training.steps=20", "a2a.kernel=torch",
                       "parallelism.ep=1", "model=tiny_dsv3", "training.seq_len=64", "training.lr=0.01",
@@ -100,7 +103,7 @@ def test_a_resume_that_changes_what_the_run_measures_is_refused(tmp_path):
     ("missing", (), "training.resume={run}/nope: no such folder"),
     ("not a run", (), "not a run folder (it has no train_config.yaml)"),
     ("finished", ("training.resume={run}",), "has trained 10 of training.steps=10: nothing left to "
-                                             "train. Add training.steps=<more than 10>"),
+                                             "train. Add training.steps=<more than 10> to train it further"),
     ("checkpoint folder", ("training.resume={run}", "training.steps=20",
                            "training.checkpoint_folder=ckpt"),
      "training.checkpoint_folder=ckpt: a resumed run keeps training.checkpoint_folder as it was "
@@ -191,7 +194,8 @@ def test_cli_resume_continues_the_run_and_keeps_its_record(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[0] == (
         f"[mxfp8ep] resuming {run} from step 6 (its newest checkpoint) with its saved config; "
-        f"changed on the command line: training.steps=12")
+        f"changed on the command line: training.steps=12; the learning-rate schedule keeps its 30 steps "
+        f"(training.lr_schedule_steps=<n> changes it)")
     launched = OmegaConf.load(run / LAUNCHED)
     assert launched.training.steps == 12 and launched.training.seq_len == 32
     assert launched.logging.run_id == OmegaConf.load(run / RUN_CONFIG).logging.run_id
@@ -210,7 +214,8 @@ def test_cli_resume_continues_the_run_and_keeps_its_record(tmp_path):
     lines = (run / "console.log").read_text().splitlines()
     assert lines[0] == "launched to step 10" and lines[2] == "launched to step 12"
     assert lines[1].startswith("==== resume 1 (") and lines[1].endswith(
-        "): from step 6, changed on the command line: training.steps=12; its config in resumes/1/ ====")
+        "): from step 6, changed on the command line: training.steps=12; the learning-rate schedule keeps its "
+        "30 steps (training.lr_schedule_steps=<n> changes it); its config in resumes/1/ ====")
     assert lines[3].startswith("==== resume 2 (") and "from step 12" in lines[3]
     assert lines[4:] == ["launched to step 14"]
     log = (run / "train.log").read_text()  # the launching process's record, every launch's
@@ -226,3 +231,37 @@ def test_cli_resume_of_a_folder_that_is_not_there_makes_nothing(tmp_path):
     proc = run_train(tmp_path, "--multirun", "training.resume=auto", "a2a=bf16,mxfp8", timeout=60)
     assert proc.returncode == 2 and "drop --multirun" in proc.stderr
     assert not (tmp_path / "multirun").exists()
+
+
+def test_a_resume_keeps_the_runs_learning_rate_schedule(tmp_path):
+    """torchtitan decays the learning rate over the schedule's length: a resume that changes
+    training.steps keeps the length the run started with (saying so), a longer one is asked
+    for explicitly (recorded and said), and training past the schedule is refused."""
+    run = tmp_path / "run"
+    make_run(run, "training.checkpoint_enable=true", "training.steps=300", checkpoints=(80,))
+    assert OmegaConf.load(run / RUN_CONFIG).training.lr_schedule_steps == 300  # fixed at the first launch
+    cfg, _, resume = prepared(f"training.resume={run}", "training.steps=90")
+    assert cfg.training.lr_schedule_steps == 300 and cfg.training.steps == 90
+    assert resume.line.endswith("changed on the command line: training.steps=90; the learning-rate "
+                                "schedule keeps its 300 steps (training.lr_schedule_steps=<n> changes it)")
+    assert refused(f"training.resume={run}", "training.steps=400") == (
+        "training.steps=400 goes past the run's learning-rate schedule of 300 steps (training.lr_schedule_steps, "
+        "fixed at its first launch): after step 300 the learning rate would be 0. To train on, give the schedule "
+        "that length too: training.lr_schedule_steps=400 (the learning rate then follows the longer schedule "
+        "from the step it resumes at)")
+    cfg, _, resume = prepared(f"training.resume={run}", "training.steps=400", "training.lr_schedule_steps=400")
+    assert cfg.training.lr_schedule_steps == 400
+    assert resume.line.endswith("changed on the command line: training.steps=400 training.lr_schedule_steps=400; "
+                                "the learning-rate schedule spans 400 steps (was 300)")
+    # a run saved before the schedule had a field of its own: its training.steps
+    saved = OmegaConf.load(run / RUN_CONFIG)
+    del saved.training["lr_schedule_steps"]
+    (run / RUN_CONFIG).write_text(OmegaConf.to_yaml(saved))
+    cfg, _, _ = prepared(f"training.resume={run}", "training.steps=90")
+    assert cfg.training.lr_schedule_steps == 300
+    assert "has trained 80 of training.steps=80: nothing left to train. Add training.steps=<more than 80> " \
+           "to train it further" in refused(f"training.resume={run}", "training.steps=80")
+    make_run(tmp_path / "done", "training.checkpoint_enable=true", "training.steps=10", checkpoints=(10,))
+    assert refused(f"training.resume={tmp_path / 'done'}").endswith(
+        "nothing left to train. Add training.steps=<more than 10> and training.lr_schedule_steps=<as many> "
+        "(its learning-rate schedule ends at step 10) to train it further")

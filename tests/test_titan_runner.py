@@ -330,3 +330,38 @@ def test_trainer_runs_the_synced_input_checks_for_its_first_steps(monkeypatch):
             assert on == [True] * CHECKED_STEPS + [False] * 3, start
     finally:
         checks.set_debug(None)
+
+
+def _lr_schedulers(job_config: Any, optimizer: Any) -> Any:
+    """The installed torchtitan's learning-rate schedulers, built as its trainer builds them."""
+    from launch.config.stack import installed_torchtitan
+
+    if installed_torchtitan() == "0.2.2":
+        from torchtitan.components.lr_scheduler import build_lr_schedulers
+
+        return build_lr_schedulers([optimizer], job_config.lr_scheduler, job_config.training.steps)
+    return job_config.lr_scheduler.build(optimizers=[optimizer], training_steps=job_config.training.steps)
+
+
+def test_the_learning_rate_schedule_spans_the_runs_length_not_the_launchs(tmp_path: Path) -> None:
+    """A resumed run that stops earlier (training.steps=90 of a 300-step run) keeps the learning
+    rate of its 300-step schedule: torchtitan's decay runs over lr_scheduler.total_steps."""
+    import torch
+
+    from launch.titan.runner import build_job_config
+
+    def lr_at(steps: int, schedule: Any, step: int) -> float:
+        cfg = make_cfg("deepseek_v3", steps=steps)
+        cfg.training.lr_schedule_steps = schedule
+        jc = build_job_config(cfg, str(tmp_path))
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=float(cfg.training.lr))
+        sched = _lr_schedulers(jc, opt).schedulers[0]
+        for _ in range(step):
+            opt.step()
+            sched.step()
+        return sched.get_last_lr()[0]
+
+    run = lr_at(300, 300, 82)
+    assert lr_at(90, 300, 82) == pytest.approx(run)  # the run's schedule, stopped earlier
+    assert lr_at(90, 90, 82) < run / 5  # the schedule stretched to this launch: what a resume must not do
+    assert lr_at(300, None, 82) == pytest.approx(run)  # none given: training.steps

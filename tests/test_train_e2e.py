@@ -238,7 +238,8 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     assert proc.stdout.splitlines()[0] == (
         f"[mxfp8ep] resuming {run_dir} from step {s.steps} (its newest checkpoint) with its saved "
-        f"config; changed on the command line: training.steps={steps}")
+        f"config; changed on the command line: training.steps={steps}; the learning-rate schedule keeps "
+        f"its 200 steps (training.lr_schedule_steps=<n> changes it)")
     assert f"run dir {run_dir}" in proc.stdout
     resumed = RunSummary.read(run_dir)
     assert resumed.start_step == s.steps and resumed.steps == steps

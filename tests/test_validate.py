@@ -278,6 +278,14 @@ def test_flavor_case_does_not_matter():
     check("model=dsv3_debugmodel", "model.flavor=DebugModel")
 
 
+def test_the_learning_rate_schedule_spans_every_step():
+    assert one_problem("training.steps=20", "training.lr_schedule_steps=10") == (
+        "training.steps=20 > training.lr_schedule_steps=10: the learning rate decays to 0 at step 10 and would "
+        "stay there; use training.lr_schedule_steps >= 20, or leave it out (the schedule spans training.steps)")
+    assert "training.lr_schedule_steps=0 must be > 0" in one_problem("training.lr_schedule_steps=0")
+    check("training.steps=20", "training.lr_schedule_steps=100")  # the first 20 steps of a longer schedule
+
+
 # ------------------------------------------------------------------------ data
 def test_missing_dataset_and_tokenizer_paths(tmp_path):
     found = problems(f"training.dataset_path={tmp_path / 'nope.jsonl'}",

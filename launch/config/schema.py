@@ -110,6 +110,10 @@ class TrainingConfig:
     local_batch_size: int = 4
     lr: float = 8e-4
     warmup_steps: int = 2
+    # Length of the learning-rate schedule (warmup_steps of linear warmup, then linear decay
+    # to 0 at this step; torchtitan's lr_scheduler.total_steps). null: training.steps, filled
+    # in at a run's first launch; a resume keeps the run's unless given on its command line.
+    lr_schedule_steps: Optional[int] = None
     max_norm: float = 1.0
     seed: int = 0
     # Checkpointing (torchtitan DCP). interval in steps; folder relative to the run dir.

@@ -160,6 +160,20 @@ def _check_training(cfg: Any, r: Report) -> None:
     if cfg.validate.max_step_s < 0:
         r.error(f"validate.max_step_s={cfg.validate.max_step_s}: 0 (no check) or the seconds a "
                 f"step on CPU may take at most (e.g. 300)")
+    _check_schedule(t, r)
+
+
+def _check_schedule(t: Any, r: Report) -> None:
+    """``training.lr_schedule_steps`` against the steps it must span."""
+    n = t.lr_schedule_steps
+    if n is None:
+        return
+    if n <= 0:
+        r.error(f"training.lr_schedule_steps={n} must be > 0 (or null: training.steps)")
+    elif t.steps > n:
+        r.error(f"training.steps={t.steps} > training.lr_schedule_steps={n}: the learning rate decays to 0 at "
+                f"step {n} and would stay there; use training.lr_schedule_steps >= {t.steps}, or leave it out "
+                f"(the schedule spans training.steps)")
 
 
 # ------------------------------------------------------------------------ parallelism

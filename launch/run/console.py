@@ -105,8 +105,9 @@ def still_running_line(step: int, steps: int, seconds: float) -> str:
 def resume_line(resume: "Resume") -> str:
     """The line in ``console.log`` above a resumed launch's lines."""
     changed = " ".join(resume.changed) or "nothing"
+    notes = "".join(f"; {note}" for note in resume.notes)
     return (f"==== resume {resume.number} ({datetime.datetime.now():%Y-%m-%d %H:%M:%S}): from "
-            f"step {resume.step}, changed on the command line: {changed}; its config in "
+            f"step {resume.step}, changed on the command line: {changed}{notes}; its config in "
             f"{resume_folder('.', resume.number or 0)}/ ====")
 
 

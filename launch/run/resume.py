@@ -36,7 +36,7 @@ GROUPS = ("model", "parallelism", "a2a", "launcher", "logging")
 # trains, how often it saves, profiles and validates, where it runs and how it is logged and
 # checked. Anything else (the a2a legs, the parallel layout, the model, batch, data, optimizer,
 # seed) would change what the run measures part way through; that is a new run.
-RESUMABLE = ("training.steps", "training.checkpoint_interval",
+RESUMABLE = ("training.steps", "training.lr_schedule_steps", "training.checkpoint_interval",
              "training.checkpoint_keep", "training.val_every", "training.profile_freq",
              "launcher", "logging", "validate")
 # What must stay as it was, with the reason its message gives.
@@ -59,6 +59,8 @@ class Resume:
     changed: list[str] = field(default_factory=list)
     # Which resume of the run this is (1 for the first; launch.run.run_dir.claim_resume), once known.
     number: Optional[int] = None
+    # What the resume keeps or changes that the command line does not show (the schedule).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def line(self) -> str:
@@ -70,8 +72,9 @@ class Resume:
         how = "training.resume=auto: resuming" if asked == AUTO else "resuming"
         changed = (f"; changed on the command line: {' '.join(self.changed)}" if self.changed
                    else "; nothing changed on the command line")
+        notes = "".join(f"; {note}" for note in self.notes)
         return (f"[mxfp8ep] {how} {self.run_dir} from step {self.step} (its newest checkpoint) "
-                f"with its saved config{changed}")
+                f"with its saved config{changed}{notes}")
 
 
 def _checkpoints(run_dir: Path, checkpoint_folder: str) -> tuple[DictConfig, list[int]]:
@@ -154,6 +157,7 @@ def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, ste
     for key in KEPT:
         if key not in paths:
             OmegaConf.update(result, key, OmegaConf.select(saved, key), merge=False)
+    notes, schedule_problem = _keep_schedule(saved, result, SCHEDULE in paths)
     for key in dict.fromkeys(paths):
         new, old = OmegaConf.select(result, key), OmegaConf.select(saved, key, default=None)
         if _plain(new) != _plain(old):
@@ -171,16 +175,46 @@ def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, ste
                         f"(a resume may change {', '.join(RESUMABLE)})")
     steps = result.training.steps
     if steps <= step:
+        schedule = result.training.lr_schedule_steps
+        also = (f" and {SCHEDULE}=<as many> (its learning-rate schedule ends at step {schedule})"
+                if schedule <= step else "")
         problems.append(f"the run in {run_dir} has trained {step} of training.steps={steps}: "
-                        f"nothing left to train. Add training.steps=<more than {step}> to train "
+                        f"nothing left to train. Add training.steps=<more than {step}>{also} to train "
                         f"it further")
+        schedule_problem = []
+    problems += schedule_problem
     if not result.training.checkpoint_enable:
         problems.append("training.checkpoint_enable=false: a resumed run loads its checkpoint; "
                         "leave training.checkpoint_enable as the run had it (true)")
     if problems:
         raise ConfigError(problems)
     result.training.resume = composed.training.resume
-    return result, Resume(run_dir, str(composed.training.resume), step, changed)
+    return result, Resume(run_dir, str(composed.training.resume), step, changed, notes=notes)
+
+
+SCHEDULE = "training.lr_schedule_steps"
+
+
+def _keep_schedule(saved: DictConfig, result: DictConfig, given: bool) -> tuple[list[str], list[str]]:
+    """The resumed run's learning-rate schedule: the length its first launch fixed (a run saved
+    without one ran ``training.steps`` of its own), unless the command line gives another.
+    Returns the note the resume line adds and the problem when the run would train past it."""
+    t = result.training
+    if not given:
+        t.lr_schedule_steps = saved.training.lr_schedule_steps or saved.training.steps
+    if t.steps > t.lr_schedule_steps:
+        return [], [f"training.steps={t.steps} goes past the run's learning-rate schedule of "
+                    f"{t.lr_schedule_steps} steps ({SCHEDULE}, fixed at its first launch): after step "
+                    f"{t.lr_schedule_steps} the learning rate would be 0. To train on, give the schedule "
+                    f"that length too: {SCHEDULE}={t.steps} (the learning rate then follows the longer "
+                    f"schedule from the step it resumes at)"]
+    was = saved.training.lr_schedule_steps or saved.training.steps
+    if given and t.lr_schedule_steps != was:
+        return [f"the learning-rate schedule spans {t.lr_schedule_steps} steps (was {was})"], []
+    if t.steps != saved.training.steps:
+        return [f"the learning-rate schedule keeps its {t.lr_schedule_steps} steps ({SCHEDULE}=<n> "
+                f"changes it)"], []
+    return [], []
 
 
 _ABSENT = object()

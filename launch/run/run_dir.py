@@ -42,10 +42,10 @@ NOT_IN_RUN_NAME = ("launcher", "logging", "validate", "hydra", "recipe", "experi
 # Overrides that say how long a run trains, where its data and checkpoints are, or how often it
 # measures or saves: a folder name holds them only as a hash (a resume may change the steps, and
 # paths make long, mangled names).
-NOT_NAMING = ("training.steps", "training.checkpoint_enable", "training.checkpoint_interval",
-              "training.checkpoint_folder", "training.checkpoint_keep", "training.dataset_path",
-              "training.tokenizer_path", "training.val_every", "training.val_batches",
-              "training.profile_freq")
+NOT_NAMING = ("training.steps", "training.lr_schedule_steps", "training.checkpoint_enable",
+              "training.checkpoint_interval", "training.checkpoint_folder", "training.checkpoint_keep",
+              "training.dataset_path", "training.tokenizer_path", "training.val_every",
+              "training.val_batches", "training.profile_freq")
 # Longest folder name before the hash of the rest (the prefix adds a time stamp).
 _MAX_NAMED = 120
 _HASH_LEN = 6

@@ -61,6 +61,8 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
     Everything torchtitan writes (checkpoints, traces) goes under ``run_dir``. Defaults that
     matter and differ from torchtitan's:
 
+    * ``lr_scheduler.total_steps``: ``training.lr_schedule_steps``, the run's length, which a
+      resume keeps (torchtitan's default: this launch's ``training.steps``).
     * ``checkpoint.last_save_model_only = False``: torchtitan's default saves a model-only
       checkpoint at the last step, which a later run with more steps cannot resume from
       (no optimizer, no step count). We always save full state.
@@ -96,6 +98,9 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
 
     jc.optimizer.lr = float(t.lr)
     jc.lr_scheduler.warmup_steps = int(t.warmup_steps)
+    # The schedule's length is the run's, not this launch's training.steps (a resume may stop
+    # the run earlier or later without stretching its schedule).
+    jc.lr_scheduler.total_steps = int(t.lr_schedule_steps or t.steps)
 
     jc.parallelism.expert_parallel_degree = int(p.ep)
     jc.parallelism.data_parallel_shard_degree = int(p.fsdp)

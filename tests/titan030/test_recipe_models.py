@@ -1,8 +1,8 @@
 """The recipe's models on torchtitan 0.3.0 (``launch.titan.titan030.models``): the facts table the
 checks before launch read (``launch.config.model_facts.MODELS_030``) is what torchtitan 0.3.0 builds, the
 recipe's own models attend with sdpa and torchtitan's with flex, the job config carries the
-library's override as ``--override.imports`` would and the recipe's FSDP reshard policy and
-compute dtype. Single process, seconds."""
+library's override as ``--override.imports`` would and the recipe's FSDP reshard policy,
+compute dtype and learning-rate schedule length. Single process, seconds."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 from tests.test_titan_runner import (  # noqa: E402,F401 (the 0.2.2 stack's job config tests, here on 0.3.0's)
     test_fsdp_reshard_policy_reaches_torchtitan,
     test_mixed_precision_param_reaches_torchtitan,
+    test_the_learning_rate_schedule_spans_the_runs_length_not_the_launchs,
 )
 
 from launch.config.model_facts import MODELS_030 as MODELS  # noqa: E402

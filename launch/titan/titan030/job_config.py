@@ -10,6 +10,8 @@ What it sets beside the recipe's numbers, where it differs from torchtitan's def
   ``--override.imports`` makes of a plain torchtitan run's command line; with EP = 1 none (the
   dispatcher needs an EP group: torchtitan's own local path runs);
 * the loss: plain cross-entropy over the full logits, as on 0.2.2 (torchtitan's configs chunk it);
+* ``lr_scheduler.total_steps``: ``training.lr_schedule_steps``, the run's length, which a resume
+  keeps (torchtitan's default: this launch's ``training.steps``);
 * ``checkpoint.last_save_model_only = False``: a later launch with more steps resumes from the
   last step's checkpoint (torchtitan's default saves the model alone there);
 * ``training.disable_cuda_graphs``: our dispatcher syncs with the host, as 0.3.0's own AllToAll;
@@ -87,7 +89,8 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
         loss=CrossEntropyLoss.Config(),
         dataloader=HuggingFaceTextDataLoader.Config(dataset=t.dataset, dataset_path=data.path),
         optimizer=default_adamw(lr=float(t.lr)),
-        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=int(t.warmup_steps)),
+        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=int(t.warmup_steps),
+                                                  total_steps=int(t.lr_schedule_steps or t.steps)),
         training=TrainingConfig(local_batch_size=int(t.local_batch_size), seq_len=int(t.seq_len),
                                 steps=int(t.steps), max_norm=float(t.max_norm), disable_cuda_graphs=True,
                                 mixed_precision_param=str(t.mixed_precision_param)),
