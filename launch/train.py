@@ -35,7 +35,7 @@ from launch.preflight import config_store  # noqa: F401  (registers the schemas 
 from launch.preflight import prepare
 from launch.run import console
 from launch.run.resume import Resume
-from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config
+from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints
 from launch.run.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -68,11 +68,13 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
         log.info("stopped by signal %d", e.signum)
+        ended(cfg, run_dir, console.how_it_ended(e.summary, e.signum))
         print(console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
               file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     except RunFailed as e:
         log.info("failed: %s", e)
+        ended(cfg, run_dir, f"failed: {e}")
         print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except RunRefused as e:
@@ -82,8 +84,18 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         reject(str(e))
     if summary is not None:
         log.info("ended: step %d of %d", summary.steps, summary.target_steps)
-        print(console.format_summary(summary), flush=True)
+        ended(cfg, run_dir, console.how_it_ended(summary))
+        print(console.format_summary(summary, resume), flush=True)
     return summary
+
+
+def ended(cfg: DictConfig, run_dir: str, how: str) -> None:
+    """Once no process of the launch is left: ``console.log`` says how it ended, and what a
+    checkpoint write cut short by a kill left is removed."""
+    console.record_end(run_dir, how)
+    removed = remove_incomplete_checkpoints(run_dir, cfg.training.checkpoint_folder)
+    if removed:
+        log.info("removed what cut-short checkpoint writes left: %s", ", ".join(removed))
 
 
 def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSummary]:

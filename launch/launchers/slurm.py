@@ -14,8 +14,12 @@ import contextlib
 import io
 import logging
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +29,7 @@ from launch.launchers import slurm_cluster
 from launch.launchers.launcher import LauncherConfig, RunFailed, RunRefused, RunStopped, Target
 from launch.launchers.machine import GIB, Machine
 from launch.run import console
-from launch.run.run_dir import CONSOLE_LOG
+from launch.run.run_dir import CONSOLE_LOG, SUMMARY
 from launch.run.run_summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -208,18 +212,41 @@ class SlurmTrainJob:
         # The runner writes the run's summary.json (rank 0) and stops cleanly on signals.
         stopped_by = None
         try:
-            with StopSignals():  # from here on, SIGTERM / SIGUSR2 stop the run cleanly
+            with StopSignals():  # from here on, SIGINT / SIGTERM / SIGUSR2 stop the run cleanly
                 summary = run_worker(self.cfg_yaml, self.run_dir)
         except Stopped as e:
             summary, stopped_by = e.summary, e.signum
+        except BaseException as e:
+            self._record_end(env.rank, f"failed on rank {env.rank}: {type(e).__name__}: {e}")
+            raise
         if summary is not None:
             print(console.format_summary(summary), flush=True)
-        if stopped_by == signal.SIGUSR2:
-            # SLURM's notice of a preemption / the time limit: the run has stopped with a
-            # checkpoint; now submitit's SIGUSR2 handler (restored after training) does what it
-            # does: on rank 0 call checkpoint() below, requeue the job, exit.
-            signal.getsignal(signal.SIGUSR2)(signal.SIGUSR2, None)
+        if stopped_by == signal.SIGUSR2 and self._requeue():
+            return summary
+        self._record_end(env.rank, console.how_it_ended(summary, stopped_by))
         return summary
+
+    def _requeue(self) -> bool:
+        """After SLURM's notice of a preemption / the time limit stopped the run with a
+        checkpoint: submitit's SIGUSR2 handler (restored after training) does what it does: on
+        rank 0 call :meth:`checkpoint`, requeue the job, exit. Whether it requeued: not once
+        ``launcher.max_num_timeout`` requeues are used up (it says why; the run ends here)."""
+        from submitit.core.utils import UncompletedJobError
+
+        try:
+            signal.getsignal(signal.SIGUSR2)(signal.SIGUSR2, None)
+        except UncompletedJobError as e:
+            print(f"[mxfp8ep] {e}", flush=True)
+            return False
+        return True
+
+    def _record_end(self, rank: int, how: str) -> None:
+        """How the job ended, at the end of ``console.log`` (rank 0), when no launcher waits
+        for it to say so (``launcher.wait=false``)."""
+        from launch.config.schema import config_from_yaml
+
+        if rank == 0 and not config_from_yaml(self.cfg_yaml).launcher.wait:
+            console.record_end(self.run_dir, how)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit on preemption / time limit: resubmit the same run. torchtitan
@@ -238,6 +265,7 @@ class SlurmSubmission:
     log_path: str
     folder: str
     state: Optional[str] = None  # set when waited for: COMPLETED / FAILED / CANCELLED / ...
+    submitted_at: float = 0.0  # time.time() just before sbatch
 
 
 def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
@@ -263,8 +291,10 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
     except (NameError, ValueError, TypeError) as e:  # a parameter submitit does not take
         raise RunRefused(f"submitit rejected the job's parameters ({str(e).splitlines()[0]}); check "
                          f"launcher.additional_parameters and launcher.srun_args") from e
+    submitted_at = time.time()
     job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
-    sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder)
+    sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder,
+                          submitted_at=submitted_at)
     log.info("submitted SLURM job %s; task 0's log: %s", sub.job_id, sub.log_path)
     print(f"[mxfp8ep] submitted SLURM job {sub.job_id}\n"
           f"[mxfp8ep]   log (task 0): {sub.log_path}\n"
@@ -296,26 +326,98 @@ def _submit(executor: Any, fn: Any, cfg: Any) -> Any:
 
 
 def _wait(job: Any, sub: SlurmSubmission, run_dir: str) -> SlurmSubmission:
-    """Follow the job's console lines until it ends. Ctrl-C here stops the run, as it does a
-    local one: scancel sends SIGTERM to every task, which stop cleanly (checkpoint, wandb)."""
+    """Follow the job's console lines until no process of it is left, then say how it ended:
+    its summary (completed), :class:`RunStopped` (Ctrl-C here, ``scancel``, or SLURM's time-limit
+    notice with no requeue left) or :class:`RunFailed` (one line naming the task that failed and
+    its log)."""
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
-    try:
-        with console.follow(run_dir):
+    failure = None
+    with console.follow(run_dir):
+        try:
             job.results()
-    except KeyboardInterrupt:
-        job.cancel(check=False)
-        sub.state = _final_state(job)
-        raise RunStopped(int(signal.SIGINT), RunSummary.read(run_dir)) from None
-    except (FailedJobError, UncompletedJobError) as e:
-        sub.state = _final_state(job) or "FAILED"
-        raise RunFailed(
-            f"SLURM job {sub.job_id} {sub.state}; see {sub.log_path} (every task's log: "
-            f"{sub.folder}/{sub.job_id}_<task>_log.out); {str(e).strip().splitlines()[-1]}"
-        ) from None
-    sub.state = _final_state(job) or "COMPLETED"
+        except KeyboardInterrupt:
+            _stop(job, sub)
+            raise RunStopped(int(signal.SIGINT), _summary_since(run_dir, sub.submitted_at)) from None
+        except (FailedJobError, UncompletedJobError) as e:
+            failure = e
+        _wait_until_gone(sub.job_id)
+    sub.state = _final_state(job) or ("FAILED" if failure else "COMPLETED")
+    summary = _summary_since(run_dir, sub.submitted_at)
+    if sub.state == "CANCELLED":  # scancel: the tasks stopped as on Ctrl-C, with SIGTERM
+        raise RunStopped(int(signal.SIGTERM), summary)
+    if failure is not None or sub.state != "COMPLETED":
+        raise RunFailed(failed_line(sub))
+    if summary is not None and summary.stopped_by:  # the time limit's notice, no requeue left
+        raise RunStopped(int(signal.Signals[summary.stopped_by]), summary)
     print(f"[mxfp8ep] SLURM job {sub.job_id} {sub.state}", flush=True)
     return sub
+
+
+def _summary_since(run_dir: str, t: float) -> Optional[RunSummary]:
+    """The run's summary if this job wrote it (after ``t``): not an earlier launch's."""
+    path = Path(run_dir) / SUMMARY
+    return RunSummary.read(path) if path.is_file() and path.stat().st_mtime >= t else None
+
+
+def _stop(job: Any, sub: SlurmSubmission) -> None:
+    """Ctrl-C while following the job: SIGINT to its tasks (not ``scancel``'s SIGTERM to the
+    whole job, which SIGKILLs what is left ``KillWait`` seconds later), so they stop at the
+    next step boundary with a checkpoint and a finished wandb run, however long that takes;
+    a second Ctrl-C cancels the job at once. Returns once no process of the job is left."""
+    again = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: again.set())
+    try:
+        print(f"[mxfp8ep] stopping SLURM job {sub.job_id} at the next step boundary (Ctrl-C again cancels "
+              f"it at once)", file=sys.stderr, flush=True)
+        signalled = subprocess.run(["scancel", "--signal=INT", sub.job_id], capture_output=True, text=True)
+        if signalled.returncode != 0:  # e.g. still pending: nothing to stop cleanly
+            again.set()
+        cancelled = False
+        while _job_active(sub.job_id):
+            if again.is_set() and not cancelled:
+                job.cancel(check=False)
+                cancelled = True
+            again.wait(1.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    sub.state = _final_state(job)
+
+
+def _job_active(job_id: str) -> bool:
+    """Whether SLURM lists a process of the job (``squeue``: RUNNING, then COMPLETING while the
+    last ones end), or the job is still to start."""
+    listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return listed.returncode == 0 and bool(set(listed.stdout.split()) & _ACTIVE)
+
+
+def _wait_until_gone(job_id: str, timeout_s: float = 300.0) -> None:
+    """Until no process of the job is left: its results and ``summary.json`` are final only then."""
+    deadline = time.monotonic() + timeout_s
+    while _job_active(job_id) and time.monotonic() < deadline:
+        time.sleep(1.0)
+
+
+# squeue states of a job with processes that may still write into the run dir (or about to).
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+def failed_line(sub: SlurmSubmission) -> str:
+    """The one line of a failed job: its state, the task that failed first (from srun's own
+    line in task 0's log) and that task's log."""
+    logs = f"{sub.folder}/{sub.job_id}_<task>_log.out"
+    try:
+        text = Path(sub.log_path).read_text(errors="replace")
+    except OSError:
+        text = ""
+    m = re.search(r"srun: error: \S+: tasks? ([\d,-]+): (.+)", text)
+    if m is None:
+        return f"SLURM job {sub.job_id} {sub.state}; see {sub.log_path} (every task's log: {logs})"
+    task = re.split(r"[,-]", m.group(1))[0]
+    log = f"{sub.folder}/{sub.job_id}_{task}_log.out"
+    return (f"SLURM job {sub.job_id} {sub.state}; see {log} (task {task}: {m.group(2).strip()}; every "
+            f"task's log: {logs})")
 
 
 _TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",

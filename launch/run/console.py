@@ -135,12 +135,16 @@ def _wandb_lines(s: RunSummary) -> str:
     return text
 
 
-def format_summary(s: RunSummary) -> str:
+def format_summary(s: RunSummary, resume: Optional["Resume"] = None) -> str:
+    """The run's summary; ``resume``: what this launch continued (its number and changes go
+    beside the run's name, which stays its first launch's: the wandb run's)."""
     wandb = _wandb_lines(s)
     stopped = f" (stopped by {s.stopped_by})" if s.stopped_by else ""
     resumed = f", resumed from step {s.start_step}" if s.start_step else ""
+    this_launch = (f", resume {resume.number}: {' '.join(resume.changed) or 'nothing changed'}"
+                   if resume is not None and resume.number else "")
     return (
-        f"==== mxfp8ep run {s.run_name} ====\n"
+        f"==== mxfp8ep run {s.run_name}{this_launch} ====\n"
         f"  model {s.model}  a2a {s.a2a}  parallelism {s.parallelism} "
         f"(world {s.world_size}, ep {s.ep})\n"
         + (f"  stack           {Stack.from_dict(s.stack).label}\n" if s.stack else "")
@@ -167,6 +171,8 @@ def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str, resume_c
     import signal
 
     name = signal.Signals(signum).name
+    if signum == signal.SIGUSR2:  # with no requeue left (launcher.max_num_timeout), it ends the run
+        name += " (SLURM's notice of the time limit or a preemption; no requeue left)"
     if summary is None or summary.steps == summary.start_step:
         return f"[mxfp8ep] stopped by {name} before a step was trained; nothing new to resume ({run_dir})"
     saved = (f"checkpoint {summary.checkpoint}" if summary.checkpoint
@@ -174,6 +180,26 @@ def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str, resume_c
     wandb = f", wandb run {summary.wandb_run_id} finished" if summary.wandb_run_id else ""
     again = f"; continue with: {resume_command}" if summary.checkpoint else ""
     return f"[mxfp8ep] stopped by {name} at step {summary.steps}/{summary.target_steps}: {saved}{wandb}{again}"
+
+
+def how_it_ended(s: Optional[RunSummary], signum: Optional[int] = None) -> str:
+    """How a launch ended, from its summary (``signum``: the signal that stopped it, when it
+    has no summary of this launch)."""
+    import signal
+
+    if s is None or (s.stopped_by and s.steps == s.start_step):
+        name = s.stopped_by if s is not None else signal.Signals(signum).name if signum else "?"
+        return f"stopped by {name} before a step was trained"
+    if not s.stopped_by:
+        return f"completed step {s.steps}/{s.target_steps}"
+    saved = f"checkpoint {Path(s.checkpoint).name}" if s.checkpoint else "no checkpoint"
+    return f"stopped by {s.stopped_by} at step {s.steps}/{s.target_steps} ({saved})"
+
+
+def record_end(run_dir: str, how: str) -> None:
+    """The line at the end of ``console.log`` that says how the launch ended."""
+    with (Path(run_dir) / CONSOLE_LOG).open("a") as f:
+        f.write(f"==== ended {datetime.datetime.now():%Y-%m-%d %H:%M:%S}: {how} ====\n")
 
 
 def warn(message: str) -> None:

@@ -104,6 +104,26 @@ def checkpoint_steps(run_dir: str | Path, checkpoint_folder: str) -> list[int]:
     return sorted(steps)
 
 
+def incomplete_checkpoint(step_dir: str | Path) -> Path:
+    """Where the checkpoint of ``<folder>/step-<N>`` is written before it is whole:
+    ``<folder>/.step<N>.incomplete``, a name torchtitan's search for ``step-<N>`` does not find."""
+    step_dir = Path(step_dir)
+    return step_dir.parent / f".{step_dir.name.replace('-', '')}.incomplete"
+
+
+def remove_incomplete_checkpoints(run_dir: str | Path, checkpoint_folder: str) -> list[str]:
+    """Remove what a checkpoint write cut short left in the run's checkpoint folder (a
+    ``.step<N>.incomplete`` folder, a ``step-<N>`` without DCP's ``.metadata``); the names removed."""
+    folder = Path(run_dir) / checkpoint_folder
+    removed = []
+    for d in sorted(folder.glob("*")) if folder.is_dir() else ():
+        cut_short = d.name.endswith(".incomplete") or (_STEP_DIR.search(d.name) and not (d / ".metadata").is_file())
+        if d.is_dir() and cut_short:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    return removed
+
+
 def free_folder(base: str, name: str) -> str:
     """``<base>/<name>``, or with the first suffix ``_2``, ``_3``, ... that no folder has."""
     path, n = f"{base}/{name}", 1

@@ -325,3 +325,19 @@ class RunSummary:
             wandb_dirs=list(run.paths),
             **steady_numbers(windows_from_history(rows)),
         )
+
+
+def earlier_record(run_dir: str | Path, step: int) -> Optional[RunSummary]:
+    """What the earlier launches of a run resumed from ``step`` logged: its ``summary.json``,
+    unless the offline wandb runs under the run dir reach further (a launch killed before it
+    wrote its summary: SIGKILL, a node lost), then those read back (:meth:`RunSummary.from_wandb`)."""
+    from launch.run.wandb_offline import read_runs
+
+    summary = RunSummary.read(run_dir)
+    if summary is not None and summary.steps >= step:
+        return summary
+    runs = [r for r in read_runs(str(Path(run_dir) / "wandb")) if r.history] if Path(run_dir, "wandb").is_dir() else []
+    logged = RunSummary.from_wandb(runs[-1], runs[-1].config.get(RECIPE_CONFIG, {}), str(run_dir)) if runs else None
+    if logged is not None and (summary is None or logged.steps > summary.steps):
+        return logged
+    return summary

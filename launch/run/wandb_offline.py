@@ -166,7 +166,9 @@ def read_runs(*roots: str) -> list[OfflineRun]:
     replace an earlier one's for the steps both logged (a run resumed from a checkpoint
     before its last logged step repeats those steps); its summary and exit code win."""
     dirs = _oldest_first({d for root in roots for d in find_runs(root)})
-    launches = sorted((read_run(d) for d in dirs), key=lambda r: r.started)  # stable: ties keep mtime order
+    # A folder without a run record (its service killed before it wrote one) holds nothing;
+    # the sort is stable: ties keep mtime order.
+    launches = sorted((r for r in map(read_run, dirs) if r.run_id), key=lambda r: r.started)
     runs: dict[str, OfflineRun] = {}
     for run in launches:
         first = runs.setdefault(run.run_id, run)

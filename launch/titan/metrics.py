@@ -30,32 +30,29 @@ dashboards match stock torchtitan runs; the names are ``launch.run.run_summary``
 TFLOPS and MFU need the accelerator's peak FLOPS; a CPU has none torchtitan knows (it would
 fall back to an A100's), so on CPU they are not logged and the summary shows n/a.
 
-:class:`RecipeWandBLogger` replaces torchtitan's ``WandBLogger`` because that one puts the run
-under ``<dump>/tb/<timestamp>`` and logs only torchtitan's config; ours writes
-``<run_dir>/wandb/...``, logs the full composed recipe config and resumes the run id the
-recipe gives it. Only rank 0 creates it.
+Only rank 0 logs to wandb, through ``launch.titan.wandb_run.RecipeWandBLogger``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
+from torchtitan.components.metrics import LoggerContainer, MetricsProcessor
 from torchtitan.tools.logging import logger
 
 from launch.run import numerics_log
 from launch.run import run_summary as names
 from launch.run.console import format_eta, progress_line, validation_line
 from launch.titan.routing_telemetry import RoutingTelemetry
+from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings
 from mxfp8_ep import elastic, wire_stats
 from mxfp8_ep.config import LEGS
 
-__all__ = ["RecipeMetrics", "RecipeMetricsProcessor", "RecipeWandBLogger", "RunHistory", "WandbSettings"]
+__all__ = ["RecipeMetrics", "RecipeMetricsProcessor", "RunHistory"]
 
 _WIRE_KEYS = LEGS + ("other",)
 
@@ -79,72 +76,6 @@ class RunHistory:
         for key, value in metrics.items():
             if key.startswith(names.NUMERICS_PREFIX):
                 self.numerics.setdefault(key, []).append(float(value))
-
-
-@dataclass(frozen=True)
-class WandbSettings:
-    """``wandb.init`` arguments from the recipe's ``logging`` config."""
-
-    mode: str
-    project: str
-    run_id: str
-    name: Optional[str]
-    group: Optional[str]
-    entity: Optional[str]
-    tags: tuple[str, ...]
-    dir: str
-
-
-class RecipeWandBLogger(BaseLogger):
-    """wandb run under ``settings.dir`` with the full recipe config. ``resume="allow"`` with
-    the recipe's run id: a resumed run (same run dir, or a requeued SLURM job) appends to the
-    same wandb run (offline: one folder per launch with the same id, which ``wandb sync``
-    uploads one after the other)."""
-
-    def __init__(self, settings: WandbSettings, config: dict[str, Any]) -> None:
-        import wandb
-
-        self.wandb = wandb
-        os.makedirs(settings.dir, exist_ok=True)
-        self.run = wandb.init(
-            entity=settings.entity,
-            project=settings.project,
-            name=settings.name,
-            id=settings.run_id,
-            resume="allow",
-            group=settings.group,
-            tags=list(settings.tags) or None,
-            mode=settings.mode,  # type: ignore[arg-type]
-            dir=settings.dir,
-            config=config,
-            settings=wandb.Settings(
-                # offline: nothing may try the network
-                disable_code=settings.mode == "offline",
-                console="off",  # the worker's own log files already hold its output
-            ),
-        )
-        for metric in names.SUMMARY_METRICS:
-            # wandb's default summary is the last value; the run writes its own at the end.
-            self.run.define_metric(metric, summary="none")
-        logger.info(f"wandb ({settings.mode}) logging to {self.run.dir}")
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.wandb.log(metrics, step=step)
-
-    def set_summary(self, values: dict[str, float]) -> None:
-        self.run.summary.update(values)
-
-    def close(self, exit_code: int = 0) -> None:
-        """Finish the wandb run. Training is over by then: a lost connection to wandb's own
-        service process while it finishes (e.g. ``ConnectionResetError`` from its telemetry
-        flush on a loaded machine) is a warning, not a failed job; what was logged is already
-        in the run directory (offline) or queued for sync."""
-        if self.wandb.run is None:
-            return
-        try:
-            self.wandb.finish(exit_code=exit_code)
-        except ConnectionError as e:
-            logger.warning(f"wandb could not finish its run cleanly ({e!r}); its files: {self.run.dir}")
 
 
 class RecipeMetrics:

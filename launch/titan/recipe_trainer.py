@@ -21,17 +21,18 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torchtitan.tools.logging import logger
 
 from launch.config.stack import installed
 from launch.run.heartbeat import StepHeartbeat, append_line
 from launch.run.numerics_log import arm_for_step
-from launch.run.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging
-from launch.run.run_summary import RECIPE_CONFIG, RunSummary, series_stats, steady_numbers
+from launch.run.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging, remove_incomplete_checkpoints
+from launch.run.run_summary import RECIPE_CONFIG, RunSummary, earlier_record, series_stats, steady_numbers
 from launch.run.shared_gpu import gpu_shared
 from launch.run.stop import StopSignals, signal_name
 from launch.run.wandb_offline import find_runs
-from launch.titan.metrics import WandbSettings
 from launch.titan.routing_telemetry import RoutingTelemetry
+from launch.titan.wandb_run import WandbSettings
 from mxfp8_ep import elastic
 from mxfp8_ep.transport import Transport
 
@@ -93,12 +94,25 @@ class RecipeTrainerMixin:
         super().__init__(job_config)  # type: ignore[call-arg]
         self.routing = self.metrics_processor.routing = RoutingTelemetry.of(self.model_parts, self.parallel_dims.ep,
                                                                             run_dir)
+        self._checkpoints_whole()
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
         every_s = float(cfg.logging.heartbeat_s)
         self._heartbeat = (StepHeartbeat(append_line(os.path.join(run_dir, CONSOLE_LOG)),
                                          int(cfg.training.steps), every_s)
                            if every_s > 0 and dist.get_rank() == 0 else None)
+
+    def _checkpoints_whole(self) -> None:
+        """Checkpoints are written whole or not at all (``launch.titan.checkpoints``); what a
+        write cut short by an earlier launch left is removed (rank 0) before any is loaded."""
+        from launch.titan.checkpoints import write_whole
+
+        write_whole(self.checkpointer)
+        ckpt = self.checkpoint_config
+        if ckpt.enable and dist.get_rank() == 0:
+            removed = remove_incomplete_checkpoints(self.run_dir, ckpt.folder)
+            if removed:
+                logger.warning(f"removed what cut-short checkpoint writes left: {', '.join(removed)}")
 
     # -- what each stack's trainer provides ---------------------------------------------------
     @property
@@ -200,7 +214,7 @@ class RecipeTrainerMixin:
         cfg, t = self.cfg, self.cfg.training
         steps, losses = list(h.steps), list(h.losses)
         val_steps, val_losses = list(h.val_steps), list(h.val_losses)
-        earlier = RunSummary.read(self.run_dir) if self.start_step else None
+        earlier = earlier_record(self.run_dir, self.start_step) if self.start_step else None
         if earlier is not None:
             steps, losses = _continue(earlier.logged_steps, earlier.losses, self.start_step, steps, losses)
             val_steps, val_losses = _continue(earlier.val_logged_steps, earlier.val_losses,
@@ -253,10 +267,13 @@ class RecipeTrainerMixin:
         )
 
     def finish(self) -> Optional[RunSummary]:
-        """After training: on rank 0 the summary goes into wandb's run summary (so wandb and
-        the console show the same numbers) and ``summary.json``; wandb is finished first so
-        the summary can name its folders."""
+        """After training: on rank 0 the summary goes into ``summary.json`` at once (a job
+        killed while wandb finishes keeps it) and into wandb's run summary (so wandb and the
+        console show the same numbers); once wandb has finished, ``summary.json`` names its
+        folders."""
         summary = self.summary() if dist.get_rank() == 0 else None
+        if summary is not None:
+            summary.write(self.run_dir)
         wandb_logger = self.metrics_processor.wandb
         if summary is not None and wandb_logger is not None:
             wandb_logger.set_summary(summary.wandb_summary())

@@ -29,6 +29,7 @@ The stack's pieces: ``launch.titan.titan022`` and ``launch.titan.titan030.traine
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import importlib
@@ -133,7 +134,7 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
             trainer.train()
             summary = trainer.finish()
         except BaseException:
-            _finish_wandb(exit_code=1)  # mark the wandb run failed (flushes what was logged)
+            _finish_wandb(trainer, exit_code=1)  # mark the wandb run failed (flushes what was logged)
             raise
         finally:
             if trainer is not None:
@@ -147,7 +148,14 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
     return summary
 
 
-def _finish_wandb(exit_code: int) -> None:
+def _finish_wandb(trainer: Any, exit_code: int) -> None:
+    """Finish the wandb run of a failed launch: through the trainer's logger, which writes what
+    a lost wandb service had not; without a trainer, the run ``wandb.init`` left open."""
+    wandb_logger = getattr(getattr(trainer, "metrics_processor", None), "wandb", None)
+    if wandb_logger is not None:
+        wandb_logger.close(exit_code=exit_code)
+        return
     wandb = sys.modules.get("wandb")
     if wandb is not None and getattr(wandb, "run", None) is not None:
-        wandb.finish(exit_code=exit_code)
+        with contextlib.suppress(ConnectionError):  # its service is gone: nothing to finish
+            wandb.finish(exit_code=exit_code)

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 from torchtitan.components.metrics import MetricsProcessor
 
-from launch.titan.metrics import RecipeMetrics, WandbSettings
+from launch.titan.metrics import RecipeMetrics
+from launch.titan.wandb_run import WandbSettings
 
 __all__ = ["RecipeMetricsProcessor"]
 
