@@ -34,7 +34,7 @@ from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launche
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
 from launch.preflight import prepare
 from launch.run import console
-from launch.run.resume import Resume
+from launch.run.resume import Resume, with_the_runs_options
 from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints
 from launch.run.run_summary import RunSummary
 
@@ -167,7 +167,7 @@ def cli() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
     # Hydra prints its own errors and exits 1 unless HYDRA_FULL_ERROR is set: then they come here.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    sys.argv[1:] = literal_paths(sys.argv[1:])
+    sys.argv[1:] = with_the_runs_options(literal_paths(sys.argv[1:]), CONF)
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C before a launcher took over (nothing was started)

@@ -265,3 +265,22 @@ def test_a_resume_keeps_the_runs_learning_rate_schedule(tmp_path):
     assert refused(f"training.resume={tmp_path / 'done'}").endswith(
         "nothing left to train. Add training.steps=<more than 10> and training.lr_schedule_steps=<as many> "
         "(its learning-rate schedule ends at step 10) to train it further")
+
+
+def test_a_resume_changes_fields_of_the_runs_own_launcher(tmp_path):
+    """training.resume=<a SLURM run> launcher.wait=true: the command line is composed on the
+    run's launcher (slurm), whose fields stay the run's; launcher=local's has no launcher.wait."""
+    from launch.run.resume import with_the_runs_options
+    from tests.hydra_compose import REPO
+
+    run = tmp_path / "run"
+    make_run(run, *RUN, "launcher=slurm", "launcher.partition=debug", "launcher.gpus_per_node=0")
+    args = with_the_runs_options([f"training.resume={run}", "launcher.wait=true"], REPO / "conf")
+    assert args == [f"training.resume={run}", "launcher.wait=true", "launcher=slurm", "logging=wandb_offline"]
+    cfg, _, resume = prepared(*args)
+    assert cfg.launcher.wait is True and cfg.launcher.partition == "debug" and cfg.launcher.gpus_per_node == 0
+    assert resume.changed == ["launcher.wait=true"]
+    # a new run, or a resume that picks its launcher, is left as it is
+    assert with_the_runs_options(["training.steps=3"], REPO / "conf") == ["training.steps=3"]
+    assert with_the_runs_options([f"training.resume={run}", "launcher=local", "logging=none"],
+                                 REPO / "conf") == [f"training.resume={run}", "launcher=local", "logging=none"]

@@ -144,6 +144,8 @@ def resumed_config(composed: DictConfig, overrides: list[str], run_dir: str, ste
             continue
         if o.startswith("~"):
             problems.append(f"{o}: deleting a key is not possible when resuming a run")
+        elif key in GROUPS and _same_option(composed, saved, key):
+            continue  # the run's own option (launcher=slurm of a SLURM run): its fields stay the run's
         elif key in GROUPS or OmegaConf.select(composed, key, default=_ABSENT) is not _ABSENT:
             paths.append(key)
         else:  # a group with a global package (+recipe=...): what it changes from the defaults
@@ -220,6 +222,33 @@ def _keep_schedule(saved: DictConfig, result: DictConfig, given: bool) -> tuple[
 _ABSENT = object()
 
 
+def _same_option(composed: DictConfig, saved: DictConfig, group: str) -> bool:
+    return OmegaConf.select(composed, f"{group}.name") == OmegaConf.select(saved, f"{group}.name", default=None)
+
+
+# Groups whose fields a resume may change: the command line composes them on the run's own option.
+RUN_OPTION_GROUPS = ("launcher", "logging")
+
+
+def with_the_runs_options(args: list[str], conf: Path) -> list[str]:
+    """``args`` (a command line) with ``launcher=<the run's>`` and ``logging=<the run's>`` added
+    when it resumes a run (``training.resume=<run dir>``) and does not pick them itself: Hydra
+    then composes ``launcher.wait=true`` on the run's launcher (say slurm), not on the default
+    (local, which has no such field). :func:`resumed_config` keeps the run's fields of an
+    option it already has. ``conf``: the config folder (an option must be one of its files)."""
+    asked = next((a.split("=", 1)[1].strip("'\"") for a in args if a.split("=", 1)[0] == "training.resume"), None)
+    if asked in (None, AUTO, "null") or not (Path(asked) / RUN_CONFIG).is_file():
+        return args
+    saved = OmegaConf.load(latest_run_config(asked))
+    picked = {override_key(a) for a in args if not a.startswith("-")}
+    added = []
+    for group in RUN_OPTION_GROUPS:
+        option = OmegaConf.select(saved, f"{group}.name", default=None)
+        if group not in picked and option and (conf / group / f"{option}.yaml").is_file():
+            added.append(f"{group}={option}")
+    return args + added
+
+
 def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
@@ -229,7 +258,7 @@ def _shown(key: str, new: Any, old: Any) -> str:
     if key in GROUPS and OmegaConf.is_config(new) and new.get("name") != (old or {}).get("name"):
         return f"{key}={new.name}"
     value = _plain(new)
-    return f"{key}={'null' if value is None else value}"
+    return f"{key}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}"
 
 
 def _changes_what_it_measures(saved: DictConfig, result: DictConfig) -> list[str]:

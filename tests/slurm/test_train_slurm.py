@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from launch.run.run_summary import LOSS, RunSummary
 from launch.run.wandb_offline import read_run, read_runs
 from tests.slurm.polling import wait_until
-from tests.train_cli import train_cmd, train_env
+from tests.train_cli import TRAIN, train_cmd, train_env
 
 pytestmark = pytest.mark.slurm
 
@@ -367,3 +368,128 @@ def test_preempted_job_requeues_and_resumes_from_checkpoint(train, tmp_path):
     assert [l2[s] for s in sorted(l2)] == pytest.approx(summary.losses, rel=1e-6)
     # The loss continues: same weights and batches.
     assert l2[resumed_from + 1] < l1[1]
+
+
+# ------------------------------------------------------------------ how a SLURM run ends
+# Every way of stopping a run keeps its record whole: summary.json and the offline wandb run hold
+# every step up to the last one trained (across resumes), the checkpoint of the stop is whole and
+# nothing half-written is left, console.log says how the launch ended, and the launcher (when it
+# waits) exits with the code the docs name after one line.
+STOPPABLE = [*SLURM_CPU, "parallelism.procs_per_node=1", "training.checkpoint_enable=true",
+             "training.checkpoint_interval=4", "logging=wandb_offline"]
+
+
+def _start_train(tmp_path: Path, slurm_cluster, args: list[str], **env: str) -> subprocess.Popen:
+    """train.py in its own process group (a terminal's foreground job), steps slowed down."""
+    return subprocess.Popen(
+        train_cmd(*args), cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=train_env(**slurm_cluster.env, **_fault_env(MXFP8EP_TEST_STEP_SLEEP="0.7", **env)))
+
+
+def _steps_logged(run_dir: Path) -> int:
+    console = run_dir / "console.log"
+    return sum(line.startswith("step ") for line in console.read_text().splitlines()) if console.exists() else 0
+
+
+def _job_of(run_dir: Path) -> str:
+    return wait_until(lambda: next((p.name.split("_")[0] for p in (run_dir / "slurm").glob("*_0_log.out")), None)
+                      if (run_dir / "slurm").is_dir() else None, 120, "the job's log")
+
+
+def _check_record(run_dir: Path, stopped_by: str | None, steps: int | None = None) -> RunSummary:
+    """summary.json, the wandb run (every step once, over every folder) and the checkpoints of a
+    run that ended; ``steps``: the last step trained (default: the summary's)."""
+    s = RunSummary.read(run_dir)
+    assert s.stopped_by == stopped_by
+    steps = steps or s.steps
+    assert s.steps == steps and s.logged_steps == list(range(1, steps + 1)), s.logged_steps
+    (run,) = read_runs(str(run_dir))
+    assert [row["_step"] for row in run.history] == s.logged_steps and run.exit_code == 0
+    assert run.series(LOSS) == pytest.approx(s.losses)
+    assert sorted(row["_step"] for p in run.paths for row in read_run(p).history) == s.logged_steps
+    if s.checkpoint:
+        assert s.checkpoint == str(run_dir / "checkpoint" / f"step-{steps}")
+    checkpoints = list((run_dir / "checkpoint").iterdir())
+    assert all((d / ".metadata").is_file() for d in checkpoints), checkpoints  # whole, or not there
+    return s
+
+
+def test_scancel_and_ctrl_c_keep_the_runs_record_across_a_resume(train, slurm_cluster, tmp_path):
+    """scancel of a job nobody waits for, then a resume whose waiting launcher gets Ctrl-C."""
+    run_dir = tmp_path / "run"
+    proc, out = train([*STOPPABLE, "training.steps=40", f"hydra.run.dir={run_dir}"], timeout=120,
+                      extra_env=_fault_env(MXFP8EP_TEST_STEP_SLEEP="0.7"))
+    assert proc.returncode == 0, out[-3000:]
+    (jid,) = train.jobs
+    wait_until(lambda: _steps_logged(run_dir) >= 6, 180, "step 6")
+    subprocess.run(["scancel", jid], check=True, timeout=10)
+    assert _wait_terminal(jid, 120) == "CANCELLED"
+    wait_until(lambda: not _sh("squeue", "-h", "-j", jid).strip(), 60, "the job's processes to end")
+    first = _check_record(run_dir, "SIGTERM")
+    assert 6 <= first.steps < 40 and first.checkpoint
+    assert (run_dir / "console.log").read_text().splitlines()[-1].endswith(
+        f": stopped by SIGTERM at step {first.steps}/40 (checkpoint step-{first.steps}) ====")
+
+    # Resume, wait for it, Ctrl-C: the tasks stop at a step boundary, the launcher says so.
+    proc = _start_train(tmp_path, slurm_cluster, [f"training.resume={run_dir}", "launcher.wait=true"])
+    try:
+        wait_until(lambda: _steps_logged(run_dir) >= first.steps + 3, 180, "3 steps of the resume")
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    train.jobs.extend(re.findall(r"submitted SLURM job (\d+)", out))
+    assert proc.returncode == 130, (out[-3000:], err[-3000:])
+    s = _check_record(run_dir, "SIGINT")
+    assert s.start_step == first.steps and s.steps > first.steps + 2 and s.checkpoint
+    assert err.splitlines() == [
+        f"[mxfp8ep] stopping SLURM job {train.jobs[-1]} at the next step boundary (Ctrl-C again cancels it at once)",
+        f"[mxfp8ep] stopped by SIGINT at step {s.steps}/40: checkpoint {s.checkpoint}, wandb run {s.wandb_run_id} "
+        f"finished; continue with: python {TRAIN} training.resume={run_dir}"]
+    assert _job_state(train.jobs[-1]) == "COMPLETED"  # the tasks stopped themselves
+    assert (run_dir / "console.log").read_text().splitlines()[-1].endswith(
+        f": stopped by SIGINT at step {s.steps}/40 (checkpoint step-{s.steps}) ====")
+
+
+def test_scancel_of_a_waited_job_is_a_stop(train, slurm_cluster, tmp_path):
+    """scancel while the launcher waits: exit 143 after the stop line, nothing lost."""
+    run_dir = tmp_path / "run"
+    proc = _start_train(tmp_path, slurm_cluster, [*STOPPABLE, "training.steps=40", "launcher.wait=true",
+                                                   f"hydra.run.dir={run_dir}"])
+    try:
+        jid = _job_of(run_dir)
+        train.jobs.append(jid)
+        wait_until(lambda: _steps_logged(run_dir) >= 6, 180, "step 6")
+        subprocess.run(["scancel", jid], check=True, timeout=10)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, (out[-3000:], err[-3000:])
+    s = _check_record(run_dir, "SIGTERM")
+    assert err.splitlines() == [
+        f"[mxfp8ep] stopped by SIGTERM at step {s.steps}/40: checkpoint {s.checkpoint}, wandb run {s.wandb_run_id} "
+        f"finished; continue with: python {TRAIN} training.resume={run_dir}"]
+    assert "Traceback" not in out + err
+
+
+def test_the_time_limit_with_no_requeue_left_stops_the_run(train, slurm_cluster, tmp_path):
+    """SLURM's notice 90 s before the time limit (launcher.time_min=3) with no requeue left: the
+    run stops with a checkpoint and the waiting launcher exits 140 (128 + SIGUSR2)."""
+    run_dir = tmp_path / "run"
+    proc = _start_train(tmp_path, slurm_cluster, [*STOPPABLE, "training.steps=400", "launcher.wait=true",
+                                                   "launcher.time_min=3", "launcher.max_num_timeout=0",
+                                                   "logging=none", f"hydra.run.dir={run_dir}"])
+    try:
+        train.jobs.append(_job_of(run_dir))
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 140, (out[-3000:], err[-3000:])
+    s = RunSummary.read(run_dir)
+    assert s.stopped_by == "SIGUSR2" and 0 < s.steps < 400 and s.logged_steps == list(range(1, s.steps + 1))
+    assert (run_dir / "checkpoint" / f"step-{s.steps}" / ".metadata").is_file()
+    assert err.splitlines() == [
+        f"[mxfp8ep] stopped by SIGUSR2 (SLURM's notice of the time limit or a preemption; no requeue left) at "
+        f"step {s.steps}/400: checkpoint {s.checkpoint}; continue with: python {TRAIN} training.resume={run_dir}"]
+    assert _job_state(train.jobs[-1]) == "COMPLETED"
