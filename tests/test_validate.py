@@ -481,8 +481,20 @@ def test_local_launcher_is_one_node():
 def test_local_launcher_needs_a_gpu_per_process():
     msg = one_problem("parallelism=ep8", "model=llama4_debugmodel",
                       machine=Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,) * 2))
-    assert "parallelism=ep8 starts 8 processes, one per GPU, but this machine has 2 GPU(s)" in msg
-    assert "parallelism.procs_per_node=2 with parallelism.ep=2" in msg
+    assert "parallelism=ep8 starts 8 processes, one per GPU, but this machine has 2 GPU(s); use parallelism=ep2" in msg
+    msg = one_problem("parallelism=ep8", "model=llama4_debugmodel",
+                      machine=Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,) * 6))
+    assert "use parallelism.procs_per_node=6 with parallelism.ep=6 (or a divisor of it)" in msg
+
+
+@pytest.mark.parametrize("gpus, option", [(4, "ep4"), (8, "ep8")])
+def test_the_default_on_a_machine_with_more_gpus_says_which_option_uses_them(gpus, option):
+    """parallelism=ep2 (the default) starts 2 processes whatever the machine: the others idle."""
+    warnings = check(machine=Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,) * gpus))
+    assert f"parallelism=ep2 starts 2 process(es), one per GPU, but this machine has {gpus} GPUs: {gpus - 2} " \
+           f"stay idle; parallelism={option} uses them all" in warnings
+    box = Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,) * gpus)
+    assert not [w for w in check(f"parallelism={option}", "model=llama4_debugmodel", machine=box) if "idle" in w]
 
 
 ONE_GPU = Machine(64 * GIB, 16, gpu_memory_bytes=(80 * GIB,))
@@ -622,6 +634,10 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
         ("+training.stepz=3", "unknown key training.stepz"),
         ("training.stepz=3", "unknown key training.stepz: did you mean training.steps?"),
         ("a2a=mxfp9", "a2a=mxfp9: no such option; did you mean a2a=mxfp8? a2a has bf16, mxfp8"),
+        # as close to ep2 (the default) as to ep4 and ep8: all three named, none picked
+        ("parallelism=ep3", "parallelism=ep3: no such option; did you mean parallelism=ep2, parallelism=ep4 or "
+                            "parallelism=ep8? parallelism has 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep8, single"),
+        ("training.seq_len=0", "training.seq_len=0 must be > 0 (the default: training.seq_len=64)"),
         ("training.steps=abc", "training.steps=abc: expected a whole number"),
         ("+training.steps=3", "training.steps already exists, so drop the + (training.steps=3)"),
         ("launcher.partition=gpu", "launcher=local has name (launcher.partition is a field of "
@@ -671,7 +687,9 @@ def test_cli_sweep_with_a_bad_point_starts_nothing(tmp_path):
                      f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "sweep job #1 (parallelism.ep=4 training.steps=2): parallelism.ep=4 must divide" in proc.stderr
-    assert "nothing was started" in proc.stderr
+    # the problems are counted; what follows from them is a line of its own
+    assert proc.stderr.startswith("[mxfp8ep] 1 problem(s) in the training config:\n  - sweep job #1")
+    assert proc.stderr.splitlines()[-1] == "nothing was started: fix or drop these points of the 2-job sweep"
     assert not list((tmp_path / "sweep").rglob("worker_logs"))
 
 
@@ -690,3 +708,10 @@ def test_fsdp_reshard_policy_is_one_torchtitan_knows():
     msg = one_problem("parallelism.fsdp_reshard_after_forward=sometimes")
     assert "parallelism.fsdp_reshard_after_forward='sometimes'" in msg
     assert "default, always, never" in msg
+
+
+def test_a_sweep_of_one_point_says_one_run(tmp_path):
+    proc = run_train(tmp_path, "--multirun", "launcher._target_=tests.launch_recorder.Recorder", "training.steps=1",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[mxfp8ep] sweep of 1 run, launched one after another with launcher=local" in proc.stdout

@@ -19,12 +19,15 @@ EXIT_CONFIG = 2
 
 
 class ConfigError(ValueError):
-    """One or more problems in a training config; ``problems`` lists them."""
+    """One or more problems in a training config; ``problems`` lists them, ``note`` (a line
+    after them, not a problem itself) says what follows from them."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], note: Optional[str] = None):
         self.problems = list(problems)
+        self.note = note
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the training config:\n{lines}")
+        super().__init__(f"{len(self.problems)} problem(s) in the training config:\n{lines}"
+                         + (f"\n{note}" if note else ""))
 
 
 @dataclass
@@ -51,11 +54,30 @@ def closest(word: str, choices: Iterable[str]) -> Optional[str]:
     return by_lower[found[0]] if found else None
 
 
-def did_you_mean(word: str, choices: Iterable[str], shown: str = "{}") -> str:
-    """``"did you mean <shown>? "`` for the closest choice, or ``""``. ``shown`` formats the
-    choice as the user would type it (e.g. ``"training.{}"``)."""
+def closest_all(word: str, choices: Iterable[str]) -> list[str]:
+    """Every choice as close to ``word`` as the closest (``ep3``: ``ep2`` and ``ep8`` alike),
+    in the order given; empty when none is close."""
+    choices = [str(c) for c in choices]
     match = closest(word, choices)
-    return f"did you mean {shown.format(match)}? " if match is not None else ""
+    if match is None or match.lower() == str(word).lower():
+        return [] if match is None else [match]
+
+    def ratio(c: str) -> float:
+        return difflib.SequenceMatcher(None, str(word).lower(), c.lower()).ratio()
+
+    best = ratio(match)
+    return [c for c in choices if ratio(c) == best]
+
+
+def did_you_mean(word: str, choices: Iterable[str], shown: str = "{}") -> str:
+    """``"did you mean <shown>? "`` for the closest choice (``"<a>, <b> or <c>"`` when several
+    are as close), or ``""``. ``shown`` formats a choice as the user would type it (e.g.
+    ``"training.{}"``)."""
+    matches = [shown.format(m) for m in closest_all(word, choices)]
+    if not matches:
+        return ""
+    listed = matches[0] if len(matches) == 1 else f"{', '.join(matches[:-1])} or {matches[-1]}"
+    return f"did you mean {listed}? "
 
 
 def choice_problem(key: str, value: object, choices: Iterable[str]) -> str:

@@ -64,6 +64,11 @@ class LocalLauncher:
                 f"parallelism={p.name} starts {p.procs_per_node} processes, one per GPU, but this "
                 f"machine has {machine.gpus} GPU(s); {_fits(machine.gpus)}, or launcher=slurm"
             )
+        elif machine.gpus > p.procs_per_node * max(1, p.nodes):
+            idle = machine.gpus - p.procs_per_node
+            uses_all = _fits(machine.gpus).removeprefix("use ")
+            report.warn(f"parallelism={p.name} starts {p.procs_per_node} process(es), one per GPU, but this machine "
+                        f"has {machine.gpus} GPUs: {idle} stay idle; {uses_all} uses them all")
         elif not machine.gpus and p.procs_per_node > machine.cpu_count:
             report.warn(f"no GPU: {p.procs_per_node} CPU worker processes on {machine.cpu_count} "
                         f"cores will be slow")
@@ -124,8 +129,14 @@ def _fits(gpus: int) -> str:
         return ("use parallelism=single (one process; EP 1 sends nothing over the wire, so "
                 "bf16 and MXFP8 cost the same there), or parallelism=ep2_shared_gpu for EP numerics "
                 "(two processes take turns on the GPU: no speed figure)")
+    if gpus in PARALLELISM_OPTIONS:
+        return f"use parallelism={PARALLELISM_OPTIONS[gpus]}"
     return (f"use parallelism.procs_per_node={gpus} with parallelism.ep={gpus} (or a divisor "
             f"of it)")
+
+
+# conf/parallelism's one-node options by their number of processes (one per GPU).
+PARALLELISM_OPTIONS = {2: "ep2", 4: "ep4", 8: "ep8"}
 
 
 def worker_entrypoint(cfg_yaml: str, run_dir: str) -> None:

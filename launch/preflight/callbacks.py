@@ -103,10 +103,11 @@ class CheckEverySweepPoint(Callback):
                 shown = " ".join(o for o in point if not o.startswith("hydra."))
                 problems += [f"sweep job #{num} ({shown}): {p}" for p in e.problems]
         if problems:
-            reject(ConfigError(problems + [f"nothing was started: fix or drop these points of "
-                                           f"the {len(points)}-job sweep"]))
+            reject(ConfigError(problems, note=f"nothing was started: fix or drop these points of "
+                                              f"the {len(points)}-job sweep"))
         logging.getLogger(_BASIC_LAUNCHER).setLevel(logging.WARNING)
-        print(f"[mxfp8ep] sweep of {len(points)} runs, launched one after another with "
+        runs = f"{len(points)} run{'s' if len(points) != 1 else ''}"
+        print(f"[mxfp8ep] sweep of {runs}, launched one after another with "
               f"launcher={config.launcher.get('name')}", flush=True)
 
 

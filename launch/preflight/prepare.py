@@ -42,7 +42,8 @@ def finalize(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         lg.run_id = lg.run_id or uuid.uuid4().hex[:8]
         lg.run_name = lg.run_name or run_name(overrides, cfg.a2a.name)
         t = cfg.training
-        t.lr_schedule_steps = t.lr_schedule_steps or t.steps
+        if t.lr_schedule_steps is None and t.steps > 0:
+            t.lr_schedule_steps = t.steps
     return cfg
 
 

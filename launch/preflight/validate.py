@@ -26,7 +26,7 @@ from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, 
 from launch.config.model_facts import ModelFacts
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
-from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig
+from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig, TrainingConfig
 from launch.config.stack import CPU_MODELS, FAMILIES_BY_STACK, INSTALL, StackError, family_problem, installed_torchtitan
 from launch.config.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
 from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
@@ -129,7 +129,8 @@ def _check_training(cfg: Any, r: Report) -> None:
     t = cfg.training
     for key in ("steps", "seq_len", "local_batch_size"):
         if getattr(t, key) <= 0:
-            r.error(f"training.{key}={getattr(t, key)} must be > 0 (e.g. training.{key}=8)")
+            r.error(f"training.{key}={getattr(t, key)} must be > 0 (the default: training.{key}="
+                    f"{getattr(TrainingConfig, key)})")
     if t.lr <= 0:
         r.error(f"training.lr={t.lr} must be > 0")
     if t.warmup_steps < 0:
