@@ -6,6 +6,7 @@ test_train_e2e.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 from tests.train_cli import run_train
@@ -19,7 +20,8 @@ STAND_IN = "tests.console_runner:run_training"
 
 def test_a_resumed_run_prints_its_own_lines_and_keeps_every_launchs(tmp_path):
     run = tmp_path / "run"
-    first = run_train(tmp_path, "training.steps=3", "logging=none", "training.checkpoint_enable=true",
+    first = run_train(tmp_path, "training.steps=3", "training.lr_schedule_steps=5", "logging=none",
+                      "training.checkpoint_enable=true",
                       f"hydra.run.dir={run}", MXFP8EP_RUNNER=STAND_IN, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "stand-in step 3/3" in first.stdout
@@ -32,8 +34,12 @@ def test_a_resumed_run_prints_its_own_lines_and_keeps_every_launchs(tmp_path):
     printed = [line for line in resumed.stdout.splitlines() if line.startswith("stand-in")]
     assert printed == [f"stand-in step {s}/5" for s in range(1, 6)]  # not the first launch's again
     lines = (run / "console.log").read_text().splitlines()
-    assert lines[:3] == [f"stand-in step {s}/3" for s in range(1, 4)]
-    assert lines[3].startswith("==== resume 1 (") and lines[4:] == printed
+    assert lines[:2] == ["start-up: starting 2 CPU processes (gloo)",
+                         "start-up: 2 processes started, importing torchtitan"]
+    assert lines[2:5] == [f"stand-in step {s}/3" for s in range(1, 4)]
+    assert re.fullmatch(r"==== ended \S+ \S+: completed step 3/3 ====", lines[5])  # how the launch ended
+    assert lines[6].startswith("==== resume 1 (") and lines[9:-1] == printed
+    assert lines[-1].endswith(": completed step 5/5 ====")
 
     # train.log: what the launching process did, every launch (it was empty after a clean run)
     log = (run / "train.log").read_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -153,20 +154,26 @@ def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
         "throughput/global_tps",
         "memory/max_reserved(GiB)",
         "time_metrics/end_to_end(s)",
-        "time_metrics/eta(s)",
         "a2a/bytes_per_step",
         "lr",
     ):
         assert len(run.series(key)) == 10, key
+    # no estimate from the first window (start-up in its time): from step 2 on
+    assert [row["_step"] for row in run.history if "time_metrics/eta(s)" in row] == list(range(2, 11))
     assert not run.series("tflops") and not run.series("mfu(%)")
     assert run.series("loss_metrics/global_avg_loss") == pytest.approx(summary["losses"])
     # One metrics contract: wandb's run summary holds the summary's numbers, not the last step's
     assert run.summary["a2a/bytes_per_step"] == pytest.approx(summary["a2a_bytes_per_step"])
     assert run.summary["throughput/global_tps"] == pytest.approx(summary["tokens_per_s_global"])
     assert run.summary["a2a/bytes_per_step"] != pytest.approx(run.series("a2a/bytes_per_step")[-1])
-    # the console lines of rank 0, one per logged step
+    # the console lines of rank 0: each stage of starting and ending, one line per logged step
     console = (run_dir / "console.log").read_text().splitlines()
-    assert len(console) == 10 and console[0].startswith("step  1/10  loss ")
+    assert console[:3] == ["start-up: process group, data and model (tiny_llama4, EP 2)", "start-up: wandb (offline)",
+                           "start-up: the first step (the slowest: warm-up)"]
+    assert [line.split()[1] for line in console[3:-1]] == [f"{n}/10" for n in range(1, 11)]
+    assert console[-1] == "finishing: summary.json and wandb"
+    assert re.fullmatch(r"step  1/10  loss \d\.\d{4}  tokens/s [\d,]+", console[3])  # no eta yet
+    assert re.fullmatch(r"step  2/10  loss \d\.\d{4}  tokens/s [\d,]+  eta \d+s", console[4])
     # The full composed recipe config, not only torchtitan's.
     assert run.config["recipe"]["model"]["family"] == "llama4"
     assert run.config["recipe"]["a2a"]["name"] == "bf16"

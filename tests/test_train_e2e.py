@@ -113,8 +113,13 @@ def test_readme_command_has_a_quiet_console(readme_run):
     assert lines[0].startswith("mxfp8ep: model=tiny_llama4 a2a=bf16 parallelism=ep2 (EP 2), 20 steps "
                                "on 2 CPU processes (gloo)")
     progress = [line for line in lines if line.startswith("step ")]
-    assert len(progress) == 20 and re.match(r"step  1/20  loss \d+\.\d{4}  tokens/s [\d,]+  eta ",
-                                             progress[0])
+    assert len(progress) == 20 and re.fullmatch(r"step  1/20  loss \d+\.\d{4}  tokens/s [\d,]+", progress[0])
+    assert re.fullmatch(r"step  2/20  loss \d+\.\d{4}  tokens/s [\d,]+  eta \d+s", progress[1])
+    # between the header and step 1, a line as each stage of the start begins
+    assert lines[3:lines.index(progress[0])] == [
+        "start-up: starting 2 CPU processes (gloo)", "start-up: 2 processes started, importing torchtitan",
+        "start-up: process group, data and model (tiny_llama4, EP 2)", "start-up: wandb (offline)",
+        "start-up: the first step (the slowest: warm-up)"]
     out = proc.stdout
     assert "==== mxfp8ep run a2a=bf16 ====" in out
     assert f"a2a bytes/step  {s.a2a_bytes_per_step:,.0f}" in out
@@ -198,7 +203,8 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
 def _wait_for_steps(run_dir: Path, proc: subprocess.Popen, steps: int, timeout: float = 240) -> None:
     console = run_dir / "console.log"
     deadline = time.monotonic() + timeout
-    while not (console.is_file() and len(console.read_text().splitlines()) >= steps):
+    while not (console.is_file()
+               and sum(line.startswith("step ") for line in console.read_text().splitlines()) >= steps):
         assert proc.poll() is None, proc.communicate()
         if time.monotonic() > deadline:
             proc.kill()
@@ -253,10 +259,14 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
     assert run.series(LOSS)[: s.steps] == pytest.approx(s.losses)
     assert not list(tmp_path.glob("outputs"))  # no new run dir was made
     # console.log: the first launch's lines, then the resume's below the line that names it
-    lines = (run_dir / "console.log").read_text().splitlines()
+    lines = [line for line in (run_dir / "console.log").read_text().splitlines() if not line.startswith(
+        ("start-up:", "finishing:"))]
     assert [int(line.split()[1].split("/")[0]) for line in lines[: s.steps]] == list(range(1, s.steps + 1))
-    assert lines[s.steps].startswith("==== resume 1 (") and f"from step {s.steps}," in lines[s.steps]
-    assert [line.split()[1] for line in lines[s.steps + 1:]] == [f"{n}/{steps}" for n in range(s.steps + 1, steps + 1)]
+    assert lines[s.steps].endswith(f": stopped by SIGINT at step {s.steps}/200 (checkpoint step-{s.steps}) ====")
+    assert lines[s.steps + 1].startswith("==== resume 1 (") and f"from step {s.steps}," in lines[s.steps + 1]
+    assert [line.split()[1] for line in lines[s.steps + 2:-1]] == [f"{n}/{steps}"
+                                                                   for n in range(s.steps + 1, steps + 1)]
+    assert lines[-1].endswith(f": completed step {steps}/{steps} ====")
 
 
 def test_sigterm_to_the_launcher_stops_the_workers(tmp_path):

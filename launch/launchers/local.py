@@ -16,6 +16,7 @@ from typing import Any, Optional
 from launch.launchers.launcher import LauncherConfig, RunFailed, RunStopped, Target
 from launch.launchers.machine import Machine
 from launch.run import console
+from launch.run.heartbeat import stage
 from launch.run.run_dir import WORKER_LOGS
 from launch.run.run_summary import RunSummary
 from launch.run.shared_gpu import SHARED_GPU_NOTE
@@ -74,6 +75,17 @@ class LocalLauncher:
                         f"cores will be slow")
 
     def launch(self, cfg: Any, run_dir: str) -> Optional[RunSummary]:
+        machine = Machine.probe()
+        procs = cfg.parallelism.procs_per_node
+        if not machine.gpus:
+            what = f"{procs} CPU processes (gloo)"
+        elif cfg.parallelism.share_gpu:
+            what = f"{procs} processes sharing GPU 0 (gloo; {SHARED_GPU_NOTE})"
+        else:
+            what = f"{procs} GPU processes (NCCL)"
+        print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
+              flush=True)  # before torch's import: the first line comes at once
+
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import elastic_launch
@@ -82,18 +94,10 @@ class LocalLauncher:
 
         console.route_logging(cfg.logging.verbose)  # again: importing torch reset its loggers
         config = launch_config(cfg, run_dir)
-        machine = Machine.probe()
-        if not machine.gpus:
-            what = f"{config.nproc_per_node} CPU processes (gloo)"
-        elif cfg.parallelism.share_gpu:
-            what = f"{config.nproc_per_node} processes sharing GPU 0 (gloo; {SHARED_GPU_NOTE})"
-        else:
-            what = f"{config.nproc_per_node} GPU processes (NCCL)"
-        print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
-              flush=True)
         log.info("starting %s; their output: %s/%s/", what, run_dir, WORKER_LOGS)
         try:
             with console.follow(run_dir):
+                stage(run_dir, f"start-up: starting {what}")
                 elastic_launch(config, worker_entrypoint)(config_to_yaml(cfg), run_dir)
         except SignalException as e:  # Ctrl-C / SIGTERM: the workers have stopped cleanly
             raise RunStopped(int(e.sigval), RunSummary.read(run_dir)) from None

@@ -55,6 +55,9 @@ class TimestampedLines:
 def run_worker(cfg_yaml: str, run_dir: str) -> Optional[Any]:
     """Entry point of one training process; returns ``run_training``'s result (rank 0's
     ``RunSummary``, None elsewhere) or raises ``launch.run.stop.Stopped``."""
+    from launch.run.heartbeat import stage
+
     if not isinstance(sys.stderr, TimestampedLines):
         sys.stderr = TimestampedLines(sys.stderr)
+    stage(run_dir, f"start-up: {os.environ.get('WORLD_SIZE', '1')} processes started, importing torchtitan")
     return _runner()(config_from_yaml(cfg_yaml), run_dir)

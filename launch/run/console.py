@@ -58,10 +58,12 @@ def header(cfg: Any, run_dir: str, processes: str, logs: str) -> str:
             f"  logs    {logs} in the run dir")
 
 
-def progress_line(step: int, steps: int, loss: float, tokens_per_s: float, eta_s: float) -> str:
+def progress_line(step: int, steps: int, loss: float, tokens_per_s: float, eta_s: Optional[float]) -> str:
+    """One log window's line; ``eta_s`` None (the first window, start-up in its time) leaves the
+    estimate out."""
     width = len(str(steps))
-    return (f"step {step:>{width}}/{steps}  loss {loss:.4f}  tokens/s {_num(tokens_per_s, ',.0f')}"
-            f"  eta {format_eta(eta_s)}")
+    eta = f"  eta {format_eta(eta_s)}" if eta_s is not None else ""
+    return f"step {step:>{width}}/{steps}  loss {loss:.4f}  tokens/s {_num(tokens_per_s, ',.0f')}{eta}"
 
 
 def validation_line(step: int, steps: int, loss: float) -> str:

@@ -2,7 +2,8 @@
 rank 0 adds a line to ``console.log`` every that many seconds saying which step is still running
 and for how long (``launch.run.console.still_running_line``). A first step that takes minutes (a
 long sequence on CPU, a slow compile, a rank waiting in a collective) then no longer looks like
-a hang, and a hang says where it is."""
+a hang, and a hang says where it is. Before the first step and after the last, :func:`stage`
+says which stage of starting or ending the run begins."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from launch.run.console import still_running_line
+from launch.run.run_dir import CONSOLE_LOG
 
 
 def append_line(path: str) -> Callable[[str], None]:
@@ -27,6 +29,14 @@ def append_line(path: str) -> Callable[[str], None]:
             os.close(fd)
 
     return write
+
+
+def stage(run_dir: str, text: str) -> None:
+    """Rank 0 (``RANK``): a line in ``console.log`` as a stage of starting or ending a run
+    begins (importing torchtitan, building the model, wandb, the first step, finishing), so the
+    console is not silent for long between the header and the first step, or after the last."""
+    if os.environ.get("RANK", "0") == "0":
+        append_line(os.path.join(run_dir, CONSOLE_LOG))(text)
 
 
 class StepHeartbeat:

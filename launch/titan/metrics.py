@@ -110,6 +110,8 @@ class RecipeMetrics:
         self.capacity_spills = 0
         self.routing: Optional[RoutingTelemetry] = None  # the trainer's, once its model exists
         if wandb_settings is not None and _rank() == 0:
+            if self.console is not None:  # a start-up stage: wandb's own start takes seconds
+                self.console.write(f"start-up: wandb ({wandb_settings.mode})\n")
             container = LoggerContainer()
             container.add_logger(self.logger)
             try:
@@ -178,8 +180,9 @@ class RecipeMetrics:
             self._train_time += time_delta
             self._train_steps += steps_in_window
         self._first_window_done = True
-        mean_step = self._train_time / self._train_steps if self._train_steps else step_time
-        eta = mean_step * max(0, self.total_steps - step)
+        # None after the first window: its steps include start-up, which says nothing of the rest.
+        eta = (self._train_time / self._train_steps * max(0, self.total_steps - step)
+               if self._train_steps else None)
 
         metrics: dict[str, Any] = {
             names.LOSS: global_avg_loss,
@@ -190,7 +193,6 @@ class RecipeMetrics:
             names.STEP_TIME: step_time,
             "time_metrics/data_loading(s)": data_time / max(1, len(self.data_loading_times)),
             "time_metrics/data_loading(%)": 100 * data_time / time_delta,
-            "time_metrics/eta(s)": eta,
             "memory/max_active(GiB)": mem.max_active_gib,
             "memory/max_active(%)": mem.max_active_pct,
             names.MAX_MEMORY: mem.max_reserved_gib,
@@ -199,6 +201,8 @@ class RecipeMetrics:
             "memory/num_ooms": mem.num_ooms,
             names.A2A_BYTES: a2a_bytes_per_step,
         }
+        if eta is not None:
+            metrics["time_metrics/eta(s)"] = eta
         tflops = mfu = None
         if self._flops_known:
             tflops = self.num_flops_per_token * tps / 1e12
@@ -239,7 +243,7 @@ class RecipeMetrics:
             f"{c.blue}tps: {round(tps):,} (global {round(global_tps):,})  "
             f"{c.cyan}{flops}"
             f"{c.yellow}a2a[{self.a2a_name}]: {a2a_bytes_per_step / 2**20:,.2f}MiB/step  "
-            f"{c.white}step: {step_time:.2f}s  eta: {format_eta(eta)}{c.reset}"
+            f"{c.white}step: {step_time:.2f}s  eta: {format_eta(eta) if eta is not None else '-'}{c.reset}"
         )
         if self.console is not None:
             self.console.write(progress_line(step, self.total_steps, global_avg_loss, global_tps, eta) + "\n")

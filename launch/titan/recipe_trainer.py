@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchtitan.tools.logging import logger
 
 from launch.config.stack import installed
-from launch.run.heartbeat import StepHeartbeat, append_line
+from launch.run.heartbeat import StepHeartbeat, append_line, stage
 from launch.run.numerics_log import arm_for_step
 from launch.run.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging, remove_incomplete_checkpoints
 from launch.run.run_summary import RECIPE_CONFIG, RunSummary, earlier_record, series_stats, steady_numbers
@@ -91,6 +91,7 @@ class RecipeTrainerMixin:
         self.capacity_spill_steps: list[int] = []
         self.earlier_replay_steps: list[int] = []  # a resumed run's, up to its checkpoint
         self.earlier_spill_steps: list[int] = []
+        stage(run_dir, f"start-up: process group, data and model ({cfg.model.name}, EP {cfg.parallelism.ep})")
         super().__init__(job_config)  # type: ignore[call-arg]
         self.routing = self.metrics_processor.routing = RoutingTelemetry.of(self.model_parts, self.parallel_dims.ep,
                                                                             run_dir)
@@ -162,6 +163,16 @@ class RecipeTrainerMixin:
             self.capacity_spill_steps.append(self.step)
         self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays, self.capacity_spills,
                                                what)
+
+    def train(self) -> None:
+        """torchtitan's loop, its start and end said on the console."""
+        t = self.cfg.training
+        resumes = t.checkpoint_enable and checkpoint_steps(self.run_dir, str(t.checkpoint_folder))
+        load = "the newest checkpoint, then " if resumes else ""
+        compiled = " and torch.compile" if t.compile else ""
+        stage(self.run_dir, f"start-up: {load}the first step (the slowest: warm-up{compiled})")
+        super().train()  # type: ignore[misc]
+        stage(self.run_dir, "finishing: summary.json and wandb")
 
     def close(self) -> None:
         if self._heartbeat is not None:
