@@ -640,3 +640,22 @@ def test_each_models_baseline_has_its_own_style(tmp_path):
     # each baseline's parity bound on the Δ panel, named after it
     delta = axes_titled(figs["comparison_loss.png"], DELTA_TITLE)
     assert [p.get_label().split(" vs ")[1] for p in delta.patches] == ["bf16 [model=a]", "bf16 [model=b]"]
+
+
+def test_one_bf16_seed_is_judged_by_the_share_alone_and_a_run_without_bf16_says_so(tmp_path, capsys):
+    """With one bf16 seed there is no seed spread: the verdict does not speak of one. A run with
+    no bf16 run to compare with gets a line saying so, not silence."""
+    steps = list(range(10, 301, 10))
+    write_summary(tmp_path / "one", "bf16", "bf16", steps=steps)
+    write_summary(tmp_path / "one", "mxfp8", "mxfp8", offset=0.002, steps=steps)
+    (v,) = verdicts(compare(collect([str(tmp_path / "one")])))
+    bound = 0.005 * (3.0 + 5.0 / 300 ** 0.5 + 0.01)
+    assert v["rule"] == "0.5% of loss" and v["tolerance"] == pytest.approx(bound) and v["seed_spread"] is None
+    assert v["text"].endswith(f"vs bf16; one bf16 seed, no seed spread (sweep training.seed for one) "
+                              f"-> within 0.5% of loss = {bound:.4f}")
+    write_summary(tmp_path / "none", "mxfp8", "mxfp8", steps=steps)
+    assert compare_main([str(tmp_path / "none")]) == 0
+    line = ("mxfp8: no verdict: no bf16 run of the same settings to compare it with (add a2a=bf16 to the sweep, "
+            "or name a bf16 run's folder)")
+    assert line in capsys.readouterr().out.splitlines()
+    assert json.loads((tmp_path / "none" / "comparison.json").read_text())["unjudged"] == [line]

@@ -307,7 +307,8 @@ class Bf16Reference:
         """The seeds' part of a verdict line."""
         if self.by_mean:
             return f"bf16 std {self.std:.4f} over {self.seeds} seeds"
-        return f"bf16 seed spread {self.spread:.4f}" if self.spread is not None else "no second bf16 seed"
+        return (f"bf16 seed spread {self.spread:.4f}" if self.spread is not None
+                else "one bf16 seed, no seed spread (sweep training.seed for one)")
 
 
 def bf16_reference(base: Compared) -> Optional[Bf16Reference]:
@@ -325,8 +326,10 @@ def bf16_reference(base: Compared) -> Optional[Bf16Reference]:
                              max(SPREAD_STDS * std, PARITY_SHARE * abs(mean)),
                              f"max({SPREAD_STDS} × bf16 std, {share})")
     spread = seed_spread(base)
+    if spread is None:  # one bf16 seed: no spread to take, the share alone
+        return Bf16Reference(ref, base.label, len(values), mean, std, None, PARITY_SHARE * abs(ref), share)
     return Bf16Reference(ref, base.label, len(values), mean, std, spread,
-                         max(spread or 0.0, PARITY_SHARE * abs(ref)), f"max(seed spread, {share})")
+                         max(spread, PARITY_SHARE * abs(ref)), f"max(seed spread, {share})")
 
 
 def parity_bound(base: Compared) -> Optional[float]:
@@ -362,6 +365,14 @@ def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
                     "tolerance": ref.bound, "rule": ref.rule, "within": None if replica else within,
                     "text": point + text})
     return out
+
+
+def unjudged(runs: list[Compared]) -> list[str]:
+    """A line for each run that gets no verdict because there is no bf16 run to compare it
+    with, neither at its sweep point nor in its group (the baseline, module doc)."""
+    return [f"{f'[{c.point}] ' if c.point else ''}{c.label}: no verdict: no {BASELINE} run of the same "
+            f"settings to compare it with (add a2a={BASELINE} to the sweep, or name a {BASELINE} run's folder)"
+            for c in ordered(runs) if c.baseline is None and not c.is_baseline and c.run.a2a != BASELINE]
 
 
 def pooled_tokens_per_s(runs: list[RunSummary]) -> Optional[float]:
@@ -747,6 +758,7 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
         "notes": throughput_notes(runs),
         "stack_warning": stack_warning(runs),
         "verdicts": verdict_list if verdict_list is not None else verdicts(runs),
+        "unjudged": unjudged(runs),
         "throughput_rule": THROUGHPUT_RULE,
         "throughput_verdicts": throughput_verdicts(runs),
         "runs": [{"path": c.path, "source": c.source, "vs_baseline": c.vs_baseline,
@@ -860,8 +872,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _refuse(f"cannot create {out.parent}: {e.strerror}")
     verdict_list = verdicts(runs)
     print(format_table(runs))
-    if verdict_list:
-        print("\n" + "\n".join(v["text"] for v in verdict_list))
+    lines = [v["text"] for v in verdict_list] + unjudged(runs)
+    if lines:
+        print("\n" + "\n".join(lines))
     speed = throughput_verdicts(runs)
     if speed:
         print("\n" + "\n".join(v["text"] for v in speed))
