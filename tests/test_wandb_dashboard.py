@@ -187,12 +187,26 @@ def test_command_when_the_server_refuses(monkeypatch, capsys):
     import wandb
 
     def refuse(*args):
-        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+        raise wandb.errors.CommError("server said no")
 
     monkeypatch.setattr(board, "save_dashboard", refuse)
     assert compare_main(["--wandb-dashboard", "team/proj"]) == 1
-    assert capsys.readouterr().err == ("compare_runs: could not save the workspace to team/proj: No API key "
-                                       "configured. Use `wandb login` to log in.\n")
+    assert capsys.readouterr().err == "compare_runs: could not save the workspace to team/proj: server said no\n"
+
+
+def test_command_without_a_wandb_login_points_at_what_works_offline(monkeypatch, capsys):
+    import wandb
+
+    def no_key(*args):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(board, "save_dashboard", no_key)
+    assert compare_main(["--wandb-dashboard", "team/proj"]) == 2
+    assert capsys.readouterr().err == (
+        "compare_runs: --wandb-dashboard team/proj saves the workspace on a wandb server, which needs `wandb login` "
+        "(or WANDB_API_KEY) on this machine (No API key configured. Use `wandb login` to log in.); without a login, "
+        "--preview <png> draws the workspace and `python launch/compare_runs.py <sweep dir>` compares the offline "
+        "runs\n")
 
 
 @pytest.mark.parametrize("argv", [

@@ -196,7 +196,7 @@ def _say(message: str) -> None:
 def command(target: str, group: Optional[str], preview: Optional[str]) -> int:
     """``compare_runs.py --wandb-dashboard TARGET [--group] [--preview PNG]``: save the
     workspace, or draw it into ``preview``. Exit code: 0, 1 (the server did not take it), 2 (a
-    mistake in the arguments, reported before anything is asked of the server)."""
+    mistake in the arguments, reported before anything is asked of the server, or no wandb login)."""
     import wandb
 
     from launch.tools import dashboard_preview
@@ -220,6 +220,13 @@ def command(target: str, group: Optional[str], preview: Optional[str]) -> int:
         return 0
     try:
         workspace, baseline = save_dashboard(entity, project, group)
+    except wandb.errors.UsageError as e:
+        if "API key" not in str(e):
+            raise
+        _say(f"--wandb-dashboard {target} saves the workspace on a wandb server, which needs `wandb login` (or "
+             f"WANDB_API_KEY) on this machine ({e}); without a login, --preview <png> draws the workspace and "
+             f"`python launch/compare_runs.py <sweep dir>` compares the offline runs")
+        return 2
     except (wandb.errors.Error, OSError, ValueError) as e:
         _say(f"could not save the workspace to {target}: {e}")
         return 1
