@@ -284,3 +284,14 @@ def test_a_resume_changes_fields_of_the_runs_own_launcher(tmp_path):
     assert with_the_runs_options(["training.steps=3"], REPO / "conf") == ["training.steps=3"]
     assert with_the_runs_options([f"training.resume={run}", "launcher=local", "logging=none"],
                                  REPO / "conf") == [f"training.resume={run}", "launcher=local", "logging=none"]
+
+
+def test_cfg_job_of_a_resume_shows_the_runs_config_with_the_changes(tmp_path):
+    run = tmp_path / "run"
+    saved = make_run(run, *RUN)
+    proc = run_train(tmp_path, "--cfg", "job", f"training.resume={run}", "training.steps=12", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cfg = OmegaConf.create(proc.stdout.split("\n", 1)[1])
+    assert cfg.training.steps == 12 and cfg.training.seq_len == 32 and cfg.training.lr_schedule_steps == 30
+    assert cfg.logging.run_id == saved["logging"]["run_id"]  # the run's own wandb run
+    assert not (run / "resumes").exists()  # nothing claimed or started

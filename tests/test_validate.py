@@ -715,3 +715,22 @@ def test_a_sweep_of_one_point_says_one_run(tmp_path):
                      f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[mxfp8ep] sweep of 1 run, launched one after another with launcher=local" in proc.stdout
+
+
+def test_cfg_job_prints_the_checked_config_the_launch_runs_with(tmp_path):
+    """--cfg job: the fields a launch fills in are filled in, and a mistake is refused as a launch
+    refuses it (Hydra's own --cfg job printed nulls and checked nothing)."""
+    from omegaconf import OmegaConf
+
+    proc = run_train(tmp_path, "--cfg", "job", "a2a=mxfp8", "training.steps=30", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    header, text = proc.stdout.split("\n", 1)
+    assert header == "# the config this command line launches with (checked; logging.run_id: a new one at each launch)"
+    cfg = OmegaConf.create(text)
+    assert cfg.logging.group == "default" and cfg.logging.run_name == "a2a=mxfp8,training.steps=30"
+    assert cfg.training.lr_schedule_steps == 30 and cfg.logging.run_id is None
+    proc = run_train(tmp_path, "--cfg", "job", "training.steps=0", timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("[mxfp8ep] 1 problem(s) in the training config:\n"
+                           "  - training.steps=0 must be > 0 (the default: training.steps=20)\n")
+    assert not (tmp_path / "outputs").exists()
