@@ -187,3 +187,25 @@ def test_a_corpus_whose_splits_are_not_gzipped_records_is_refused(tmp_path):
     assert errors == [f"training.val_every=10: the validation split {corpus / 'validation.jsonl.gz'}: line 1 has "
                       f'no "text" field (its fields: body); training.dataset=debian_docs reads one JSON object '
                       f'per line, the document in its "text" field (a string)']
+
+
+def test_a_local_c4_is_checked_as_torchtitan_loads_it(tmp_path):
+    """training.dataset=c4 with a folder: torchtitan runs load_dataset(folder, name="en"), which
+    needs allenai/c4's README.md (its configs define "en") and the split's en/*.json.gz files."""
+    errors, _ = check_data(training(dataset="c4", dataset_path=str(tmp_path), val_every=0), model_vocab=512,
+                           dp_degree=2)
+    assert errors == [
+        f"training.dataset_path={tmp_path} has no README.md defining the config en and no en/c4-train.*.json.gz "
+        f"files: training.dataset=c4 reads a local copy of the Hugging Face dataset allenai/c4 (e.g. `hf download "
+        f"allenai/c4 --repo-type dataset --include 'en/c4-train.0000*-of-01024.json.gz' README.md --local-dir "
+        f"{tmp_path}`)"]
+    (tmp_path / "README.md").write_text("---\nconfigs:\n- config_name: en\n  data_files:\n  - split: train\n"
+                                        "    path: en/c4-train.*.json.gz\n---\n")
+    (tmp_path / "en").mkdir()
+    with gzip.open(tmp_path / "en" / "c4-train.00000-of-01024.json.gz", "wt") as f:
+        f.write('{"text": "a document", "url": "u", "timestamp": "t"}\n')
+    assert check_data(training(dataset="c4", dataset_path=str(tmp_path), val_every=0), model_vocab=512,
+                      dp_degree=2) == ([], [])
+    from datasets import load_dataset  # what torchtitan's c4 loader does with it
+
+    assert next(iter(load_dataset(str(tmp_path), name="en", split="train", streaming=True)))["text"] == "a document"

@@ -82,6 +82,11 @@ DATASET_PATHS = {
     TINY_DATASET: str(TINY_TEXT),
     CORPUS_DATASET: str(CORPUS_DIR),
 }
+# torchtitan's c4 datasets from a local copy of allenai/c4: the split's files in it.
+C4_FILES = {"c4": "en/c4-train.*.json.gz", "c4_validation": "en/c4-validation.*.json.gz"}
+# Fetching the first 10 of c4's 1,024 training files and the README that defines "en".
+C4_DOWNLOAD = ("hf download allenai/c4 --repo-type dataset --include 'en/c4-train.0000*-of-01024.json.gz' "
+               "README.md --local-dir {path}")
 # What torchtitan's HuggingFaceTokenizer loads from a tokenizer directory (one of them).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")
 BUILD_CORPUS = "python scripts/build_corpus.py"
@@ -234,7 +239,9 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
                       f"training.dataset_path=<local copy> for c4)")
         return errors, warnings
     src = data_source(t.dataset, t.dataset_path, t.tokenizer_path)
-    if src.path.startswith("allenai/"):
+    if t.dataset in C4_FILES and not src.path.startswith("allenai/"):
+        _check_c4(t.dataset, src.path, errors)
+    elif src.path.startswith("allenai/"):
         warnings.append(f"training.dataset={t.dataset} without training.dataset_path downloads {src.path} "
                         f"from the Hugging Face hub at start; set training.dataset_path to a local copy")
     elif t.dataset == CORPUS_DATASET:
@@ -286,6 +293,23 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
         _check_split_sizes(t, json.loads(src.manifest.read_text()).get("splits", {}), dp_degree,
                            errors, warnings)
     return errors, warnings
+
+
+def _check_c4(dataset: str, path: str, errors: list[str]) -> None:
+    """A local copy of the Hugging Face dataset allenai/c4, as torchtitan loads it
+    (``load_dataset(path, name="en")``): the repository's README.md, whose ``configs`` define
+    "en", and the split's ``en/*.json.gz`` files; their first records must carry ``text``."""
+    root = Path(path)
+    files = sorted(root.glob(C4_FILES[dataset])) if root.is_dir() else []
+    readme = root / "README.md"
+    has_en = readme.is_file() and "config_name: en" in readme.read_text(errors="replace")
+    if not files or not has_en:
+        missing = " and no ".join(what for what, ok in (("README.md defining the config en", has_en),
+                                                         (f"{C4_FILES[dataset]} files", files)) if not ok)
+        errors.append(f"training.dataset_path={path} has no {missing}: training.dataset={dataset} reads a local copy "
+                      f"of the Hugging Face dataset allenai/c4 (e.g. `{C4_DOWNLOAD.format(path=path)}`)")
+        return
+    _check_records(f"training.dataset_path={path} ({files[0].relative_to(root)})", dataset, files[0], errors)
 
 
 def _check_records(shown: str, dataset: str, path: Path, errors: list[str]) -> None:
