@@ -17,7 +17,8 @@ from launch.titan.data import TOKENIZER_DIR
 from launch.preflight.validate import validate
 
 USAGE = (REPO / "docs" / "usage.md").read_text()
-GPU_BOX = Machine(ram_bytes=512 * GIB, cpu_count=32, gpu_memory_bytes=(141 * GIB,) * 8)
+# Two GPUs: the default parallelism=ep2 uses them all (on more, the validator says which option would).
+GPU_BOX = Machine(ram_bytes=512 * GIB, cpu_count=32, gpu_memory_bytes=(141 * GIB,) * 2)
 
 
 def section(title: str) -> str:
