@@ -83,6 +83,11 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
             traceback.print_exc()
         before.restore()  # nothing was started: the run dir is as it was before this launch
         reject(str(e))
+    except KeyboardInterrupt:  # Ctrl-C before the launcher started anything (it says so itself after)
+        before.restore()
+        log.info("interrupted before anything was started")
+        print("[mxfp8ep] interrupted (SIGINT) before anything was started", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     if summary is not None:
         log.info("ended: step %d of %d", summary.steps, summary.target_steps)
         ended(cfg, run_dir, console.how_it_ended(summary))

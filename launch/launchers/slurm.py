@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from launch.launchers import slurm_cluster
 from launch.launchers.launcher import LauncherConfig, RunFailed, RunRefused, RunStopped, Target
@@ -292,7 +292,12 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
         raise RunRefused(f"submitit rejected the job's parameters ({str(e).splitlines()[0]}); check "
                          f"launcher.additional_parameters and launcher.srun_args") from e
     submitted_at = time.time()
-    job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
+    with _ctrl_c_deferred() as interrupted:  # a job is submitted whole, or not at all
+        job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
+    if interrupted.is_set():
+        job.cancel(check=False)
+        log.info("Ctrl-C while submitting: SLURM job %s cancelled before it started", job.job_id)
+        raise KeyboardInterrupt
     sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder,
                           submitted_at=submitted_at)
     log.info("submitted SLURM job %s; task 0's log: %s", sub.job_id, sub.log_path)
@@ -302,6 +307,18 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
     if not cfg.launcher.wait:
         return sub
     return _wait(job, sub, run_dir)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[threading.Event]:
+    """Within the block, Ctrl-C (SIGINT) only sets the event it yields; the handler before it
+    comes back after."""
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _submit(executor: Any, fn: Any, cfg: Any) -> Any:
@@ -365,9 +382,7 @@ def _stop(job: Any, sub: SlurmSubmission) -> None:
     whole job, which SIGKILLs what is left ``KillWait`` seconds later), so they stop at the
     next step boundary with a checkpoint and a finished wandb run, however long that takes;
     a second Ctrl-C cancels the job at once. Returns once no process of the job is left."""
-    again = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: again.set())
-    try:
+    with _ctrl_c_deferred() as again:
         print(f"[mxfp8ep] stopping SLURM job {sub.job_id} at the next step boundary (Ctrl-C again cancels "
               f"it at once)", file=sys.stderr, flush=True)
         signalled = subprocess.run(["scancel", "--signal=INT", sub.job_id], capture_output=True, text=True)
@@ -379,8 +394,6 @@ def _stop(job: Any, sub: SlurmSubmission) -> None:
                 job.cancel(check=False)
                 cancelled = True
             again.wait(1.0)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     sub.state = _final_state(job)
 
 

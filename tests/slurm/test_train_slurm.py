@@ -493,3 +493,35 @@ def test_the_time_limit_with_no_requeue_left_stops_the_run(train, slurm_cluster,
         f"[mxfp8ep] stopped by SIGUSR2 (SLURM's notice of the time limit or a preemption; no requeue left) at "
         f"step {s.steps}/400: checkpoint {s.checkpoint}; continue with: python {TRAIN} training.resume={run_dir}"]
     assert _job_state(train.jobs[-1]) == "COMPLETED"
+
+
+def test_ctrl_c_while_submitting_leaves_no_job_and_no_run(slurm_cluster, tmp_path):
+    """launcher.wait=false returns at submission: a Ctrl-C can only come while sbatch runs. The
+    job is submitted whole, then cancelled, and the launch leaves nothing (sbatch slowed down
+    here so the Ctrl-C lands in it)."""
+    import shutil
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    slow = bin_dir / "sbatch"
+    slow.write_text(f"#!/bin/sh\ntouch {tmp_path}/sbatch-started\nsleep 3\nexec {shutil.which('sbatch')} \"$@\"\n")
+    slow.chmod(0o755)
+    env = train_env(**slurm_cluster.env, PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}"
+                                             f"{os.pathsep}{os.environ['PATH']}")
+    next_id = _next_job_id()
+    proc = subprocess.Popen(train_cmd(*SLURM_CPU, "parallelism.procs_per_node=1", "logging=none",
+                                      "training.checkpoint_enable=true",
+                                      f"hydra.run.dir={tmp_path / 'run'}"),
+                            cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: (tmp_path / "sbatch-started").exists(), 120, "sbatch to start")
+        proc.send_signal(signal.SIGINT)  # the launcher alone: sbatch carries on
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out[-3000:], err[-3000:])
+    assert err.splitlines() == ["[mxfp8ep] interrupted (SIGINT) before anything was started"]
+    assert _next_job_id() == next_id + 1  # the job was submitted ...
+    assert _wait_terminal(str(next_id), 60) == "CANCELLED"  # ... and cancelled before it ran
+    assert not (tmp_path / "run").exists()
