@@ -94,3 +94,16 @@ def test_the_heartbeat_says_which_step_still_runs(tmp_path):
         pass
     heartbeat.close()
     assert not quiet.exists()
+
+
+def test_a_resumed_runs_banner_names_the_resume_beside_the_runs_name(tmp_path):
+    """The run keeps its first launch's name (its wandb run's); the banner says which resume this
+    is and what it changed, so 'training.steps=300' in the name does not read as this launch's."""
+    from launch.run.resume import Resume
+
+    s = _summary(str(tmp_path), "disabled", [])
+    s.run_name = "a2a=bf16,training.steps=300"
+    resume = Resume(str(tmp_path), str(tmp_path), step=100, changed=["training.steps=110"], number=1)
+    assert format_summary(s, resume).splitlines()[0] == (
+        "==== mxfp8ep run a2a=bf16,training.steps=300, resume 1: training.steps=110 ====")
+    assert format_summary(s).splitlines()[0] == "==== mxfp8ep run a2a=bf16,training.steps=300 ===="
