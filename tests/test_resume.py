@@ -276,7 +276,7 @@ def test_a_resume_changes_fields_of_the_runs_own_launcher(tmp_path):
     run = tmp_path / "run"
     make_run(run, *RUN, "launcher=slurm", "launcher.partition=debug", "launcher.gpus_per_node=0")
     args = with_the_runs_options([f"training.resume={run}", "launcher.wait=true"], REPO / "conf")
-    assert args == [f"training.resume={run}", "launcher.wait=true", "launcher=slurm", "logging=wandb_offline"]
+    assert args == [f"training.resume={run}", "launcher.wait=true", "launcher=slurm"]
     cfg, _, resume = prepared(*args)
     assert cfg.launcher.wait is True and cfg.launcher.partition == "debug" and cfg.launcher.gpus_per_node == 0
     assert resume.changed == ["launcher.wait=true"]

@@ -387,7 +387,8 @@ def test_a_refused_launch_leaves_no_trace(refusing_sbatch, tmp_path):
 
     run = tmp_path / "run"
     proc = run_train(tmp_path, "launcher._target_=tests.launch_recorder.Recorder", "logging=none",
-                     "training.checkpoint_enable=true", f"hydra.run.dir={run}", timeout=120)
+                     "training.checkpoint_enable=true", "training.lr_schedule_steps=30", f"hydra.run.dir={run}",
+                     timeout=120)
     assert proc.returncode == 0, proc.stderr
     (run / "checkpoint" / "step-10").mkdir(parents=True)
     (run / "checkpoint" / "step-10" / ".metadata").write_text("")
@@ -440,11 +441,24 @@ def test_site_launcher_file_built_on_the_slurm_one(tmp_path):
     assert config_from_yaml(config_to_yaml(cfg)) == cfg
 
 
-def test_ctrl_c_while_waiting_cancels_the_job(tmp_path):
-    """launcher.wait=true: Ctrl-C stops the run as it does a local one (scancel: SIGTERM to
-    every task, which stop cleanly) and reports it as a stop."""
+@pytest.mark.parametrize("signalled", [True, False], ids=["running", "not_signalled"])
+def test_ctrl_c_while_waiting_stops_the_job_at_a_step_boundary(tmp_path, monkeypatch, signalled):
+    """launcher.wait=true: Ctrl-C sends the tasks SIGINT (scancel --signal=INT: they stop at the
+    next step boundary, as a local run does) and waits until no process of the job is left; the
+    job is cancelled at once only where it cannot be signalled (e.g. still pending)."""
     from launch.launchers.launcher import RunStopped
     from launch.launchers.slurm import SlurmSubmission, _wait
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\necho scancel \"$@\" >> {calls}\nexit {0 if signalled else 1}\n")
+    # squeue lists the job RUNNING twice, COMPLETING once, then no more
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\necho squeue >> {calls}\nn=$(grep -c squeue {calls})\n"
+                                    f"[ $n -le 2 ] && echo RUNNING; [ $n -eq 3 ] && echo COMPLETING; exit 0\n")
+    for tool in ("scancel", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
     class Job:
         cancelled = False
@@ -456,8 +470,10 @@ def test_ctrl_c_while_waiting_cancels_the_job(tmp_path):
             Job.cancelled = True
 
         def get_info(self, mode="cache"):
-            return {"State": "CANCELLED by 0"}
+            return {"State": "COMPLETED" if signalled else "CANCELLED by 0"}
 
     with pytest.raises(RunStopped) as e:
         _wait(Job(), SlurmSubmission("7", "log", str(tmp_path)), str(tmp_path))
-    assert Job.cancelled and e.value.signum == 2 and e.value.summary is None
+    assert e.value.signum == 2 and e.value.summary is None
+    assert calls.read_text().splitlines() == ["scancel --signal=INT 7", "squeue", "squeue", "squeue", "squeue"]
+    assert Job.cancelled is not signalled

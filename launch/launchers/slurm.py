@@ -385,8 +385,7 @@ def _stop(job: Any, sub: SlurmSubmission) -> None:
     with _ctrl_c_deferred() as again:
         print(f"[mxfp8ep] stopping SLURM job {sub.job_id} at the next step boundary (Ctrl-C again cancels "
               f"it at once)", file=sys.stderr, flush=True)
-        signalled = subprocess.run(["scancel", "--signal=INT", sub.job_id], capture_output=True, text=True)
-        if signalled.returncode != 0:  # e.g. still pending: nothing to stop cleanly
+        if _run(["scancel", "--signal=INT", sub.job_id]) is None:  # e.g. still pending: nothing to stop cleanly
             again.set()
         cancelled = False
         while _job_active(sub.job_id):
@@ -397,11 +396,20 @@ def _stop(job: Any, sub: SlurmSubmission) -> None:
     sub.state = _final_state(job)
 
 
+def _run(args: list[str]) -> Optional[str]:
+    """A SLURM client's output; None when it fails or cannot be run."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def _job_active(job_id: str) -> bool:
     """Whether SLURM lists a process of the job (``squeue``: RUNNING, then COMPLETING while the
     last ones end), or the job is still to start."""
-    listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    return listed.returncode == 0 and bool(set(listed.stdout.split()) & _ACTIVE)
+    listed = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    return listed is not None and bool(set(listed.split()) & _ACTIVE)
 
 
 def _wait_until_gone(job_id: str, timeout_s: float = 300.0) -> None:

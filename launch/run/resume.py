@@ -231,20 +231,22 @@ RUN_OPTION_GROUPS = ("launcher", "logging")
 
 
 def with_the_runs_options(args: list[str], conf: Path) -> list[str]:
-    """``args`` (a command line) with ``launcher=<the run's>`` and ``logging=<the run's>`` added
-    when it resumes a run (``training.resume=<run dir>``) and does not pick them itself: Hydra
-    then composes ``launcher.wait=true`` on the run's launcher (say slurm), not on the default
-    (local, which has no such field). :func:`resumed_config` keeps the run's fields of an
-    option it already has. ``conf``: the config folder (an option must be one of its files)."""
+    """``args`` (a command line) with ``launcher=<the run's>`` (``logging=<the run's>``) added
+    when it resumes a run (``training.resume=<run dir>``) and sets a field of that group without
+    picking its option: Hydra then composes ``launcher.wait=true`` on the run's launcher (say
+    slurm), not on the default (local, which has no such field). :func:`resumed_config` keeps
+    the run's fields of an option it already has. ``conf``: the config folder (an option must
+    be one of its files)."""
     asked = next((a.split("=", 1)[1].strip("'\"") for a in args if a.split("=", 1)[0] == "training.resume"), None)
     if asked in (None, AUTO, "null") or not (Path(asked) / RUN_CONFIG).is_file():
         return args
     saved = OmegaConf.load(latest_run_config(asked))
-    picked = {override_key(a) for a in args if not a.startswith("-")}
+    keys = {override_key(a) for a in args if not a.startswith("-")}
     added = []
     for group in RUN_OPTION_GROUPS:
         option = OmegaConf.select(saved, f"{group}.name", default=None)
-        if group not in picked and option and (conf / group / f"{option}.yaml").is_file():
+        sets_a_field = any(k.startswith(f"{group}.") for k in keys)
+        if sets_a_field and group not in keys and option and (conf / group / f"{option}.yaml").is_file():
             added.append(f"{group}={option}")
     return args + added
 
