@@ -659,3 +659,21 @@ def test_one_bf16_seed_is_judged_by_the_share_alone_and_a_run_without_bf16_says_
             "or name a bf16 run's folder)")
     assert line in capsys.readouterr().out.splitlines()
     assert json.loads((tmp_path / "none" / "comparison.json").read_text())["unjudged"] == [line]
+
+
+def test_a_launch_killed_before_its_summary_is_read_back_from_wandb(tmp_path):
+    """earlier_record: a resumed run's earlier steps come from summary.json, unless a launch was
+    killed before it wrote one (SIGKILL, a node lost): then from the offline wandb run, which
+    holds its steps."""
+    from launch.run.run_summary import earlier_record
+
+    run = tmp_path / "run"
+    write_wandb_run(run / "wandb", "a2a=bf16", "bf16", 8, 6.0, 1000.0, run_id="r1")
+    RunSummary(run_name="a2a=bf16", experiment="e", a2a="bf16", a2a_legs={}, model="m", model_flavor="f/f",
+               parallelism="ep2", world_size=2, ep=2, launcher="slurm", device="cpu", run_dir=str(run), steps=5,
+               target_steps=20, logged_steps=[1, 2, 3, 4, 5], losses=[6.0 / s for s in range(1, 6)]).write(run)
+    assert earlier_record(run, 5).logged_steps == [1, 2, 3, 4, 5]  # the summary reaches the checkpoint
+    record = earlier_record(run, 8)  # the launch after it was killed at step 8
+    assert record.logged_steps == list(range(1, 9)) and record.losses == pytest.approx([6.0 / s for s in range(1, 9)])
+    (run / "summary.json").unlink()
+    assert earlier_record(run, 8).logged_steps == list(range(1, 9))
