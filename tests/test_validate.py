@@ -636,7 +636,8 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
         ("a2a=mxfp9", "a2a=mxfp9: no such option; did you mean a2a=mxfp8? a2a has bf16, mxfp8"),
         # as close to ep2 (the default) as to ep4 and ep8: all three named, none picked
         ("parallelism=ep3", "parallelism=ep3: no such option; did you mean parallelism=ep2, parallelism=ep4 or "
-                            "parallelism=ep8? parallelism has 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep8, single"),
+                            "parallelism=ep8? parallelism has 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, "
+                            "ep8, single"),
         ("training.seq_len=0", "training.seq_len=0 must be > 0 (the default: training.seq_len=64)"),
         ("training.steps=abc", "training.steps=abc: expected a whole number"),
         ("+training.steps=3", "training.steps already exists, so drop the + (training.steps=3)"),
