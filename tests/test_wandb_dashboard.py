@@ -43,7 +43,7 @@ def logged() -> set[str]:
         color=NoColor(), num_flops_per_token=10, gpu_peak_flops=1e12, _flops_known=True,
         ntokens_since_last_log=100, data_loading_times=[0.01], time_last_log=time.perf_counter() - 1.0,
         _last_logged_step=0, _first_window_done=False, _train_time=0.0, _train_steps=0, total_steps=10,
-        history=RunHistory(), model_parts=[], console=None, a2a_name="mxfp8_all")
+        history=RunHistory(), model_parts=[], console=None, a2a_name="mxfp8_all", routing=None)
     wire_stats.reset()
     for leg in LEGS:
         wire_stats.record(leg, 1000)
