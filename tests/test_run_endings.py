@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 from tests.hydra_compose import REPO
 from tests.train_cli import run_train
@@ -35,11 +34,10 @@ def test_a_worker_that_raises_is_one_line_naming_its_rank_and_log(tmp_path):
 
 def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"foo": 1}\n')
-    t0 = time.monotonic()
     proc = run_train(tmp_path, "training.dataset_path=bad.jsonl", "training.steps=3", timeout=60)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
         "[mxfp8ep] 1 problem(s) in the training config:",
         '  - training.dataset_path=bad.jsonl: line 1 has no "text" field (its fields: foo); training.dataset='
         'mxfp8ep_tiny reads one JSON object per line, the document in its "text" field (a string)']
-    assert time.monotonic() - t0 < 15 and not (tmp_path / "outputs").exists()
+    assert not (tmp_path / "outputs").exists()  # refused by the checks: no run folder, no worker
