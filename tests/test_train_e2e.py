@@ -106,7 +106,7 @@ def test_readme_command_has_a_quiet_console(readme_run):
     assert s.launcher == "local" and s.wandb_mode == "offline"
     lines = (proc.stdout + proc.stderr).splitlines()
     print("\n".join(lines))
-    assert len(lines) <= 41, len(lines)  # header 3, start-up 5, steps 20, finishing 1, summary 12
+    assert len(lines) <= 42, len(lines)  # header 3, start-up 5, steps 20, finishing 1, summary 13
     assert not [line for line in lines if NOISE.search(line)]
     assert proc.stderr == ""
     # header, one line per log window, the summary
