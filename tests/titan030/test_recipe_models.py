@@ -2,7 +2,8 @@
 checks before launch read (``launch.config.model_facts.MODELS_030``) is what torchtitan 0.3.0 builds, the
 recipe's own models attend with sdpa and torchtitan's with flex, the job config carries the
 library's override as ``--override.imports`` would and the recipe's FSDP reshard policy,
-compute dtype and learning-rate schedule length. Single process, seconds."""
+compute dtype and learning-rate schedule length; checkpoints are written whole through
+0.3.0's checkpoint manager. Single process, seconds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import pytest
 
 pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 
+from tests.test_checkpoints_whole import (  # noqa: E402,F401 (checkpoints written whole, on 0.3.0's manager)
+    test_a_synchronous_save_is_renamed_once_whole,
+    test_an_asynchronous_save_is_left_as_torchtitan_writes_it,
+    test_the_wrapped_save_is_the_installed_torchtitans,
+)
 from tests.test_titan_runner import (  # noqa: E402,F401 (the 0.2.2 stack's job config tests, here on 0.3.0's)
     test_fsdp_reshard_policy_reaches_torchtitan,
     test_mixed_precision_param_reaches_torchtitan,
