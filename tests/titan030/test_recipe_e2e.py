@@ -5,8 +5,10 @@ as a user runs it, on 0.3.0's trainer.
   tiny DeepSeek-V3, EP 2), checkpointing on, MXFP8 telemetry sampled: each run trains, records
   its stack (summary.json, stack.json, the wandb config) and its legs' bytes; `compare_runs`
   compares them without a stack warning;
-* one of them resumed from its checkpoint for four more steps: the step count and the loss
-  curve continue;
+* console.log: the start-up stages, one line per step, the ending;
+* one of them resumed from its checkpoint for four more steps (its learning-rate schedule given
+  the new length): the step count and the loss curve continue, what cut-short checkpoint writes
+  left is removed first;
 * configs 0.3.0 cannot run, refused before launch in one line (Llama4; a flex-attention model
   on CPU);
 * the symm transport at an elastic capacity with forced replays (and spills), validation and a
@@ -77,6 +79,15 @@ def test_each_preset_trains_and_records_its_stack(sweep):
         assert all(math.isfinite(x) for x in s.losses) and s.losses[-1] < s.losses[0] - 0.1, s.losses
         assert s.checkpoint == str(run_dir / "checkpoint" / "step-20")
         assert s.stack == stack.to_dict() == json.loads((run_dir / STACK).read_text())
+        # console.log: a line as each stage of the start begins, one per step, the ending
+        console = (run_dir / "console.log").read_text().splitlines()
+        progress = [line for line in console if line.startswith("step ")]
+        assert console[:console.index(progress[0])] == [
+            "start-up: starting 2 CPU processes (gloo)", "start-up: 2 processes started, importing torchtitan",
+            "start-up: process group, data and model (tiny_dsv3, EP 2)", "start-up: wandb (offline)",
+            "start-up: the first step (the slowest: warm-up)"], console
+        assert len(progress) == 20 and "eta" not in progress[0] and "eta" in progress[1]
+        assert "finishing: summary.json and wandb" in console[console.index(progress[-1]):]
         assert set(s.moe_imbalance) == {"ep2", "ep4", "ep8"}, s.moe_imbalance  # the routing telemetry
         (wandb_run,) = read_runs(str(run_dir))
         assert wandb_run.config["stack"] == stack.to_dict()
@@ -113,13 +124,23 @@ def test_a_run_resumes_from_its_checkpoint(sweep):
     folder, runs, _ = sweep
     run_dir = runs["mxfp8"]
     before = RunSummary.read(run_dir)
-    proc = run_train(folder.parent, f"training.resume={run_dir}", "training.steps=24", timeout=300)
+    # what checkpoint writes cut short leave (a renamed write's folder; a step without DCP's .metadata)
+    left = [run_dir / "checkpoint" / ".step22.incomplete", run_dir / "checkpoint" / "step-23"]
+    for folder in left:
+        folder.mkdir()
+    # past the run's 20-step learning-rate schedule: the schedule is given the new length too
+    proc = run_train(folder.parent, f"training.resume={run_dir}", "training.steps=24", "training.lr_schedule_steps=24",
+                     timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert f"resuming {run_dir} from step 20" in proc.stdout + proc.stderr
     s = RunSummary.read(run_dir)
     assert s.start_step == 20 and s.steps == 24 and s.logged_steps == list(range(1, 25))
     assert s.losses[:20] == before.losses and all(math.isfinite(x) for x in s.losses[20:])
     assert s.checkpoint == str(run_dir / "checkpoint" / "step-24")
+    assert not any(folder.exists() for folder in left) and (run_dir / "checkpoint" / "step-24" / ".metadata").is_file()
+    console = (run_dir / "console.log").read_text().splitlines()
+    resumed = console[console.index("start-up: the newest checkpoint, then the first step (the slowest: warm-up)"):]
+    assert [line.split()[1] for line in resumed if line.startswith("step ")] == ["21/24", "22/24", "23/24", "24/24"]
     (wandb_run,) = read_runs(str(run_dir))  # both launches, one wandb run
     assert wandb_run.run_id == before.wandb_run_id and len(wandb_run.paths) == 2
 
