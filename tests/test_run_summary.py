@@ -121,3 +121,16 @@ def test_console_and_wandb_summary_keep_the_capacity_replays():
     s.capacity_rows, s.capacity_replays, s.capacity_replay_steps = 88_064, 2, [1, 7]
     assert "a2a capacity    88,064 expert rows, 2 steps run again to grow it (1, 7)" in format_summary(s)
     assert s.wandb_summary()[names.A2A_REPLAYS] == 2 and s.wandb_summary()[names.A2A_CAPACITY_ROWS] == 88_064
+
+
+def test_a_summary_read_back_from_wandb_has_the_replay_and_spill_steps():
+    """The steps the elastic capacity ran again (and spilled) come back from the totals each row
+    logs: a step once per replay, as the runner's summary lists them."""
+    totals = {1: (2, 1), 2: (2, 1), 3: (3, 1), 4: (3, 1), 5: (5, 2), 6: (5, 2)}  # step: (replays, spills)
+    rows = [{"_step": step, names.LOSS: 5.0, names.A2A_CAPACITY_ROWS: 64 * step, names.A2A_REPLAYS: replays,
+             names.A2A_SPILLS: spills} for step, (replays, spills) in totals.items()]
+    s = RunSummary.from_wandb(OfflineRun(path="/r", run_id="x", name="n", history=rows, config={}), {}, "/r")
+    assert (s.capacity_replays, s.capacity_replay_steps) == (5, [1, 1, 3, 5, 5])
+    assert (s.capacity_spills, s.capacity_spill_steps) == (2, [1, 5])
+    assert s.capacity_rows == 64 * 6
+    assert from_wandb().capacity_replay_steps == [] and from_wandb().capacity_rows is None  # no symm capacity

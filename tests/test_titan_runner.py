@@ -372,3 +372,45 @@ def test_the_learning_rate_schedule_spans_the_runs_length_not_the_launchs(tmp_pa
     assert lr_at(90, 300, 82) == pytest.approx(run)  # the run's schedule, stopped earlier
     assert lr_at(90, 90, 82) < run / 5  # the schedule stretched to this launch: what a resume must not do
     assert lr_at(300, None, 82) == pytest.approx(run)  # none given: training.steps
+
+
+WRITE_KILLED_LAUNCH = """
+import sys, wandb
+from launch.run import run_summary as names
+wandb.init(project="p", dir=sys.argv[1], id="r1", config={"recipe": {}})
+for step, (replays, spills) in enumerate([(2, 1), (2, 1), (3, 1), (3, 1), (5, 2), (5, 2)], start=1):
+    wandb.log({names.LOSS: 5.0, names.A2A_CAPACITY_ROWS: 64, names.A2A_REPLAYS: replays,
+               names.A2A_SPILLS: spills}, step=step)
+wandb.finish()
+"""
+
+
+def test_a_resume_counts_the_replays_of_a_launch_killed_before_its_summary(tmp_path: Path) -> None:
+    """A launch that ran again steps 1 (twice, one a spill), 3 and 5 (twice, one a spill) was
+    killed after step 6 before its summary; resumed from its step-4 checkpoint, the run's replays
+    up to the checkpoint come from its wandb history: steps 1, 1 and 3, spilled at 1."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from launch.titan.recipe_trainer import RecipeTrainerMixin
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("WANDB_")},
+           "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(REPO)}
+    (tmp_path / "wandb").mkdir()
+    subprocess.run([sys.executable, "-c", WRITE_KILLED_LAUNCH, str(tmp_path)], check=True, env=env, timeout=120)
+
+    class Loaded:  # torchtitan's part: the checkpoint's step
+        def load_state_dict(self, state_dict: dict) -> None:
+            self.step = state_dict["step"]
+
+    class Trainer(RecipeTrainerMixin, Loaded):
+        pass
+
+    trainer = object.__new__(Trainer)  # what load_state_dict reads of a built trainer
+    trainer.run_dir = str(tmp_path)
+    trainer.metrics_processor = SimpleNamespace(start_at=lambda step: None)
+    trainer.load_state_dict({"step": 4})
+    assert (trainer.earlier_replay_steps, trainer.earlier_spill_steps) == ([1, 1, 3], [1])
+    assert (trainer.capacity_replays, trainer.capacity_spills) == (3, 1)
+    assert (trainer.metrics_processor.capacity_replays, trainer.metrics_processor.capacity_spills) == (3, 1)

@@ -168,6 +168,21 @@ def steady_numbers(windows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def counted_steps(rows: list[dict[str, Any]], counter: str) -> list[int]:
+    """The steps a run's count (``a2a/replays``, ``a2a/spills``: a total each log row carries)
+    grew at, a step once per count, from the training rows of a wandb history (``_step`` order).
+    A row's growth is put at its own step: exact with ``logging.log_freq=1`` (the default) for
+    training steps; a replay of a validation batch shows in the next step's row."""
+    steps: list[int] = []
+    last = 0
+    for row in rows:
+        if counter in row:
+            value = int(row[counter])
+            steps += [int(row["_step"])] * max(0, value - last)
+            last = value
+    return steps
+
+
 def windows_from_history(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``steady_numbers``' windows from the training rows of a wandb history (``_step`` order):
     a window's steps are its ``_step`` less the row before's (the first row's: its ``_step``)."""
@@ -295,6 +310,8 @@ class RunSummary:
         val_losses = [float(row[VAL_LOSS]) for row in val_rows]
         world_size = par.get("nodes", 0) * par.get("procs_per_node", 0)
         device = str(run.config.get("device", "?"))
+        replay_steps, spill_steps = counted_steps(rows, A2A_REPLAYS), counted_steps(rows, A2A_SPILLS)
+        capacity = [row[A2A_CAPACITY_ROWS] for row in rows if A2A_CAPACITY_ROWS in row]
         return cls(
             run_name=run.name or os.path.basename(path),
             experiment=recipe.get("experiment", run.group),
@@ -319,6 +336,11 @@ class RunSummary:
             final_loss=losses[-1] if losses else None,
             final_val_loss=val_losses[-1] if val_losses else None,
             numerics=numerics_from_wandb(run),
+            capacity_replays=len(replay_steps),
+            capacity_replay_steps=replay_steps,
+            capacity_spills=len(spill_steps),
+            capacity_spill_steps=spill_steps,
+            capacity_rows=int(capacity[-1]) if capacity else None,
             stack=dict(run.config.get("stack") or {}),
             wandb_mode="offline",
             wandb_run_id=run.run_id,

@@ -185,8 +185,9 @@ class RecipeTrainerMixin:
         self.start_step = self.step
         self.metrics_processor.start_at(self.step)
         # The capacity starts over (and grows again, by replays, where the routing needs it);
-        # the replays of the earlier launches up to the checkpoint still count.
-        earlier = RunSummary.read(self.run_dir)
+        # the replays of the earlier launches up to the checkpoint still count (from the wandb
+        # history where the launch that saved it was killed before its summary).
+        earlier = earlier_record(self.run_dir, self.step)
         self.earlier_replay_steps = [s for s in (earlier.capacity_replay_steps if earlier else []) if s <= self.step]
         self.earlier_spill_steps = [s for s in (earlier.capacity_spill_steps if earlier else []) if s <= self.step]
         self.capacity_replays = self.metrics_processor.capacity_replays = len(self.earlier_replay_steps)
