@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.needs_git import git_checkout
+
 REPO = Path(__file__).resolve().parents[1]
 SUITES = {"layer", "layer_rank", "legs", "links", "train", "train_shm", "train_debug", "step_profile", "kernels",
           "profile", "power", "titan030", "capacity_1gpu", "tests_1gpu", "tests_1gpu_fuzz", "tests_2gpu", "numerics"}
@@ -38,6 +40,7 @@ def test_a_copied_tree_without_git_needs_the_commit(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@git_checkout
 def test_a_failing_step_fails_the_suite(tmp_path):
     proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS="--no-such-option")
     assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stdout
@@ -45,6 +48,7 @@ def test_a_failing_step_fails_the_suite(tmp_path):
     assert not list(tmp_path.glob("*.jsonl"))
 
 
+@git_checkout
 def test_a_suite_writes_rows_that_name_their_command(tmp_path):
     small = "--shapes tiny --arms bf16/symm --iters 1 --warmup 0 --group 1 --rounds 1"  # BENCH_ARGS come last
     proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS=small)
@@ -80,6 +84,7 @@ train.main(sys.argv[1:])
 '''
 
 
+@git_checkout
 def test_the_numerics_suite_writes_its_rows_through_benchmarks_train(tmp_path):
     """The suite's own command line, its recipe runs stood in for (a ``python3`` on PATH that
     runs ``benchmarks.train`` with ``launch_run`` faked)."""

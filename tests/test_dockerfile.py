@@ -1,7 +1,9 @@
-"""The Dockerfile cannot be built here (no Docker daemon); check it agrees with pyproject and
-keeps the runtime image free of test dependencies."""
+"""The Dockerfile agrees with pyproject and keeps the runtime image free of test dependencies;
+the test image carries what its suite reads. scripts/container_test.sh builds and runs both
+(root, buildah); here, its refusals before anything starts."""
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -40,5 +42,32 @@ def test_runtime_image_is_a_plain_install_without_tests():
 
 def test_test_stage_adds_the_test_extras_and_runs_the_suite():
     test = _stages()["test"]
-    assert '".[test,titan022]"' in test and "COPY tests ./tests" in test
-    assert 'CMD ["python", "-m", "pytest", "-q", "tests"]' in test
+    assert '".[test,titan022]"' in test and "COPY . ./" in test
+    assert 'CMD ["python", "-m", "pytest", "tests"]' in test
+    assert re.search(r'^ENV MXFP8EP_SKIP_SLURM="[^"]+"$', test, flags=re.M)  # the reason the SLURM tests give
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv*", "outputs", "multirun", "wandb"} <= set(ignored)
+
+
+def container_test(tmp_path: Path, uid: int, **env: str) -> subprocess.CompletedProcess:
+    """scripts/container_test.sh where ``id -u`` says ``uid``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (bin_dir / "id").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), **env}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "container_test.sh")], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_container_test_refuses_before_building(tmp_path):
+    proc = container_test(tmp_path, 1000)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "container_test.sh: needs root (debootstrap, buildah --isolation chroot)\n"
+    work = tmp_path / "work"
+    (work / "storage-overlay").mkdir(parents=True)  # a stopped run's leftovers
+    proc = container_test(tmp_path, 0, CONTAINER_TEST_DIR=str(work))
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"container_test.sh: {work} exists (another run, or a stopped one's leftovers: "
+                           f"remove it first)\n")
+    assert list(work.iterdir()) == [work / "storage-overlay"]  # untouched
