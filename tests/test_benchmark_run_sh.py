@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.needs_git import git_checkout
@@ -15,9 +16,13 @@ SUITES = {"layer", "layer_rank", "legs", "links", "train", "train_shm", "train_d
           "profile", "power", "titan030", "capacity_1gpu", "tests_1gpu", "tests_1gpu_fuzz", "tests_2gpu", "numerics"}
 
 
+# run.sh calls `python3`: this Python's, also when its venv is not activated.
+PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+
+
 def run_sh(*args, cwd=REPO, **env):
     return subprocess.run(["bash", str(Path(cwd) / "benchmarks/run.sh"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
+                          text=True, timeout=600, env={**os.environ, "PATH": PATH, **env})
 
 
 def test_usage_lists_every_suite_and_unknown_suites_fail():
@@ -93,11 +98,11 @@ def test_the_numerics_suite_writes_its_rows_through_benchmarks_train(tmp_path):
     (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
     python3 = bin_dir / "python3"
     python3.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train" ]; then shift 2; '
-                       f'exec {shutil.which("python3")} {tmp_path / "fake_train.py"} "$@"; fi\n'
-                       f'exec {shutil.which("python3")} "$@"\n')
+                       f'exec {sys.executable} {tmp_path / "fake_train.py"} "$@"; fi\n'
+                       f'exec {sys.executable} "$@"\n')
     python3.chmod(0o755)
     out = tmp_path / "out"
-    proc = run_sh("numerics", str(out), PATH=f"{bin_dir}:{os.environ['PATH']}", STEPS="1")
+    proc = run_sh("numerics", str(out), PATH=f"{bin_dir}:{PATH}", STEPS="1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = out.glob("*_numerics_overhead.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
