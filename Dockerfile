@@ -3,7 +3,8 @@
 # recipe's configs. Two targets:
 #
 #   docker build -t mxfp8-ep:0.1.0 .                         # runtime: no test dependencies
-#   docker build --target test -t mxfp8-ep:0.1.0-test .      # + tests: runs the suite
+#   docker build --target test -t mxfp8-ep:0.1.0-test \
+#       --build-arg MXFP8EP_COMMIT=$(git rev-parse HEAD) .   # + tests (and the commit they record)
 #   docker run --gpus all mxfp8-ep:0.1.0-test                # the suite (no SLURM or git tests)
 #
 #   # pyxis/enroot on SLURM: turn the image into a squashfs file once, on a login node
@@ -37,8 +38,13 @@ CMD ["python", "launch/train.py", "--help"]
 
 FROM runtime AS test
 ARG TORCH_VERSION
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test,titan022]" \
+# The commit the image's checkout is: the benchmark rows its tests write record it, and without
+# .git benchmarks/rows.py reads it from MXFP8EP_COMMIT.
+ARG MXFP8EP_COMMIT
+RUN test -n "${MXFP8EP_COMMIT}" || { echo "the test image needs --build-arg MXFP8EP_COMMIT=\$(git rev-parse HEAD)" >&2; exit 1; } \
+ && pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test,titan022]" \
  && rm -rf build *.egg-info
+ENV MXFP8EP_COMMIT=${MXFP8EP_COMMIT}
 # The rest of the checkout that the tests read (tests/, scripts/, benchmarks/, docs/, this file;
 # .dockerignore leaves out .git and local state). The tests of git history skip without git;
 # the live SLURM tests skip, with this reason: a container starts no SLURM daemons.

@@ -32,6 +32,12 @@ if [ "$(id -u)" != 0 ]; then
   echo "container_test.sh: needs root (debootstrap, buildah --isolation chroot)" >&2
   exit 2
 fi
+# The commit the test image's benchmark rows record (the Dockerfile's MXFP8EP_COMMIT).
+commit=${MXFP8EP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || true)}
+if [ -z "$commit" ]; then
+  echo "container_test.sh: $PWD is not a git checkout: set MXFP8EP_COMMIT to the commit it was copied from" >&2
+  exit 2
+fi
 if [ -e "$WORK" ]; then
   echo "container_test.sh: $WORK exists (another run, or a stopped one's leftovers: remove it first)" >&2
   exit 2
@@ -115,7 +121,8 @@ took
 
 build() {  # $1: target, $2: tag; its log shown when it fails
   "${B[@]}" build --isolation chroot --layers --pull=never --target "$1" -t "$2" "${trust[@]}" \
-    --build-arg BASE_IMAGE="$BASE" --build-arg TORCH_VERSION="$TORCH_PIN" -f Dockerfile . >"$WORK/build-$1.log" 2>&1 \
+    --build-arg BASE_IMAGE="$BASE" --build-arg TORCH_VERSION="$TORCH_PIN" --build-arg MXFP8EP_COMMIT="$commit" \
+    -f Dockerfile . >"$WORK/build-$1.log" 2>&1 \
     || { tail -40 "$WORK/build-$1.log" >&2; exit 1; }
 }
 say "3/7 runtime image: buildah build --target runtime"

@@ -45,6 +45,9 @@ def test_test_stage_adds_the_test_extras_and_runs_the_suite():
     assert '".[test,titan022]"' in test and "COPY . ./" in test
     assert 'CMD ["python", "-m", "pytest", "tests"]' in test
     assert re.search(r'^ENV MXFP8EP_SKIP_SLURM="[^"]+"$', test, flags=re.M)  # the reason the SLURM tests give
+    # the commit that benchmark rows record without .git (benchmarks/rows.py), required
+    assert "ARG MXFP8EP_COMMIT\n" in test and "ENV MXFP8EP_COMMIT=${MXFP8EP_COMMIT}" in test
+    assert 'test -n "${MXFP8EP_COMMIT}" ||' in test
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv*", "outputs", "multirun", "wandb"} <= set(ignored)
 
