@@ -21,8 +21,10 @@ PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
 
 def run_sh(*args, cwd=REPO, **env):
+    """run.sh in ``cwd``, with no $MXFP8EP_COMMIT but one in ``env`` (the test image sets one)."""
+    base = {k: v for k, v in os.environ.items() if k != "MXFP8EP_COMMIT"}
     return subprocess.run(["bash", str(Path(cwd) / "benchmarks/run.sh"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PATH": PATH, **env})
+                          text=True, timeout=600, env={**base, "PATH": PATH, **env})
 
 
 def test_usage_lists_every_suite_and_unknown_suites_fail():

@@ -67,9 +67,13 @@ def test_container_test_refuses_before_building(tmp_path):
     proc = container_test(tmp_path, 1000)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == "container_test.sh: needs root (debootstrap, buildah --isolation chroot)\n"
+    proc = container_test(tmp_path, 0, GIT_DIR=str(tmp_path / "no-git"))  # a tree that is no git checkout
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"container_test.sh: {ROOT} is not a git checkout: set MXFP8EP_COMMIT to the commit it "
+                           f"was copied from\n")
     work = tmp_path / "work"
     (work / "storage-overlay").mkdir(parents=True)  # a stopped run's leftovers
-    proc = container_test(tmp_path, 0, CONTAINER_TEST_DIR=str(work))
+    proc = container_test(tmp_path, 0, CONTAINER_TEST_DIR=str(work), MXFP8EP_COMMIT="0" * 40)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (f"container_test.sh: {work} exists (another run, or a stopped one's leftovers: "
                            f"remove it first)\n")

@@ -44,7 +44,9 @@ def test_check_fails_with_a_diff_when_the_report_is_edited(tmp_path, monkeypatch
     assert "results.md (generated)" in capsys.readouterr().out
     assert report.main([]) == 0
     text = readme.read_text()
-    assert text.startswith("# x\n\n<!-- results:begin -->\nEach figure against its target") and \
+    problem = report.History().problem  # said first where this tree has no git history (the test image)
+    note = f"Note: {problem}.\n\n" if problem else ""
+    assert text.startswith(f"# x\n\n<!-- results:begin -->\n{note}Each figure against its target") and \
         "\n| result |" in text and "<!-- results:end -->\n\nrest\n<!-- numerics:begin -->\nFinal validation" in text
     assert "<!-- numerics:end -->\n<!-- capacity:begin -->\n- Measured, one DeepSeek-V3-like" in text
     assert text.endswith("<!-- capacity:end -->\n") and "\n| setup | bf16 |" in text
@@ -336,6 +338,14 @@ def test_only_code_changes_mark_a_run_and_the_measuring_script_counts(tmp_path):
     assert report.History(repo).status(measured, layer) == "current"  # the code is the measured code again
 
 
+class Answering(report.History):
+    """A history with no problem to note, whatever git this tree has (its ``changed`` stood in)."""
+
+    def __init__(self, repo: Path):
+        super().__init__(repo)
+        self.problem = None
+
+
 def test_tables_show_target_met_hardware_commit_and_the_marks(tmp_path, monkeypatch):
     runs = _run(tmp_path, [
         {"shape": "dsv3", "pass": "fwd+bwd", "arm": "torchtitan", "ms": 60.0},
@@ -349,7 +359,7 @@ def test_tables_show_target_met_hardware_commit_and_the_marks(tmp_path, monkeypa
             "baseline": {"arm": "torchtitan"}, "key": "ms", "better": "lower", "target": 1.4}
     claim = report.evaluate(spec, runs)
 
-    class Stale(report.History):
+    class Stale(Answering):
         def changed(self, commit, paths):
             return ["benchmarks/layer.py"]
 
@@ -363,7 +373,7 @@ def test_tables_show_target_met_hardware_commit_and_the_marks(tmp_path, monkeypa
     assert "dirty: unknown, copied tree without a git history" in header
     assert "**STALE**: the code changed since in `benchmarks/layer.py`" in header
 
-    class Current(report.History):
+    class Current(Answering):
         def changed(self, commit, paths):
             return []
 
