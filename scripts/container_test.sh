@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Dockerfile's two images with buildah on a CPU base made here, and run them:
 #   bash scripts/container_test.sh
+#   bash scripts/container_test.sh --tested   # exit 0 when the inputs are those of the last pass
 #
 #   1 tools     buildah and debootstrap (Debian packages), installed if missing
 #   2 base      Debian bookworm (Python 3.11) with torch $TORCH_PIN, CPU build, in the venv
@@ -19,8 +20,25 @@
 # falls back to vfs storage (a full copy of the image per layer, ~40 GB) where overlay does not
 # mount. torch for the base comes as install.sh's would on a machine without a GPU
 # (torch_index.sh).
+#
+# A pass writes the sha256 of what the images are built from and how (INPUTS) to
+# .ci/container_tested; .ci/run runs this script when the inputs differ from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+INPUTS=(Dockerfile .dockerignore pyproject.toml scripts/install.sh scripts/torch_index.sh scripts/container_test.sh)
+STAMP=.ci/container_tested
+inputs_sha() { sha256sum "${INPUTS[@]}" | sha256sum | cut -d' ' -f1; }
+if [ "${1:-}" = --tested ]; then
+  if [ -f "$STAMP" ] && [ "$(grep -v '^#' "$STAMP")" = "$(inputs_sha)" ]; then
+    echo "container_test.sh: ${INPUTS[*]} are as the last pass built them ($STAMP)"
+    exit 0
+  fi
+  echo "container_test.sh: ${INPUTS[*]} changed since the last pass ($STAMP)"
+  exit 1
+elif [ $# -gt 0 ]; then
+  echo "usage: bash scripts/container_test.sh [--tested]" >&2
+  exit 2
+fi
 source scripts/torch_index.sh
 WORK=${CONTAINER_TEST_DIR:-/var/tmp/mxfp8-ep-container-test}
 BASE=localhost/mxfp8-ep-base:cpu
@@ -154,3 +172,5 @@ mapfile -t cmd < <(python3 -c 'import json, sys; print("\n".join(json.loads(sys.
 say "7/7 test image, its own command: ${cmd[*]}"
 run_in "$TEST" "${cmd[@]}"
 took
+{ echo "# sha256 of ${INPUTS[*]}: scripts/container_test.sh passed with them"; inputs_sha; } > "$STAMP"
+say "passed: $STAMP"

@@ -1,8 +1,10 @@
 """The Dockerfile agrees with pyproject and keeps the runtime image free of test dependencies;
 the test image carries what its suite reads. scripts/container_test.sh builds and runs both
-(root, buildah); here, its refusals before anything starts."""
+(root, buildah); here, its refusals before anything starts and its answer to --tested."""
 
+import hashlib
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -78,3 +80,28 @@ def test_container_test_refuses_before_building(tmp_path):
     assert proc.stderr == (f"container_test.sh: {work} exists (another run, or a stopped one's leftovers: "
                            f"remove it first)\n")
     assert list(work.iterdir()) == [work / "storage-overlay"]  # untouched
+
+
+def test_tested_says_whether_the_inputs_are_those_of_the_last_pass(tmp_path):
+    """``--tested`` (what .ci/run asks) against .ci/container_tested, in a copy of the inputs."""
+    inputs = ["Dockerfile", ".dockerignore", "pyproject.toml", "scripts/install.sh", "scripts/torch_index.sh",
+              "scripts/container_test.sh"]
+    tree = tmp_path / "tree"
+    for path in inputs:
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tree / path)
+
+    def tested() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(tree / "scripts/container_test.sh"), "--tested"], capture_output=True,
+                              text=True, timeout=60)
+
+    proc = tested()  # never passed here
+    assert proc.returncode == 1 and proc.stdout.endswith(" changed since the last pass (.ci/container_tested)\n")
+    listing = "".join(f"{hashlib.sha256((tree / p).read_bytes()).hexdigest()}  {p}\n" for p in inputs)
+    (tree / ".ci").mkdir()
+    (tree / ".ci/container_tested").write_text(f"# a pass\n{hashlib.sha256(listing.encode()).hexdigest()}\n")
+    proc = tested()
+    assert proc.returncode == 0 and proc.stdout == (f"container_test.sh: {' '.join(inputs)} are as the last pass "
+                                                    f"built them (.ci/container_tested)\n")
+    (tree / "pyproject.toml").write_text((tree / "pyproject.toml").read_text() + "\n")
+    assert tested().returncode == 1
