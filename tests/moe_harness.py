@@ -541,9 +541,6 @@ def _forked_entry(rank: int, world_size: int, port: int, timeout_s: float, fn, a
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     try:
         fn(rank, world_size, *args)
-        # Rank 0 serves the store: no rank leaves while another may still use it (a subgroup's
-        # rendezvous), else that rank's connection is reset.
-        dist.barrier()
     finally:
         dist.destroy_process_group()
 
