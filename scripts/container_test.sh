@@ -4,9 +4,10 @@
 #   bash scripts/container_test.sh --tested   # exit 0 when the inputs are those of the last pass
 #
 #   1 tools     buildah and debootstrap (Debian packages), installed if missing
-#   2 base      Debian bookworm (Python 3.11) with torch $TORCH_PIN, CPU build, in the venv
-#               /opt/venv first on PATH: a CPU stand-in for the official pytorch/pytorch image,
-#               whose Python is /opt/conda's
+#   2 base      Debian bookworm (Python 3.11) with torch $TORCH_PIN, CPU build, and the triton
+#               install.sh puts beside it ($TRITON_PIN), in the venv /opt/venv first on PATH: a
+#               CPU stand-in for the official pytorch/pytorch image, whose Python is /opt/conda's
+#               (its CUDA torch brings its triton)
 #   3 runtime   the Dockerfile's default target, BASE_IMAGE=<the base> TORCH_VERSION=$TORCH_PIN
 #   4 test      its `test` target
 #   5 help      `python launch/train.py --help` in the runtime image
@@ -107,12 +108,12 @@ trap cleanup EXIT
 say "  $(buildah --version), $driver storage under $WORK"
 took
 
-say "2/7 base: debootstrap bookworm, venv /opt/venv with torch==$TORCH_PIN (CPU)"
+say "2/7 base: debootstrap bookworm, venv /opt/venv with torch==$TORCH_PIN (CPU), triton==$TRITON_PIN"
 IFS="|" read -r index why <<<"$(torch_index "${PYTHON:-python3}" cpu)"
 say "  torch from ${index:-PyPI} ($why)"
 mkdir -p "$WORK/wheels"
 # The wheel for the base's Python (3.11) and this machine's architecture, fetched with this
-# machine's pip settings, then installed inside the base with its dependencies from PyPI.
+# machine's pip settings, then installed inside the base with its dependencies and triton from PyPI.
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
   --platform "manylinux_2_28_$(uname -m)" -d "$WORK/wheels" ${index:+--index-url "$index"} "torch==$TORCH_PIN"
 base=$("${B[@]}" from scratch)
@@ -127,7 +128,8 @@ in_base() {  # a command in the base, with its own environment (none of this she
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH=/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
 }
 in_base python3 -m venv /opt/venv
-in_base pip install -q --no-cache-dir --disable-pip-version-check --find-links /tmp/wheels "torch==$TORCH_PIN"
+in_base pip install -q --no-cache-dir --disable-pip-version-check --find-links /tmp/wheels "torch==$TORCH_PIN" \
+  "triton==$TRITON_PIN"
 in_base apt-get clean
 rm -rf "$root"/tmp/wheels "$root"/var/lib/apt/lists/* "$root"/etc/{resolv.conf,pip.conf,ssl/build-ca.pem} "$WORK/wheels"
 "${B[@]}" umount "$base" >/dev/null
