@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
@@ -132,16 +132,18 @@ class _TinyLM(torch.nn.Module):
 def test_held_out_loss_scores_the_same_tokens_and_leaves_training_alone(corpus, tokenizer):
     from torchtitan.components.loss import cross_entropy_loss
 
+    from launch.titan.titan022 import RecipeTrainer
     from launch.titan.validation import HeldOutLoss
 
     model = _TinyLM(tokenizer_vocab_size(TOKENIZER_DIR))
     model.tokens_per_expert.fill_(7.0)
     trainer = SimpleNamespace(
-        job_config=SimpleNamespace(training=SimpleNamespace(steps=25, local_batch_size=2, seq_len=16)),
+        cfg=SimpleNamespace(training=SimpleNamespace(steps=25, local_batch_size=2, seq_len=16)),
         parallel_dims=SimpleNamespace(dp_enabled=False), tokenizer=tokenizer, device=torch.device("cpu"),
         post_dataloading_process=lambda d, labels: (d["input"], labels, {}, {}),
         train_context=contextlib.nullcontext, maybe_enable_amp=contextlib.nullcontext(),
         loss_fn=cross_entropy_loss, metrics_processor=_Recorder())
+    trainer.held_out_loss = MethodType(RecipeTrainer.held_out_loss, trainer)  # the 0.2.2 trainer's
     v = HeldOutLoss(trainer, corpus / "validation.jsonl.gz", every=10, batches=3)
     assert [s for s in range(1, 26) if v.should_validate(s)] == [10, 20, 25]  # and the last step
     v.validate([model], 10)
