@@ -3,8 +3,9 @@
 # recipe's configs. Two targets:
 #
 #   docker build -t mxfp8-ep:0.1.0 .                         # runtime: no test dependencies
-#   docker build --target test -t mxfp8-ep:0.1.0-test .      # + tests: runs the suite
-#   docker run --gpus all mxfp8-ep:0.1.0-test                # (the SLURM tests skip without root)
+#   docker build --target test -t mxfp8-ep:0.1.0-test \
+#       --build-arg MXFP8EP_COMMIT=$(git rev-parse HEAD) .   # + tests (and the commit they record)
+#   docker run --gpus all mxfp8-ep:0.1.0-test                # the suite (no SLURM or git tests)
 #
 #   # pyxis/enroot on SLURM: turn the image into a squashfs file once, on a login node
 #   enroot import -o /shared/images/mxfp8-ep.sqsh dockerd://mxfp8-ep:0.1.0
@@ -12,7 +13,9 @@
 #       launcher.container_mounts=/shared/data:/shared/data ...
 #
 # BASE_IMAGE follows PyTorch's official tag scheme <torch>-cuda<X.Y>-cudnn9-runtime; change
-# TORCH_VERSION with it (a test checks both stay inside pyproject's torch range).
+# TORCH_VERSION with it (a test checks both stay inside pyproject's torch range). Any base with
+# `python` and `pip` on PATH and that torch installed works: scripts/container_test.sh builds
+# both targets on a CPU one and runs them.
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda13.0-cudnn9-runtime
 ARG TORCH_VERSION=2.11.0
 
@@ -35,8 +38,16 @@ CMD ["python", "launch/train.py", "--help"]
 
 FROM runtime AS test
 ARG TORCH_VERSION
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test,titan022]"
-COPY scripts ./scripts
-COPY benchmarks ./benchmarks
-COPY tests ./tests
-CMD ["python", "-m", "pytest", "-q", "tests"]
+# The commit the image's checkout is: the benchmark rows its tests write record it, and without
+# .git benchmarks/rows.py reads it from MXFP8EP_COMMIT.
+ARG MXFP8EP_COMMIT
+RUN test -n "${MXFP8EP_COMMIT}" || { echo "the test image needs --build-arg MXFP8EP_COMMIT=\$(git rev-parse HEAD)" >&2; exit 1; } \
+ && pip install --no-cache-dir "torch==${TORCH_VERSION}" ".[test,titan022]" \
+ && rm -rf build *.egg-info
+ENV MXFP8EP_COMMIT=${MXFP8EP_COMMIT}
+# The rest of the checkout that the tests read (tests/, scripts/, benchmarks/, docs/, this file;
+# .dockerignore leaves out .git and local state). The tests of git history skip without git;
+# the live SLURM tests skip, with this reason: a container starts no SLURM daemons.
+COPY . ./
+ENV MXFP8EP_SKIP_SLURM="the test image: the local SLURM cluster runs on a host, not in a container"
+CMD ["python", "-m", "pytest", "tests"]

@@ -6,16 +6,25 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+from tests.needs_git import git_checkout
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = {"layer", "layer_rank", "legs", "links", "train", "train_shm", "train_debug", "step_profile", "kernels",
           "profile", "power", "titan030", "capacity_1gpu", "tests_1gpu", "tests_1gpu_fuzz", "tests_2gpu", "numerics"}
 
 
+# run.sh calls `python3`: this Python's, also when its venv is not activated.
+PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+
+
 def run_sh(*args, cwd=REPO, **env):
+    """run.sh in ``cwd``, with no $MXFP8EP_COMMIT but one in ``env`` (the test image sets one)."""
+    base = {k: v for k, v in os.environ.items() if k != "MXFP8EP_COMMIT"}
     return subprocess.run(["bash", str(Path(cwd) / "benchmarks/run.sh"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
+                          text=True, timeout=600, env={**base, "PATH": PATH, **env})
 
 
 def test_usage_lists_every_suite_and_unknown_suites_fail():
@@ -38,6 +47,7 @@ def test_a_copied_tree_without_git_needs_the_commit(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@git_checkout
 def test_a_failing_step_fails_the_suite(tmp_path):
     proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS="--no-such-option")
     assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stdout
@@ -45,6 +55,7 @@ def test_a_failing_step_fails_the_suite(tmp_path):
     assert not list(tmp_path.glob("*.jsonl"))
 
 
+@git_checkout
 def test_a_suite_writes_rows_that_name_their_command(tmp_path):
     small = "--shapes tiny --arms bf16/symm --iters 1 --warmup 0 --group 1 --rounds 1"  # BENCH_ARGS come last
     proc = run_sh("layer_rank", str(tmp_path), BENCH_ARGS=small)
@@ -80,6 +91,7 @@ train.main(sys.argv[1:])
 '''
 
 
+@git_checkout
 def test_the_numerics_suite_writes_its_rows_through_benchmarks_train(tmp_path):
     """The suite's own command line, its recipe runs stood in for (a ``python3`` on PATH that
     runs ``benchmarks.train`` with ``launch_run`` faked)."""
@@ -88,11 +100,11 @@ def test_the_numerics_suite_writes_its_rows_through_benchmarks_train(tmp_path):
     (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
     python3 = bin_dir / "python3"
     python3.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m benchmarks.train" ]; then shift 2; '
-                       f'exec {shutil.which("python3")} {tmp_path / "fake_train.py"} "$@"; fi\n'
-                       f'exec {shutil.which("python3")} "$@"\n')
+                       f'exec {sys.executable} {tmp_path / "fake_train.py"} "$@"; fi\n'
+                       f'exec {sys.executable} "$@"\n')
     python3.chmod(0o755)
     out = tmp_path / "out"
-    proc = run_sh("numerics", str(out), PATH=f"{bin_dir}:{os.environ['PATH']}", STEPS="1")
+    proc = run_sh("numerics", str(out), PATH=f"{bin_dir}:{PATH}", STEPS="1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = out.glob("*_numerics_overhead.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]

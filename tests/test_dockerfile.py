@@ -1,7 +1,11 @@
-"""The Dockerfile cannot be built here (no Docker daemon); check it agrees with pyproject and
-keeps the runtime image free of test dependencies."""
+"""The Dockerfile agrees with pyproject and keeps the runtime image free of test dependencies;
+the test image carries what its suite reads. scripts/container_test.sh builds and runs both
+(root, buildah); here, its refusals before anything starts and its answer to --tested."""
 
+import hashlib
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -40,5 +44,64 @@ def test_runtime_image_is_a_plain_install_without_tests():
 
 def test_test_stage_adds_the_test_extras_and_runs_the_suite():
     test = _stages()["test"]
-    assert '".[test,titan022]"' in test and "COPY tests ./tests" in test
-    assert 'CMD ["python", "-m", "pytest", "-q", "tests"]' in test
+    assert '".[test,titan022]"' in test and "COPY . ./" in test
+    assert 'CMD ["python", "-m", "pytest", "tests"]' in test
+    assert re.search(r'^ENV MXFP8EP_SKIP_SLURM="[^"]+"$', test, flags=re.M)  # the reason the SLURM tests give
+    # the commit that benchmark rows record without .git (benchmarks/rows.py), required
+    assert "ARG MXFP8EP_COMMIT\n" in test and "ENV MXFP8EP_COMMIT=${MXFP8EP_COMMIT}" in test
+    assert 'test -n "${MXFP8EP_COMMIT}" ||' in test
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv*", "outputs", "multirun", "wandb"} <= set(ignored)
+
+
+def container_test(tmp_path: Path, uid: int, **env: str) -> subprocess.CompletedProcess:
+    """scripts/container_test.sh where ``id -u`` says ``uid``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (bin_dir / "id").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), **env}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "container_test.sh")], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_container_test_refuses_before_building(tmp_path):
+    proc = container_test(tmp_path, 1000)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "container_test.sh: needs root (debootstrap, buildah --isolation chroot)\n"
+    proc = container_test(tmp_path, 0, GIT_DIR=str(tmp_path / "no-git"))  # a tree that is no git checkout
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"container_test.sh: {ROOT} is not a git checkout: set MXFP8EP_COMMIT to the commit it "
+                           f"was copied from\n")
+    work = tmp_path / "work"
+    (work / "storage-overlay").mkdir(parents=True)  # a stopped run's leftovers
+    proc = container_test(tmp_path, 0, CONTAINER_TEST_DIR=str(work), MXFP8EP_COMMIT="0" * 40)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"container_test.sh: {work} exists (another run, or a stopped one's leftovers: "
+                           f"remove it first)\n")
+    assert list(work.iterdir()) == [work / "storage-overlay"]  # untouched
+
+
+def test_tested_says_whether_the_inputs_are_those_of_the_last_pass(tmp_path):
+    """``--tested`` (what .ci/run asks) against .ci/container_tested, in a copy of the inputs."""
+    inputs = ["Dockerfile", ".dockerignore", "pyproject.toml", "scripts/install.sh", "scripts/torch_index.sh",
+              "scripts/container_test.sh"]
+    tree = tmp_path / "tree"
+    for path in inputs:
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tree / path)
+
+    def tested() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(tree / "scripts/container_test.sh"), "--tested"], capture_output=True,
+                              text=True, timeout=60)
+
+    proc = tested()  # never passed here
+    assert proc.returncode == 1 and proc.stdout.endswith(" changed since the last pass (.ci/container_tested)\n")
+    listing = "".join(f"{hashlib.sha256((tree / p).read_bytes()).hexdigest()}  {p}\n" for p in inputs)
+    (tree / ".ci").mkdir()
+    (tree / ".ci/container_tested").write_text(f"# a pass\n{hashlib.sha256(listing.encode()).hexdigest()}\n")
+    proc = tested()
+    assert proc.returncode == 0 and proc.stdout == (f"container_test.sh: {' '.join(inputs)} are as the last pass "
+                                                    f"built them (.ci/container_tested)\n")
+    (tree / "pyproject.toml").write_text((tree / "pyproject.toml").read_text() + "\n")
+    assert tested().returncode == 1

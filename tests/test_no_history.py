@@ -33,8 +33,11 @@ SKIP = {Path(__file__).resolve()}  # the word list itself
 
 
 def tracked_files() -> list[Path]:
-    proc = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True)
-    if proc.returncode == 0:
+    try:
+        proc = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True)
+    except OSError:  # no git command
+        proc = None
+    if proc is not None and proc.returncode == 0:
         return [REPO / p for p in proc.stdout.decode().split("\0") if p]
     skip = {".git", ".venv-titan030", "__pycache__", "outputs", "multirun"}  # no git: every file here
     return [p for p in REPO.rglob("*") if p.is_file() and not skip & set(p.relative_to(REPO).parts)]

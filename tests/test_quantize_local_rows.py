@@ -121,6 +121,9 @@ def _own_group(rank, world):
     dist.all_reduce(t, group=group)  # this rank alone
     assert t.item() == rank + 1.0
     assert (world == 1) == (group is dist.group.WORLD)
+    # Rank 0 serves the store that the subgroups' rendezvous reads: it stays until every rank
+    # has its group (a rank still connecting when it leaves is reset).
+    dist.barrier()
 
 
 @pytest.mark.parametrize("world", [1, 2])

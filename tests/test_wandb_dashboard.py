@@ -15,7 +15,7 @@ import wandb_workspaces.workspaces as ws
 from omegaconf import OmegaConf
 
 from launch.run import numerics_log
-from launch.run.run_summary import RECIPE_CONFIG, parse_numerics_metric
+from launch.run.run_summary import RECIPE_CONFIG, imbalance_metric, parse_numerics_metric
 from launch.titan.metrics import RecipeMetricsProcessor, RunHistory
 from launch.tools import wandb_dashboard as board
 from launch.tools.compare_runs import main as compare_main
@@ -28,8 +28,9 @@ from tests.hydra_compose import compose_cfg
 @pytest.fixture(scope="module")
 def logged() -> set[str]:
     """Every metric name the runner logs to wandb, from the runner's own code: one log window
-    of ``RecipeMetricsProcessor.log`` as on a GPU (TFLOPS known) with bytes on every leg, a
-    validation, and the numerics telemetry of two MoE layers on every leg."""
+    of ``RecipeMetricsProcessor.log`` as on a GPU (TFLOPS known) with bytes on every leg and the
+    routing telemetry at EP 2, 4 and 8, a validation, and the numerics telemetry of two MoE
+    layers on every leg."""
     from torchtitan.tools.utils import NoColor
 
     names: set[str] = set()
@@ -43,7 +44,8 @@ def logged() -> set[str]:
         color=NoColor(), num_flops_per_token=10, gpu_peak_flops=1e12, _flops_known=True,
         ntokens_since_last_log=100, data_loading_times=[0.01], time_last_log=time.perf_counter() - 1.0,
         _last_logged_step=0, _first_window_done=False, _train_time=0.0, _train_steps=0, total_steps=10,
-        history=RunHistory(), model_parts=[], console=None, a2a_name="mxfp8_all", routing=None)
+        history=RunHistory(), model_parts=[], console=None, a2a_name="mxfp8_all",
+        routing=SimpleNamespace(collect=lambda: {imbalance_metric(ep): 1.5 for ep in (2, 4, 8)}))
     wire_stats.reset()
     for leg in LEGS:
         wire_stats.record(leg, 1000)
