@@ -3,7 +3,7 @@
 torchtitan 0.2.2 assumes an accelerator. On a machine without CUDA six things break (measured
 on torchtitan 0.2.2 + torch 2.13 CPU); each patch below fixes exactly one of them:
 
-1. ``_patch_device``: ``torchtitan.tools.utils`` picks ``device_type`` once at import time and
+1. ``patch_device``: ``torchtitan.tools.utils`` picks ``device_type`` once at import time and
    falls back to ``"cuda"``; the modules that copied the name then build CUDA devices and ask
    ``torch.cuda`` for memory statistics. We point them at ``"cpu"`` and a small device module
    that answers the memory/device calls torchtitan makes (peak RSS stands in for peak memory).
@@ -80,7 +80,7 @@ def apply_cpu_compat(force: bool = False) -> bool:
     with _lock:
         if _applied:
             return True
-        _patch_device()
+        patch_device(_DEVICE_MODULES)
         _patch_fsdp_force_sum()
         _patch_histc()
         _patch_permute_indices()
@@ -170,9 +170,11 @@ class CpuDeviceModule:
         }
 
 
-def _patch_device() -> None:
+def patch_device(modules) -> None:
+    """Every module of ``modules`` that picked CUDA at import gets the CPU (either torchtitan
+    release's list of them)."""
     device_module = CpuDeviceModule()
-    for name in _DEVICE_MODULES:
+    for name in modules:
         module = importlib.import_module(name)
         if hasattr(module, "device_type"):
             module.device_type = "cpu"

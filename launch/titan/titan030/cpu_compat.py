@@ -15,7 +15,6 @@ Attention is not patched: the recipe's own models attend with sdpa, which has a 
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 from typing import Any, Callable
 
@@ -45,27 +44,11 @@ def apply_cpu_compat() -> bool:
         return False
     with _lock:
         if not _applied:
-            _patch_device()
+            from launch.titan.cpu_compat import patch_device
+
+            patch_device(DEVICE_MODULES)
             _applied = True
     return True
-
-
-def _patch_device() -> None:
-    from launch.titan.cpu_compat import CpuDeviceModule
-
-    device_module = CpuDeviceModule()
-    for name in DEVICE_MODULES:
-        module = importlib.import_module(name)
-        if hasattr(module, "device_type"):
-            module.device_type = "cpu"
-        if hasattr(module, "device_module"):
-            module.device_module = device_module
-    # DeviceMemoryMonitor's default argument was evaluated at import ("cuda:0").
-    from torchtitan.components import metrics
-
-    defaults = metrics.DeviceMemoryMonitor.__init__.__defaults__
-    if defaults:
-        metrics.DeviceMemoryMonitor.__init__.__defaults__ = ("cpu:0",) + defaults[1:]
 
 
 def with_sum_reduction(parallelize_fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
