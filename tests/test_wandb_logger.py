@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +22,24 @@ def _logger(tmp_path) -> RecipeWandBLogger:
                              {"recipe": {"a2a": {"name": "bf16"}}})
 
 
+def _children_named(name: str) -> list[int]:
+    """This process's child processes called ``name``, from /proc (no procps needed: the test
+    image has none)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone since the listing
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if comm == name and int(rest[1]) == os.getpid():  # rest: state, ppid, ...
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 def _kill_wandb_service() -> None:
     """SIGTERM to this process's wandb-core, as SLURM sends it to every process of a job step."""
-    children = subprocess.run(["pgrep", "-P", str(os.getpid()), "wandb-core"], capture_output=True, text=True)
-    pids = [int(p) for p in children.stdout.split()]
+    pids = _children_named("wandb-core")
     assert pids, "no wandb-core child process"
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
