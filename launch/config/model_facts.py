@@ -76,6 +76,8 @@ MODELS: dict[tuple[str, str], ModelFacts] = {
     ("deepseek_v3", "parity_tiny"): ModelFacts(128, 3, 2, 4, 4, 16384, 16, 1, 4, 64, 384, 5_416_000, 786_432, "sdpa"),
     ("deepseek_v3", "routing_study"): ModelFacts(128, 5, 4, 4, 4, 16384, 64, 2, 6, 64, 384, 11_253_440, 6_291_456,
                                                  "sdpa"),
+    ("deepseek_v3", "routing_study_full"): ModelFacts(128, 27, 26, 4, 4, 16384, 64, 2, 6, 64, 384, 48_837_184,
+                                                      40_894_464, "sdpa"),
     ("deepseek_v3", "ep_bench"): ModelFacts(7168, 2, 2, 16, 16, 512, 64, 1, 8, 2048, 0,
                                             5_819_371_520, 5_637_144_576, "sdpa"),
     ("deepseek_v3", "debugmodel"): _DS_DEBUG,

@@ -215,6 +215,13 @@ def _routing_study_deepseek_v3() -> Any:
     )
 
 
+def _routing_study_full_deepseek_v3() -> Any:
+    """``routing_study`` at DeepSeek-V3 16B's depth: a dense first layer and 26 MoE layers (the
+    16B's 27), at the same reduced width: how a rank's rows summed over every MoE layer of a
+    step compare with its busiest layer's (the activation pool's size, ``mxfp8_ep.activation_pool``)."""
+    return dataclasses.replace(_routing_study_deepseek_v3(), n_layers=27)
+
+
 # The recipe's own flavors, added to torchtitan's flavor dicts by register_tiny_flavors.
 _TINY_BUILDERS = {
     ("llama4", "tiny"): _tiny_llama4,
@@ -223,6 +230,7 @@ _TINY_BUILDERS = {
     ("deepseek_v3", "parity"): _parity_deepseek_v3,
     ("deepseek_v3", "parity_tiny"): _parity_tiny_deepseek_v3,
     ("deepseek_v3", "routing_study"): _routing_study_deepseek_v3,
+    ("deepseek_v3", "routing_study_full"): _routing_study_full_deepseek_v3,
     ("deepseek_v3", "ep_bench"): _ep_bench_deepseek_v3,
 }
 

@@ -131,7 +131,8 @@ class RoutingTelemetry:
         n_steps, n_layers, experts = counts.shape
         loads = busiest_rank_load(counts.view(-1, experts), self.degrees).view(n_steps, n_layers, -1)
         picks = counts.sum(dim=2)
-        loads_list, picks_list = loads.tolist(), picks.tolist()  # the one host read of the window
+        # the one host read of the window
+        loads_list, picks_list, counts_list = loads.tolist(), picks.tolist(), counts.round().long().tolist()
         metrics = {}
         for d, e in enumerate(self.degrees):
             per_step = [max(layer[d] for layer in step) for step in loads_list]
@@ -142,15 +143,18 @@ class RoutingTelemetry:
                 self.run_max[e] = window
                 self.run_max_step[e] = steps[per_step.index(window)]
         if self.path is not None:
-            self._append(steps, loads_list, picks_list)
+            self._append(steps, loads_list, picks_list, counts_list)
         return metrics
 
-    def _append(self, steps: list[int], loads: list, picks: list) -> None:
+    def _append(self, steps: list[int], loads: list, picks: list, counts: list) -> None:
         with open(self.path, "a") as f:
-            for step, step_loads, step_picks in zip(steps, loads, picks):
+            for step, step_loads, step_picks, step_counts in zip(steps, loads, picks, counts):
                 f.write(json.dumps({
                     "step": step, "layers": self.layers, "picks": [int(p) for p in step_picks],
                     "load": {str(e): [round(layer[d], 5) for layer in step_loads] for d, e in enumerate(self.degrees)},
+                    # per layer, the tokens routed to each expert over every rank: any EP degree's
+                    # per-rank rows, per layer and summed over layers (benchmarks/capacity_study.py)
+                    "counts": step_counts,
                 }) + "\n")
 
     def summary(self) -> dict[str, dict[str, Any]]:
