@@ -415,10 +415,12 @@ SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_
 
 def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
                     capacity_factor: float | None | str = "start") -> MemoryEstimate:
-    """``launch.config.memory.run_estimate`` of one process of ``cfg`` run on ``target``, the
-    symm capacity at its start (``capacity_factor="start"``) or at the factor given."""
-    factor = cfg.a2a.capacity_factor if capacity_factor == "start" else capacity_factor
-    return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor)
+    """``launch.config.memory.run_estimate`` of one process of ``cfg`` run on ``target``: the
+    symm capacity and activation pool where they start (``capacity_factor="start"``), or the
+    capacity at the factor given with the pool at its ceiling."""
+    start = capacity_factor == "start"
+    factor = cfg.a2a.capacity_factor if start else capacity_factor
+    return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor, at_ceiling=not start)
 
 
 def _processes_per_memory(cfg: Any, target: Target) -> int:
@@ -460,6 +462,8 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
            f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
            f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
            f"runtime {gib(est.runtime)}"
+           + (f", symm activation pool {gib(est.activation_pool)}" if est.activation_pool else "")
+           + (f", one layer's symm expert rows {gib(est.layer_transient)}" if est.layer_transient else "")
            + (f", symm peer buffers {gib(est.peer_buffers)}" if est.peer_buffers else "") + ")")
     times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
     msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
@@ -494,8 +498,10 @@ def _check_ceiling_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts
     times = f" × {procs} processes" if procs > 1 else ""
     (r.warn if cfg.validate.memory == "warn" else r.error)(
         f"a2a.capacity_ceiling={a.capacity_ceiling if a.capacity_ceiling is not None else 'null'}: the symm "
-        f"transport's expert rows may grow to {grows}, where a process needs about {est.total / GIB:,.1f} GiB "
-        f"(activations {est.activations / GIB:,.1f}){times}, but {target.memory_name} is "
+        f"transport's expert rows may grow to {grows} (its activation pool to its ceiling), where a process needs "
+        f"about {est.total / GIB:,.1f} GiB (activations {est.activations / GIB:,.1f}, activation pool "
+        f"{est.activation_pool / GIB:,.1f}, one layer's expert rows {est.layer_transient / GIB:,.1f}){times}, "
+        f"but {target.memory_name} is "
         f"{target.memory_bytes / GIB:,.1f} GiB; the largest ceiling that fits is {largest} "
         f"(a2a.capacity_ceiling={AUTO_CEILING} picks it); validate.memory=warn launches anyway")
 

@@ -60,12 +60,12 @@ def capacity_line(cfg: DictConfig, a2a: Any) -> str | None:
     tokens = int(cfg.training.local_batch_size) * int(cfg.training.seq_len)
     ep = int(cfg.parallelism.ep)
 
-    def at(factor: float | None) -> str:
+    def at(factor: float | None, at_ceiling: bool) -> str:
         rows = symm_capacity(m, tokens, ep, factor)
-        gib = run_estimate(cfg, m, device, True, factor).total / 2**30
+        gib = run_estimate(cfg, m, device, True, factor, at_ceiling).total / 2**30
         times = "the worst case" if factor is None else f"{factor:g}x balanced"
         return f"{rows:,} expert rows ({times}; est. {gib:,.1f} GiB per process)"
 
     ceiling = a2a.capacity_ceiling
-    return (f"a2a capacity  starts at {at(a2a.capacity_factor)}, grows up to {at(ceiling)}; a step that needs "
-            f"more runs once at exactly its rows")
+    return (f"a2a capacity  starts at {at(a2a.capacity_factor, False)}, grows up to {at(ceiling, True)}; a step "
+            f"that needs more runs once at exactly its rows")
