@@ -764,3 +764,52 @@ def test_cfg_job_prints_the_checked_config_the_launch_runs_with(tmp_path):
     assert proc.stderr == ("[mxfp8ep] 1 problem(s) in the training config:\n"
                            "  - training.steps=0 must be > 0 (the default: training.steps=20)\n")
     assert not (tmp_path / "outputs").exists()
+
+
+# ------------------------------------------------------ the GPUs a config is meant for
+EP8_RECIPE = "+recipe=dsv3_16b_ep8_bf16_vs_mxfp8"
+
+
+def test_cfg_job_checks_an_8_gpu_recipe_for_its_gpus_from_any_machine(tmp_path):
+    """The 8-GPU recipe names its GPUs (validate.gpu_mem_gib): --cfg job on a CPU machine checks
+    and prints it for 8 GPUs of that memory (the symm transport's auto ceiling resolved there),
+    not refused for this machine's RAM or flex attention; with validate.gpu_mem_gib=null it is
+    checked against this machine again."""
+    from omegaconf import OmegaConf
+
+    from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
+
+    proc = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    header, where, text = proc.stdout.split("\n", 2)
+    assert where == "# checked for 8 GPU(s) of 79.6 GiB per node (validate.gpu_mem_gib), not this machine"
+    cfg = OmegaConf.create(text)
+    assert cfg.model.name == "dsv3_16b" and cfg.parallelism.procs_per_node == 8
+    assert cfg.a2a.capacity_ceiling == DEFAULT_CAPACITY_CEILING  # auto, for an 80 GB GPU
+    here = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", "validate.gpu_mem_gib=null", timeout=120)
+    assert here.returncode == 2 and "flex attention" in here.stderr and "this machine's RAM" in here.stderr
+
+
+def test_a_recipe_that_does_not_fit_its_gpus_is_refused_with_the_one_estimate():
+    """Checked for the GPUs it names, the recipe at local batch 4 does not fit: the refusal
+    quotes the estimate benchmarks.memory gives for that GPU run (the symm transport on CUDA),
+    on every launcher, SLURM included, before sbatch."""
+    from launch.config.memory import estimate
+    from launch.preflight.prepare import meant_for
+
+    m = MODELS["deepseek_v3", "16B"]
+    est = estimate(m, world=8, ep=8, tp=1, local_batch_size=4, seq_len=4096, activation_checkpoint="selective",
+                   device="cuda", symm=True)
+    for launcher in ("launcher=local", "launcher=slurm"):
+        cfg = compose_cfg(EP8_RECIPE, launcher, "training.local_batch_size=4")
+        msg = one_problem(EP8_RECIPE, launcher, "training.local_batch_size=4", machine=meant_for(cfg))
+        assert f"needs about {est.total / GIB:,.1f} GiB per process" in msg, msg
+    requeue = ["launcher=slurm requeues a preempted or timed-out job, but training.checkpoint_enable=false: a requeued "
+               "job starts again from step 0"]
+    assert check(EP8_RECIPE, "launcher=slurm", machine=CPU_BOX) == requeue
+    # SLURM: the nodes' GPUs cannot be seen from here; the memory the config names is checked on any machine
+    msg = one_problem(EP8_RECIPE, "launcher=slurm", "training.local_batch_size=4", machine=CPU_BOX)
+    assert "each GPU's memory (validate.gpu_mem_gib=79.6) is 79.6 GiB" in msg, msg
+    assert check(EP8_RECIPE, "launcher=slurm", "training.local_batch_size=4", "validate.gpu_mem_gib=null",
+                 machine=CPU_BOX) == requeue  # no memory check without it
+    assert "validate.gpu_mem_gib=0" in one_problem("validate.gpu_mem_gib=0")

@@ -158,6 +158,10 @@ def _check_training(cfg: Any, r: Report) -> None:
         )
     if cfg.validate.memory not in MEMORY_CHECK:
         r.error(choice_problem("validate.memory", cfg.validate.memory, MEMORY_CHECK))
+    gpu_mem = cfg.validate.gpu_mem_gib
+    if gpu_mem is not None and gpu_mem <= 0:
+        r.error(f"validate.gpu_mem_gib={gpu_mem}: the memory of each GPU the config is meant for, GiB (an 80 GB "
+                f"H100: 79.6), or null (this machine's)")
     if cfg.validate.max_step_s < 0:
         r.error(f"validate.max_step_s={cfg.validate.max_step_s}: 0 (no check) or the seconds a "
                 f"step on CPU may take at most (e.g. 300)")
