@@ -19,7 +19,7 @@ from launch.preflight.validate import ConfigError, validate
 CPU_BOX = Machine(ram_bytes=24 * GIB, cpu_count=2)
 GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
 H100_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(80 * 10**9,) * 8)  # 8 x 80 GB
-SMALL_GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(66 * GIB,) * 8)
+SMALL_GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(int(67.75 * GIB),) * 8)
 
 
 def check(*overrides, machine=CPU_BOX):
@@ -402,7 +402,7 @@ def test_a_huge_finite_factor_is_the_worst_case_not_a_crash():
 
 
 def test_a_ceiling_that_does_not_fit_is_refused_and_auto_takes_the_largest_that_fits(monkeypatch):
-    """DeepSeek-V3 16B at EP 8 on GPUs of 66 GiB: the capacity starts at 1.25x the balanced case
+    """DeepSeek-V3 16B at EP 8 on GPUs of 67.75 GiB: the capacity starts at 1.25x the balanced case
     (fits), a ceiling at the worst case (null) or at 3x does not fit and is refused before
     launch, naming the largest that does; ``auto`` (the default) becomes that ceiling in the
     launch config, and its estimate fits while the next step up does not. On 80 GB GPUs the
@@ -431,7 +431,7 @@ def test_a_ceiling_that_does_not_fit_is_refused_and_auto_takes_the_largest_that_
     cfg = compose_cfg(*DSV3_EP8)
     resolved = with_capacity_ceiling(cfg)
     assert cfg.a2a.capacity_ceiling == "auto" and resolved.a2a.capacity_ceiling == largest < 3.0
-    target, m = Target("cuda", 66 * GIB, "each GPU's memory", "8 GPUs"), facts("deepseek_v3", "16B")
+    target, m = Target("cuda", int(67.75 * GIB), "each GPU's memory", "8 GPUs"), facts("deepseek_v3", "16B")
     assert memory_estimate(resolved, target, m, largest).total <= target.memory_bytes
     assert memory_estimate(resolved, target, m, largest + CEILING_STEP).total > target.memory_bytes
     # Where the memory is not known before launch (a SLURM job), auto stays for the job's nodes.
