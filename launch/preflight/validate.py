@@ -411,10 +411,11 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
 
 
 # ----------------------------------------------------------------------------- memory
-# The symm transport sizes its expert-side tensors by a2a.capacity_factor (the worst case, EP x
-# top-k rows per token, when null): what to try when that is what does not fit.
-SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_factor times the balanced case: "
-                    "a smaller factor keeps fewer of them, a2a.transport=nccl none)")
+# The symm transport sizes one layer's expert-side tensors by a2a.capacity_factor (every layer at
+# the worst case, EP x top-k rows per token, when null): what to try when that does not fit.
+SYMM_MEMORY_HINT = (" (the symm transport keeps the MoE layers' expert rows in an activation pool a little above "
+                    "the balanced case, and the layer being computed holds them at a2a.capacity_factor times it: a "
+                    "smaller factor keeps fewer of them, a2a.transport=nccl none)")
 
 
 def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
