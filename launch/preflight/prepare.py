@@ -66,7 +66,7 @@ def prepare(cfg: DictConfig, overrides: list[str], machine: Optional[Machine] = 
 
 
 def with_capacity_ceiling(cfg: DictConfig, machine: Optional[Machine] = None) -> DictConfig:
-    """``cfg`` with ``a2a.capacity_ceiling=auto`` resolved to the largest ceiling that fits the
+    """``cfg`` with ``a2a.capacity_ceiling=auto`` resolved to the ceiling that fits the
     memory the run's processes get on ``machine`` (default: this one), where it is known before
     launch (``resolved_ceiling``); a SLURM job's workers resolve it on their node
     (``launch.titan.runner.a2a_config``)."""

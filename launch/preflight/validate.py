@@ -440,9 +440,10 @@ def elastic_symm(cfg: Any, target: Target) -> bool:
 
 
 def resolved_ceiling(cfg: Any, target: Target, facts: ModelFacts) -> float | None | str:
-    """``a2a.capacity_ceiling`` as the run will take it: ``auto`` becomes the largest ceiling
-    whose estimate fits ``target``'s memory (``launch.config.memory.fitting_ceiling``) where that
-    memory is known and the symm transport runs at an elastic capacity; otherwise as given."""
+    """``a2a.capacity_ceiling`` as the run will take it: ``auto`` becomes the library's ceiling,
+    or the largest below it, whose estimate fits ``target``'s memory
+    (``launch.config.memory.fitting_ceiling``) where that memory is known and the symm transport
+    runs at an elastic capacity; otherwise as given."""
     ceiling = cfg.a2a.capacity_ceiling
     if ceiling != AUTO_CEILING or target.memory_bytes is None or not elastic_symm(cfg, target):
         return ceiling

@@ -30,9 +30,9 @@ def a2a_config(cfg: DictConfig) -> Any:
 
 
 def capacity_ceiling_here(cfg: DictConfig) -> float | None:
-    """``a2a.capacity_ceiling=auto`` for this node: the largest ceiling whose estimate fits
-    this GPU's memory (the node's RAM on CPU), shared by the processes that share it
-    (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
+    """``a2a.capacity_ceiling=auto`` for this node: the library's ceiling, or the largest below
+    it, whose estimate fits this GPU's memory (the node's RAM on CPU), shared by the processes
+    that share it (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
     runs at an elastic capacity (nothing grows, so no ceiling applies)."""
     from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
 
