@@ -237,7 +237,7 @@ def corpus(tmp_path_factory):
 
 
 # Recipes of one run, no a2a sweep: a measurement rather than a comparison of the a2a modes.
-SINGLE_RUN_RECIPES = {"routing_study_cpu"}
+SINGLE_RUN_RECIPES = {"routing_study_cpu", "routing_study_full_cpu"}
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
