@@ -2,8 +2,8 @@
 peak memory per rank, whole and above its expert weights (bench ``layer_memory``), the memory
 estimate of a real model at the capacity's start, its ceiling and the worst case
 (``memory_estimate``), how often long runs replayed and where their capacity ended
-(``capacity_replays``), and what the growth rule does at EP 2, 4 and 8 over a measured routing
-(``capacity_study``). Each from its newest run file (the replays: per EP degree), with the
+(``capacity_replays``), and what the activation pool and the capacity do at EP 2, 4 and 8 over a
+measured routing (``capacity_study``). Each from its newest run file (the replays: per EP degree), with the
 report's STALE marks;
 ``benchmarks/report.py`` writes it between ``BEGIN`` and ``END``.
 """
@@ -56,19 +56,23 @@ def layer_memory(run: Any, mark: str) -> str:
 
 
 def memory_estimate(run: Any, mark: str) -> str:
-    """The estimate of the real model at the start, the ceiling (where rows hold one) and the
+    """The estimate of the real model at the start, the ceilings (where rows hold them) and the
     worst case, against the all-to-all."""
     rows = [r for r in run.rows if all(r.get(k) == v for k, v in ESTIMATE.items())]
     arms = {r["arm"]: r for r in rows}
     if "nccl" not in arms or "symm" not in arms:
         return f"- Estimated: {NOT_MEASURED}."
+
+    def pool(r: dict) -> str:
+        return f", activation pool {r['pool_factor']}×" if r.get("pool_factor") is not None else ""
+
     parts = [f"{arms['symm']['gib']:.1f} GiB per GPU at the start ({arms['symm']['capacity_factor']}× the "
-             f"balanced case)"]
+             f"balanced case{pool(arms['symm'])})"]
     ceiling = arms.get("symm:ceiling")
     if ceiling is not None:
-        parts.append(f"{ceiling['gib']:.1f} at the ceiling ({ceiling['capacity_factor']}×)")
+        parts.append(f"{ceiling['gib']:.1f} at the ceiling ({ceiling['capacity_factor']}×{pool(ceiling)})")
     if "symm:worst" in arms:
-        parts.append(f"{arms['symm:worst']['gib']:.1f} at the worst case")
+        parts.append(f"{arms['symm:worst']['gib']:.1f} with every layer at the worst case")
     first = rows[0]
     return (f"- Estimated before launch (`launch/config/memory.py`), DeepSeek-V3 16B at EP={first['ep']}, seq "
             f"{first['seq_len']}, local batch {first['local_batch_size']}, {first['activation_checkpoint']} "
@@ -95,23 +99,37 @@ def capacity_replays(run: Any, mark: str, ep: int) -> str:
             f"{' / '.join(f'{e:,}' for e in ended)} ({' / '.join(_ratio(e, start) for e in ended)} the start).")
 
 
+def _factor(value: float | None) -> str:
+    return "the worst case" if value is None else f"{value}×"
+
+
 def capacity_study(run: Any, mark: str) -> str:
-    """What the growth rule does, at the defaults, over the routing the study measured, per EP
-    degree of the target: where the capacity ends, its replays and spills, the memory there."""
-    rows = sorted((r for r in run.rows if r.get("defaults")), key=lambda r: r["ep"])
+    """What the activation pool and the capacity do, at the defaults, over the routing the study
+    measured, per EP degree of the target: the busiest layer's load and the busiest rank's sum
+    over the layers, reruns per 1,000 steps, the memory at the ceilings against nccl's."""
+    rows = sorted((r for r in run.rows if r.get("kind") == "policy" and r.get("defaults")), key=lambda r: r["ep"])
     if not rows:
         return f"- capacity_study: {NOT_MEASURED} at the defaults."
+    routing = {r["ep"]: r for r in run.rows if r.get("kind") == "routing"}
     first = rows[0]
-    per_ep = "; ".join(
-        f"EP={r['ep']}: load up to {r['max_load']:.2f} ({r['max_load_second_half']:.2f} in the second half), "
-        f"{r['replays']} replays, {r['spills']} spills, ending at {r['end_factor']:.2f}× the balanced case, "
-        f"{r['gib_end']:.1f} GiB per GPU against {r['gib_nccl']:.1f} on nccl" for r in rows)
-    ceiling = "the worst case" if first["capacity_ceiling"] is None else f"{first['capacity_ceiling']}×"
-    return (f"- Growth over a measured routing (`benchmarks/capacity_study.py`: {first['steps']} steps of "
-            f"`recipes/routing_study_cpu.yaml`, measured at EP=1, applied to {first['target']} on {first['gpus']} "
-            f"GPUs; only estimated at these EP degrees), at the defaults (start {first['capacity_factor']}×, "
-            f"growth +{100 * first['headroom']:g}%, ceiling {ceiling}), {_when(run, mark)} "
-            f"({_link('capacity_study')}): {per_ep}.")
+
+    def at(r: dict) -> str:
+        loads = routing.get(r["ep"])
+        seen = (f"busiest layer up to {loads['max_layer_load']:.2f}× balanced, busiest rank's sum over the layers "
+                f"up to {loads['max_rank_sum']:.2f}× ({loads['max_rank_sum_second_half']:.2f}× in the second half)"
+                + (" (an upper bound)" if loads["rank_sum_bound"] else "") + ", " if loads else "")
+        return (f"EP={r['ep']}: {seen}{r['reruns_per_1000']:g} reruns per 1,000 steps ({r['replays']} replays, "
+                f"{r['spills']} spills), {r['gib_ceiling']:.1f} GiB per GPU at the ceilings, "
+                f"{r['vs_nccl_routed']:.2f}× nccl's {r['gib_nccl_routed']:.1f} on the same routing "
+                f"({r['gib_nccl']:.1f} balanced)")
+
+    return (f"- Activation pool and capacity over a measured routing (`benchmarks/capacity_study.py`: "
+            f"{first['steps']:,} steps of a {first['study_moe_layers']}-MoE-layer model's routing, measured at EP=1, "
+            f"applied to {first['target']} on {first['gpus']} GPUs, {first['activation_checkpoint']} checkpointing; "
+            f"only estimated at these EP degrees), at the defaults (pool {first['pool_factor']}× growing +"
+            f"{100 * first['pool_headroom']:g}% up to {first['pool_ceiling']}×; capacity {first['capacity_factor']}× "
+            f"growing +{100 * first['headroom']:g}% up to {_factor(first['capacity_ceiling'])}), {_when(run, mark)} "
+            f"({_link('capacity_study')}): {'; '.join(at(r) for r in rows)}.")
 
 
 def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, str]) -> str:

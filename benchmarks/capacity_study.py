@@ -1,26 +1,37 @@
-"""How the symm transport's elastic capacity would grow over a measured routing, at EP 2, 4, 8, as
-rows (bench ``capacity_study``).
+"""How the symm transport's activation pool and elastic capacity would behave over a measured
+routing, at EP 2, 4, 8, as rows (bench ``capacity_study``).
 
     python -m benchmarks.capacity_study ROUTING.jsonl[.gz] --out benchmarks/results \\
-        [--save-telemetry benchmarks/results/telemetry/NAME.routing.jsonl.gz]
+        [--save-telemetry benchmarks/results/telemetry/NAME.routing.jsonl.gz] [--source "COMMAND"]
 
 The input is a run's routing telemetry (``<run dir>/routing.jsonl``, written by
-``launch.titan.routing_telemetry``; ``recipes/routing_study_cpu.yaml`` makes one): per training
-step and MoE layer, the rows the busiest rank would receive at EP ``e`` over the balanced count
-(its load). Each step of it is applied to the target shape, the recipe ``TARGET_RECIPE``
-(DeepSeek-V3 16B on one 8-GPU node: its tokens per rank, top-k, experts), at EP ``e`` on the
-same 8 GPUs: the step needs the rows of ``capacity.expert_major_capacity`` at a factor of its
-largest load over the layers (the MoE layers share one buffer set), and the capacity follows
-``capacity.next_capacity`` from a start factor with a growth headroom up to a ceiling. Per EP
-degree and setting (``GRID``) a row: the steps run again to grow the capacity (``replays``,
-the last one's step), the steps above the ceiling (``spills``), the capacity at the end and its
-peak (rows, and as a factor of the balanced case), and ``launch/config/memory.py``'s estimate
-per GPU (selective checkpointing, as the target recipe) at the start factor, at the ceiling and
-at the end, beside the nccl transport's. ``max_load``: the largest load of the run at that
-degree (``max_load_second_half``: over the second half of its steps); ``sampling_floor``: the
-largest load a router that picks its experts uniformly at random shows at the run's tokens per
-step and layer count (the part of a load that is the count's noise: the target's steps count
-many more tokens, so it sees less of it).
+``launch.titan.routing_telemetry``; ``recipes/routing_study_full_cpu.yaml`` makes one): per
+training step and MoE layer, the tokens routed to each expert (``counts``) and the busiest
+rank's load at EP ``e`` (``load``: its rows over the balanced count). From the counts, per step
+and EP degree: each layer's busiest rank's load (``layer_load``: the most rows one layer's
+transient needs) and each rank's rows summed over every MoE layer, the busiest rank's sum over
+the balanced sum (``rank_sum``: what the activation pool needs). A telemetry without counts
+gives no rank sums; its mean over the layers of each layer's busiest load stands in, an upper
+bound (rows say ``rank_sum_bound``).
+
+Each step is applied to the target shape, the recipe ``TARGET_RECIPE`` (DeepSeek-V3 16B on one
+8-GPU node: its tokens per rank, top-k, experts, MoE layers), at EP ``e`` on the same 8 GPUs,
+through the policy (``simulate``): the capacity (one layer's expert-side tensors) starts at a
+factor of the balanced case and grows by ``capacity.next_capacity`` (its growth headroom) up to
+a ceiling; the activation pool (every MoE layer's kept rows, ``launch.config.memory.pool_rows``)
+starts at a pool factor and grows the same way, by ``POOL_GROWTH_HEADROOM``, up to a pool ceiling. A step
+that overflows either runs again once (its overflows are read together after the forward):
+``replays`` where both grow to fit, ``spills`` where it needs more than a ceiling (it runs
+again at exactly its rows). ``reruns_per_1000``: both, per 1,000 steps, the first steps
+included. Memory: ``launch/config/memory.py``'s estimate per GPU (selective checkpointing, as
+the target recipe) with both at their ceilings (``gib_ceiling``, what the check before launch
+holds), where they ended (``gib_end``), and the nccl transport's at an even routing
+(``gib_nccl``) and at the run's largest rank sum (``gib_nccl_routed``: the all-to-all keeps the
+routed rows too); ``vs_nccl_routed``: ``gib_ceiling`` over it. One ``routing`` row per EP degree
+summarises the loads (``max_layer_load``, ``max_rank_sum``, their 99th percentiles, and over the
+second half of the steps); ``sampling_floor``: the largest layer load a router that picks its
+experts uniformly at random shows at the study's tokens per step (the count's noise: the
+target's steps count many more tokens, so it sees less of it).
 
 Assumes that every rank of the target routes like the measured steps (their shares of the
 experts carry over, not their token counts). ``--save-telemetry`` writes the input, gzipped,
@@ -40,18 +51,39 @@ from pathlib import Path
 import yaml
 
 from benchmarks.rows import REPO, ResultsFile, this_machine
-from launch.config.memory import EXPERT_ALIGN, estimate
+from launch.config.memory import EXPERT_ALIGN, estimate, pool_rows
 from launch.config.model_facts import MODELS, ModelFacts
-from mxfp8_ep.capacity import GROWTH_HEADROOM, expert_major_capacity, next_capacity, worst_case_capacity
-from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR
+from mxfp8_ep.capacity import (GROWTH_HEADROOM, POOL_GROWTH_HEADROOM, expert_major_capacity, next_capacity,
+                               worst_case_capacity)
+from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
+                             DEFAULT_POOL_FACTOR)
 
 TARGET_RECIPE = "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"
 EP_DEGREES = (2, 4, 8)
-# (start factor, headroom, ceiling factor; None: the worst case) the policy is simulated at.
-GRID = tuple((f, h, c) for f in (1.0, 1.25, 1.5) for h in (0.1, 0.25, 0.5) for c in (1.5, 2.0, 2.5, 3.0, None)
-             if c is None or c >= f)
-DEFAULTS = (DEFAULT_CAPACITY_FACTOR, GROWTH_HEADROOM, DEFAULT_CAPACITY_CEILING)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Where the capacity and the pool start and the most they grow to, as multiples of their
+    balanced cases (``capacity_ceiling=None``: the worst case)."""
+
+    capacity_factor: float
+    capacity_ceiling: float | None
+    pool_factor: float
+    pool_ceiling: float
+
+
+# The policies simulated: capacity start x ceiling x pool start x pool ceiling.
+GRID = tuple(Policy(c, cc, p, pc) for c in (1.25, 2.0) for cc in (2.0, 3.0, 4.0, 5.0, 6.0, None)
+             for p in (1.1, 1.25, 1.4) for pc in (1.3, 1.4, 1.5, 1.6)
+             if (cc is None or cc >= c) and pc >= p)
+DEFAULTS = Policy(DEFAULT_CAPACITY_FACTOR, DEFAULT_CAPACITY_CEILING, DEFAULT_POOL_FACTOR, DEFAULT_POOL_CEILING)
 GIB = 2**30
+# What the defaults must meet at EP=8 (the target recipe's degree): reruns per 1,000 steps, the
+# first steps included, and the estimate per GPU at both ceilings over nccl's on the same routing.
+TARGET_EP = 8
+TARGET_RERUNS_PER_1000 = 10
+TARGET_VS_NCCL_ROUTED = 1.10
 
 
 @dataclass(frozen=True)
@@ -78,15 +110,22 @@ class Target:
     def worst(self, ep: int) -> int:
         return worst_case_capacity(self.tokens, self.facts.top_k, ep, self.facts.num_experts // ep, EXPERT_ALIGN)
 
+    def pool(self, factor: float) -> int:
+        """The pool's rows at ``factor`` times the balanced rows of every MoE layer."""
+        return pool_rows(self.facts, self.tokens, factor)
+
     def factor_of(self, ep: int, rows: int) -> float:
         """The factor whose capacity is ``rows`` (the balanced rows' multiple, padding left out)."""
         return (rows - (self.facts.num_experts // ep) * EXPERT_ALIGN) / (self.tokens * self.facts.top_k)
 
-    def gib(self, ep: int, factor: float | None, symm: bool = True) -> float:
+    def pool_factor_of(self, rows: int) -> float:
+        return rows / (self.tokens * self.facts.top_k * self.facts.n_moe_layers)
+
+    def gib(self, ep: int, capacity: float | None, pool: float | None = None, symm: bool = True,
+            routed_load: float = 1.0) -> float:
         est = estimate(self.facts, world=self.gpus, ep=ep, tp=1, local_batch_size=self.local_batch_size,
-                       seq_len=self.seq_len,
-                       activation_checkpoint=self.activation_checkpoint, device="cuda", symm=symm,
-                       capacity_factor=factor)
+                       seq_len=self.seq_len, activation_checkpoint=self.activation_checkpoint, device="cuda",
+                       symm=symm, capacity_factor=capacity, pool_factor=pool, routed_load=routed_load)
         return round(est.total / GIB, 2)
 
 
@@ -116,30 +155,77 @@ def read_telemetry(path: Path) -> list[dict]:
     return [steps[s] for s in sorted(steps)]
 
 
-def step_loads(steps: list[dict], ep: int) -> list[float]:
-    """Each step's largest load over its MoE layers at EP ``ep``."""
-    return [max(step["load"][str(ep)]) for step in steps]
+def rank_loads(counts: list[list[int]], ep: int) -> list[list[float]]:
+    """Per MoE layer, each of ``ep`` ranks' rows (its block of consecutive experts) over the
+    layer's balanced count."""
+    out = []
+    for layer in counts:
+        block, total = len(layer) // ep, sum(layer)
+        out.append([ep * sum(layer[r * block:(r + 1) * block]) / total if total else 0.0 for r in range(ep)])
+    return out
 
 
-def simulate(loads: list[float], steps: list[int], t: Target, ep: int, factor: float, headroom: float,
-             ceiling: float | None) -> dict:
-    """``capacity.next_capacity`` over the steps' loads at the target shape."""
+@dataclass(frozen=True)
+class StepLoads:
+    """One step at one EP degree: each layer's busiest rank's load and the busiest rank's sum
+    over the layers over the balanced sum (``bound``: the mean of the layers' busiest loads,
+    from a telemetry without counts, an upper bound of it)."""
+
+    step: int
+    layer_loads: tuple[float, ...]
+    rank_sum: float
+    bound: bool
+
+    @property
+    def layer_load(self) -> float:
+        return max(self.layer_loads)
+
+
+def step_loads(steps: list[dict], ep: int) -> list[StepLoads]:
+    """Each step's loads at EP ``ep``."""
+    out = []
+    for s in steps:
+        if "counts" in s:
+            per_rank = rank_loads(s["counts"], ep)
+            layers = tuple(max(r) for r in per_rank)
+            ranks = [sum(col) for col in zip(*per_rank)]
+            out.append(StepLoads(s["step"], layers, max(ranks) / len(per_rank), False))
+        else:
+            layers = tuple(s["load"][str(ep)])
+            out.append(StepLoads(s["step"], layers, sum(layers) / len(layers), True))
+    return out
+
+
+def simulate(loads: list[StepLoads], t: Target, ep: int, policy: Policy, headroom: float = GROWTH_HEADROOM,
+             pool_headroom: float = POOL_GROWTH_HEADROOM) -> dict:
+    """The policy over the steps' loads at the target shape: the capacity and the pool, each by
+    ``capacity.next_capacity``; a step reruns once when either overflows."""
     worst, align = t.worst(ep), EXPERT_ALIGN
-    capacity = start = t.rows(ep, factor)
-    ceiling_rows = t.rows(ep, ceiling)
-    replay_steps, spill_steps, peak = [], [], capacity
-    for step, load in zip(steps, loads):
-        taken = next_capacity(t.rows(ep, load), capacity, ceiling_rows, worst, align, headroom)
-        if taken.kind == "grow":
-            replay_steps.append(step)
-        elif taken.kind == "spill":
-            spill_steps.append(step)
-        capacity = taken.capacity
-        peak = max(peak, capacity)
-    return {"replays": len(replay_steps), "last_replay_step": replay_steps[-1] if replay_steps else None,
-            "spills": len(spill_steps), "last_spill_step": spill_steps[-1] if spill_steps else None,
+    capacity = start = t.rows(ep, policy.capacity_factor)
+    ceiling = t.rows(ep, policy.capacity_ceiling)
+    pool = pool_start = t.pool(policy.pool_factor)
+    pool_ceiling, pool_worst = t.pool(policy.pool_ceiling), t.pool(ep)
+    replays, spills, pool_spills, peak, pool_peak = [], [], [], capacity, pool
+    for s in loads:
+        took = next_capacity(t.rows(ep, s.layer_load), capacity, ceiling, worst, align, headroom)
+        pool_took = next_capacity(t.pool(s.rank_sum), pool, pool_ceiling, pool_worst, 1, pool_headroom)
+        if "spill" in (took.kind, pool_took.kind):
+            spills.append(s.step)
+            if pool_took.kind == "spill":
+                pool_spills.append(s.step)
+        elif "grow" in (took.kind, pool_took.kind):
+            replays.append(s.step)
+        capacity, pool = took.capacity, pool_took.capacity
+        peak, pool_peak = max(peak, capacity), max(pool_peak, pool)
+    reruns = sorted(replays + spills)
+    return {"replays": len(replays), "spills": len(spills), "pool_spills": len(pool_spills),
+            "reruns": len(reruns), "reruns_per_1000": round(1000 * len(reruns) / len(loads), 2),
+            "reruns_first_100": sum(step <= loads[0].step + 99 for step in reruns),
+            "last_rerun_step": reruns[-1] if reruns else None,
             "start_rows": start, "end_rows": capacity, "peak_rows": peak, "worst_rows": worst,
-            "end_factor": round(t.factor_of(ep, capacity), 4)}
+            "end_factor": round(t.factor_of(ep, capacity), 4),
+            "pool_start_rows": pool_start, "pool_end_rows": pool, "pool_peak_rows": pool_peak,
+            "pool_end_factor": round(t.pool_factor_of(pool), 4)}
 
 
 def sampling_floor(picks: int, top_k: int, experts: int, layers: int, ep: int, steps: int = 200,
@@ -161,28 +247,79 @@ def sampling_floor(picks: int, top_k: int, experts: int, layers: int, ep: int, s
     return round(total / steps, 4)
 
 
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+
+
+def routing_row(loads: list[StepLoads], t: Target, ep: int, picks: int, layers: int) -> dict:
+    """The loads at EP ``ep`` in one row."""
+    layer, ranks = [s.layer_load for s in loads], [s.rank_sum for s in loads]
+    half = len(loads) // 2
+    worst = max(loads, key=lambda s: s.rank_sum)
+    return {"kind": "routing", "target": t.model, "gpus": t.gpus, "ep": ep, "steps": len(loads),
+            "max_layer_load": round(max(layer), 4), "max_layer_load_step": loads[layer.index(max(layer))].step,
+            "p99_layer_load": _percentile(layer, 0.99), "max_layer_load_second_half": round(max(layer[half:]), 4),
+            "max_rank_sum": round(worst.rank_sum, 4), "max_rank_sum_step": worst.step,
+            "p99_rank_sum": _percentile(ranks, 0.99), "max_rank_sum_second_half": round(max(ranks[half:]), 4),
+            "mean_layer_load_at_max_rank_sum": round(sum(worst.layer_loads) / len(worst.layer_loads), 4),
+            "rank_sum_bound": any(s.bound for s in loads),
+            "sampling_floor": sampling_floor(picks, t.facts.top_k, t.facts.num_experts, layers, ep)}
+
+
 def study_rows(steps: list[dict], t: Target, grid=GRID, degrees=EP_DEGREES) -> list[dict]:
-    numbers = [s["step"] for s in steps]
     picks, layers = steps[0]["picks"][0], len(steps[0]["layers"])
-    experts = t.facts.num_experts
     rows = []
     for ep in degrees:
         loads = step_loads(steps, ep)
-        floor = sampling_floor(picks, t.facts.top_k, experts, layers, ep)
+        routing = routing_row(loads, t, ep, picks, layers)
+        rows.append(routing)
         nccl = t.gib(ep, None, symm=False)
-        for factor, headroom, ceiling in grid:
-            sim = simulate(loads, numbers, t, ep, factor, headroom, ceiling)
+        nccl_routed = t.gib(ep, None, symm=False, routed_load=max(1.0, routing["max_rank_sum"]))
+        policies = grid if DEFAULTS in grid else (*grid, DEFAULTS)
+        for policy in policies:
+            sim = simulate(loads, t, ep, policy)
+            ceiling = t.gib(ep, policy.capacity_ceiling, policy.pool_ceiling)
             rows.append({
-                "target": t.model, "gpus": t.gpus, "ep": ep, "tokens_per_rank": t.tokens,
-                "capacity_factor": factor, "headroom": headroom, "capacity_ceiling": ceiling,
-                "defaults": (factor, headroom, ceiling) == DEFAULTS,
-                "steps": len(numbers), "max_load": round(max(loads), 4),
-                "max_load_step": numbers[loads.index(max(loads))],
-                "max_load_second_half": round(max(loads[len(loads) // 2:]), 4), "sampling_floor": floor, **sim,
-                "gib_start": t.gib(ep, factor), "gib_ceiling": t.gib(ep, ceiling),
-                "gib_end": t.gib(ep, sim["end_factor"]), "gib_nccl": nccl,
+                "kind": "policy", "target": t.model, "gpus": t.gpus, "ep": ep, "tokens_per_rank": t.tokens,
+                "moe_layers": t.facts.n_moe_layers, "activation_checkpoint": t.activation_checkpoint,
+                "capacity_factor": policy.capacity_factor, "headroom": GROWTH_HEADROOM,
+                "capacity_ceiling": policy.capacity_ceiling, "pool_factor": policy.pool_factor,
+                "pool_headroom": POOL_GROWTH_HEADROOM, "pool_ceiling": policy.pool_ceiling,
+                "defaults": policy == DEFAULTS, "steps": len(loads), **sim,
+                "gib_start": t.gib(ep, policy.capacity_factor, policy.pool_factor), "gib_ceiling": ceiling,
+                "gib_end": t.gib(ep, sim["end_factor"], sim["pool_end_factor"]),
+                "gib_nccl": nccl, "gib_nccl_routed": nccl_routed, "vs_nccl": round(ceiling / nccl, 4),
+                "vs_nccl_routed": round(ceiling / nccl_routed, 4),
             })
     return rows
+
+
+def meets_target(row: dict) -> bool:
+    return row["reruns_per_1000"] <= TARGET_RERUNS_PER_1000 and row["vs_nccl_routed"] <= TARGET_VS_NCCL_ROUTED
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """Lines saying how the defaults do at each EP degree, whether they meet the target at
+    ``TARGET_EP``, and the simulated policy of least memory there that does."""
+    policies = [r for r in rows if r.get("kind") == "policy"]
+    lines = [f"EP={r['ep']} defaults: {r['reruns_per_1000']:g} reruns per 1,000 steps ({r['replays']} replays, "
+             f"{r['spills']} spills), {r['gib_ceiling']:.1f} GiB per GPU at the ceilings = "
+             f"{r['vs_nccl_routed']:.3f}x nccl on the same routing ({r['gib_nccl_routed']:.1f}; balanced "
+             f"{r['gib_nccl']:.1f})" for r in policies if r["defaults"]]
+    at = [r for r in policies if r["ep"] == TARGET_EP]
+    default = next((r for r in at if r["defaults"]), None)
+    if default is not None:
+        lines.append(f"EP={TARGET_EP} target (<= {TARGET_RERUNS_PER_1000} reruns per 1,000 steps, <= "
+                     f"{TARGET_VS_NCCL_ROUTED}x nccl on the same routing): "
+                     f"{'met' if meets_target(default) else 'NOT met'} at the defaults")
+    fitting = sorted((r for r in at if meets_target(r)), key=lambda r: (r["gib_ceiling"], r["reruns"]))
+    if fitting:
+        b = fitting[0]
+        lines.append(f"least memory meeting it: capacity_factor={b['capacity_factor']} capacity_ceiling="
+                     f"{b['capacity_ceiling']} pool_factor={b['pool_factor']} pool_ceiling={b['pool_ceiling']} "
+                     f"({b['reruns_per_1000']:g} reruns per 1,000 steps, {b['gib_ceiling']:.1f} GiB)")
+    return lines
 
 
 def main(argv=None) -> None:
@@ -207,9 +344,11 @@ def main(argv=None) -> None:
                  "telemetry_source": args.source, "study_picks_per_layer": steps[0]["picks"][0],
                  "study_moe_layers": len(steps[0]["layers"])}
     results = ResultsFile("capacity_study", args.out, machine=this_machine(count=1, link="none"))
-    for row in study_rows(steps, t):
+    rows = study_rows(steps, t)
+    for row in rows:
         results.write(**row, **telemetry)
     print(f"wrote {results.path}")
+    print("\n".join(verdict(rows)))
 
 
 if __name__ == "__main__":

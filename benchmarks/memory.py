@@ -5,9 +5,10 @@
 
 Estimate (bench ``memory_estimate``): ``launch/config/memory.py``'s bytes per GPU, the check the
 recipe makes before launch, for DeepSeek-V3 16B at EP=8 on 8 GPUs (seq 4096, local batch 2) and
-every activation checkpointing, per arm: ``nccl`` (all-to-all: the rows received), ``symm`` at
-the default ``a2a.capacity_factor``, ``symm:ceiling`` at the default ceiling, ``symm:worst``
-(``capacity_factor=None``, EP x tokens x top_k rows). ``vs_nccl``: the arm's bytes over nccl's.
+every activation checkpointing, per arm: ``nccl`` (all-to-all: the rows received), ``symm`` with
+its activation pool and capacity where they start (the default ``pool_factor`` and
+``a2a.capacity_factor``), ``symm:ceiling`` at the default ceilings, ``symm:worst``
+(``capacity_factor=None``: every layer at EP x tokens x top_k rows, no pool). ``vs_nccl``: the arm's bytes over nccl's.
 
 Layer (bench ``layer_memory``): the DeepSeek-V3-like MoE layer (``harness.SHAPES``; ``--tokens``
 per rank), one forward+backward, each rank's peak (``harness.peak_bytes``: the allocator's,
@@ -49,16 +50,20 @@ from benchmarks.harness import (
 from launch.config.memory import estimate
 from launch.config.model_facts import MODELS
 from mxfp8_ep import peer_memory
-from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, A2AConfig
+from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
+                             DEFAULT_POOL_FACTOR, A2AConfig)
 from mxfp8_ep.titan022 import install_expert_parallel
 from mxfp8_ep.transport import Transport
 
 # (model family, flavor, GPUs, EP, seq_len, local batch): what the EP=8 recipes train.
 ESTIMATED = (("deepseek_v3", "16B", 8, 8, 4096, 2),)
 CHECKPOINTING = ("none", "selective", "full")
-# arm -> (symm, capacity_factor)
-ESTIMATE_ARMS = {Transport.NCCL: (False, None), Transport.SYMM: (True, DEFAULT_CAPACITY_FACTOR),
-                 f"{Transport.SYMM}:ceiling": (True, DEFAULT_CAPACITY_CEILING), f"{Transport.SYMM}:worst": (True, None)}
+# arm -> (symm, capacity_factor, pool_factor): symm where the capacity and the activation pool
+# start, at their default ceilings, and every layer at the worst case (no pool).
+ESTIMATE_ARMS = {Transport.NCCL: (False, None, None),
+                 Transport.SYMM: (True, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_FACTOR),
+                 f"{Transport.SYMM}:ceiling": (True, DEFAULT_CAPACITY_CEILING, DEFAULT_POOL_CEILING),
+                 f"{Transport.SYMM}:worst": (True, None, None)}
 GIB = 2**30
 
 
@@ -68,14 +73,17 @@ def estimate_rows() -> list[dict]:
         facts = MODELS[family, flavor]
         for checkpointing in CHECKPOINTING:
             gib = {}
-            for arm, (symm, factor) in ESTIMATE_ARMS.items():
+            for arm, (symm, factor, pool) in ESTIMATE_ARMS.items():
                 est = estimate(facts, world=world, ep=ep, tp=1, local_batch_size=batch, seq_len=seq_len,
-                               activation_checkpoint=checkpointing, device="cuda", symm=symm, capacity_factor=factor)
+                               activation_checkpoint=checkpointing, device="cuda", symm=symm, capacity_factor=factor,
+                               pool_factor=pool)
                 gib[arm] = est.total / GIB
                 rows.append({"model": f"{family}/{flavor}", "gpus": world, "ep": ep, "seq_len": seq_len,
                              "local_batch_size": batch, "activation_checkpoint": checkpointing, "arm": arm,
-                             "capacity_factor": factor if symm else None, "gib": round(gib[arm], 2),
-                             "activations_gib": round(est.activations / GIB, 2),
+                             "capacity_factor": factor if symm else None, "pool_factor": pool,
+                             "gib": round(gib[arm], 2), "activations_gib": round(est.activations / GIB, 2),
+                             "activation_pool_gib": round(est.activation_pool / GIB, 2),
+                             "layer_transient_gib": round(est.layer_transient / GIB, 2),
                              "peer_buffers_gib": round(est.peer_buffers / GIB, 2)})
             for row in rows[-len(ESTIMATE_ARMS):]:
                 row["vs_nccl"] = round(gib[row["arm"]] / gib[Transport.NCCL], 4)

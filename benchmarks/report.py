@@ -114,8 +114,9 @@ BENCHES = {
                     hide=("val_steps", "val_losses", "run_name", "verdict", "baseline", "device", "parity_rule",
                           "capacity_replay_steps")),
     "memory_estimate": Bench("The recipe's memory estimate before launch (`launch/config/memory.py`), GiB per GPU: "
-                             "the all-to-all (nccl), symm at the default `a2a.capacity_factor`, symm at "
-                             "the worst case (`capacity_factor=None`)",
+                             "the all-to-all (nccl), symm with its activation pool and capacity where they start "
+                             "and at their default ceilings, symm with every layer at the worst case "
+                             "(`capacity_factor=None`)",
                              paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "launch/config/memory.py",
                                     "launch/config/model_facts.py", "benchmarks/memory.py"),
                              group=("model", "activation_checkpoint"), baselines=("nccl",), key="gib"),
@@ -129,20 +130,23 @@ BENCHES = {
                               "and ended at",
                               paths=RECIPE + ("recipes/", "scripts/parity_study.py"),
                               key="capacity_replays", hide=("capacity_replay_steps",)),
-    "capacity_study": Bench("The elastic capacity's rule (`capacity.next_capacity`) over a measured routing: each "
-                            "step's busiest-rank load at EP 2, 4, 8 from a CPU run's routing telemetry "
-                            "(`recipes/routing_study_cpu.yaml`, the loads in `telemetry`), applied to the DeepSeek-V3 "
-                            "16B recipe's shape on 8 GPUs, per start factor, growth headroom and ceiling "
-                            "(null: the worst case): steps run again (`replays`), steps above the ceiling "
-                            "(`spills`), the capacity at the end and its peak (rows; `end_factor` of the balanced "
-                            "case), and the memory estimate per GPU at the start, the ceiling and the end "
-                            "(`gib_nccl`: the nccl transport's)",
+    "capacity_study": Bench("The symm transport's activation pool and elastic capacity (`capacity.next_capacity` "
+                            "for both) over a measured routing: per EP degree 2, 4, 8 the busiest layer's load and "
+                            "the busiest rank's sum over the MoE layers from a CPU run's routing telemetry "
+                            "(`recipes/routing_study_full_cpu.yaml`, the counts in `telemetry`; `kind: routing`), "
+                            "applied to the DeepSeek-V3 16B recipe's shape on 8 GPUs, per policy (`kind: policy`: "
+                            "pool factor and ceiling, capacity factor and ceiling, null: the worst case): steps run "
+                            "again (`replays`, `spills`, `reruns_per_1000`, the first steps included), where both "
+                            "ended, and the memory estimate per GPU at the start, the ceilings and the end "
+                            "(`gib_nccl`: the nccl transport's balanced, `gib_nccl_routed`: at the run's largest "
+                            "rank sum)",
                             paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "mxfp8_ep/routing_stats.py",
                                    "launch/config/memory.py", "launch/config/model_facts.py",
                                    "launch/titan/routing_telemetry.py", "benchmarks/capacity_study.py",
-                                   "recipes/routing_study_cpu.yaml", "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"),
-                            group=("ep",), key="replays",
-                            hide=("telemetry_sha256",)),
+                                   "recipes/routing_study_full_cpu.yaml", "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"),
+                            group=("kind", "ep"), key="reruns_per_1000",
+                            hide=("telemetry_sha256", "start_rows", "end_rows", "peak_rows", "worst_rows",
+                                  "pool_start_rows", "pool_end_rows", "pool_peak_rows")),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
                       baselines=("alltoall", "minimal_async_ep"),

@@ -35,8 +35,17 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
 }
 # The symm transport's expert-major rows per balanced case: where they start
 # (``A2AConfig.capacity_factor``) and the most they grow to (``A2AConfig.capacity_ceiling``).
+# Only the layer being computed holds them (the kept rows live in the activation pool), so the
+# ceiling sits high: the routing study's busiest layer at EP=8 stays below it
+# (benchmarks/capacity_study.py, docs/design.md "The activation pool").
 DEFAULT_CAPACITY_FACTOR = 1.25
-DEFAULT_CAPACITY_CEILING = 2.0
+DEFAULT_CAPACITY_CEILING = 6.0
+# The activation pool that keeps every MoE layer's expert-side tensors for the backward at the
+# rows the routing used: its rows per balanced case of all MoE layers together (the T x top_k x
+# layers rows a rank keeps when every rank routes alike), where it starts and the most it grows
+# to (docs/design.md, "The activation pool").
+DEFAULT_POOL_FACTOR = 1.25
+DEFAULT_POOL_CEILING = 1.6
 
 
 @dataclass(frozen=True)

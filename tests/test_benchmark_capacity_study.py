@@ -1,5 +1,5 @@
 """benchmarks/capacity_study.py: a routing telemetry's loads, applied to the target recipe's shape,
-through the elastic capacity's rule, as rows."""
+through the activation pool's and the elastic capacity's rules, as rows."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import json
 from benchmarks.capacity_study import (
     DEFAULTS,
     GRID,
+    Policy,
+    StepLoads,
     main,
     read_telemetry,
     sampling_floor,
     simulate,
+    step_loads,
     target,
 )
 from benchmarks.rows import read_rows
@@ -20,9 +23,18 @@ from launch.config.model_facts import MODELS
 
 
 def _steps(loads_ep8: list[float]) -> list[dict]:
-    """Telemetry lines with these EP=8 loads in the second of two layers (EP 2, 4 even)."""
-    return [{"step": i + 1, "layers": [1, 2], "picks": [600, 600],
-             "load": {"2": [1.0, 1.0], "4": [1.0, 1.0], "8": [1.0, load]}} for i, load in enumerate(loads_ep8)]
+    """Telemetry lines of two layers of 64 experts, 6144 picks each: the first even, the
+    second with ``load`` times the balanced rows on EP=8's first rank (its 8 experts), the rest
+    spread evenly over the others."""
+    lines = []
+    for i, load in enumerate(loads_ep8):
+        busy = round(768 * load)
+        rest = (6144 - busy) // 56
+        second = [busy // 8] * 8 + [rest] * 56
+        second[8] += 6144 - sum(second)
+        lines.append({"step": i + 1, "layers": [1, 2], "picks": [6144, 6144],
+                      "load": {"2": [1.0, 1.0], "4": [1.0, 1.0], "8": [1.0, load]}, "counts": [[96] * 64, second]})
+    return lines
 
 
 def test_the_target_is_the_16b_recipe():
@@ -33,16 +45,40 @@ def test_the_target_is_the_16b_recipe():
     assert t.rows(8, 1.25) == 61440 + 64 and t.rows(8, None) == t.worst(8) == 8 * 8192 * 6 + 64
 
 
+def _loads(layer_loads: list[float], rank_sums: list[float]) -> list[StepLoads]:
+    return [StepLoads(i + 1, (load,), total, False) for i, (load, total) in enumerate(zip(layer_loads, rank_sums))]
+
+
 def test_the_policy_over_hand_picked_loads():
-    """Start 1.25x, headroom 25%, ceiling 2x at EP=8: 1.4x grows (to 1.4 x 1.25 = 1.75x), 1.3x
-    fits, 1.8x grows to the ceiling, 2.5x spills, 1.2x fits."""
+    """The capacity starts at 1.25x, grows by 25% up to a ceiling of 2x at EP=8: 1.4x grows it
+    (to 1.75x), 1.3x fits, 1.8x grows it to the ceiling, 2.5x spills, 1.2x fits. The pool starts
+    at 1.1x, grows by 10% up to 1.3x: 1.15x at step 3 grows it (to 1.265x), 1.4x at step 6
+    spills. A step rerun for both counts once."""
     t = target()
-    sim = simulate([1.0, 1.4, 1.3, 1.8, 2.5, 1.2], [1, 2, 3, 4, 5, 6], t, 8, 1.25, 0.25, 2.0)
-    assert (sim["replays"], sim["last_replay_step"], sim["spills"], sim["last_spill_step"]) == (2, 4, 1, 5)
-    assert sim["start_rows"] == t.rows(8, 1.25)
+    policy = Policy(1.25, 2.0, 1.1, 1.3)
+    sim = simulate(_loads([1.0, 1.4, 1.3, 1.8, 2.5, 1.2], [1.0, 1.05, 1.15, 1.0, 1.1, 1.4]), t, 8, policy,
+                   headroom=0.25, pool_headroom=0.1)
+    assert (sim["replays"], sim["spills"], sim["pool_spills"], sim["reruns"]) == (3, 2, 1, 5)
+    assert sim["reruns_per_1000"] == 833.33 and sim["last_rerun_step"] == 6
+    assert sim["start_rows"] == t.rows(8, 1.25) and sim["pool_start_rows"] == t.pool(1.1)
     assert sim["end_rows"] == sim["peak_rows"] == t.rows(8, 2.0) and sim["end_factor"] == 2.0
-    no_ceiling = simulate([1.0, 1.4, 1.3, 1.8, 2.5, 1.2], [1, 2, 3, 4, 5, 6], t, 8, 1.25, 0.25, None)
+    assert sim["pool_end_rows"] == t.pool(1.3) and sim["pool_end_factor"] == 1.3
+    both = simulate(_loads([1.4], [1.2]), t, 8, policy, headroom=0.25, pool_headroom=0.1)
+    assert (both["replays"], both["reruns"]) == (1, 1)
+    no_ceiling = simulate(_loads([1.0, 1.4, 1.3, 1.8, 2.5, 1.2], [1.0] * 6), t, 8, Policy(1.25, None, 1.1, 1.3))
     assert no_ceiling["spills"] == 0 and no_ceiling["replays"] == 3 and no_ceiling["end_factor"] > 2.5
+
+
+def test_a_ranks_sum_over_the_layers_from_the_counts():
+    """EP=2, two layers of four experts: rank 0 gets 3/4 of layer 1 and 1/4 of layer 2, so each
+    layer's busiest load is 1.5 and the busiest rank's sum over the layers is balanced; without
+    counts the mean of the layers' busiest loads bounds it."""
+    line = {"step": 7, "layers": [1, 2], "picks": [8, 8], "load": {"2": [1.5, 1.5]},
+            "counts": [[3, 3, 1, 1], [1, 1, 3, 3]]}
+    (loads,) = step_loads([line], 2)
+    assert loads == StepLoads(7, (1.5, 1.5), 1.0, False) and loads.layer_load == 1.5
+    (bound,) = step_loads([{k: v for k, v in line.items() if k != "counts"}], 2)
+    assert bound == StepLoads(7, (1.5, 1.5), 1.5, True)
 
 
 def test_a_uniform_routers_loads_shrink_with_the_tokens_counted():
@@ -50,25 +86,36 @@ def test_a_uniform_routers_loads_shrink_with_the_tokens_counted():
     assert small > large > 1.0 and large < 1.05
 
 
-def test_rows_from_telemetry_and_again_from_the_saved_copy(tmp_path):
+def test_rows_from_telemetry_and_again_from_the_saved_copy(tmp_path, capsys):
     path = tmp_path / "routing.jsonl"
-    lines = _steps([1.1, 1.6, 1.3]) + [_steps([1.1, 1.9])[1]]  # step 2 again (a resumed run): the last wins
+    lines = _steps([1.125, 1.625, 1.25]) + [_steps([1.125, 1.875])[1]]  # step 2 again (resumed): the last wins
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert [max(s["load"]["8"]) for s in read_telemetry(path)] == [1.1, 1.9, 1.3]
+    assert [max(s["load"]["8"]) for s in read_telemetry(path)] == [1.125, 1.875, 1.25]
 
     saved = tmp_path / "telemetry" / "study.routing.jsonl.gz"
     main([str(path), "--out", str(tmp_path / "rows"), "--save-telemetry", str(saved), "--source", "python x"])
     assert [json.loads(line) for line in gzip.decompress(saved.read_bytes()).decode().splitlines()] == \
         read_telemetry(path)
     rows = read_rows(tmp_path / "rows")
-    assert len(rows) == 3 * len(GRID) and {r["bench"] for r in rows} == {"capacity_study"}
-    (default,) = [r for r in rows if r["defaults"] and r["ep"] == 8]
-    assert (default["capacity_factor"], default["headroom"], default["capacity_ceiling"]) == DEFAULTS
-    assert default["max_load"] == 1.9 and default["max_load_step"] == 2 and default["steps"] == 3
-    assert default["max_load_second_half"] == 1.9  # steps 2 and 3
-    assert default["gib_nccl"] < default["gib_start"] <= default["gib_ceiling"]
-    assert default["telemetry_source"] == "python x" and default["study_picks_per_layer"] == 600
-    assert all(r["replays"] == 0 and r["spills"] == 0 for r in rows if r["ep"] != 8 and r["capacity_factor"] >= 1.0)
+    policies = [r for r in rows if r["kind"] == "policy"]
+    assert len(policies) == 3 * len(GRID) and {r["bench"] for r in rows} == {"capacity_study"}
+    routing = {r["ep"]: r for r in rows if r["kind"] == "routing"}
+    assert sorted(routing) == [2, 4, 8] and not routing[8]["rank_sum_bound"]
+    assert routing[8]["max_layer_load"] == 1.875 and routing[8]["max_layer_load_step"] == 2
+    # rank 0's sum over the two layers: (1 + 1.875) / 2
+    assert routing[8]["max_rank_sum"] == 1.4375 and routing[8]["max_rank_sum_step"] == 2
+    (default,) = [r for r in policies if r["defaults"] and r["ep"] == 8]
+    assert (default["capacity_factor"], default["capacity_ceiling"], default["pool_factor"],
+            default["pool_ceiling"]) == (DEFAULTS.capacity_factor, DEFAULTS.capacity_ceiling, DEFAULTS.pool_factor,
+                                         DEFAULTS.pool_ceiling)
+    assert default["steps"] == 3 and default["telemetry_source"] == "python x"
+    assert default["study_picks_per_layer"] == 6144 and default["study_moe_layers"] == 2
+    assert default["gib_nccl"] < default["gib_nccl_routed"] and default["gib_start"] <= default["gib_ceiling"]
+    assert default["vs_nccl_routed"] == round(default["gib_ceiling"] / default["gib_nccl_routed"], 4)
+    # EP=2: rank 0 holds 1.125x the balanced rows of layer 2, below every policy's start
+    assert all(r["reruns"] == 0 for r in policies if r["ep"] == 2)
+    out = capsys.readouterr().out
+    assert "EP=8 defaults: " in out and "EP=8 target (<= 10 reruns per 1,000 steps" in out
 
     main([str(saved), "--out", str(tmp_path / "again")])
     strip = ("date", "command", "telemetry", "telemetry_source")

@@ -122,7 +122,7 @@ def test_every_preset_passes_its_checks():
 
 def test_a2a_schema_is_the_library_config_plus_a_name():
     """The recipe's a2a group: A2AConfig's fields and defaults, a preset name, and a ceiling
-    that defaults to ``auto`` (the largest that fits the memory, launch/config/memory.py)."""
+    that defaults to ``auto`` (the library's ceiling where it fits the memory, launch/config/memory.py)."""
     schema = {f.name: f.default for f in dataclasses.fields(A2ASchema)}
     library = {f.name: f.default for f in dataclasses.fields(A2AConfig)}
     assert schema.pop("name") is not None and schema.pop("capacity_ceiling") == "auto"
@@ -237,7 +237,7 @@ def corpus(tmp_path_factory):
 
 
 # Recipes of one run, no a2a sweep: a measurement rather than a comparison of the a2a modes.
-SINGLE_RUN_RECIPES = {"routing_study_cpu"}
+SINGLE_RUN_RECIPES = {"routing_study_cpu", "routing_study_full_cpu"}
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

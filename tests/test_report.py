@@ -546,8 +546,8 @@ def test_the_capacity_figures_come_from_the_newest_rows(tmp_path):
     assert "1.05× at EP=2 (1.10× at the ceiling, 1.15× at the worst case)" in block  # 21/20, 22/20, 23/20
     assert "16.0 of 20.0 GiB at EP=2" in block
     assert "above them symm needs 1.25× at EP=2 (1.50× at the ceiling, 1.75× at the worst case)" in block
-    assert "61.0 GiB per GPU at the start (1.25× the balanced case), 70.0 at the ceiling (2.0×), 139.0 at the " \
-           "worst case, against 60.0 on nccl" in block
+    assert "61.0 GiB per GPU at the start (1.25× the balanced case), 70.0 at the ceiling (2.0×), 139.0 with every " \
+           "layer at the worst case, against 60.0 on nccl" in block
     assert f"capacity_replays: {capacity_figures.NOT_MEASURED}" in block
     assert f"capacity_study: {capacity_figures.NOT_MEASURED}" in block
     assert block.count("†") == 3  # two figures and the legend
@@ -564,18 +564,23 @@ def test_the_replay_figures_per_ep_degree_and_the_growth_study_at_the_defaults(t
                 "capacity_replays": replays, "last_replay_step": last, "capacity_spills": spills,
                 "start_capacity_rows": start, "capacity_rows": end}
 
-    def study(ep, defaults, end_factor):
-        return {"bench": "capacity_study", "target": "deepseek_v3/16B", "gpus": 8, "ep": ep, "steps": 400,
-                "capacity_factor": 1.25, "headroom": 0.25, "capacity_ceiling": 2.0, "defaults": defaults,
-                "max_load": 1.9, "max_load_second_half": 1.4, "replays": 2, "spills": 1, "end_factor": end_factor,
-                "gib_end": 63.0, "gib_nccl": 60.0}
+    def study(ep, defaults, reruns):
+        return {"bench": "capacity_study", "kind": "policy", "target": "deepseek_v3/16B", "gpus": 8, "ep": ep,
+                "steps": 1500, "study_moe_layers": 26, "activation_checkpoint": "selective", "capacity_factor": 1.25,
+                "headroom": 0.25, "capacity_ceiling": None, "pool_factor": 1.25, "pool_headroom": 0.1,
+                "pool_ceiling": 1.5, "defaults": defaults, "replays": 2, "spills": 1, "reruns_per_1000": reruns,
+                "gib_ceiling": 66.0, "gib_nccl": 60.0, "gib_nccl_routed": 62.0, "vs_nccl_routed": 1.0645}
+
+    def loads(ep):
+        return {"bench": "capacity_study", "kind": "routing", "ep": ep, "max_layer_load": 3.9, "max_rank_sum": 1.3,
+                "max_rank_sum_second_half": 1.2, "rank_sum_bound": False}
 
     runs = _bench_runs(tmp_path, {
         "2026-01-01_abcdef0_h200x1_capacity_replays.jsonl": [replay(2, 3000, 2, 53, 100, 160),
                                                              replay(2, 3000, 2, 122, 100, 160)],
         "2026-01-03_abcdef0_h200x1_capacity_replays.jsonl": [replay(4, 1000, 3, 90, 200, 300, spills=1)],
-        "2026-01-04_abcdef0_cpux1_capacity_study.jsonl": [study(8, False, 3.0), study(2, True, 1.6),
-                                                          study(8, True, 2.0)],
+        "2026-01-04_abcdef0_cpux1_capacity_study.jsonl": [loads(2), loads(8), study(8, False, 30.0),
+                                                          study(2, True, 2.0), study(8, True, 3.0)],
     })
     block = capacity_figures.render(runs, lambda run: "current", report.MARKS)
     assert ("Replays, 2 runs of `parity_dsv3` at EP=2 over 3,000 steps, 1× H200, ranks sharing the GPU, `abcdef0` "
@@ -583,6 +588,10 @@ def test_the_replay_figures_per_ep_degree_and_the_growth_study_at_the_defaults(t
             "122, 0 spills; the capacity started at 100 rows and ended at 160 (1.60× the start).") in block
     assert "Replays, 1 run of `parity_dsv3` at EP=4 over 1,000 steps" in block
     assert "3 replays, the last at step 90, 1 spills" in block
-    assert "at the defaults (start 1.25×, growth +25%, ceiling 2.0×)" in block
-    assert "EP=2: load up to 1.90 (1.40 in the second half), 2 replays, 1 spills, ending at 1.60×" in block
-    assert "EP=8: load up to 1.90" in block and "ending at 3.00×" not in block
+    assert "1,500 steps of a 26-MoE-layer model's routing" in block
+    assert ("at the defaults (pool 1.25× growing +10% up to 1.5×; capacity 1.25× growing +25% up to the worst "
+            "case)") in block
+    assert ("EP=2: busiest layer up to 3.90× balanced, busiest rank's sum over the layers up to 1.30× (1.20× in the "
+            "second half), 2 reruns per 1,000 steps (2 replays, 1 spills), 66.0 GiB per GPU at the ceilings, 1.06× "
+            "nccl's 62.0 on the same routing (60.0 balanced)") in block
+    assert "EP=8: busiest layer up to 3.90" in block and "3 reruns per 1,000" in block and "30 reruns" not in block

@@ -19,6 +19,7 @@ from launch.preflight.validate import ConfigError, validate
 CPU_BOX = Machine(ram_bytes=24 * GIB, cpu_count=2)
 GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
 H100_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(80 * 10**9,) * 8)  # 8 x 80 GB
+SMALL_GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(int(67.75 * GIB),) * 8)
 
 
 def check(*overrides, machine=CPU_BOX):
@@ -331,24 +332,39 @@ def test_capacity_factor_of_zero_or_less_is_refused(value):
 
 
 def test_symm_memory_is_a_factor_of_the_balanced_case():
-    """Where the EP layers run the symm transport, the estimate holds their expert rows at
-    ``a2a.capacity_factor`` times the balanced case and adds its peer buffers: DeepSeek-V3 16B
-    at EP 8 (seq 4096, local batch 2) within 1.15x of the all-to-all's estimate with selective
-    and with no checkpointing, where the worst case (``capacity_factor=null``) needs over twice
-    as much; the error names the factor."""
-    from launch.config.memory import estimate
+    """Where the EP layers run the symm transport at an elastic capacity, the estimate keeps
+    every MoE layer's expert rows in the activation pool at a pool factor times the balanced
+    rows of all the layers, holds one layer's expert rows at ``a2a.capacity_factor`` times the
+    balanced case and adds its peer buffers: DeepSeek-V3 16B at EP 8 (seq 4096, local batch 2)
+    within 1.15x of the all-to-all's estimate with selective and with no checkpointing, where
+    every layer at the worst case (``capacity_factor=null``, no pool) needs over twice as much;
+    the error names the factor."""
+    from launch.config.memory import estimate, expert_row_bytes, pool_rows
 
     m = MODELS["deepseek_v3", "16B"]
-    for checkpointing in ("none", "selective"):
+    for checkpointing, kept in (("none", 1.0), ("selective", 0.5)):
         kw = dict(world=8, ep=8, tp=1, local_batch_size=2, seq_len=4096, activation_checkpoint=checkpointing,
                   device="cuda")
         nccl, symm = estimate(m, **kw), estimate(m, **kw, symm=True)
-        worst = estimate(m, **kw, symm=True, capacity_factor=None)
+        worst = estimate(m, **kw, symm=True, capacity_factor=None, pool_factor=None)
         assert nccl.peer_buffers == 0 < symm.peer_buffers < worst.peer_buffers, checkpointing
         assert symm.total <= 1.15 * nccl.total < 2 * nccl.total < worst.total, (checkpointing, symm, nccl, worst)
-        # Expert rows scale with the factor: 8 x 6 rows per token in every expert tensor at the
-        # worst case (64 experts, top-6, EP 8), 1.25 x 6 at the default.
-        assert estimate(m, **kw, symm=True, capacity_factor=2.0).total > symm.total
+        # The pool: 1.25 x 8192 tokens x top-6 x 26 MoE layers rows of the expert row's bytes,
+        # kept like the rest of the layer; one layer's rows at the capacity, whole.
+        assert symm.activation_pool == int(pool_rows(m, 8192, 1.25) * expert_row_bytes(m) * kept)
+        assert pool_rows(m, 8192, 1.25) == 1.25 * 8192 * 6 * 26
+        assert symm.layer_transient == (int(1.25 * 8192 * 6) + 8 * 8) * expert_row_bytes(m)
+        # Only the one layer scales with the capacity factor; the pool with its own factor.
+        higher = estimate(m, **kw, symm=True, capacity_factor=2.0)
+        assert higher.total > symm.total and higher.activation_pool == symm.activation_pool
+        assert higher.total - symm.total < (symm.total - nccl.total) + 2**30
+        assert estimate(m, **kw, symm=True, pool_factor=1.5).activation_pool > symm.activation_pool
+        # nccl keeps the routed rows: above balanced on a rank's sum over the layers, more
+        assert estimate(m, **kw, routed_load=1.3).total > nccl.total
+    # Full checkpointing keeps no expert rows across layers: the one layer's only.
+    full = estimate(m, world=8, ep=8, tp=1, local_batch_size=2, seq_len=4096, activation_checkpoint="full",
+                    device="cuda", symm=True)
+    assert full.activation_pool == 0 < full.layer_transient
     # EP 1, or an EP group across nodes under auto: nccl, nothing extra.
     kw = dict(world=8, ep=1, tp=1, local_batch_size=2, seq_len=4096, activation_checkpoint="none", device="cuda")
     assert estimate(m, **kw, symm=True) == estimate(m, **kw)
@@ -376,37 +392,46 @@ def test_a_ceiling_that_cannot_be_is_refused(value, why):
 def test_a_huge_finite_factor_is_the_worst_case_not_a_crash():
     """``a2a.capacity_factor=1e308`` (and the same ceiling) is the worst case: accepted, and on
     an 8-GPU node the memory check holds it to the worst case's estimate."""
+    from launch.config.memory import estimate
+
     assert check("a2a.capacity_factor=1e308", "a2a.capacity_ceiling=1e308") == []
-    msg = one_problem(*DSV3_EP8, "a2a.capacity_factor=1e308", "a2a.capacity_ceiling=1e308", machine=H100_BOX)
-    assert "needs about 139.4 GiB per process" in msg, msg
+    worst = estimate(MODELS["deepseek_v3", "16B"], world=8, ep=8, tp=1, local_batch_size=2, seq_len=4096,
+                     activation_checkpoint="selective", device="cuda", symm=True, capacity_factor=None)
+    msg = one_problem(*DSV3_EP8, "a2a.capacity_factor=1e308", "a2a.capacity_ceiling=1e308", machine=SMALL_GPU_BOX)
+    assert f"needs about {worst.total / GIB:.1f} GiB per process" in msg, msg
 
 
 def test_a_ceiling_that_does_not_fit_is_refused_and_auto_takes_the_largest_that_fits(monkeypatch):
-    """DeepSeek-V3 16B at EP 8 on 80 GB GPUs: the capacity starts at 1.25x the balanced case
+    """DeepSeek-V3 16B at EP 8 on GPUs of 67.75 GiB: the capacity starts at 1.25x the balanced case
     (fits), a ceiling at the worst case (null) or at 3x does not fit and is refused before
     launch, naming the largest that does; ``auto`` (the default) becomes that ceiling in the
-    launch config, and its estimate fits while the next step up does not."""
+    launch config, and its estimate fits while the next step up does not. On 80 GB GPUs the
+    library's default ceiling fits: ``auto`` is that."""
     from launch.config.memory import CEILING_STEP
     from launch.config.model_facts import facts
     from launch.launchers.launcher import Target
     from launch.preflight.prepare import with_capacity_ceiling
     from launch.preflight.validate import memory_estimate
 
-    assert check(*DSV3_EP8, machine=H100_BOX) == []
+    from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
+
+    assert check(*DSV3_EP8, machine=SMALL_GPU_BOX) == []
     for ceiling in ("null", "3.0"):
-        msg = one_problem(*DSV3_EP8, f"a2a.capacity_ceiling={ceiling}", machine=H100_BOX)
+        msg = one_problem(*DSV3_EP8, f"a2a.capacity_ceiling={ceiling}", machine=SMALL_GPU_BOX)
         assert f"a2a.capacity_ceiling={ceiling.rstrip('0').rstrip('.') if ceiling != 'null' else 'null'}" in msg, msg
         assert "the largest ceiling that fits is" in msg and "a2a.capacity_ceiling=auto picks it" in msg, msg
     largest = float(msg.split("the largest ceiling that fits is ")[1].split(" ")[0])
-    assert check(*DSV3_EP8, f"a2a.capacity_ceiling={largest}", machine=H100_BOX) == []
+    assert check(*DSV3_EP8, f"a2a.capacity_ceiling={largest}", machine=SMALL_GPU_BOX) == []
 
     import launch.preflight.prepare as prepare
 
     monkeypatch.setattr(prepare.Machine, "probe", staticmethod(lambda: H100_BOX))
+    assert with_capacity_ceiling(compose_cfg(*DSV3_EP8)).a2a.capacity_ceiling == DEFAULT_CAPACITY_CEILING
+    monkeypatch.setattr(prepare.Machine, "probe", staticmethod(lambda: SMALL_GPU_BOX))
     cfg = compose_cfg(*DSV3_EP8)
     resolved = with_capacity_ceiling(cfg)
-    assert cfg.a2a.capacity_ceiling == "auto" and resolved.a2a.capacity_ceiling == largest
-    target, m = Target("cuda", 80 * 10**9, "each GPU's memory", "8 GPUs"), facts("deepseek_v3", "16B")
+    assert cfg.a2a.capacity_ceiling == "auto" and resolved.a2a.capacity_ceiling == largest < 3.0
+    target, m = Target("cuda", int(67.75 * GIB), "each GPU's memory", "8 GPUs"), facts("deepseek_v3", "16B")
     assert memory_estimate(resolved, target, m, largest).total <= target.memory_bytes
     assert memory_estimate(resolved, target, m, largest + CEILING_STEP).total > target.memory_bytes
     # Where the memory is not known before launch (a SLURM job), auto stays for the job's nodes.
@@ -739,3 +764,52 @@ def test_cfg_job_prints_the_checked_config_the_launch_runs_with(tmp_path):
     assert proc.stderr == ("[mxfp8ep] 1 problem(s) in the training config:\n"
                            "  - training.steps=0 must be > 0 (the default: training.steps=20)\n")
     assert not (tmp_path / "outputs").exists()
+
+
+# ------------------------------------------------------ the GPUs a config is meant for
+EP8_RECIPE = "+recipe=dsv3_16b_ep8_bf16_vs_mxfp8"
+
+
+def test_cfg_job_checks_an_8_gpu_recipe_for_its_gpus_from_any_machine(tmp_path):
+    """The 8-GPU recipe names its GPUs (validate.gpu_mem_gib): --cfg job on a CPU machine checks
+    and prints it for 8 GPUs of that memory (the symm transport's auto ceiling resolved there),
+    not refused for this machine's RAM or flex attention; with validate.gpu_mem_gib=null it is
+    checked against this machine again."""
+    from omegaconf import OmegaConf
+
+    from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
+
+    proc = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    header, where, text = proc.stdout.split("\n", 2)
+    assert where == "# checked for 8 GPU(s) of 79.6 GiB per node (validate.gpu_mem_gib), not this machine"
+    cfg = OmegaConf.create(text)
+    assert cfg.model.name == "dsv3_16b" and cfg.parallelism.procs_per_node == 8
+    assert cfg.a2a.capacity_ceiling == DEFAULT_CAPACITY_CEILING  # auto, for an 80 GB GPU
+    here = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", "validate.gpu_mem_gib=null", timeout=120)
+    assert here.returncode == 2 and "flex attention" in here.stderr and "this machine's RAM" in here.stderr
+
+
+def test_a_recipe_that_does_not_fit_its_gpus_is_refused_with_the_one_estimate():
+    """Checked for the GPUs it names, the recipe at local batch 4 does not fit: the refusal
+    quotes the estimate benchmarks.memory gives for that GPU run (the symm transport on CUDA),
+    on every launcher, SLURM included, before sbatch."""
+    from launch.config.memory import estimate
+    from launch.preflight.prepare import meant_for
+
+    m = MODELS["deepseek_v3", "16B"]
+    est = estimate(m, world=8, ep=8, tp=1, local_batch_size=4, seq_len=4096, activation_checkpoint="selective",
+                   device="cuda", symm=True)
+    for launcher in ("launcher=local", "launcher=slurm"):
+        cfg = compose_cfg(EP8_RECIPE, launcher, "training.local_batch_size=4")
+        msg = one_problem(EP8_RECIPE, launcher, "training.local_batch_size=4", machine=meant_for(cfg))
+        assert f"needs about {est.total / GIB:,.1f} GiB per process" in msg, msg
+    requeue = ["launcher=slurm requeues a preempted or timed-out job, but training.checkpoint_enable=false: a requeued "
+               "job starts again from step 0"]
+    assert check(EP8_RECIPE, "launcher=slurm", machine=CPU_BOX) == requeue
+    # SLURM: the nodes' GPUs cannot be seen from here; the memory the config names is checked on any machine
+    msg = one_problem(EP8_RECIPE, "launcher=slurm", "training.local_batch_size=4", machine=CPU_BOX)
+    assert "each GPU's memory (validate.gpu_mem_gib=79.6) is 79.6 GiB" in msg, msg
+    assert check(EP8_RECIPE, "launcher=slurm", "training.local_batch_size=4", "validate.gpu_mem_gib=null",
+                 machine=CPU_BOX) == requeue  # no memory check without it
+    assert "validate.gpu_mem_gib=0" in one_problem("validate.gpu_mem_gib=0")

@@ -15,11 +15,19 @@ Per process (rank):
   product for every routed and shared expert a token visits, and the dispatch / combine
   buffers); the logits in bf16 and fp32 with their gradient. Full activation checkpointing
   keeps only each layer's input (plus one layer being recomputed); selective keeps about half;
-  TP splits what is left. The symm transport (``symm``) hands the experts tensors of its
-  capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor x top_k`` rows per token plus
-  padding, ``EP x top_k`` at the worst case, instead of ``top_k``), and with combine's partial
-  sums keeps that many expert-output rows (and no gathered copy for dispatch);
-* the symm transport's peer buffers (two staging buffers, once per process);
+  TP splits what is left. The symm transport (``symm``) at an elastic capacity keeps each MoE
+  layer's expert-side tensors (``expert_row_bytes`` a routed row) in one activation pool per
+  step at the rows the routing used: ``pool_rows``, a pool factor times the balanced rows of
+  all MoE layers together (a rank's rows summed over the layers, far closer to balanced than
+  its busiest layer's), kept like the rest of the layer under the checkpointing; only one
+  layer's expert-side tensors live at its capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor
+  x top_k`` rows per token plus padding, ``EP x top_k`` at the worst case), the transient of the
+  layer being computed. At ``capacity_factor=None`` (nothing grows, nothing reruns) every
+  layer's tensors hold the worst case. The all-to-all (nccl) keeps the rows received, ``top_k``
+  per token at an even routing (``routed_load`` times that where a rank's sum over the layers
+  is above balanced), and a gathered copy for dispatch;
+* the symm transport's peer buffers (a staging pair per buffer set, once per process; a step
+  above the capacity's ceiling reruns at exact rows on memory this estimate counts);
 * the runtime: CUDA context and communication buffers on a GPU, the imported libraries of a
   CPU process.
 
@@ -35,7 +43,8 @@ from typing import Any
 
 from launch.config.model_facts import ModelFacts
 from mxfp8_ep.capacity import expert_major_capacity, staging_buffer_bytes, staging_rows
-from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR
+from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
+                             DEFAULT_POOL_FACTOR)
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
 
 BF16, FP32 = 2, 4
@@ -56,11 +65,16 @@ class MemoryEstimate:
     activations: int
     runtime: int
     peer_buffers: int = 0
+    # symm at an elastic capacity: the activation pool (every MoE layer's kept expert-side
+    # tensors at their routed rows) and one layer's expert-side tensors at the capacity.
+    activation_pool: int = 0
+    layer_transient: int = 0
 
     @property
     def total(self) -> int:
         return (self.parameters + self.gradients + self.optimizer + self.working_copies
-                + self.activations + self.runtime + self.peer_buffers)
+                + self.activations + self.runtime + self.peer_buffers + self.activation_pool
+                + self.layer_transient)
 
 
 def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
@@ -83,6 +97,20 @@ def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
 def symm_capacity(m: ModelFacts, tokens: int, ep: int, capacity_factor: float | None) -> int:
     """Rows of the symm transport's expert-major tensors (``mxfp8_ep.capacity``)."""
     return expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN, capacity_factor)
+
+
+def expert_row_bytes(m: ModelFacts) -> int:
+    """Bytes of one routed row's expert-side tensors kept for the backward, as
+    ``activation_bytes_per_token`` counts them: the expert's input, the w1 and w3 outputs, the
+    activation and the product (``dim + 4 x moe_hidden_dim``), and combine's kept expert output
+    (``dim``), bf16."""
+    return (2 * m.dim + 4 * m.moe_hidden_dim) * BF16
+
+
+def pool_rows(m: ModelFacts, tokens: int, pool_factor: float) -> int:
+    """Routed rows the symm transport's activation pool holds per rank and step:
+    ``pool_factor`` times the balanced rows of all MoE layers (``tokens x top_k x layers``)."""
+    return math.ceil(pool_factor * tokens * m.top_k * m.n_moe_layers)
 
 
 def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
@@ -110,11 +138,16 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
              activation_checkpoint: str, device: str, symm: bool = False,
              combine_partial_sums: bool = True,
              capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR,
-             reshard_after_forward: bool = True) -> MemoryEstimate:
+             pool_factor: float | None = DEFAULT_POOL_FACTOR,
+             reshard_after_forward: bool = True, routed_load: float = 1.0) -> MemoryEstimate:
     """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda";
-    ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` and
-    ``capacity_factor`` its settings; ``reshard_after_forward=False``: FSDP keeps every block's
-    gathered bf16 weights from forward to backward)."""
+    ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` its setting,
+    ``capacity_factor`` the capacity (None: the worst case) and ``pool_factor`` the activation
+    pool's rows, each a multiple of the balanced case (``pool_factor=None``: no pool, every
+    layer keeps its tensors at the capacity, as at ``a2a.capacity_factor=null``);
+    ``routed_load``: without symm, the rows a rank keeps over all MoE layers as a multiple of
+    the balanced case; ``reshard_after_forward=False``: FSDP keeps every block's gathered bf16
+    weights from forward to backward)."""
     shard = max(1, world)
     dense_params = m.params - m.expert_params
     block = (dense_params - 2 * m.vocab_size * m.dim) / m.n_layers / tp
@@ -123,13 +156,25 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
 
     tokens = local_batch_size * seq_len
     symm = symm and ep > 1 and m.n_moe_layers > 0
-    rows = symm_rows_per_token(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else (None, None)
+    pooled = symm and pool_factor is not None
+    if pooled:  # the routed experts' rows live in the pool and the one layer's transient
+        rows: tuple[float | None, float | None] = (0, 0)
+    elif symm:
+        rows = symm_rows_per_token(m, tokens, ep, combine_partial_sums, capacity_factor)
+    else:
+        rows = (m.top_k * routed_load, m.top_k * (1 + routed_load))
     all_layers, one_layer = activation_bytes_per_token(m, *rows)
     if activation_checkpoint == "full":
         kept = m.n_layers * m.dim * BF16 + one_layer
     else:
         kept = all_layers * _KEPT.get(activation_checkpoint, 1.0)
     logits = m.vocab_size * (BF16 + 2 * FP32)
+    pool = transient = 0
+    if pooled:
+        if activation_checkpoint != "full":  # full: only each layer's input is kept across layers
+            pool = int(pool_rows(m, tokens, pool_factor) * expert_row_bytes(m)  # type: ignore[arg-type]
+                       * _KEPT.get(activation_checkpoint, 1.0) / tp)
+        transient = int(symm_capacity(m, tokens, ep, capacity_factor) * expert_row_bytes(m) / tp)
     return MemoryEstimate(
         parameters=int(m.params * FP32 / shard),
         gradients=int(m.params * FP32 / shard),
@@ -138,6 +183,8 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         activations=int(tokens * (kept + logits) / tp),
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
         peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else 0,
+        activation_pool=pool,
+        layer_transient=transient,
     )
 
 
@@ -157,38 +204,55 @@ def runs_symm(cfg: Any, device: str) -> bool:
         return True
 
 
-def run_estimate(cfg: Any, facts: ModelFacts, device: str, symm: bool, capacity_factor: float | None) -> MemoryEstimate:
+def pool_factors(a2a: Any) -> tuple[float | None, float | None]:
+    """The activation pool's (start, ceiling) factors of the ``a2a`` config (the library's
+    defaults where it names none); (None, None) at ``capacity_factor=None``, which keeps every
+    layer at the worst case and needs no pool."""
+    if a2a.capacity_factor is None:
+        return None, None
+    start = getattr(a2a, "pool_factor", None) or DEFAULT_POOL_FACTOR
+    return start, max(start, getattr(a2a, "pool_ceiling", None) or DEFAULT_POOL_CEILING)
+
+
+def run_estimate(cfg: Any, facts: ModelFacts, device: str, symm: bool, capacity_factor: float | None,
+                 at_ceiling: bool = False) -> MemoryEstimate:
     """``estimate`` of one process of the recipe config ``cfg`` (its parallelism, batch and
     checkpointing) on ``device``, the EP layers on the symm transport when ``symm``, its
-    capacity at ``capacity_factor`` (the config's starting factor, or a ceiling)."""
+    capacity at ``capacity_factor`` (the config's starting factor, or a ceiling) and its
+    activation pool where it starts, or at its ceiling (``at_ceiling``)."""
     p, t = cfg.parallelism, cfg.training
+    pool = pool_factors(cfg.a2a)[1 if at_ceiling else 0]
     return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
                     seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint, device=device, symm=symm,
                     combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums), capacity_factor=capacity_factor,
-                    reshard_after_forward=p.fsdp_reshard_after_forward != "never")
+                    pool_factor=pool, reshard_after_forward=p.fsdp_reshard_after_forward != "never")
 
 
-# ``a2a.capacity_ceiling`` in the recipe: the largest ceiling whose estimate fits the memory.
+# ``a2a.capacity_ceiling`` in the recipe: the library's default ceiling where its estimate fits
+# the memory, else the largest below it that does.
 AUTO_CEILING = "auto"
 # Ceilings ``fitting_ceiling`` picks are rounded down to this step of the balanced case.
 CEILING_STEP = 0.05
 
 
-def fitting_ceiling(cfg: Any, facts: ModelFacts, device: str, memory_bytes: int, procs: int) -> float | None:
-    """The largest ``a2a.capacity_ceiling`` (a multiple of ``CEILING_STEP``) whose estimate,
-    times ``procs`` processes sharing ``memory_bytes``, fits it: None (no ceiling below the worst
-    case) when the worst case fits; the starting factor when nothing above it does (the check
-    of the start itself reports that). The symm transport at an elastic capacity only."""
+def fitting_ceiling(cfg: Any, facts: ModelFacts, device: str, memory_bytes: int, procs: int,
+                    most: float | None = DEFAULT_CAPACITY_CEILING) -> float | None:
+    """The ``a2a.capacity_ceiling`` that ``auto`` stands for: ``most`` (the library's default
+    ceiling; None: the worst case) where its estimate (the activation pool at its ceiling too),
+    times ``procs`` processes sharing ``memory_bytes``, fits it, else the largest multiple of
+    ``CEILING_STEP`` below it that fits; the starting factor when nothing above it does (the
+    check of the start itself reports that). The symm transport at an elastic capacity only."""
     start = cfg.a2a.capacity_factor
     if start is None:
         return None
 
     def fits(factor: float | None) -> bool:
-        return run_estimate(cfg, facts, device, True, factor).total * procs <= memory_bytes
+        return run_estimate(cfg, facts, device, True, factor, at_ceiling=True).total * procs <= memory_bytes
 
-    if fits(None):
-        return None
-    low, high = int(math.ceil(start / CEILING_STEP)), int(cfg.parallelism.ep / CEILING_STEP) + 1
+    if fits(most):
+        return most if most is None else max(float(start), most)
+    low = int(math.ceil(start / CEILING_STEP))
+    high = int((cfg.parallelism.ep if most is None else most) / CEILING_STEP) + 1
     if not fits(low * CEILING_STEP):
         return float(start)
     while high - low > 1:  # fits(low), not fits(high): the estimate grows with the factor

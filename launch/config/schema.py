@@ -157,6 +157,12 @@ class ValidateConfig:
     # CPU processes: refuse a run whose every step would take longer than this (seconds) even at
     # the best speed a CPU core reaches (launch/config/step_time.py); 0: no check.
     max_step_s: int = 300
+    # The memory of each GPU the config is meant for, GiB (an 80 GB H100: 79.6). Set, `--cfg job`
+    # checks the config on nodes of such GPUs, one per process, not on this machine (a dry run from
+    # a laptop or a login node), and launcher=slurm holds the memory estimate against it before
+    # sbatch. null: `--cfg job` checks against this machine; launcher=slurm leaves the memory to
+    # the job's nodes.
+    gpu_mem_gib: Optional[float] = None
 
 
 @dataclass

@@ -28,6 +28,13 @@ class Machine:
         return len(self.gpu_memory_bytes)
 
     @classmethod
+    def with_gpus(cls, gpus: int, gpu_mem_gib: float) -> "Machine":
+        """This machine's RAM and cores with ``gpus`` GPUs of ``gpu_mem_gib`` GiB each: the
+        node a config is meant for (``validate.gpu_mem_gib``)."""
+        return cls(ram_bytes=_ram_bytes(), cpu_count=os.cpu_count() or 1,
+                   gpu_memory_bytes=(int(gpu_mem_gib * GIB),) * gpus)
+
+    @classmethod
     def probe(cls) -> "Machine":
         return cls(ram_bytes=_ram_bytes(), cpu_count=os.cpu_count() or 1,
                    gpu_memory_bytes=_visible(_nvidia_smi_memory(), os.environ.get("CUDA_VISIBLE_DEVICES")))

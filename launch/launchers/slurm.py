@@ -87,7 +87,11 @@ class SlurmLauncher:
             cores = lc.cpus_per_task * cfg.parallelism.procs_per_node if lc.cpus_per_task else None
             return Target("cpu", ram, "launcher.mem_gb", "launcher.gpus_per_node=0 (a CPU cluster)",
                           cores=cores)
-        # The compute nodes' GPUs cannot be seen from here: no memory check.
+        # The compute nodes' GPUs cannot be seen from here: the memory the config says they have.
+        gib = cfg.validate.gpu_mem_gib
+        if gib is not None and gib > 0:
+            return Target("cuda", int(gib * GIB), f"each GPU's memory (validate.gpu_mem_gib={gib:g})",
+                          "the job asks for GPUs")
         return Target("cuda", None, "each GPU's memory", "the job asks for GPUs")
 
     def check(self, cfg: Any, machine: Machine, report: Any) -> None:  # noqa: ARG002 (the Launcher protocol)

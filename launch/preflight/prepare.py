@@ -47,18 +47,30 @@ def finalize(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return cfg
 
 
-def prepare(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str]]:
-    """The launch config and the warnings; raises :class:`ConfigError` with every problem."""
+def meant_for(cfg: DictConfig) -> Optional[Machine]:
+    """The node ``cfg`` says it is meant for (``validate.gpu_mem_gib``: a GPU of that memory per
+    process, one GPU when they share it); None where it names none."""
+    gib = cfg.validate.gpu_mem_gib
+    if gib is None or gib <= 0:
+        return None
+    p = cfg.parallelism
+    return Machine.with_gpus(1 if p.share_gpu else p.procs_per_node, gib)
+
+
+def prepare(cfg: DictConfig, overrides: list[str], machine: Optional[Machine] = None) -> tuple[DictConfig, list[str]]:
+    """The launch config and the warnings, checked on ``machine`` (default: this one); raises
+    :class:`ConfigError` with every problem."""
     cfg = finalize(cfg, overrides)
-    warnings = validate(cfg)
-    return with_capacity_ceiling(with_typed_launcher(cfg)), warnings
+    warnings = validate(cfg, machine)
+    return with_capacity_ceiling(with_typed_launcher(cfg), machine), warnings
 
 
-def with_capacity_ceiling(cfg: DictConfig) -> DictConfig:
-    """``cfg`` with ``a2a.capacity_ceiling=auto`` resolved to the largest ceiling that fits the
-    memory the run's processes get, where it is known before launch (``resolved_ceiling``); a
-    SLURM job's workers resolve it on their node (``launch.titan.runner.a2a_config``)."""
-    target = launcher_class(cfg)().target(cfg, Machine.probe())
+def with_capacity_ceiling(cfg: DictConfig, machine: Optional[Machine] = None) -> DictConfig:
+    """``cfg`` with ``a2a.capacity_ceiling=auto`` resolved to the ceiling that fits the
+    memory the run's processes get on ``machine`` (default: this one), where it is known before
+    launch (``resolved_ceiling``); a SLURM job's workers resolve it on their node
+    (``launch.titan.runner.a2a_config``)."""
+    target = launcher_class(cfg)().target(cfg, machine or Machine.probe())
     ceiling = resolved_ceiling(cfg, target, model_facts.facts(cfg.model.family, cfg.model.flavor))
     if ceiling == cfg.a2a.capacity_ceiling:
         return cfg
@@ -70,10 +82,12 @@ def with_capacity_ceiling(cfg: DictConfig) -> DictConfig:
 
 def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
                 compose: Callable[[list[str]], DictConfig],
-                run_dir_given: bool = False) -> tuple[DictConfig, list[str], Optional[Resume]]:
+                run_dir_given: bool = False, dry_run: bool = False) -> tuple[DictConfig, list[str], Optional[Resume]]:
     """A single run: the launch config, the warnings and what ``training.resume`` continues
     (None without it; its ``line`` says what it does). ``composed``: Hydra's config without its
-    own node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line."""
+    own node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line;
+    ``dry_run``: nothing will start here (``--cfg job``), so a config that names the node it is
+    meant for (``meant_for``) is checked on that node, not on this machine."""
     asked = composed.training.resume
     resume = None
     cfg = composed
@@ -87,7 +101,7 @@ def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
         resume = Resume(run_dir, asked)
         if step is not None:
             cfg, resume = resumed_config(composed, overrides, run_dir, step, compose)
-    cfg, warnings = prepare(cfg, overrides)
+    cfg, warnings = prepare(cfg, overrides, meant_for(cfg) if dry_run else None)
     return cfg, warnings, resume
 
 

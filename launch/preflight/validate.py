@@ -158,6 +158,10 @@ def _check_training(cfg: Any, r: Report) -> None:
         )
     if cfg.validate.memory not in MEMORY_CHECK:
         r.error(choice_problem("validate.memory", cfg.validate.memory, MEMORY_CHECK))
+    gpu_mem = cfg.validate.gpu_mem_gib
+    if gpu_mem is not None and gpu_mem <= 0:
+        r.error(f"validate.gpu_mem_gib={gpu_mem}: the memory of each GPU the config is meant for, GiB (an 80 GB "
+                f"H100: 79.6), or null (this machine's)")
     if cfg.validate.max_step_s < 0:
         r.error(f"validate.max_step_s={cfg.validate.max_step_s}: 0 (no check) or the seconds a "
                 f"step on CPU may take at most (e.g. 300)")
@@ -407,18 +411,21 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
 
 
 # ----------------------------------------------------------------------------- memory
-# The symm transport sizes its expert-side tensors by a2a.capacity_factor (the worst case, EP x
-# top-k rows per token, when null): what to try when that is what does not fit.
-SYMM_MEMORY_HINT = (" (the symm transport holds its expert rows at a2a.capacity_factor times the balanced case: "
-                    "a smaller factor keeps fewer of them, a2a.transport=nccl none)")
+# The symm transport sizes one layer's expert-side tensors by a2a.capacity_factor (every layer at
+# the worst case, EP x top-k rows per token, when null): what to try when that does not fit.
+SYMM_MEMORY_HINT = (" (the symm transport keeps the MoE layers' expert rows in an activation pool a little above "
+                    "the balanced case, and the layer being computed holds them at a2a.capacity_factor times it: a "
+                    "smaller factor keeps fewer of them, a2a.transport=nccl none)")
 
 
 def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
                     capacity_factor: float | None | str = "start") -> MemoryEstimate:
-    """``launch.config.memory.run_estimate`` of one process of ``cfg`` run on ``target``, the
-    symm capacity at its start (``capacity_factor="start"``) or at the factor given."""
-    factor = cfg.a2a.capacity_factor if capacity_factor == "start" else capacity_factor
-    return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor)
+    """``launch.config.memory.run_estimate`` of one process of ``cfg`` run on ``target``: the
+    symm capacity and activation pool where they start (``capacity_factor="start"``), or the
+    capacity at the factor given with the pool at its ceiling."""
+    start = capacity_factor == "start"
+    factor = cfg.a2a.capacity_factor if start else capacity_factor
+    return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor, at_ceiling=not start)
 
 
 def _processes_per_memory(cfg: Any, target: Target) -> int:
@@ -433,9 +440,10 @@ def elastic_symm(cfg: Any, target: Target) -> bool:
 
 
 def resolved_ceiling(cfg: Any, target: Target, facts: ModelFacts) -> float | None | str:
-    """``a2a.capacity_ceiling`` as the run will take it: ``auto`` becomes the largest ceiling
-    whose estimate fits ``target``'s memory (``launch.config.memory.fitting_ceiling``) where that
-    memory is known and the symm transport runs at an elastic capacity; otherwise as given."""
+    """``a2a.capacity_ceiling`` as the run will take it: ``auto`` becomes the library's ceiling,
+    or the largest below it, whose estimate fits ``target``'s memory
+    (``launch.config.memory.fitting_ceiling``) where that memory is known and the symm transport
+    runs at an elastic capacity; otherwise as given."""
     ceiling = cfg.a2a.capacity_ceiling
     if ceiling != AUTO_CEILING or target.memory_bytes is None or not elastic_symm(cfg, target):
         return ceiling
@@ -460,6 +468,8 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
            f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
            f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
            f"runtime {gib(est.runtime)}"
+           + (f", symm activation pool {gib(est.activation_pool)}" if est.activation_pool else "")
+           + (f", one layer's symm expert rows {gib(est.layer_transient)}" if est.layer_transient else "")
            + (f", symm peer buffers {gib(est.peer_buffers)}" if est.peer_buffers else "") + ")")
     times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
     msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
@@ -494,8 +504,10 @@ def _check_ceiling_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts
     times = f" × {procs} processes" if procs > 1 else ""
     (r.warn if cfg.validate.memory == "warn" else r.error)(
         f"a2a.capacity_ceiling={a.capacity_ceiling if a.capacity_ceiling is not None else 'null'}: the symm "
-        f"transport's expert rows may grow to {grows}, where a process needs about {est.total / GIB:,.1f} GiB "
-        f"(activations {est.activations / GIB:,.1f}){times}, but {target.memory_name} is "
+        f"transport's expert rows may grow to {grows} (its activation pool to its ceiling), where a process needs "
+        f"about {est.total / GIB:,.1f} GiB (activations {est.activations / GIB:,.1f}, activation pool "
+        f"{est.activation_pool / GIB:,.1f}, one layer's expert rows {est.layer_transient / GIB:,.1f}){times}, "
+        f"but {target.memory_name} is "
         f"{target.memory_bytes / GIB:,.1f} GiB; the largest ceiling that fits is {largest} "
         f"(a2a.capacity_ceiling={AUTO_CEILING} picks it); validate.memory=warn launches anyway")
 

@@ -30,9 +30,9 @@ def a2a_config(cfg: DictConfig) -> Any:
 
 
 def capacity_ceiling_here(cfg: DictConfig) -> float | None:
-    """``a2a.capacity_ceiling=auto`` for this node: the largest ceiling whose estimate fits
-    this GPU's memory (the node's RAM on CPU), shared by the processes that share it
-    (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
+    """``a2a.capacity_ceiling=auto`` for this node: the library's ceiling, or the largest below
+    it, whose estimate fits this GPU's memory (the node's RAM on CPU), shared by the processes
+    that share it (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
     runs at an elastic capacity (nothing grows, so no ceiling applies)."""
     from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
 
@@ -60,12 +60,12 @@ def capacity_line(cfg: DictConfig, a2a: Any) -> str | None:
     tokens = int(cfg.training.local_batch_size) * int(cfg.training.seq_len)
     ep = int(cfg.parallelism.ep)
 
-    def at(factor: float | None) -> str:
+    def at(factor: float | None, at_ceiling: bool) -> str:
         rows = symm_capacity(m, tokens, ep, factor)
-        gib = run_estimate(cfg, m, device, True, factor).total / 2**30
+        gib = run_estimate(cfg, m, device, True, factor, at_ceiling).total / 2**30
         times = "the worst case" if factor is None else f"{factor:g}x balanced"
         return f"{rows:,} expert rows ({times}; est. {gib:,.1f} GiB per process)"
 
     ceiling = a2a.capacity_ceiling
-    return (f"a2a capacity  starts at {at(a2a.capacity_factor)}, grows up to {at(ceiling)}; a step that needs "
-            f"more runs once at exactly its rows")
+    return (f"a2a capacity  starts at {at(a2a.capacity_factor, False)}, grows up to {at(ceiling, True)}; a step "
+            f"that needs more runs once at exactly its rows")
