@@ -70,3 +70,10 @@ def test_the_wandb_online_command(tmp_path):
         assert (cfg.logging.wandb_mode, cfg.logging.entity, cfg.logging.project) == (
             "online", "my-team", "moe-a2a")
         assert validate(cfg, machine=GPU_BOX) == []
+
+
+def test_the_symm_capacity_command_passes_the_checks_on_two_gpus():
+    (command,) = train_commands(section("The symm transport's capacity"))
+    cfg = compose_cfg(*command)
+    assert (cfg.a2a.transport, cfg.a2a.capacity_factor) == ("symm", 0.5)
+    assert validate(cfg, machine=GPU_BOX) == []
