@@ -308,3 +308,4 @@ def test_help_lists_groups_options_and_examples(tmp_path):
     assert "parallelism: 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, ep8, single" in text
     examples = text.split("== Examples ==")[1]
     assert examples.count("python launch/train.py") == 6 and "a2a.capacity_factor=" in examples
+    assert "python launch/train.py                                      # tiny Llama4, EP 2, 20 steps" in examples
