@@ -24,6 +24,24 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+
+def _this_python_has_the_recipe() -> None:
+    """One line, exit 2, instead of an ImportError traceback when this interpreter lacks the
+    recipe's packages: a venv that is not active, or a Python nothing was installed into."""
+    import importlib.util
+
+    missing = [name for name in ("hydra", "launch") if importlib.util.find_spec(name) is None]
+    if missing:
+        venv = Path(__file__).resolve().parent.parent / ".venv"
+        fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
+               else "activate the venv you installed into, or install with `bash scripts/install.sh`")
+        print(f"[mxfp8ep] {sys.executable} cannot import {' or '.join(missing)}, which the recipe needs: "
+              f"{fix}, then run the command again", file=sys.stderr)
+        raise SystemExit(2)
+
+
+_this_python_has_the_recipe()
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode

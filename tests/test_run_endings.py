@@ -41,3 +41,20 @@ def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
         '  - training.dataset_path=bad.jsonl: line 1 has no "text" field (its fields: foo); training.dataset='
         'mxfp8ep_tiny reads one JSON object per line, the document in its "text" field (a string)']
     assert not (tmp_path / "outputs").exists()  # refused by the checks: no run folder, no worker
+
+
+def test_a_python_without_the_recipe_is_one_line(tmp_path):
+    """A venv that is not active: the interpreter has none of the recipe's packages (``-S``: no
+    site-packages, ``-I``: no PYTHONPATH), so the entry point says so in one line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-S", "-I", str(REPO / "launch" / "train.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    venv = REPO / ".venv"
+    fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
+           else "activate the venv you installed into, or install with `bash scripts/install.sh`")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"[mxfp8ep] {sys.executable} cannot import hydra or launch, which the recipe needs: {fix}, then run the "
+        f"command again"]
