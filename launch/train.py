@@ -11,6 +11,7 @@ checked is checked before any process starts or any folder is made (launch/prefl
 config mistake is one message and exit code 2 (launch/config/problems.py). A run prints a header, one
 line per log window and a summary (launch/run/console.py); Ctrl-C / SIGTERM stop it cleanly.
 """
+# ruff: noqa: E402  (this Python is checked for the recipe's packages before they are imported)
 
 from __future__ import annotations
 
