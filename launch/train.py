@@ -88,14 +88,14 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
         log.info("stopped by signal %d", e.signum)
+        console.show(run_dir, console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
+                     err=True)
         ended(cfg, run_dir, console.how_it_ended(e.summary, e.signum))
-        print(console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
-              file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     except RunFailed as e:
         log.info("failed: %s", e)
+        console.show(run_dir, f"[mxfp8ep] {e}", err=True)
         ended(cfg, run_dir, f"failed: {e}")
-        print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except RunRefused as e:
         if cfg.logging.verbose:
@@ -109,8 +109,8 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         raise SystemExit(128 + signal.SIGINT) from None
     if summary is not None:
         log.info("ended: step %d of %d", summary.steps, summary.target_steps)
+        console.show(run_dir, console.format_summary(summary, resume))
         ended(cfg, run_dir, console.how_it_ended(summary))
-        print(console.format_summary(summary, resume), flush=True)
     return summary
 
 
