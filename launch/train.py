@@ -95,7 +95,7 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
     except RunFailed as e:
         log.info("failed: %s", e)
         console.show(run_dir, f"[mxfp8ep] {e}", err=True)
-        ended(cfg, run_dir, f"failed: {e}")
+        ended(cfg, run_dir, f"failed: {e}", failed_at=getattr(resume, "step", None) or 0)
         raise SystemExit(1) from None
     except RunRefused as e:
         if cfg.logging.verbose:
@@ -114,10 +114,17 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
     return summary
 
 
-def ended(cfg: DictConfig, run_dir: str, how: str) -> None:
-    """Once no process of the launch is left: ``console.log`` says how it ended, and what a
-    checkpoint write cut short by a kill left is removed."""
+def ended(cfg: DictConfig, run_dir: str, how: str, failed_at: Optional[int] = None) -> None:
+    """Once no process of the launch is left: ``console.log`` and ``summary.json`` say how it
+    ended, and what a checkpoint write cut short by a kill left is removed. ``failed_at``: the
+    step a failed launch started from, for the summary it gets when rank 0 wrote none."""
     console.record_end(run_dir, how)
+    summary = RunSummary.read(run_dir)
+    if summary is None and failed_at is not None:
+        summary = RunSummary.before_training(cfg, run_dir, failed_at)
+    if summary is not None:
+        summary.ended = how
+        summary.write(run_dir)
     removed = remove_incomplete_checkpoints(run_dir, cfg.training.checkpoint_folder)
     if removed:
         log.info("removed what cut-short checkpoint writes left: %s", ", ".join(removed))

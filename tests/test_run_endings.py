@@ -30,6 +30,14 @@ def test_a_worker_that_raises_is_one_line_naming_its_rank_and_log(tmp_path):
     assert stderr[-1].endswith("] ValueError: injected failure") and "Traceback" in stderr[0]
     assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", line) for line in stderr), stderr
     assert "Traceback" not in proc.stdout
+    # the run's record says how it ended: summary.json (no rank wrote one) and console.log
+    from launch.run.run_summary import RunSummary
+
+    summary = RunSummary.read(run_dir)
+    assert summary.ended == f"failed: {line.removeprefix('[mxfp8ep] ')}" and summary.steps == 0
+    assert (summary.model, summary.a2a, summary.world_size, summary.target_steps) == ("tiny_llama4", "bf16", 2, 20)
+    console = (run_dir / "console.log").read_text().splitlines()
+    assert console[-2] == line and console[-1].endswith(f": failed: {line.removeprefix('[mxfp8ep] ')} ====")
 
 
 def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
