@@ -170,6 +170,12 @@ def format_summary(s: RunSummary, resume: Optional["Resume"] = None) -> str:
     )
 
 
+def resume_command(run_dir: str, script: Optional[str] = None) -> str:
+    """The command that continues the run in ``run_dir`` (``script``: the entry point as the
+    launch named it; default: this process's)."""
+    return f"python {shlex.quote(script or sys.argv[0])} training.resume={shlex.quote(run_dir)}"
+
+
 def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str, resume_command: str) -> str:
     """The one line printed when a signal stopped a run; ``resume_command`` continues it."""
     import signal
