@@ -69,7 +69,8 @@ def test_output_has_no_clock_and_every_run_appears(monkeypatch):
     assert (one, readme_one) == (two, readme_two)
     runs = sorted(p.name for p in report.RESULTS.glob("*.jsonl"))
     assert runs and all(f"### `{name}`" in one for name in runs)
-    assert one.count("- command:") == len(runs)
+    assert one.count("- command, as run at `") == len(runs)
+    assert one.count("- to run it now (from the repository root): `") == len(runs)
 
 
 def _repo_with_history(tmp_path: Path) -> tuple[Path, dict]:
