@@ -152,6 +152,28 @@ BENCHES = {
                       baselines=("alltoall", "minimal_async_ep"),
                       hide=("shape_desc",)),
 }
+# The command that measures each bench again with the code in front of you, from the repository
+# root (OUT: a folder for the rows). A run's recorded command is what ran at its commit: scripts
+# have been renamed and merged since, and some ran from another checkout's path.
+RERUN = {
+    "layer": "bash benchmarks/run.sh layer OUT",
+    "legs": "bash benchmarks/run.sh legs OUT",
+    "links": "bash benchmarks/run.sh links OUT",
+    "a2a": "bash benchmarks/run.sh legs OUT",
+    "power": "bash benchmarks/run.sh power OUT",
+    "kernels": "bash benchmarks/run.sh kernels OUT",
+    "profile": "bash benchmarks/run.sh step_profile OUT",
+    "train": "bash benchmarks/run.sh train OUT",
+    "train_shm": "bash benchmarks/run.sh train_shm OUT",
+    "numerics_overhead": "bash benchmarks/run.sh numerics OUT",
+    "parity": "python scripts/parity_study.py --export OUT",
+    "memory_estimate": "python -m benchmarks.memory --out OUT",
+    "layer_memory": "bash benchmarks/run.sh capacity_1gpu OUT",
+    "capacity_replays": "bash benchmarks/run.sh capacity_1gpu OUT",
+    "capacity_study": ("python -m benchmarks.capacity_study "
+                       "benchmarks/results/telemetry/routing_study_cpu.routing.jsonl.gz --out OUT"),
+    "titan030": "bash benchmarks/run.sh titan030 OUT",
+}
 HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
 LINKS = {"nvlink": "NVLink", "nccl-shm": "NCCL shm", "nccl-socket": "NCCL sockets", "shm": "NCCL shm",
          "socket": "NCCL sockets", "gloo": "gloo", "pcie": "PCIe", "none": None,
@@ -392,9 +414,12 @@ def run_header(run: Run, history: History) -> list[str]:
     for r in run.rows:
         if r["command"] not in commands:
             commands.append(r["command"])
+    rerun = RERUN.get(f["bench"])
     return [f"### `{run.name}`", "",
             f"- commit `{f['commit'][:7]}`{source}{dirty}, {f['date'][:10]}: {mark}",
-            f"- {run.hardware()}; {soft}", "- command:", "", *[f"      {c}" for c in commands], ""]
+            f"- {run.hardware()}; {soft}", f"- command, as run at `{f['commit'][:7]}`:", "",
+            *[f"      {c}" for c in commands], "",
+            *([f"- to run it now (from the repository root): `{rerun}`", ""] if rerun else [])]
 
 
 # ------------------------------------------------------------------------------ claims

@@ -11,6 +11,7 @@ checked is checked before any process starts or any folder is made (launch/prefl
 config mistake is one message and exit code 2 (launch/config/problems.py). A run prints a header, one
 line per log window and a summary (launch/run/console.py); Ctrl-C / SIGTERM stop it cleanly.
 """
+# ruff: noqa: E402  (this Python is checked for the recipe's packages before they are imported)
 
 from __future__ import annotations
 
@@ -23,6 +24,24 @@ import sys
 import traceback
 from pathlib import Path
 from typing import Optional
+
+
+def _this_python_has_the_recipe() -> None:
+    """One line, exit 2, instead of an ImportError traceback when this interpreter lacks the
+    recipe's packages: a venv that is not active, or a Python nothing was installed into."""
+    import importlib.util
+
+    missing = [name for name in ("hydra", "launch") if importlib.util.find_spec(name) is None]
+    if missing:
+        venv = Path(__file__).resolve().parent.parent / ".venv"
+        fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
+               else "activate the venv you installed into, or install with `bash scripts/install.sh`")
+        print(f"[mxfp8ep] {sys.executable} cannot import {' or '.join(missing)}, which the recipe needs: "
+              f"{fix}, then run the command again", file=sys.stderr)
+        raise SystemExit(2)
+
+
+_this_python_has_the_recipe()
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -69,14 +88,14 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
         log.info("stopped by signal %d", e.signum)
+        console.show(run_dir, console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
+                     err=True)
         ended(cfg, run_dir, console.how_it_ended(e.summary, e.signum))
-        print(console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
-              file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     except RunFailed as e:
         log.info("failed: %s", e)
-        ended(cfg, run_dir, f"failed: {e}")
-        print(f"[mxfp8ep] {e}", file=sys.stderr, flush=True)
+        console.show(run_dir, f"[mxfp8ep] {e}", err=True)
+        ended(cfg, run_dir, f"failed: {e}", failed_at=getattr(resume, "step", None) or 0)
         raise SystemExit(1) from None
     except RunRefused as e:
         if cfg.logging.verbose:
@@ -90,15 +109,22 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         raise SystemExit(128 + signal.SIGINT) from None
     if summary is not None:
         log.info("ended: step %d of %d", summary.steps, summary.target_steps)
+        console.show(run_dir, console.format_summary(summary, resume))
         ended(cfg, run_dir, console.how_it_ended(summary))
-        print(console.format_summary(summary, resume), flush=True)
     return summary
 
 
-def ended(cfg: DictConfig, run_dir: str, how: str) -> None:
-    """Once no process of the launch is left: ``console.log`` says how it ended, and what a
-    checkpoint write cut short by a kill left is removed."""
+def ended(cfg: DictConfig, run_dir: str, how: str, failed_at: Optional[int] = None) -> None:
+    """Once no process of the launch is left: ``console.log`` and ``summary.json`` say how it
+    ended, and what a checkpoint write cut short by a kill left is removed. ``failed_at``: the
+    step a failed launch started from, for the summary it gets when rank 0 wrote none."""
     console.record_end(run_dir, how)
+    summary = RunSummary.read(run_dir)
+    if summary is None and failed_at is not None:
+        summary = RunSummary.before_training(cfg, run_dir, failed_at)
+    if summary is not None:
+        summary.ended = how
+        summary.write(run_dir)
     removed = remove_incomplete_checkpoints(run_dir, cfg.training.checkpoint_folder)
     if removed:
         log.info("removed what cut-short checkpoint writes left: %s", ", ".join(removed))

@@ -9,7 +9,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from launch.titan.checkpoints import write_whole
+from launch.titan.checkpoints import keep_latest_after_the_last_save, write_whole
 
 
 class _Saving:
@@ -56,3 +56,35 @@ def test_an_asynchronous_save_is_left_as_torchtitan_writes_it(tmp_path: Path):
     step = tmp_path / "step-5"
     saving.dcp_save({}, checkpoint_id=str(step), async_mode=AsyncMode.ASYNC)
     assert saving.written == [str(step)]
+
+
+def test_the_last_save_keeps_checkpoint_keep_checkpoints(tmp_path: Path):
+    """torchtitan's CheckpointManager, keep_latest_k=2, saving steps 1-5 (5 the last step): two
+    checkpoints are left, not three (its last-step save skipped the purge)."""
+    import torch
+    import torch.distributed as dist
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.config import JobConfig
+
+    class _Nothing:
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            pass
+
+    config = JobConfig().checkpoint
+    config.enable, config.interval, config.keep_latest_k = True, 1, 2
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        manager = CheckpointManager(dataloader=None, model_parts=[torch.nn.Linear(2, 2)], optimizers=_Nothing(),
+                                    lr_schedulers=_Nothing(), states={}, checkpoint_config=config, sd_adapter=None,
+                                    base_folder=str(tmp_path))
+        write_whole(manager)
+        keep_latest_after_the_last_save(manager)
+        for step in range(1, 6):
+            manager.save(step, last_step=step == 5)
+        manager.close()  # the purge thread has removed what it was given
+    finally:
+        dist.destroy_process_group()
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-4", "step-5"]

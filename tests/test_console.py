@@ -33,12 +33,17 @@ def test_a_resumed_run_prints_its_own_lines_and_keeps_every_launchs(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     printed = [line for line in resumed.stdout.splitlines() if line.startswith("stand-in")]
     assert printed == [f"stand-in step {s}/5" for s in range(1, 6)]  # not the first launch's again
+    # console.log: what the console showed, launch after launch (the header, the lines, the
+    # summary), each launch's end below it
     lines = (run / "console.log").read_text().splitlines()
-    assert lines[:2] == ["start-up: starting 2 CPU processes (gloo)",
-                         "start-up: 2 processes started, importing torchtitan"]
-    assert lines[2:5] == [f"stand-in step {s}/3" for s in range(1, 4)]
-    assert re.fullmatch(r"==== ended \S+ \S+: completed step 3/3 ====", lines[5])  # how the launch ended
-    assert lines[6].startswith("==== resume 1 (") and lines[9:-1] == printed
+    resume = next(i for i, line in enumerate(lines) if line.startswith("==== resume 1 ("))
+    assert lines[:resume - 1] == first.stdout.splitlines()
+    assert lines[0].startswith("mxfp8ep: model=tiny_llama4 ") and "  steps           3/3" in lines
+    assert lines[3:8] == ["start-up: starting 2 CPU processes (gloo)",
+                          "start-up: 2 processes started, importing torchtitan"] + [
+                          f"stand-in step {s}/3" for s in range(1, 4)]
+    assert re.fullmatch(r"==== ended \S+ \S+: completed step 3/3 ====", lines[resume - 1])  # how it ended
+    assert lines[resume + 1:-1] == resumed.stdout.splitlines()[1:]  # below the "resuming" line
     assert lines[-1].endswith(": completed step 5/5 ====")
 
     # train.log: what the launching process did, every launch (it was empty after a clean run)

@@ -10,6 +10,8 @@ import re
 import shlex
 import shutil
 
+import pytest
+
 from tests.hydra_compose import REPO, compose_cfg, no_slurm_cluster  # noqa: F401 (autouse)
 
 from launch.launchers.machine import GIB, Machine
@@ -70,3 +72,32 @@ def test_the_wandb_online_command(tmp_path):
         assert (cfg.logging.wandb_mode, cfg.logging.entity, cfg.logging.project) == (
             "online", "my-team", "moe-a2a")
         assert validate(cfg, machine=GPU_BOX) == []
+
+
+def test_the_symm_capacity_command_passes_the_checks_on_two_gpus():
+    (command,) = train_commands(section("The symm transport's capacity"))
+    cfg = compose_cfg(*command)
+    assert (cfg.a2a.transport, cfg.a2a.capacity_factor) == ("symm", 0.5)
+    assert validate(cfg, machine=GPU_BOX) == []
+
+
+def test_where_the_flags_go_is_said_once_and_holds_for_hydra():
+    """docs/usage.md says where --multirun goes, recipes/README.md points there, and Hydra's own
+    parser takes the documented commands and refuses a flag between overrides as the page says."""
+    from hydra._internal.utils import get_args_parser
+
+    rule = "`--multirun` and the other `--` flags go before or after the overrides, never between them"
+    recipes = (REPO / "recipes" / "README.md").read_text()
+    assert rule in section("Runs and sweeps").replace("\n", " ")
+    assert rule in recipes.replace("\n", " ") and "before** the overrides" not in recipes
+    parser = get_args_parser()
+    for text in (USAGE, recipes, (REPO / "README.md").read_text()):
+        for words in re.findall(r"python launch/train\.py ([^#`\n]*)", text.replace("\\\n", " ")):
+            args = shlex.split(words.replace("<", "").replace(">", ""))
+            flags = [i for i, a in enumerate(args) if a.startswith("-")]
+            overrides = [i for i, a in enumerate(args) if "=" in a and not a.startswith("-")]
+            if flags and overrides:  # the documented order: no flag between two overrides
+                assert not any(overrides[0] < f < overrides[-1] for f in flags), words
+    assert parser.parse_args(["a2a=bf16,mxfp8", "--multirun"]).overrides == ["a2a=bf16,mxfp8"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["a2a=bf16,mxfp8", "--multirun", "training.steps=50"])

@@ -69,7 +69,8 @@ def test_output_has_no_clock_and_every_run_appears(monkeypatch):
     assert (one, readme_one) == (two, readme_two)
     runs = sorted(p.name for p in report.RESULTS.glob("*.jsonl"))
     assert runs and all(f"### `{name}`" in one for name in runs)
-    assert one.count("- command:") == len(runs)
+    assert one.count("- command, as run at `") == len(runs)
+    assert one.count("- to run it now (from the repository root): `") == len(runs)
 
 
 def _repo_with_history(tmp_path: Path) -> tuple[Path, dict]:
@@ -595,3 +596,38 @@ def test_the_replay_figures_per_ep_degree_and_the_growth_study_at_the_defaults(t
             "second half), 2 reruns per 1,000 steps (2 replays, 1 spills), 66.0 GiB per GPU at the ceilings, 1.06× "
             "nccl's 62.0 on the same routing (60.0 balanced)") in block
     assert "EP=8: busiest layer up to 3.90" in block and "3 reruns per 1,000" in block and "30 reruns" not in block
+
+
+def test_every_run_says_the_command_that_runs_it_now_and_that_command_runs():
+    """docs/results.md keeps each run's command as it ran at its commit (scripts have been renamed
+    since; some ran from another checkout's path) and names the one that measures it again now: a
+    suite of benchmarks/run.sh, or a script or module here that takes the options given."""
+    import re
+    import shlex
+
+    history = report.History()
+    for run in report.load_runs().values():
+        header = "\n".join(report.run_header(run, history))
+        assert f"- command, as run at `{run.first['commit'][:7]}`:" in header
+        assert "- to run it now (from the repository root): `" in header, run.name
+    suites = subprocess.run(["bash", "-c", "source <(sed -n '/^suites() {/,/^}/p' benchmarks/run.sh); suites"],
+                            cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\n")
+    suites = {line.split()[0] for line in suites if line.strip()}
+    assert set(report.RERUN) == set(report.BENCHES)
+    for bench, command in report.RERUN.items():
+        words = shlex.split(command)
+        if words[:2] == ["bash", "benchmarks/run.sh"]:
+            assert words[2] in suites and words[3:] == ["OUT"], (bench, command)
+            continue
+        assert words[0] == "python", command
+        target = words[1:3] if words[1] == "-m" else words[1:2]
+        assert (REPO / (target[1].replace(".", "/") + ".py" if target[0] == "-m" else target[0])).is_file(), command
+        usage = subprocess.run([sys.executable, *target, "--help"], cwd=REPO, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+        assert usage.returncode == 0, usage.stderr[-2000:]
+        rest = words[1 + len(target):]
+        for word in rest:
+            if word.startswith("--"):
+                assert re.search(rf"{re.escape(word)}\b", usage.stdout), (command, word)
+            elif word != "OUT":
+                assert (REPO / word).exists(), (command, word)

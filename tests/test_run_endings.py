@@ -30,6 +30,14 @@ def test_a_worker_that_raises_is_one_line_naming_its_rank_and_log(tmp_path):
     assert stderr[-1].endswith("] ValueError: injected failure") and "Traceback" in stderr[0]
     assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", line) for line in stderr), stderr
     assert "Traceback" not in proc.stdout
+    # the run's record says how it ended: summary.json (no rank wrote one) and console.log
+    from launch.run.run_summary import RunSummary
+
+    summary = RunSummary.read(run_dir)
+    assert summary.ended == f"failed: {line.removeprefix('[mxfp8ep] ')}" and summary.steps == 0
+    assert (summary.model, summary.a2a, summary.world_size, summary.target_steps) == ("tiny_llama4", "bf16", 2, 20)
+    console = (run_dir / "console.log").read_text().splitlines()
+    assert console[-2] == line and console[-1].endswith(f": failed: {line.removeprefix('[mxfp8ep] ')} ====")
 
 
 def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
@@ -41,3 +49,20 @@ def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
         '  - training.dataset_path=bad.jsonl: line 1 has no "text" field (its fields: foo); training.dataset='
         'mxfp8ep_tiny reads one JSON object per line, the document in its "text" field (a string)']
     assert not (tmp_path / "outputs").exists()  # refused by the checks: no run folder, no worker
+
+
+def test_a_python_without_the_recipe_is_one_line(tmp_path):
+    """A venv that is not active: the interpreter has none of the recipe's packages (``-S``: no
+    site-packages, ``-I``: no PYTHONPATH), so the entry point says so in one line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-S", "-I", str(REPO / "launch" / "train.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    venv = REPO / ".venv"
+    fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
+           else "activate the venv you installed into, or install with `bash scripts/install.sh`")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"[mxfp8ep] {sys.executable} cannot import hydra or launch, which the recipe needs: {fix}, then run the "
+        f"command again"]

@@ -134,14 +134,14 @@ def test_config_round_trips_through_the_job(tmp_path):
 
 def test_job_pickles_and_requeues_itself(tmp_path):
     cfg = compose_cfg("launcher=slurm", "training.checkpoint_enable=true")
-    job = SlurmTrainJob(config_to_yaml(cfg), str(tmp_path))
+    job = SlurmTrainJob(config_to_yaml(cfg), str(tmp_path), script="launch/train.py")
     job = pickle.loads(pickle.dumps(job))
     delayed = job.checkpoint()
     assert isinstance(delayed, submitit.helpers.DelayedSubmission)
     again = delayed.function
     assert isinstance(again, SlurmTrainJob)
     assert again.cfg_yaml == job.cfg_yaml and again.run_dir == job.run_dir
-    assert again.requeues == 1
+    assert again.requeues == 1 and again.script == "launch/train.py"  # its resume command's
     assert again.checkpoint().function.requeues == 2
 
 

@@ -213,3 +213,22 @@ def test_a_local_c4_is_checked_as_torchtitan_loads_it(tmp_path):
     from datasets import load_dataset  # what torchtitan's c4 loader does with it
 
     assert next(iter(load_dataset(str(tmp_path), name="en", split="train", streaming=True)))["text"] == "a document"
+
+
+def test_every_line_of_a_dataset_is_checked_and_each_rank_needs_a_record(tmp_path):
+    """A bad line past the first few, and fewer records than data-parallel ranks (torchtitan's
+    split of them raised IndexError at start-up), are refused before launch with file and line."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "a"}\n' * 300 + "not json\n")
+    tail = '; training.dataset=mxfp8ep_tiny reads one JSON object per line, the document in its "text" field (a string)'
+    errors, _ = check_data(training(dataset="mxfp8ep_tiny", dataset_path=str(data), val_every=0),
+                           model_vocab=512, dp_degree=2)
+    assert errors == [f"training.dataset_path={data}: line 301 is not JSON (Expecting value: line 1 column 1 "
+                      f"(char 0)){tail}"]
+    with pytest.raises(ValueError, match=f"^{data}: line 301 is not JSON"):  # what a worker says at run time
+        load_jsonl_dataset(str(data))
+    data.write_text('{"text": "a"}\n')
+    errors, _ = check_data(training(dataset="mxfp8ep_tiny", dataset_path=str(data), val_every=0),
+                           model_vocab=512, dp_degree=2)
+    assert errors == [f"training.dataset_path={data}: holds 1 record(s), fewer than the 2 data-parallel ranks "
+                      f"that each read their own share of them{tail}"]

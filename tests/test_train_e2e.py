@@ -258,9 +258,11 @@ def test_ctrl_c_stops_cleanly_and_resume_continues_the_same_wandb_run(tmp_path):
     assert [row["_step"] for p in run.paths for row in read_run(p).history] == list(range(1, steps + 1))
     assert run.series(LOSS)[: s.steps] == pytest.approx(s.losses)
     assert not list(tmp_path.glob("outputs"))  # no new run dir was made
-    # console.log: the first launch's lines, then the resume's below the line that names it
-    lines = [line for line in (run_dir / "console.log").read_text().splitlines() if not line.startswith(
-        ("start-up:", "finishing:"))]
+    # console.log: the first launch's lines, then the resume's below the line that names it; the
+    # stop line with its command and the summary, as the console showed them
+    text = (run_dir / "console.log").read_text()
+    assert err.strip() in text and f"  steps           {steps}/{steps}, resumed from step {s.steps}" in text
+    lines = [line for line in text.splitlines() if line.startswith(("step ", "==== ended", "==== resume"))]
     assert [int(line.split()[1].split("/")[0]) for line in lines[: s.steps]] == list(range(1, s.steps + 1))
     assert lines[s.steps].endswith(f": stopped by SIGINT at step {s.steps}/200 (checkpoint step-{s.steps}) ====")
     assert lines[s.steps + 1].startswith("==== resume 1 (") and f"from step {s.steps}," in lines[s.steps + 1]
@@ -308,3 +310,4 @@ def test_help_lists_groups_options_and_examples(tmp_path):
     assert "parallelism: 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, ep8, single" in text
     examples = text.split("== Examples ==")[1]
     assert examples.count("python launch/train.py") == 6 and "a2a.capacity_factor=" in examples
+    assert "python launch/train.py                                      # tiny Llama4, EP 2, 20 steps" in examples

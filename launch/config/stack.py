@@ -15,8 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["CPU_MODELS", "FAMILIES_BY_STACK", "INSTALL", "STACKS", "Stack", "StackError", "family_problem", "installed",
-           "installed_torchtitan"]
+__all__ = ["CPU_MODELS", "FAMILIES_BY_STACK", "INSTALL", "STACKS", "Stack", "StackError", "family_problem",
+           "help_first_example", "help_stack", "installed", "installed_torchtitan"]
 
 # The torchtitan releases the recipe runs, and the model families it trains on each.
 STACKS = ("0.2.2", "0.3.0")
@@ -32,6 +32,29 @@ TINY_MODEL = {"llama4": "tiny_llama4", "deepseek_v3": "tiny_dsv3", "qwen3": "tin
 CPU_MODELS = {"0.2.2": "tiny_llama4, tiny_dsv3, llama4_debugmodel, dsv3_debugmodel",
               "0.3.0": "tiny_dsv3, tiny_qwen3, parity_tiny_dsv3"}
 FAMILY_NAMES = {"llama4": "Llama4", "deepseek_v3": "DeepSeek-V3", "qwen3": "Qwen3 MoE"}
+
+
+def _installed_or_default() -> str:
+    try:
+        return installed_torchtitan()
+    except StackError:
+        return STACKS[0]
+
+
+def help_stack() -> str:
+    """What ``--help`` says the recipe trains here: ``torchtitan 0.3.0's MoE models (DeepSeek-V3,
+    Qwen3 MoE)``."""
+    stack = _installed_or_default()
+    return f"torchtitan {stack}'s MoE models ({', '.join(FAMILY_NAMES[f] for f in FAMILIES_BY_STACK[stack])})"
+
+
+def help_first_example(family: str) -> str:
+    """``--help``'s first example: the default run (``family``: its model's) where that family
+    trains on this stack, else the same run with this stack's first family's tiny model."""
+    families = FAMILIES_BY_STACK[_installed_or_default()]
+    model = "" if family in families else f" model={TINY_MODEL[families[0]]}"
+    shown = family if family in families else families[0]
+    return f"{'python launch/train.py' + model:<60}# tiny {FAMILY_NAMES[shown]}, EP 2, 20 steps"
 
 
 class StackError(RuntimeError):

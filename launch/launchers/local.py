@@ -83,8 +83,8 @@ class LocalLauncher:
             what = f"{procs} processes sharing GPU 0 (gloo; {SHARED_GPU_NOTE})"
         else:
             what = f"{procs} GPU processes (NCCL)"
-        print(console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"),
-              flush=True)  # before torch's import: the first line comes at once
+        # before torch's import: the first line comes at once
+        console.show(run_dir, console.header(cfg, run_dir, what, f"{WORKER_LOGS}/ (every process), train.log"))
 
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -191,10 +191,11 @@ def slurm_executor_kwargs(cfg: Any) -> dict[str, Any]:
 class SlurmTrainJob:
     """The function submitit runs in every task; requeues itself on preemption / timeout."""
 
-    def __init__(self, cfg_yaml: str, run_dir: str, requeues: int = 0):
+    def __init__(self, cfg_yaml: str, run_dir: str, requeues: int = 0, script: str = "launch/train.py"):
         self.cfg_yaml = cfg_yaml
         self.run_dir = run_dir
         self.requeues = requeues
+        self.script = script  # the entry point as the launch named it: the resume command's
 
     def __call__(self) -> Optional[RunSummary]:
         import submitit
@@ -224,11 +225,29 @@ class SlurmTrainJob:
             self._record_end(env.rank, f"failed on rank {env.rank}: {type(e).__name__}: {e}")
             raise
         if summary is not None:
-            print(console.format_summary(summary), flush=True)
+            self._say(env.rank, console.format_summary(summary))
         if stopped_by == signal.SIGUSR2 and self._requeue():
             return summary
+        if stopped_by is not None:  # the line with the command that continues the run
+            resume = console.resume_command(os.path.abspath(self.run_dir), self.script)
+            self._say(env.rank, console.stop_line(stopped_by, summary, self.run_dir, resume))
         self._record_end(env.rank, console.how_it_ended(summary, stopped_by))
+        if stopped_by == signal.SIGTERM:  # scancel: the job was cancelled, not completed
+            sys.stdout.flush()
+            raise SystemExit(128 + stopped_by)
         return summary
+
+    def _say(self, rank: int, text: str) -> None:
+        """Rank 0: ``text`` in the job's log, and in ``console.log`` when no launcher waits for
+        the job (one that waits prints and keeps its own)."""
+        from launch.config.schema import config_from_yaml
+
+        if rank != 0:
+            return
+        print(text, flush=True)
+        if not config_from_yaml(self.cfg_yaml).launcher.wait:
+            with Path(self.run_dir, CONSOLE_LOG).open("a") as f:
+                f.write(text + "\n")
 
     def _requeue(self) -> bool:
         """After SLURM's notice of a preemption / the time limit stopped the run with a
@@ -259,7 +278,7 @@ class SlurmTrainJob:
         import submitit
 
         return submitit.helpers.DelayedSubmission(
-            SlurmTrainJob(self.cfg_yaml, self.run_dir, self.requeues + 1)
+            SlurmTrainJob(self.cfg_yaml, self.run_dir, self.requeues + 1, self.script)
         )
 
 
@@ -297,7 +316,7 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
                          f"launcher.additional_parameters and launcher.srun_args") from e
     submitted_at = time.time()
     with _ctrl_c_deferred() as interrupted:  # a job is submitted whole, or not at all
-        job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir), cfg)
+        job = _submit(executor, SlurmTrainJob(config_to_yaml(cfg), run_dir, script=sys.argv[0]), cfg)
     if interrupted.is_set():
         job.cancel(check=False)
         log.info("Ctrl-C while submitting: SLURM job %s cancelled before it started", job.job_id)

@@ -9,6 +9,8 @@
 * ``${mxfp8ep.run_dir:...}`` (``hydra.run.dir``): the run dir ``training.resume`` asks for.
 * ``${mxfp8ep.folder_name:<overrides>,<a2a>}`` (run and sweep folder names): what the run
   trains, from its overrides (``launch.run.run_dir.folder_name``).
+* ``${mxfp8ep.help_stack:}``, ``${mxfp8ep.help_first_example:<family>}``: ``--help``'s words for
+  the installed torchtitan stack (``launch.config.stack``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from launch.config.schema import A2ASchema, TrainConfig
+from launch.config.stack import help_first_example, help_stack
 from launch.run.run_dir import folder_name, resolve_run_dir
 from mxfp8_ep.config import PRESETS
 
@@ -31,6 +34,9 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("mxfp8ep.folder_name",
                                      lambda overrides, a2a: folder_name(list(overrides or []), a2a),
                                      replace=True)
+    # --help names the installed stack's models and a first example that trains on it.
+    OmegaConf.register_new_resolver("mxfp8ep.help_stack", help_stack, replace=True)
+    OmegaConf.register_new_resolver("mxfp8ep.help_first_example", help_first_example, replace=True)
 
 
 register_configs()

@@ -1,13 +1,15 @@
 """What a run prints: a header, one line per log window, the summary, and nothing else.
 
 The launching process prints the header and, at the end, the summary (or one line when a
-signal stopped the run). Rank 0 writes the progress lines to ``<run dir>/console.log`` (and,
-while a step runs longer than ``logging.heartbeat_s``, a line that says so); the launcher
-prints what is added to that file while the run goes (:func:`follow`). A resumed run appends to
-the file below a line that names the resume (:func:`start_console_log`). Everything else the
-processes print (torchtitan's log, wandb, library warnings) goes to the run's log files, named
-in the header; the launching process's own record (what was launched, the torch elastic
-agent, how it ended) to ``train.log``. ``logging.verbose=true`` shows all of it on the console.
+signal stopped the run or a rank failed). Rank 0 writes the progress lines to
+``<run dir>/console.log`` (and, while a step runs longer than ``logging.heartbeat_s``, a line
+that says so); the launcher prints what is added to that file while the run goes
+(:func:`follow`), and adds its own lines to it (:func:`show`), so the file holds what the
+console showed. A resumed run appends to the file below a line that names the resume
+(:func:`start_console_log`). Everything else the processes print (torchtitan's log, wandb,
+library warnings) goes to the run's log files, named in the header; the launching process's
+own record (what was launched, the torch elastic agent, how it ended) to ``train.log``.
+``logging.verbose=true`` shows all of it on the console.
 """
 
 from __future__ import annotations
@@ -168,6 +170,12 @@ def format_summary(s: RunSummary, resume: Optional["Resume"] = None) -> str:
     )
 
 
+def resume_command(run_dir: str, script: Optional[str] = None) -> str:
+    """The command that continues the run in ``run_dir`` (``script``: the entry point as the
+    launch named it; default: this process's)."""
+    return f"python {shlex.quote(script or sys.argv[0])} training.resume={shlex.quote(run_dir)}"
+
+
 def stop_line(signum: int, summary: Optional[RunSummary], run_dir: str, resume_command: str) -> str:
     """The one line printed when a signal stopped a run; ``resume_command`` continues it."""
     import signal
@@ -202,6 +210,15 @@ def record_end(run_dir: str, how: str) -> None:
     """The line at the end of ``console.log`` that says how the launch ended."""
     with (Path(run_dir) / CONSOLE_LOG).open("a") as f:
         f.write(f"==== ended {datetime.datetime.now():%Y-%m-%d %H:%M:%S}: {how} ====\n")
+
+
+def show(run_dir: str, text: str, *, err: bool = False) -> None:
+    """Print ``text`` (stderr with ``err``) and keep it in ``console.log``: the launching
+    process's own lines (the header, the summary, the line a stop or a failure ends with), so the
+    file holds what the console showed."""
+    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+    with (Path(run_dir) / CONSOLE_LOG).open("a") as f:
+        f.write(text + "\n")
 
 
 def warn(message: str) -> None:

@@ -258,6 +258,10 @@ class RunSummary:
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
     wandb_dirs: list[str] = field(default_factory=list)
+    # how the run's latest launch ended, in the launching process's words ("completed step 20/20",
+    # "stopped by SIGINT at step 7/20 (checkpoint step-7)", "failed: rank 1 failed: ..."); None
+    # when no launching process said (a SLURM job nobody waited for that was killed)
+    ended: Optional[str] = None
 
     # ------------------------------------------------------------------------------ files
     def write(self, run_dir: str | Path) -> Path:
@@ -281,6 +285,20 @@ class RunSummary:
             return cls(**{k: v for k, v in json.loads(path.read_text()).items() if k in known})
         except (TypeError, ValueError):
             return None
+
+    @classmethod
+    def before_training(cls, cfg: Any, run_dir: str | Path, start_step: int = 0) -> "RunSummary":
+        """The summary of a launch that trained nothing it could record (it failed before rank 0
+        wrote one): what ran, from its config, at the step it started from."""
+        p = cfg.parallelism
+        return cls(run_name=str(cfg.logging.run_name or cfg.experiment), experiment=str(cfg.experiment),
+                   a2a=str(cfg.a2a.name), a2a_legs={k: str(v) for k, v in cfg.a2a.items() if k != "name"},
+                   model=str(cfg.model.name), model_flavor=f"{cfg.model.family}/{cfg.model.flavor}",
+                   parallelism=str(p.name), world_size=int(p.procs_per_node) * max(1, int(p.nodes)),
+                   ep=int(p.ep), launcher=str(cfg.launcher.name), device="unknown",
+                   run_dir=os.path.abspath(run_dir), steps=start_step, target_steps=int(cfg.training.steps),
+                   start_step=start_step, seed=int(cfg.training.seed),
+                   wandb_mode=str(cfg.logging.wandb_mode), wandb_run_id=cfg.logging.run_id)
 
     def wandb_summary(self) -> dict[str, float]:
         """The headline numbers under their wandb metric names (for the wandb run summary)."""

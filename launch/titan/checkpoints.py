@@ -39,3 +39,16 @@ def write_whole(checkpointer: Any) -> None:
         return result
 
     checkpointer.dcp_save = dcp_save
+
+
+def keep_latest_after_the_last_save(checkpointer: Any) -> None:
+    """Make the last step's save purge what ``keep_latest_k`` does not keep, as every other save
+    does: torchtitan's ``_save_last_step`` (0.2.2's and 0.3.0's) returns before its purge, which
+    left ``keep_latest_k + 1`` checkpoints on disk."""
+    save_last_step = checkpointer._save_last_step
+
+    def _save_last_step(curr_step: int) -> None:
+        save_last_step(curr_step)
+        checkpointer._purge_stale_checkpoints()
+
+    checkpointer._save_last_step = _save_last_step

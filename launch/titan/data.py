@@ -117,11 +117,15 @@ def _open_text(path: str | Path) -> Any:
 
 
 def iter_texts(path: str | Path) -> Iterator[str]:
-    """The ``text`` of every row of a ``.jsonl`` or ``.jsonl.gz`` file, in order."""
+    """The ``text`` of every row of a ``.jsonl`` or ``.jsonl.gz`` file, in order. A row that is
+    not a document raises ``ValueError`` naming the file and its line."""
     with _open_text(path) as f:
-        for line in f:
+        for number, line in enumerate(f, start=1):
             if line.strip():
-                yield json.loads(line)["text"]
+                text, problem = _read_record(number, line)
+                if problem is not None:
+                    raise ValueError(f"{path}: {problem}; a dataset file holds {RECORD_FORMAT}")
+                yield text
 
 
 def jsonl_file(path: str | Path) -> Path:
@@ -141,7 +145,9 @@ def load_jsonl_dataset(path: str) -> Any:
 
 # What the records of a .jsonl dataset must be (the loader's reading of them), for the messages.
 RECORD_FORMAT = 'one JSON object per line, the document in its "text" field (a string)'
-# How many records the check before launch reads.
+# Files up to this size are read whole by the check before launch (every line, and the record
+# count against the data-parallel ranks); of larger ones it reads the first CHECKED_RECORDS.
+WHOLE_FILE_CHECK_BYTES = 64 << 20
 CHECKED_RECORDS = 3
 
 
@@ -151,33 +157,49 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "number")
 
 
-def first_records_problem(path: Path, records: int = CHECKED_RECORDS) -> Optional[str]:
-    """What is wrong with the first ``records`` records of a ``.jsonl`` / ``.jsonl.gz`` file for
-    :func:`iter_texts` (None: they read as documents): so a malformed dataset is refused before
-    launch instead of failing every worker after start-up."""
+def _read_record(number: int, line: str) -> tuple[Optional[str], Optional[str]]:
+    """Line ``number`` of a dataset: ``(its text, None)``, or ``(None, what is wrong with it)``."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        return None, f"line {number} is not JSON ({e})"
+    if not isinstance(record, dict):
+        return None, f"line {number} is a JSON {_json_type(record)}, not an object"
+    if "text" not in record:
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        return None, f'line {number} has no "text" field (its fields: {keys})'
+    if not isinstance(record["text"], str):
+        return None, f'line {number}\'s "text" is a JSON {_json_type(record["text"])}, not a string'
+    return record["text"], None
+
+
+def records_problem(path: Path, *, at_least: int = 1) -> Optional[str]:
+    """What is wrong with a ``.jsonl`` / ``.jsonl.gz`` file for :func:`iter_texts` (None: it
+    reads as documents): every record of a file up to :data:`WHOLE_FILE_CHECK_BYTES`, which must
+    hold ``at_least`` records (torchtitan gives each data-parallel rank its own share of them),
+    and the first :data:`CHECKED_RECORDS` of a larger one. So a malformed dataset is refused
+    before launch instead of failing every worker after start-up."""
+    whole = Path(path).stat().st_size <= WHOLE_FILE_CHECK_BYTES
     seen = 0
     try:
         with _open_text(path) as f:
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except ValueError as e:
-                    return f"line {number} is not JSON ({e})"
-                if not isinstance(record, dict):
-                    return f"line {number} is a JSON {_json_type(record)}, not an object"
-                if "text" not in record:
-                    keys = ", ".join(sorted(map(str, record))) or "none"
-                    return f'line {number} has no "text" field (its fields: {keys})'
-                if not isinstance(record["text"], str):
-                    return f'line {number}\'s "text" is a JSON {_json_type(record["text"])}, not a string'
+                problem = _read_record(number, line)[1]
+                if problem is not None:
+                    return problem
                 seen += 1
-                if seen == records:
-                    break
+                if not whole and seen == CHECKED_RECORDS:
+                    return None
     except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, a truncated gzip, binary data
         return f"cannot be read as {'gzip-compressed ' if str(path).endswith('.gz') else ''}text ({e})"
-    return None if seen else "holds no records (an empty file)"
+    if not seen:
+        return "holds no records (an empty file)"
+    if seen < at_least:
+        return (f"holds {seen} record(s), fewer than the {at_least} data-parallel ranks that each read "
+                f"their own share of them")
+    return None
 
 
 def _text(sample: dict[str, Any]) -> str:
@@ -260,7 +282,7 @@ def check_data(t: Any, *, model_vocab: Optional[int], dp_degree: Optional[int]) 
             errors.append(f"{shown}: no such file (a folder given to training.dataset={t.dataset} is read as "
                           f"a corpus folder, its train split in {CORPUS_FILES.train})")
         else:
-            _check_records(shown, t.dataset, data, errors)
+            _check_records(shown, t.dataset, data, errors, at_least=dp_degree or 1)
 
     tokenizer = src.tokenizer
     if not tokenizer.is_dir():
@@ -312,8 +334,8 @@ def _check_c4(dataset: str, path: str, errors: list[str]) -> None:
     _check_records(f"training.dataset_path={path} ({files[0].relative_to(root)})", dataset, files[0], errors)
 
 
-def _check_records(shown: str, dataset: str, path: Path, errors: list[str]) -> None:
-    problem = first_records_problem(path)
+def _check_records(shown: str, dataset: str, path: Path, errors: list[str], at_least: int = 1) -> None:
+    problem = records_problem(path, at_least=at_least)
     if problem is not None:
         errors.append(f"{shown}: {problem}; training.dataset={dataset} reads {RECORD_FORMAT}")
 

@@ -106,9 +106,11 @@ class RecipeTrainerMixin:
     def _checkpoints_whole(self) -> None:
         """Checkpoints are written whole or not at all (``launch.titan.checkpoints``); what a
         write cut short by an earlier launch left is removed (rank 0) before any is loaded."""
-        from launch.titan.checkpoints import write_whole
+        from launch.titan.checkpoints import keep_latest_after_the_last_save, write_whole
 
         write_whole(self.checkpointer)
+        if self.checkpoint_config.enable:
+            keep_latest_after_the_last_save(self.checkpointer)
         ckpt = self.checkpoint_config
         if ckpt.enable and dist.get_rank() == 0:
             removed = remove_incomplete_checkpoints(self.run_dir, ckpt.folder)

@@ -452,6 +452,30 @@ def test_scancel_and_ctrl_c_keep_the_runs_record_across_a_resume(train, slurm_cl
         f": stopped by SIGINT at step {s.steps}/40 (checkpoint step-{s.steps}) ====")
 
 
+def test_scancel_of_a_job_nobody_waits_for_says_how_to_continue(train, tmp_path):
+    """The job's log and console.log end with the stop line and its continue command, and the
+    cancelled job's log does not say it completed."""
+    run_dir = tmp_path / "run"
+    proc, out = train([*STOPPABLE, "training.steps=40", "logging=none", f"hydra.run.dir={run_dir}"], timeout=120,
+                      extra_env=_fault_env(MXFP8EP_TEST_STEP_SLEEP="0.7"))
+    assert proc.returncode == 0, out[-3000:]
+    (jid,) = train.jobs
+    wait_until(lambda: _steps_logged(run_dir) >= 5, 180, "step 5")
+    subprocess.run(["scancel", jid], check=True, timeout=10)
+    assert _wait_terminal(jid, 120) == "CANCELLED"
+    wait_until(lambda: not _sh("squeue", "-h", "-j", jid).strip(), 60, "the job's processes to end")
+    s = RunSummary.read(run_dir)
+    assert s.stopped_by == "SIGTERM" and s.checkpoint
+    line = (f"[mxfp8ep] stopped by SIGTERM at step {s.steps}/40: checkpoint {s.checkpoint}; continue with: "
+            f"python {TRAIN} training.resume={run_dir}")
+    log = (run_dir / "slurm" / f"{jid}_0_log.out").read_text()
+    assert line in log.splitlines() and "Job completed successfully" not in log, log[-3000:]
+    console = (run_dir / "console.log").read_text().splitlines()
+    assert console[-2] == line and console[-1].endswith(f": stopped by SIGTERM at step {s.steps}/40 "
+                                                         f"(checkpoint step-{s.steps}) ====")
+    assert f"  steps           {s.steps}/40 (stopped by SIGTERM)" in console  # the summary block
+
+
 def test_scancel_of_a_waited_job_is_a_stop(train, slurm_cluster, tmp_path):
     """scancel while the launcher waits: exit 143 after the stop line, nothing lost."""
     run_dir = tmp_path / "run"

@@ -79,10 +79,11 @@ def test_each_preset_trains_and_records_its_stack(sweep):
         assert all(math.isfinite(x) for x in s.losses) and s.losses[-1] < s.losses[0] - 0.1, s.losses
         assert s.checkpoint == str(run_dir / "checkpoint" / "step-20")
         assert s.stack == stack.to_dict() == json.loads((run_dir / STACK).read_text())
-        # console.log: a line as each stage of the start begins, one per step, the ending
+        # console.log: the header, a line as each stage of the start begins, one per step, the ending
         console = (run_dir / "console.log").read_text().splitlines()
         progress = [line for line in console if line.startswith("step ")]
-        assert console[:console.index(progress[0])] == [
+        assert console[0].startswith(f"mxfp8ep: model=tiny_dsv3 a2a={a2a} ") and console[1].endswith(run_dir.name)
+        assert console[3:console.index(progress[0])] == [
             "start-up: starting 2 CPU processes (gloo)", "start-up: 2 processes started, importing torchtitan",
             "start-up: process group, data and model (tiny_dsv3, EP 2)", "start-up: wandb (offline)",
             "start-up: the first step (the slowest: warm-up)"], console
