@@ -281,6 +281,10 @@ def _push_tokens_kernel(
     # Each row bound for a peer names the token's staged row in that peer's token map (and
     # leaves its routing weight in the peer's row weights).
     bound = slot_ok & (owner != rank) & (owner >= 0)
+    # A slot's owner where that is a peer, else -1: `peer_owner == d` is already false for d ==
+    # rank, so no scalar condition (rank != d) joins a block (a scalar comparison splat over a
+    # block is not a bool mask in Triton 3.9's interpreter).
+    peer_owner = tl.where(bound, owner, -1)
     map_delta = tl.load(map_delta_ptr + owner, mask=bound, other=0)
     tl.store(map_ptr + map_delta + row, staged[:, None] + tl.zeros((BLOCK_T, KP), tl.int64), mask=bound)
     if HAS_WEIGHT:
@@ -289,7 +293,7 @@ def _push_tokens_kernel(
         tl.store(weight_map_ptr + weight_delta + row, weight, mask=bound)
     sent = 0
     for d in tl.static_range(W):
-        sent += tl.sum(((tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)).to(tl.int32), axis=0)
+        sent += tl.sum((tl.max((peer_owner == d).to(tl.int32), axis=1) > 0).to(tl.int32), axis=0)
     if sent > 0:
         tl.atomic_add(sent_ptr, sent.to(tl.int64))
     any_local = tl.max(tl.max((slot_ok & (owner == rank)).to(tl.int32), axis=1), axis=0) > 0
@@ -329,7 +333,7 @@ def _push_tokens_kernel(
                 elements, scales = _encode_groups(x, ELEMENT, SCALE, ROUNDING)
                 doffs, soffs, sok = _packed_offsets(staged, cols, start, D, GROUP, BLOCK_D, ELEMENT, SCALE)
             for d in tl.static_range(W):
-                need = tok_ok & (tl.max((owner == d).to(tl.int32), axis=1) > 0) & (rank != d)
+                need = tl.max((peer_owner == d).to(tl.int32), axis=1) > 0
                 if tl.max(need.to(tl.int32), axis=0) > 0:
                     # 16-byte aligned allocations: the stores to the peer use 16-byte vectors.
                     delta = tl.multiple_of(tl.load(stage_delta_ptr + d), 16)

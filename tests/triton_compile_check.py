@@ -33,15 +33,26 @@ PUSH_TOKENS = {"src_ptr": "*i16", "sorted_row_ptr": "*i64", "dst_rank_ptr": "*i6
                "map_delta_ptr": "*i64", "weight_map_ptr": "*fp32", "weight_delta_ptr": "*i64", "weight_ptr": "*fp32",
                "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "sent_ptr": "*i64", "T": "i32", "rank": "i32",
                "max_tokens": "i32"}
-PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "stage_ptr": "*i16",
-                 "peer_delta_ptr": "*i64", "sent_ptr": "*i64", "S": "i32", "rank": "i32", "max_tokens": "i32"}
+PUSH_PARTIALS = {"src_ptr": "*i16", "order_ptr": "*i64", "start_ptr": "*i64", "weight_ptr": "*fp32",
+                 "stage_ptr": "*i16", "peer_delta_ptr": "*i64", "sent_ptr": "*i64", "S": "i32", "rank": "i32",
+                 "max_tokens": "i32"}
 RECEIVE = {"out_ptr": "*i16", "source_ptr": "*i64", "stage_ptr": "*u8", "stage_row_ptr": "*i64",
-           "weight_ptr": "*fp32", "R": "i32", "rank": "i32"}
+           "weight_ptr": "*fp32", "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "R": "i32", "rank": "i32"}
 REDUCE = {"out_ptr": "*i16", "sorted_row_ptr": "*i64", "row_rank_ptr": "*i64", "local_row_ptr": "*i64",
           "local_src_ptr": "*i16", "stage_ptr": "*u8", "stage_row_ptr": "*i64", "weight_ptr": "*fp32",
           "save_ptr": "*i16", "dot_with_ptr": "*i16", "dot_out_ptr": "*fp32", "T": "i32", "rank": "i32"}
 ROWS = {"a_ptr": "*i16", "b_ptr": "*i16", "c_ptr": "*i16", "out1_ptr": "*i16", "out2_ptr": "*i16",
         "valid_ptr": "*i32"}
+
+# The flags a case leaves out are off (every kernel argument gets a type or a value: Triton 3.9
+# rejects a kernel compiled with one missing).
+FLAGS_OFF = {
+    sk._push_rows_kernel: dict(QUANTIZE_LOCAL=False),
+    sk._push_tokens_kernel: dict(QUANTIZE_LOCAL=False, WEIGH_LOCAL=False, DOT_EXPERT_ROWS=False),
+    sk._push_partials_kernel: dict(HAS_WEIGHT=False),
+    sk._receive_rows_kernel: dict(HAS_DOT=False),
+    sk._reduce_slots_kernel: dict(WEIGH_STAGED=False, QUANTIZE_LOCAL=False, ROUNDING=0),
+}
 
 
 # The launch shapes the wrappers use (warps are a compile option: vector widths depend on them).
@@ -150,7 +161,9 @@ CASES = {
 }
 
 def compile_for_hopper(fn, signature, consts):
-    consts = dict(consts)
+    consts = {**FLAGS_OFF.get(fn, {}), **consts}
+    missing = [a for a in fn.arg_names if a not in signature and a not in consts]
+    assert not missing, f"{fn.__name__}: no type or value for {missing}"
     warps = consts.pop("num_warps", 4)  # a launch option, not a kernel argument
     signature = {**signature, **{k: "constexpr" for k in consts if k not in signature}}
     aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
