@@ -813,8 +813,9 @@ def _trusted_rows(rank, world):
       spread over every expert), while a token an earlier layer cut routes to rank 0's first
       expert (phantom rows: an all-to-one need). One rerun, and the capacity grows to what the
       step needs plus headroom, not to the worst case.
-    * Five layers of their own widths, every token to rank 0's experts, a cut token to its own
-      rank's: each layer overflows in turn (the damage of the first hides the later needs).
+    * Five layers of their own widths, every token to rank 0's experts, and once a token was
+      cut every token to its own rank's (damage spreads along a sequence): each layer
+      overflows in turn, as the damage of the first hides the later needs.
       Deterministic, so each rerun moves the first overflow later: five reruns, no
       ``ReplayLimitError``.
 
@@ -827,7 +828,7 @@ def _trusted_rows(rank, world):
     cases = {
         "phantom": ([DIM] * 4, lambda damaged: torch.where(damaged, 0, spread)),
         "spreading": ([32, 64, 96, 128, 160],
-                      lambda damaged: torch.where(damaged, rank * local + t % local, t % local)),
+                      lambda damaged: torch.where(damaged.any(), rank * local + t % local, t % local)),
     }
     for name, (dims, route) in cases.items():
         release_peer_buffers()
