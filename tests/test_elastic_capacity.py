@@ -508,10 +508,10 @@ def _attempt_cap(rank, world):
     setup_rank()
     num_experts, top_k = 4 * world, 2
     release_peer_buffers()
-    config = _config(world, "bf16", 0.0625, "torch", top_k, num_experts, ceiling=None, max_tokens=128)
+    config = _config(world, "bf16", 0.0625, "torch", top_k, num_experts, ceiling=None, max_tokens=512)
     dispatcher = config.build(dist.group.WORLD, rank_device())
     guard = elastic.ReplayGuard(())
-    tokens = [4]
+    tokens = [16]  # 32 in the first attempt: it overflows
     with pytest.raises(elastic.ReplayLimitError, match="did not move later .*routing differs between runs"):
         for _ in guard.attempts():
             tokens[0] *= 2
