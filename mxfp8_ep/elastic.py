@@ -74,8 +74,8 @@ from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import replay_scope
 
 __all__ = ["LOAD_BALANCE_BUFFERS", "MAX_REPLAYS", "OVERFLOW_SOURCES", "Overflow", "OverflowSource", "ReplayGuard",
-           "ReplayLimitError", "ReplayOverflowedSteps", "StepState", "capacity_ceiling_rows", "capacity_rows",
-           "check_overflow", "install_replays", "replay_scope"]
+           "ReplayLimitError", "ReplayOverflowedSteps", "StepState", "SymmCapacity", "capacity_ceiling_rows",
+           "capacity_rows", "check_overflow", "install_replays", "replay_scope"]
 
 _log = logging.getLogger(__name__)
 
