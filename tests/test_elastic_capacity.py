@@ -145,12 +145,14 @@ CASES = (("bf16", 2, False), ("mxfp8_all", 4, False), ("mxfp8", 1, True))
 
 def _match_the_worst_case(rank, world, kernel, combos):
     setup_rank()
+    allocations = _PeerAllocations()
     for kind, (preset, top_k, score_before) in combos:
         num_experts = 4 * world
         inputs = _inputs(kind, rank, world, num_experts, top_k, 7 * rank + len(kind) + top_k)
         where = f"rank {rank}/{world} {kernel} {kind} {preset} top-{top_k}"
         want = _worst_case(world, inputs, preset, kernel, top_k, num_experts, score_before)
         release_peer_buffers()
+        allocations.count = 0
         dispatcher = _config(world, preset, DEFAULT_CAPACITY_FACTOR, kernel, top_k, num_experts, score_before).build(
             dist.group.WORLD, rank_device())
         got, replays = replayed(lambda: round_trip(dispatcher, *inputs))
@@ -160,6 +162,9 @@ def _match_the_worst_case(rank, world, kernel, combos):
         if kind == "all_to_one":
             assert overflows, where
         _assert_same(got, want, where)
+        # Growth took no symmetric memory: the first dispatch's count buffer and staging pair.
+        assert allocations.count == 3, (allocations.count, where)
+    allocations.undo()
     release_peer_buffers()
 
 
