@@ -118,3 +118,24 @@ def staging_rows(ep: int, max_tokens: int, top_k: int, capacity: int, combine_pa
     if not combine_partial_sums:
         return max(rows, max_tokens * top_k)
     return max(rows, -(-ep * capacity * 4 // row_nbytes))
+
+
+def symm_staging_rows(ep: int, max_tokens: int, top_k: int, num_local_experts: int, align: int,
+                      combine_partial_sums: bool, row_nbytes: int) -> int:
+    """Rows of one symm staging buffer as the dispatcher allocates it: ``staging_rows`` at the
+    worst case's capacity (``worst_case_capacity``), whatever the elastic capacity, so that a
+    grown capacity or a spill's exact size fits the buffers already held. With top-k > 1 that
+    costs only the capacity-sized areas (the returned score gradients, and the token map and
+    row weights: ``symm_staging_bytes``); with top-1 the rows themselves hold the worst case."""
+    worst = worst_case_capacity(max_tokens, top_k, ep, num_local_experts, align)
+    return staging_rows(ep, max_tokens, top_k, worst, combine_partial_sums, row_nbytes)
+
+
+def symm_staging_bytes(ep: int, max_tokens: int, top_k: int, num_local_experts: int, align: int,
+                       combine_partial_sums: bool, row_nbytes: int) -> int:
+    """Bytes of the two symm staging buffers of one buffer set (``symm_staging_rows``, then a
+    token map and row weights of the worst case's rows): every symmetric allocation the
+    transport makes for it besides its small count buffer."""
+    worst = worst_case_capacity(max_tokens, top_k, ep, num_local_experts, align)
+    rows = symm_staging_rows(ep, max_tokens, top_k, num_local_experts, align, combine_partial_sums, row_nbytes)
+    return 2 * staging_buffer_bytes(rows, row_nbytes, worst)

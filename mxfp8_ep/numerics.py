@@ -176,6 +176,15 @@ class NumericsProbe:
         stats, self._stats = self._stats, {}
         return stats
 
+    def mark(self) -> dict[tuple[Hashable, str], torch.Tensor]:
+        """The statistics pending now (device copies, no host sync; nothing when none are), for
+        ``rollback``: a replayed attempt's samples go, earlier steps' stay."""
+        return {key: stats.values.clone() for key, stats in self._stats.items()}
+
+    def rollback(self, mark: dict[tuple[Hashable, str], torch.Tensor]) -> None:
+        """Forget what was observed since ``mark`` was taken (``mark``'s statistics pending again)."""
+        self._stats = {key: LegStats(values.clone()) for key, values in mark.items()}
+
 
 # The process's probe: the dispatchers report to it, a training loop arms and collects it.
 PROBE = NumericsProbe()

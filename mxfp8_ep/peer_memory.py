@@ -87,7 +87,8 @@ class PeerBuffer:
             deltas = [p.data_ptr() - local for p in self._peers]
             if any(d % itemsize for d in deltas):
                 raise RuntimeError(f"peer buffers are not {itemsize}-byte aligned relative to each other")
-            self._element_offsets[itemsize] = int64_tensor([d // itemsize for d in deltas], self.device)
+            with torch.inference_mode(False):  # cached: it serves the steps after an inference-mode pass
+                self._element_offsets[itemsize] = int64_tensor([d // itemsize for d in deltas], self.device)
         return self._element_offsets[itemsize]
 
     def barrier(self) -> None:
@@ -224,7 +225,8 @@ class LocalBuffer:
     def element_offsets(self, itemsize: int) -> torch.Tensor:  # noqa: ARG002 (offsets are all 0)
         key = (self.world_size, self.local.device)
         if key not in self._zero_offsets:
-            self._zero_offsets[key] = torch.zeros(self.world_size, dtype=torch.int64, device=self.local.device)
+            with torch.inference_mode(False):  # cached: it serves the steps after an inference-mode pass
+                self._zero_offsets[key] = torch.zeros(self.world_size, dtype=torch.int64, device=self.local.device)
         return self._zero_offsets[key]
 
 

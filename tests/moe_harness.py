@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.elastic import ReplayGuard
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -379,7 +380,8 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
     counts on the host (torchtitan's for-loop experts do too; its grouped-GEMM experts and the
     library's do not). With ``replay``, forward and backward run through
     ``mxfp8_ep.elastic.ReplayGuard``: again after a dispatch overflowed its capacity (how
-    often: ``"replays"``). Several layers: ``run_stack``."""
+    often: ``"replays"``); a spill's rerun, whose dispatches read their rows on the host by
+    design, runs without ``host_sync_check``. Several layers: ``run_stack``."""
     seen = {"host_waits": [], "replays": 0}
 
     def on_router(_module, args, outputs):
@@ -435,7 +437,11 @@ def run_layer(moe, forward, x, grad_out, expert_bias=None, legs: WireLegs | None
             moe.zero_grad(set_to_none=True)
             x = x_in.detach().clone().requires_grad_(True)
             seen["host_waits"].clear()
-            with host_sync_check(seen["host_waits"]) if sync_check else contextlib.nullcontext():
+            # A spill's rerun (an exact scope) reads each dispatch's rows on the host by design;
+            # a scoped attempt reads nothing.
+            scope = symm.innermost_scope()
+            checked = sync_check and not (scope is not None and scope.exact)
+            with host_sync_check(seen["host_waits"]) if checked else contextlib.nullcontext():
                 out = forward(moe, x.view(1, *x.shape)).view(x.shape)
                 out.backward(grad_out)
             seen["replays"] = attempt

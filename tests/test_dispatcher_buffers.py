@@ -6,8 +6,6 @@ instead of hanging, and a dispatcher configured for more tokens gets larger ones
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.distributed as dist
 
@@ -186,16 +184,16 @@ def _staging_sizes(rank, world):
         )
         _, out, x_grad, score_grad = round_trip(config.build(dist.group.WORLD, "cpu"), x, scores, ids, counts)
         (bufs,) = _BUFFERS.values()
-        assert bufs.staging_rows < bufs.capacity, (bufs.staging_rows, bufs.capacity)
+        assert bufs.staging_rows < bufs.map_rows, (bufs.staging_rows, bufs.map_rows)
         total = scores.sum(dim=1, keepdim=True)
         torch.testing.assert_close(out, x * total, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(x_grad, total.expand_as(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(score_grad, x.sum(dim=1, keepdim=True).expand_as(scores), rtol=1e-5, atol=1e-5)
-    # The recipe's memory estimate before launch (launch/config/memory.py) reads what is allocated.
-    from launch.config.memory import EXPERT_ALIGN, symm_peer_buffer_bytes
-    from launch.config.model_facts import MODELS
+    # What is allocated is the rule the recipe's memory estimate reads (``capacity.symm_staging_bytes``):
+    # the worst case's capacity-sized areas, whatever the elastic capacity.
+    from launch.config.memory import EXPERT_ALIGN
+    from mxfp8_ep.capacity import symm_staging_bytes
 
-    facts = replace(MODELS["deepseek_v3", "tiny"], dim=dim, num_experts=2 * world, top_k=2)
     for flag in (True, False):
         _BUFFERS.clear()
         config = TokenDispatcher.Config(
@@ -204,7 +202,8 @@ def _staging_sizes(rank, world):
         )
         round_trip(config.build(dist.group.WORLD, "cpu"), x.bfloat16(), scores, ids, counts)
         (bufs,) = _BUFFERS.values()
-        assert sum(b.nbytes for b in bufs.staging) == symm_peer_buffer_bytes(facts, MAX_TOKENS, world, flag), flag
+        rule = symm_staging_bytes(world, MAX_TOKENS, 2, 2, EXPERT_ALIGN, flag, dim * 2)
+        assert sum(b.nbytes for b in bufs.staging) == rule, flag
     _BUFFERS.clear()
     # 8192 tokens of dim 7168 per rank, top-8, 128 experts per rank (DeepSeek-V3-like at EP=2):
     # staging for W x 8192 token rows (rank * max_tokens + token), where the expert-major
@@ -220,7 +219,8 @@ def test_symm_staging_buffers_hold_what_the_legs_store():
     """With top-k > 1 the symm transport's staging buffers hold token rows, not the drop-free
     expert-major capacity (``mxfp8_ep.capacity.staging_rows``); at a small dim with large
     expert padding the score gradients combine's backward returns through them still fit; the
-    recipe's memory estimate (``launch/config/memory.py``) counts the bytes they take."""
+    rule the recipe's memory estimate reads (``capacity.symm_staging_bytes``) counts the bytes
+    they take."""
     preload()
     for world in (2, 3):
         run_forked(world, _staging_sizes)

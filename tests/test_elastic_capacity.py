@@ -145,12 +145,14 @@ CASES = (("bf16", 2, False), ("mxfp8_all", 4, False), ("mxfp8", 1, True))
 
 def _match_the_worst_case(rank, world, kernel, combos):
     setup_rank()
+    allocations = _PeerAllocations()
     for kind, (preset, top_k, score_before) in combos:
         num_experts = 4 * world
         inputs = _inputs(kind, rank, world, num_experts, top_k, 7 * rank + len(kind) + top_k)
         where = f"rank {rank}/{world} {kernel} {kind} {preset} top-{top_k}"
         want = _worst_case(world, inputs, preset, kernel, top_k, num_experts, score_before)
         release_peer_buffers()
+        allocations.count = 0
         dispatcher = _config(world, preset, DEFAULT_CAPACITY_FACTOR, kernel, top_k, num_experts, score_before).build(
             dist.group.WORLD, rank_device())
         got, replays = replayed(lambda: round_trip(dispatcher, *inputs))
@@ -160,6 +162,9 @@ def _match_the_worst_case(rank, world, kernel, combos):
         if kind == "all_to_one":
             assert overflows, where
         _assert_same(got, want, where)
+        # Growth took no symmetric memory: the first dispatch's count buffer and staging pair.
+        assert allocations.count == 3, (allocations.count, where)
+    allocations.undo()
     release_peer_buffers()
 
 
@@ -210,8 +215,10 @@ def _spill_past_the_ceiling(rank, world):
     skewed = _inputs("all_to_one", rank, world, num_experts, top_k, rank)
     balanced = _inputs("balanced", rank, world, num_experts, top_k, 10 + rank)
     want = _worst_case(world, skewed, preset, "auto", top_k, num_experts, score_before)
+    allocations = _PeerAllocations()
     for guarded in (True, False):
         release_peer_buffers()
+        allocations.count = 0
         dispatcher = _config(world, preset, 1.25, "auto", top_k, num_experts, score_before, ceiling=1.25).build(
             dist.group.WORLD, rank_device())
         ceiling = expert_major_capacity(TOKENS, top_k, world, num_experts // world, ALIGN, 1.25)
@@ -228,7 +235,11 @@ def _spill_past_the_ceiling(rank, world):
         for _ in guard.attempts():
             round_trip(dispatcher, *balanced)
         assert guard.replays == int(guarded) and symm.capacities() == [ceiling]
-        assert [b.capacity for b in symm._BUFFERS.values()] == [ceiling]
+        # The spill took no symmetric memory: one count buffer and one pair of staging buffers,
+        # all of them counted.
+        assert allocations.count == 3, allocations.count
+        assert symm.peer_buffer_nbytes() == allocations.nbytes
+    allocations.undo()
     release_peer_buffers()
 
 
@@ -271,25 +282,54 @@ def test_an_overflow_in_one_ep_group_replays_every_rank_and_grows_that_group():
     run_forked(4, _one_group_overflows)
 
 
+class _PeerAllocations:
+    """Counts the peer buffers the symm transport allocates (``count``) and the bytes of those
+    it holds (``nbytes``: the live ones it allocated since the count was reset)."""
+
+    def __init__(self):
+        self.count, self.made = 0, []
+        self._original = symm.PeerBuffer
+        outer = self
+
+        class Counted(symm.PeerBuffer):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                outer.count += 1
+                outer.made.append(self)
+
+        symm.PeerBuffer = Counted
+
+    @property
+    def nbytes(self) -> int:
+        held = {id(b.counts) for b in symm._BUFFERS.values()} | {
+            id(s) for b in symm._BUFFERS.values() for s in b.staging}
+        return sum(b.nbytes for b in self.made if id(b) in held)
+
+    def undo(self) -> None:
+        symm.PeerBuffer = self._original
+
+
 class _HostReads:
-    """Counts the host reads of the row count a dispatch outside a replay scope makes
-    (``SymmTokenDispatcher._fit``)."""
+    """Counts the host reads of the row count a dispatch outside a replay scope (or in an exact
+    one) makes (``SymmTokenDispatcher._exact_rows``)."""
 
     def __init__(self, monkeypatch):
         self.rows: list[int] = []
-        fit = symm.SymmTokenDispatcher._fit
+        exact = symm.SymmTokenDispatcher._exact_rows
 
-        def counted(disp, bufs, needed):
-            self.rows.append(needed)
-            return fit(disp, bufs, needed)
+        def counted(disp, cap, needed):
+            rows = exact(disp, cap, needed)
+            self.rows.append(rows)
+            return rows
 
-        monkeypatch.setattr(symm.SymmTokenDispatcher, "_fit", counted)
+        monkeypatch.setattr(symm.SymmTokenDispatcher, "_exact_rows", counted)
 
 
 def _without_a_guard(rank, world, caplog):
     """No guard, the library's defaults (torchtitan's own Trainer, or a loop of one's own): an
-    all-to-one routing runs, grows before any row moves and matches the worst case; the host
-    read is announced once per process; a step inside a guard afterwards reads nothing."""
+    all-to-one routing runs at exactly the rows it needs, read before any row moves, and
+    matches the worst case; the elastic capacity does not change; the host read is announced
+    once per process; a step inside a guard afterwards reads nothing."""
     import _pytest.monkeypatch
 
     setup_rank()
@@ -310,12 +350,10 @@ def _without_a_guard(rank, world, caplog):
         round_trip(dispatcher, *balanced)
         _assert_same(round_trip(dispatcher, *skewed), want, f"rank {rank}")
         _assert_same(round_trip(dispatcher, *skewed), want, f"rank {rank}")
-    worst = worst_case_capacity(TOKENS, top_k, world, num_experts // world, ALIGN)
-    grown = min(worst, grown_capacity(_needed(skewed[2], num_experts), worst, ALIGN))
-    assert elastic.capacity_rows() == grown
-    # One read per dispatch (here one per round trip), none once the capacity is the worst case.
-    assert reads.rows == [_needed(balanced[2], num_experts)] + [_needed(skewed[2], num_experts)] * (
-        1 + (grown < worst)), reads.rows
+    start = expert_major_capacity(TOKENS, top_k, world, num_experts // world, ALIGN, DEFAULT_CAPACITY_FACTOR)
+    assert elastic.capacity_rows() == start
+    # One read per dispatch (here one per round trip), each dispatch at exactly its rows.
+    assert reads.rows == [_needed(balanced[2], num_experts)] + [_needed(skewed[2], num_experts)] * 2, reads.rows
     announced = [r for r in caplog.records if "outside a replay scope" in r.getMessage()]
     assert len(announced) == 1, caplog.text
     reads.rows.clear()
@@ -325,7 +363,7 @@ def _without_a_guard(rank, world, caplog):
     release_peer_buffers()
 
 
-def test_without_a_guard_an_imbalanced_routing_grows_before_it_moves_a_row(caplog):
+def test_without_a_guard_an_imbalanced_routing_takes_its_rows_before_it_moves_a_row(caplog):
     preload(titan=False)
     run_forked(2, _without_a_guard, caplog)
 
@@ -468,20 +506,23 @@ def test_the_edges_of_the_replay_contract():
 
 
 def _attempt_cap(rank, world):
-    """A routing that overflows every attempt (it changes between attempts): after
-    ``MAX_REPLAYS`` reruns an error naming why, on every rank, and no scope left open."""
+    """A routing that overflows every attempt at its first dispatch (it needs more rows each
+    attempt: the inputs change between attempts): the reruns make no progress, and after
+    ``MAX_REPLAYS`` of them in a row an error saying what was observed, on every rank, and no
+    scope left open."""
     setup_rank()
     num_experts, top_k = 4 * world, 2
     release_peer_buffers()
-    config = _config(world, "bf16", 0.0625, "torch", top_k, num_experts, ceiling=None)
+    config = _config(world, "bf16", 0.0625, "torch", top_k, num_experts, ceiling=None, max_tokens=512)
     dispatcher = config.build(dist.group.WORLD, rank_device())
     guard = elastic.ReplayGuard(())
-    tokens = [4]
-    with pytest.raises(elastic.ReplayLimitError, match="routing differs between runs"):
+    tokens = [16]  # 32 in the first attempt: it overflows
+    with pytest.raises(elastic.ReplayLimitError, match="did not move later .*routing differs between runs"):
         for _ in guard.attempts():
             tokens[0] *= 2
             round_trip(dispatcher, *_inputs("all_to_one", rank, world, num_experts, top_k, rank, tokens=tokens[0]))
-    assert guard.replays == elastic.MAX_REPLAYS and not symm.in_replay_scope()
+    # The first rerun made progress (there was no overflow before); the next MAX_REPLAYS did not.
+    assert guard.replays == elastic.MAX_REPLAYS + 1 and not symm.in_replay_scope()
     release_peer_buffers()
 
 
@@ -635,7 +676,7 @@ def test_a_trainer_step_that_overflows_every_rerun_stops_with_a_clear_error(monk
     monkeypatch.setattr(elastic, "check_overflow", _scripted_overflow(trainer))
     with pytest.raises(elastic.ReplayLimitError, match="step 1: .*routing differs between runs"):
         trainer.train_step(iter(range(100)))
-    assert trainer.capacity_replays == elastic.MAX_REPLAYS and not symm.in_replay_scope()
+    assert trainer.capacity_replays == elastic.MAX_REPLAYS + 1 and not symm.in_replay_scope()
 
 
 def test_a_trainer_that_checks_no_capacity_saves_and_reads_nothing(monkeypatch):
@@ -652,3 +693,276 @@ def test_a_trainer_that_checks_no_capacity_saves_and_reads_nothing(monkeypatch):
     monkeypatch.setattr(elastic, "StepState", trap)
     trainer.train_step(iter(range(10)))
     assert trainer.optimizer_steps == 1 and trainer.capacity_replays == 0 and len(trainer.seen) == 2
+
+
+class _LossTrainer(_StubTrainer):
+    """A stub whose forward-backward computes its loss with ``self.loss_fn`` between its forward
+    and its backward, as torchtitan's (0.2.2 and 0.3.0) does; ``backwards`` counts backwards."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.backwards = 0
+
+    def loss_fn(self, pred, labels):  # noqa: ARG002
+        return pred
+
+    def forward_backward_step(self, batch):
+        self.seen.append((batch, torch.rand(()).item()))
+        self.model_parts[0].tokens_per_expert += 1
+        loss = self.loss_fn(batch, None)
+        self.backwards += 1
+        return loss
+
+
+@pytest.mark.parametrize("how", ["mixin", "installed"])
+def test_a_trainer_checks_after_each_forward_and_skips_an_overflowed_backward(how, monkeypatch):
+    """The check runs as each microbatch's loss is computed: an overflow in the first
+    microbatch's forward reruns the step before its backward and before the second microbatch;
+    the rerun checks each microbatch's forward and, with no dispatch after them, reads nothing
+    more at the step's end."""
+    cls = type("Trainer", (_LossTrainer,), {})
+    if how == "mixin":
+        cls = type("ReplayingTrainer", (elastic.ReplayOverflowedSteps, cls), {})
+    else:
+        elastic.install_replays(cls)
+    trainer = cls([True, False, False])
+    checks = []
+    scripted = _scripted_overflow(trainer)
+
+    def check(group=None, scope=None):
+        checks.append(trainer.backwards)
+        return scripted(group, scope)
+
+    monkeypatch.setattr(elastic, "check_overflow", check)
+    trainer.train_step(iter(range(10)))
+    assert checks == [0, 0, 1], checks  # after each forward, before its backward; none at the end
+    assert trainer.backwards == 2 and trainer.capacity_replays == 1  # the overflowed attempt ran no backward
+    assert [b for b, _ in trainer.seen] == [0, 0, 1] and trainer.optimizer_steps == 1
+    assert trainer.model_parts[0].tokens_per_expert.tolist() == [2.0, 2.0]
+    assert "loss_fn" not in vars(trainer)  # the check is unwrapped after each forward-backward
+
+
+def _forward_done(rank, world):
+    """``ReplayGuard.forward_done`` between forward and backward: an overflowed attempt runs no
+    backward, the check is not repeated at the attempt's end, and the result is the worst
+    case's."""
+    setup_rank()
+    num_experts, (preset, top_k, score_before) = 4 * world, CASES[0]
+    skewed = _inputs("all_to_one", rank, world, num_experts, top_k, rank)
+    want = _worst_case(world, skewed, preset, "torch", top_k, num_experts, score_before)
+    release_peer_buffers()
+    dispatcher = _config(world, preset, DEFAULT_CAPACITY_FACTOR, "torch", top_k, num_experts).build(
+        dist.group.WORLD, rank_device())
+    checks = []
+    check = elastic.check_overflow
+
+    def counted(*args, **kwargs):
+        checks.append(1)
+        return check(*args, **kwargs)
+
+    elastic.check_overflow = counted
+    guard = elastic.ReplayGuard(())
+    backwards = 0
+    try:
+        for _ in guard.attempts():
+            x, scores, ids, counts = (t.clone() for t in skewed)
+            x.requires_grad_(True)
+            scores.requires_grad_(True)
+            routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
+            out = dispatcher.combine(routed.clone(), meta)
+            if guard.forward_done():
+                out.backward(torch.ones_like(out))
+                backwards += 1
+    finally:
+        elastic.check_overflow = check
+    assert (guard.replays, backwards, len(checks)) == (1, 1, 2), (guard.replays, backwards, checks)
+    got = routed.detach()[: int(per_expert.sum())], out.detach(), x.grad, scores.grad
+    _assert_same(got, want, f"rank {rank}")
+    with pytest.raises(RuntimeError, match="inside a `for _ in guard.attempts"):
+        guard.forward_done()
+    release_peer_buffers()
+
+
+def test_a_guard_checks_between_forward_and_backward():
+    preload(titan=False)
+    run_forked(2, _forward_done)
+
+
+def _layer_chain(rank, world, dims, route, factor):
+    """Layers of identity experts (top-1, score 1: a layer gives each token back), one per
+    entry of ``dims`` (their widths: one buffer set per width), each routed by
+    ``route(damaged)``, where ``damaged`` marks the tokens an earlier layer gave back wrong (cut
+    rows): later layers route from cut activations. Through a ``ReplayGuard``; returns each
+    layer's round trip and the guard."""
+    num_experts = 4 * world
+    g = torch.Generator().manual_seed(40 + rank)
+    xs = [torch.randn(TOKENS, dim, generator=g).to(torch.bfloat16) for dim in dims]
+    dispatchers = [_config(world, "bf16", factor, "torch", 1, num_experts).build(dist.group.WORLD, "cpu")
+                   for _ in dims]
+    guard = elastic.ReplayGuard(())
+    for _ in guard.attempts():
+        damaged = torch.zeros(TOKENS, dtype=torch.bool)
+        results = []
+        for x, dispatcher in zip(xs, dispatchers, strict=True):
+            ids = route(damaged).view(TOKENS, 1)
+            counts = torch.bincount(ids.reshape(-1), minlength=num_experts)
+            results.append(round_trip(dispatcher, x, torch.ones(TOKENS, 1), ids, counts))
+            damaged = damaged | (results[-1][1].float() != x.float()).any(dim=1)
+    return results, guard
+
+
+def _trusted_rows(rank, world):
+    """Growth and spills from trustworthy rows only.
+
+    * Four layers of one width whose routing needs the same rows each (every rank's tokens
+      spread over every expert), while a token an earlier layer cut routes to rank 0's first
+      expert (phantom rows: an all-to-one need). One rerun, and the capacity grows to what the
+      step needs plus headroom, not to the worst case.
+    * Five layers of their own widths, every token to rank 0's experts, and once a token was
+      cut every token to its own rank's (damage spreads along a sequence): each layer
+      overflows in turn, as the damage of the first hides the later needs.
+      Deterministic, so each rerun moves the first overflow later: five reruns, no
+      ``ReplayLimitError``.
+
+    Both give, bit for bit, what the worst case gives."""
+    setup_rank()
+    num_experts, local = 4 * world, 4
+    t = torch.arange(TOKENS)
+    spread = (t + rank * TOKENS) % num_experts
+    worst = worst_case_capacity(TOKENS, 1, world, local, ALIGN)
+    cases = {
+        "phantom": ([DIM] * 4, lambda damaged: torch.where(damaged, 0, spread)),
+        "spreading": ([32, 64, 96, 128, 160],
+                      lambda damaged: torch.where(damaged.any(), rank * local + t % local, t % local)),
+    }
+    for name, (dims, route) in cases.items():
+        release_peer_buffers()
+        want, reference = _layer_chain(rank, world, dims, route, None)
+        assert reference.replays == 0
+        release_peer_buffers()
+        got, guard = _layer_chain(rank, world, dims, route, 0.25)
+        for layer, (a, b) in enumerate(zip(got, want, strict=True)):
+            _assert_same(a, b, f"rank {rank} {name} layer {layer}")
+        if name == "phantom":
+            needed = _needed(spread.view(-1, 1), num_experts)
+            assert guard.replays == 1, guard.replays
+            assert symm.capacities() == [grown_capacity(needed, worst, ALIGN)] < [worst], symm.capacities()
+        else:
+            assert guard.replays == len(dims), guard.replays
+    release_peer_buffers()
+
+
+def test_growth_and_spills_come_from_trustworthy_rows_only():
+    preload(titan=False)
+    run_forked(2, _trusted_rows)
+
+
+def _more_edges(rank, world):
+    """The edges a careful user meets:
+
+    * a dispatch on another thread while this thread is in a guard attempt runs as outside a
+      scope (it reads its rows and takes them all), not sync-free with cut rows;
+    * buffers first made under ``torch.inference_mode`` serve a later guarded step that
+      overflows and replays;
+    * without a guard, under activation checkpointing (``torch.utils.checkpoint``), a later
+      layer's larger routing does not change an earlier layer's recompute: the worst case's
+      result;
+    * a replay drops only the replayed attempt's numerics samples: an earlier step's pending
+      samples stay, and the rerun's are those a run without a replay takes.
+    """
+    import threading
+
+    from torch.utils.checkpoint import checkpoint
+
+    from mxfp8_ep.numerics import PROBE
+
+    setup_rank()
+    num_experts, (preset, top_k, score_before) = 4 * world, CASES[1]
+    group = dist.group.WORLD
+    skewed = _inputs("all_to_one", rank, world, num_experts, top_k, rank)
+    balanced = _inputs("balanced", rank, world, num_experts, top_k, 20 + rank)
+    want = _worst_case(world, skewed, preset, "torch", top_k, num_experts)
+    want_balanced = _worst_case(world, balanced, preset, "torch", top_k, num_experts)
+
+    def build(factor=DEFAULT_CAPACITY_FACTOR, kernel="torch", chosen=preset):
+        return _config(world, chosen, factor, kernel, top_k, num_experts, score_before).build(group, "cpu")
+
+    # Another thread's dispatch during an attempt.
+    release_peer_buffers()
+    dispatcher = build()
+    guard = elastic.ReplayGuard(())
+    for _ in guard.attempts():
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(got=round_trip(dispatcher, *skewed)))
+        thread.start()
+        thread.join()
+    assert guard.replays == 0 and "got" in result
+    _assert_same(result["got"], want, f"rank {rank} another thread")
+
+    # Buffers made under inference mode.
+    release_peer_buffers()
+    dispatcher = build()
+    with torch.inference_mode():
+        x, scores, ids, counts = balanced
+        routed, _, meta = dispatcher.dispatch(x, scores, ids, counts)
+        dispatcher.combine(routed.clone(), meta)
+    got, replays = replayed(lambda: round_trip(dispatcher, *skewed))
+    assert replays == 1
+    _assert_same(got, want, f"rank {rank} after inference mode")
+
+    # Activation checkpointing without a guard: a balanced layer, then a skewed one that needs
+    # more rows, both recomputed in the backward.
+    release_peer_buffers()
+    layers = [build(), build()]
+    results = []
+    outs = []
+    leaves = []
+    for dispatcher, (x, scores, ids, counts) in zip(layers, (balanced, skewed), strict=True):
+        x, scores = x.clone().requires_grad_(True), scores.clone().requires_grad_(True)
+
+        def layer(x, scores, dispatcher=dispatcher, ids=ids, counts=counts):
+            routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
+            return dispatcher.combine(routed.clone(), meta), routed, per_expert
+
+        out, routed, per_expert = checkpoint(layer, x, scores, use_reentrant=False)
+        outs.append(out)
+        leaves.append((x, scores))
+        results.append((routed.detach()[: int(per_expert.sum())], out.detach()))
+    sum(out.float().sum() for out in outs).backward()
+    for (routed, out), (x, scores), reference, name in zip(results, leaves, (want_balanced, want),
+                                                            ("balanced", "skewed"), strict=True):
+        # The worst case's backward is of sum(out) in out's dtype: compare the forward and the
+        # routed rows bit for bit, and the gradients where both back-propagate ones.
+        assert torch.equal(bits(routed), bits(reference[0])) and torch.equal(bits(out), bits(reference[1])), name
+        assert torch.equal(bits(x.grad), bits(reference[2])), name
+
+    # Numerics samples across a replay.
+    release_peer_buffers()
+    PROBE.collect()
+    PROBE.armed = True
+    try:
+        reference = build(None, chosen="mxfp8_all")
+        round_trip(reference, *skewed)
+        once = {leg: stats.values for (_, leg), stats in PROBE.collect().items()}
+        assert once, "the probe saw no MXFP8 leg"
+        release_peer_buffers()
+        dispatcher = build(chosen="mxfp8_all")
+        earlier = torch.arange(len(next(iter(once.values()))), dtype=torch.float64)
+        from mxfp8_ep.numerics import LegStats
+
+        PROBE._stats[("an earlier step", "dispatch_fwd")] = LegStats(earlier.clone())
+        _, replays = replayed(lambda: round_trip(dispatcher, *skewed))
+        assert replays == 1
+        kept = PROBE.collect()
+    finally:
+        PROBE.armed = False
+    assert torch.equal(kept.pop(("an earlier step", "dispatch_fwd")).values, earlier)
+    assert {leg: stats.values for (_, leg), stats in kept.items()}.keys() == once.keys()
+    for (_, leg), stats in kept.items():
+        assert torch.equal(stats.values, once[leg]), leg
+    release_peer_buffers()
+
+
+def test_more_edges_threads_inference_mode_checkpointing_and_numerics():
+    preload(titan=False)
+    run_forked(2, _more_edges)

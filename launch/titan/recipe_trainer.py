@@ -152,12 +152,9 @@ class RecipeTrainerMixin:
 
     def on_capacity_replay(self, overflow: Any, what: str = "step") -> None:
         """Before an overflowed step (or validation batch: ``what``) runs again: what it
-        observed is dropped (the numerics telemetry samples the run that counts), the replay
-        (and a spill) is logged; the counts are ``mxfp8_ep.elastic``'s and
-        ``validation.HeldOutLoss``'s."""
-        from mxfp8_ep.numerics import PROBE
-
-        PROBE.collect()
+        observed is dropped (the numerics telemetry's samples of the attempt go with
+        ``mxfp8_ep.elastic.StepState``; the routing telemetry's here), the replay (and a spill)
+        is logged; the counts are ``mxfp8_ep.elastic``'s and ``validation.HeldOutLoss``'s."""
         if self.routing is not None:
             self.routing.restart_step()
         self.capacity_replay_steps.append(self.step)

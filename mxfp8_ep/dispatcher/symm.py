@@ -5,30 +5,41 @@ backward never wait for the host. The peer buffers are allocated once per (group
 dtype, layout) and shared by every layer of that shape (``release_peer_buffers`` drops them).
 
 The expert-major tensors hold an elastic capacity (``A2AConfig.capacity_factor`` times the
-balanced case, growing up to ``A2AConfig.capacity_ceiling``: ``capacity.next_capacity``). A
-dispatch learns the rows its routing needs on the device, once every rank's token counts have
-arrived and before any row moves. What it does when they pass the capacity depends on where
-it runs:
+balanced case, growing up to ``A2AConfig.capacity_ceiling``: ``capacity.next_capacity``). The
+peer buffers never depend on it: their capacity-sized areas (the token map and row weights, the
+returned score gradients; with top-1 the rows) hold the worst case
+(``capacity.symm_staging_rows``), so a grown capacity or a spill's exact size takes no new
+symmetric memory, only a larger expert-major tensor (the caching allocator's). A dispatch learns
+the rows its routing needs on the device, once every rank's token counts have arrived and
+before any row moves (the same count on every rank of the group). What it does when they pass
+the capacity depends on where it runs:
 
 * inside a replay scope (``replay_scope``: a ``mxfp8_ep.elastic.ReplayGuard`` attempt, or a
   step of ``ReplayOverflowedSteps``) it reads nothing on the host: it stays in bounds
-  (``routing.routing_tables``' ``row_limit``), its results are wrong, and it raises its buffer
-  process's overflow count and its buffer set's needed rows (``_SymmBuffers.needed``); at
-  the step boundary the caller reads them once, ``plan_overflowed`` grows each capacity that
+  (``routing.routing_tables``' ``row_limit``), its results are wrong, and it raises the
+  scope's overflow count on the device (``ReplayScope``). Only the rows of trustworthy
+  dispatches count towards growth: in forward order, those up to and including the first that
+  overflowed (the later ones route from cut activations). The caller reads the scope once
+  (``mxfp8_ep.elastic.check_overflow``), ``plan_overflowed`` grows each capacity that
   overflowed, up to its ceiling, and the caller runs the step again: in a scope again, or,
-  where the step needs more than a ceiling (a spill), outside one;
+  where the step needs more than a ceiling (a spill), in an ``exact`` scope;
 * outside one (a forward of a loop without a guard, torchtitan's own ``Trainer``, an eval
-  pass) it reads that row count on the host (one sync per dispatch, announced once per
-  process) and, before any row moves, grows its buffers to fit, or above the ceiling takes
-  buffers of exactly the rows it needs for this dispatch alone. Nothing is cut, nothing fails.
+  pass) and in an ``exact`` scope it reads that row count on the host (one sync per dispatch,
+  announced once per process) and returns exactly the rows it needs. Nothing is cut, nothing
+  fails, and a recompute of the same routing (activation checkpointing) gets the same size.
 
-Every leg of a dispatch uses the buffer set the dispatch took (``ExpertRowRouting.buffers``),
-so a set re-allocated between a layer's forward and its backward changes nothing for it."""
+Replay scopes belong to the thread that opened them: a dispatch on another thread runs as
+outside one.
+
+Every leg of a dispatch uses the buffer set the dispatch took (``ExpertRowRouting.buffers``)
+and its capacity (``ExpertRowRouting.capacity``), so a set re-allocated between a layer's
+forward and its backward (more tokens per rank) changes nothing for it."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -50,20 +61,18 @@ _log = logging.getLogger(__name__)
 class _SymmBuffers:
     """Peer buffers of one (group, device, dim, dtype): a count buffer and two staging buffers
     that consecutive legs alternate between. Each staging buffer holds ``staging_rows`` rows,
-    then (at ``map_offset``) a token map and row weights of ``capacity`` entries each
-    (``staging.token_map``, ``row_weights``). A re-allocation (``_SymmBuffers.resized``) makes
-    new staging buffers and keeps the count buffer and the overflow counter."""
+    then (at ``map_offset``) a token map and row weights of ``map_rows`` entries each
+    (``staging.token_map``, ``row_weights``): the worst case's expert-major rows, so that any
+    capacity a dispatch takes fits. A re-allocation (more tokens per rank) makes new staging
+    buffers and keeps the count buffer."""
 
     key: tuple  # ``SymmTokenDispatcher._buffer_key``
     counts: PeerBuffer
     staging: tuple[PeerBuffer, PeerBuffer]
     staging_rows: int
     max_tokens: int
-    capacity: int  # rows of the expert-major tensor dispatch returns
+    map_rows: int  # the worst case's expert-major rows (``capacity.worst_case_capacity``)
     map_offset: int
-    # (1,) int64 on the device: the most rows a dispatch through these buffers needed inside
-    # the outermost replay scope (``replay_scope``), until ``plan_overflowed`` reads it.
-    needed: torch.Tensor
     next_staging: int = 0
 
     def take_staging(self) -> PeerBuffer:
@@ -90,80 +99,122 @@ class _Capacity:
 
 _BUFFERS: dict[tuple, _SymmBuffers] = {}
 _CAPACITY: dict[tuple, _Capacity] = {}
-# Per device, (1,) int64: how many dispatches inside a replay scope overflowed, ever (never
-# reset: each scope compares it with its value when it opened, so nothing an earlier, nested
-# or abandoned attempt counted is lost or counted for another).
-_OVERFLOWS: dict[torch.device, torch.Tensor] = {}
-_SCOPES: list[ReplayScope] = []  # the replay scopes open in this process, innermost last
+_THREAD = threading.local()  # ``scopes``: the replay scopes this thread opened, innermost last
 _ANNOUNCED: set[str] = set()  # what ``_announce_once`` said
+# A dispatch index past every real one: no dispatch of the scope overflowed.
+NO_OVERFLOW = 2**62
 
 
-def _overflow_count(device: torch.device) -> torch.Tensor:
-    device = torch.device(device)
-    if device not in _OVERFLOWS:
-        _OVERFLOWS[device] = torch.zeros(1, dtype=torch.int64, device=device)
-    return _OVERFLOWS[device]
+def _scopes() -> list[ReplayScope]:
+    if not hasattr(_THREAD, "scopes"):
+        _THREAD.scopes = []
+    return _THREAD.scopes
 
 
 class ReplayScope:
-    """An open replay scope (``replay_scope``): the overflow counts when it opened, and whether
-    its dispatches take exactly the rows they need (``exact``)."""
+    """An open replay scope (``replay_scope``): what its dispatches found, on the device (no
+    host sync): how many overflowed, the index (in forward order) of the first that did, and
+    per buffer set the rows its trustworthy dispatches needed: those up to and including the
+    first that overflowed, as a later one routes from activations the cut rows made wrong.
+    ``exact``: its dispatches take exactly the rows they need (a spill's rerun)."""
 
     def __init__(self, exact: bool = False):
         self.exact = exact
-        self._opened = {device: count.clone() for device, count in _OVERFLOWS.items()}
+        self.dispatches = 0  # dispatches recorded so far (host count: the next one's index)
+        # Per device: (3,) int64 [dispatches that overflowed, index of the first (NO_OVERFLOW: none),
+        # whether one did (0/1: later dispatches are not trusted)].
+        self._state: dict[torch.device, torch.Tensor] = {}
+        self._needed: dict[tuple, torch.Tensor] = {}  # buffer key -> (1,) int64 rows needed
+
+    def _state_on(self, device: torch.device) -> torch.Tensor:
+        device = torch.device(device)
+        if device not in self._state:
+            with torch.inference_mode(False):
+                self._state[device] = int64_tensor([0, NO_OVERFLOW, 0], device)
+        return self._state[device]
+
+    def record(self, key: tuple, needed: torch.Tensor, capacity: int) -> None:
+        """A dispatch through buffer set ``key`` whose routing needs ``needed`` rows ((1,) int64,
+        on the device) ran at ``capacity`` rows. Device ops only."""
+        state = self._state_on(needed.device)
+        over = (needed > capacity).to(torch.int64)
+        trusted = state[2:3] == 0  # no earlier dispatch of this scope overflowed
+        if key not in self._needed:
+            with torch.inference_mode(False):
+                self._needed[key] = torch.zeros(1, dtype=torch.int64, device=needed.device)
+        rows = self._needed[key]
+        torch.maximum(rows, torch.where(trusted, needed, 0), out=rows)
+        first = torch.where(trusted & (over > 0), self.dispatches, state[1:2])
+        state.copy_(torch.cat([state[0:1] + over, first, torch.maximum(state[2:3], over)]))
+        self.dispatches += 1
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the scope's first recorded dispatch (None: none yet)."""
+        return next(iter(self._state), None)
 
     def overflows(self, device: torch.device) -> torch.Tensor:
-        """(1,) int64 on ``device``: the dispatches that overflowed since the scope opened, on
-        every device of this process (device ops, no host sync)."""
+        """(1,) int64 on ``device``: the dispatches inside the scope that overflowed."""
         total = torch.zeros(1, dtype=torch.int64, device=device)
-        for dev, count in _OVERFLOWS.items():
-            opened = self._opened.get(dev)
-            total += (count - opened if opened is not None else count).to(device)
+        for state in self._state.values():
+            total += state[0:1].to(device)
         return total
+
+    def first_overflow(self, device: torch.device) -> torch.Tensor:
+        """(1,) int64 on ``device``: the index of the scope's first dispatch that overflowed
+        (``NO_OVERFLOW``: none did)."""
+        first = torch.full((1,), NO_OVERFLOW, dtype=torch.int64, device=device)
+        for state in self._state.values():
+            first = torch.minimum(first, state[1:2].to(device))
+        return first
+
+    def needed(self, key: tuple, device: torch.device) -> torch.Tensor:
+        """(1,) int64 on ``device``: the rows buffer set ``key``'s trustworthy dispatches needed."""
+        rows = self._needed.get(key)
+        return rows.to(device) if rows is not None else torch.zeros(1, dtype=torch.int64, device=device)
 
 
 @contextlib.contextmanager
 def replay_scope(exact: bool = False):
-    """Dispatches inside run sync-free: an overflow is only counted on the device, and the
-    caller checks at the step boundary (``mxfp8_ep.elastic.check_overflow`` with the scope this
-    yields) and runs the step again (every rank of the group alike). Scopes nest; each counts
-    the overflows from when it opened, so an inner scope's check and replay leave an outer
-    scope's overflow to the outer check, and closing one leaves the others open. The outermost
-    scope clears the rows the buffer sets needed when it opens (an earlier, abandoned attempt's
-    are not this step's). ``exact``: the rerun of a step that needed more than a ceiling (a
+    """Dispatches of this thread inside run sync-free: an overflow is only counted on the
+    device (``ReplayScope``), and the caller checks at the step boundary
+    (``mxfp8_ep.elastic.check_overflow`` with the scope this yields) and runs the step again
+    (every rank of the group alike). Scopes nest: a dispatch counts in every scope of its
+    thread that is open, so an inner scope's check and replay leave an outer scope's overflow
+    to the outer check. ``exact``: the rerun of a step that needed more than a ceiling (a
     spill): each dispatch reads its rows on the host and takes exactly those, as outside a
-    scope, and nothing overflows."""
-    if not _SCOPES:
-        for bufs in _BUFFERS.values():
-            bufs.needed.zero_()
+    scope, and nothing overflows. A dispatch on another thread runs as outside every scope."""
     scope = ReplayScope(exact)
-    _SCOPES.append(scope)
+    scopes = _scopes()
+    scopes.append(scope)
     try:
         yield scope
     finally:
-        _SCOPES.remove(scope)
+        scopes.remove(scope)
 
 
 def in_replay_scope() -> bool:
-    """Whether dispatches now count their overflows for a replay (an open scope, not ``exact``)."""
-    return bool(_SCOPES) and not _SCOPES[-1].exact
+    """Whether this thread's dispatches now count their overflows for a replay (an open scope,
+    not ``exact``)."""
+    scopes = _scopes()
+    return bool(scopes) and not scopes[-1].exact
 
 
 def innermost_scope() -> ReplayScope | None:
-    return _SCOPES[-1] if _SCOPES else None
+    """This thread's innermost open replay scope, or None."""
+    scopes = _scopes()
+    return scopes[-1] if scopes else None
 
 
-def needed_rows() -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Every buffer set's rows needed since the outermost scope opened and its ceiling, as two
-    int64 device tensors (one entry per set, in ``plan_overflowed``'s order; no host sync), or
+def needed_rows(scope: ReplayScope, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per buffer set (in ``plan_overflowed``'s order), the rows ``scope``'s trustworthy
+    dispatches needed and its ceiling, as two int64 tensors on ``device`` (no host sync), or
     None when this process holds no symm buffers."""
     if not _BUFFERS:
         return None
-    sets = list(_BUFFERS.values())
-    device = sets[0].needed.device
-    ceilings = int64_tensor([_CAPACITY[b.key].ceiling for b in sets], device)
-    return torch.cat([b.needed.to(device) for b in sets]), ceilings
+    keys = list(_BUFFERS)
+    needed = torch.cat([scope.needed(key, device) for key in keys])
+    return needed, int64_tensor([_CAPACITY[k].ceiling for k in keys], torch.device(device))
 
 
 @dataclass
@@ -181,15 +232,13 @@ def plan_overflowed(needed: list[int]) -> CapacityPlan:
     (``needed``, in ``needed_rows``' order): each buffer set that needed more rows than it
     holds grows (``capacity.next_capacity``), up to its ceiling. Past the ceiling the step
     spills: the caller runs it again outside a replay scope, where each dispatch reads its own
-    rows and takes exactly those (``SymmTokenDispatcher._fit``). The next dispatch in a scope
-    re-allocates at the grown capacity (a collective of its EP group, whose ranks all saw the
-    same counts and decide alike). Every rank calls it at the same point, when no rank is in a
-    leg."""
+    rows and takes exactly those (``SymmTokenDispatcher._routing``). The next dispatch in a
+    scope takes the grown capacity; the peer buffers stay (they hold the worst case's map). The
+    ranks of an EP group saw the same counts and decide alike."""
     plan = CapacityPlan()
     for key, rows in zip(list(_BUFFERS), needed, strict=True):
-        bufs, cap = _BUFFERS[key], _CAPACITY[key]
-        bufs.needed.zero_()
-        if rows <= bufs.capacity:
+        cap = _CAPACITY[key]
+        if rows <= cap.rows:
             continue
         step = next_capacity(rows, cap.rows, cap.ceiling, cap.worst, cap.align)
         if step.capacity != cap.rows:
@@ -201,8 +250,8 @@ def plan_overflowed(needed: list[int]) -> CapacityPlan:
 
 
 def capacities() -> list[int]:
-    """The elastic capacity of each buffer set this process holds (rows; a spill's size, which
-    lasts one step, is not one)."""
+    """The elastic capacity of each buffer set this process holds (rows; a spill's or an
+    unscoped dispatch's exact size, which lasts one dispatch, is not one)."""
     return [_CAPACITY[key].rows for key in _BUFFERS]
 
 
@@ -213,7 +262,9 @@ def ceilings() -> list[int]:
 
 def peer_buffer_nbytes() -> int:
     """Bytes of peer memory this process's symm dispatchers hold (its own count and staging
-    buffers; symmetric memory is not the caching allocator's, so its statistics miss them)."""
+    buffers; symmetric memory is not the caching allocator's, so its statistics miss them).
+    These are every symmetric allocation the transport makes: a grown capacity or a spill
+    takes none."""
     return sum(b.counts.nbytes + sum(s.nbytes for s in b.staging) for b in _BUFFERS.values())
 
 
@@ -233,7 +284,7 @@ def _announce_once(what: str, message: str) -> None:
 
 UNGUARDED_MESSAGE = (
     "symm dispatch outside a replay scope: each dispatch reads the rows its routing needs on the host (one sync "
-    "per dispatch) and grows its buffers before any row moves. For the sync-free path run each training step "
+    "per dispatch) and takes exactly those before any row moves. For the sync-free path run each training step "
     "through mxfp8_ep.elastic.ReplayGuard, or give torchtitan's Trainer mxfp8_ep.elastic.ReplayOverflowedSteps")
 
 
@@ -304,14 +355,14 @@ class SymmTokenDispatcher(PushTokenDispatcher):
     def _buffers(self, device: torch.device, dim: int, dtype: torch.dtype, tokens: int) -> _SymmBuffers:
         """The peer buffers for (group, device, ``dim``, ``dtype``), allocated at the first
         dispatch (a collective: every rank builds the same dispatchers in the same order) and
-        again when their capacity changed (``plan_overflowed``) or this dispatcher is configured
-        for more tokens than they hold (never for fewer: tokens per rank never shrink). Each
+        again only when this dispatcher is configured for more tokens than they hold (never for
+        fewer: tokens per rank never shrink); a grown capacity or a spill takes none. Each
         allocation first checks that every rank allocates the same (``checks.agree``), which
         also gives the group's largest token count (``tokens``: this rank's)."""
         cfg = self.config
         key = self._buffer_key(device, dim, dtype)
         bufs, cap = _BUFFERS.get(key), _CAPACITY.get(key)
-        if bufs is not None and (cfg.max_tokens_per_rank or 0) <= bufs.max_tokens and bufs.capacity == cap.rows:
+        if bufs is not None and (cfg.max_tokens_per_rank or 0) <= bufs.max_tokens:
             return bufs
         facts = {"dim": dim, "dtype": str(dtype), "max_tokens_per_rank": cfg.max_tokens_per_rank,
                  "held_tokens": None if cap is None else cap.max_tokens, "rows": None if cap is None else cap.rows}
@@ -319,44 +370,44 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         max_tokens = max(cfg.max_tokens_per_rank or max(g["tokens"] for g in gathered), cap.max_tokens if cap else 0)
         if cap is None or max_tokens > cap.max_tokens:
             cap = _CAPACITY[key] = self._capacity(max_tokens, cap)
-        return self._allocate(key, bufs, cap.rows, cap.max_tokens)
+        return self._allocate(key, bufs, cap.worst, cap.max_tokens)
 
-    def _allocate(self, key: tuple, earlier: _SymmBuffers | None, capacity: int, max_tokens: int,
-                  keep: bool = True) -> _SymmBuffers:
-        """Staging buffers for ``capacity`` expert-major rows and ``max_tokens`` tokens per rank
-        (a collective of the group); the count buffer and the overflow counter of ``earlier``,
-        where there is one, carry over. ``keep``: the set the key's next dispatches use (else
-        one dispatch's alone, a spill)."""
+    def _allocate(self, key: tuple, earlier: _SymmBuffers | None, map_rows: int, max_tokens: int) -> _SymmBuffers:
+        """Staging buffers for ``max_tokens`` tokens per rank whose capacity-sized areas hold
+        ``map_rows`` expert-major rows (the worst case), a collective of the group; the count
+        buffer of ``earlier``, where there is one, carries over. Allocated outside inference
+        mode: a buffer made during an evaluation under ``torch.inference_mode`` serves the
+        training steps after it."""
         cfg = self.config
         _, device, dim, dtype = key[:4]
-        rows = self._staging_rows(max_tokens, capacity, dim, dtype)
+        rows = self._staging_rows(max_tokens, map_rows, dim, dtype)
         map_offset = token_map_offset(rows, dim, dtype)
         # The rows' bytes also hold the score gradients combine's backward returns
         # (``_return_row_dots``): fp32, one per expert-major row of every rank.
-        assert not cfg.combine_fwd_partial_sums or map_offset >= self.ep * capacity * 4
-        nbytes = staging_buffer_nbytes(rows, dim, dtype, capacity)
-        bufs = _SymmBuffers(
-            key=key,
-            # Per rank: its counts per expert, its token count and its fault word
-            # (``checks.Fault``), checked by every rank.
-            counts=earlier.counts if earlier else PeerBuffer(self.ep * (cfg.num_experts + 2) * 8, self.group, device),
-            staging=(PeerBuffer(nbytes, self.group, device), PeerBuffer(nbytes, self.group, device)),
-            staging_rows=rows,
-            max_tokens=max_tokens,
-            capacity=capacity,
-            map_offset=map_offset,
-            needed=earlier.needed if earlier else torch.zeros(1, dtype=torch.int64, device=device),
-        )
-        if keep:
-            _BUFFERS[key] = bufs
+        assert not cfg.combine_fwd_partial_sums or map_offset >= self.ep * map_rows * 4
+        nbytes = staging_buffer_nbytes(rows, dim, dtype, map_rows)
+        with torch.inference_mode(False):
+            bufs = _SymmBuffers(
+                key=key,
+                # Per rank: its counts per expert, its token count and its fault word
+                # (``checks.Fault``), checked by every rank.
+                counts=(earlier.counts if earlier
+                        else PeerBuffer(self.ep * (cfg.num_experts + 2) * 8, self.group, device)),
+                staging=(PeerBuffer(nbytes, self.group, device), PeerBuffer(nbytes, self.group, device)),
+                staging_rows=rows,
+                max_tokens=max_tokens,
+                map_rows=map_rows,
+                map_offset=map_offset,
+            )
+        _BUFFERS[key] = bufs
         return bufs
 
-    def _staging_rows(self, max_tokens: int, capacity: int, dim: int, dtype: torch.dtype) -> int:
-        """Rows a staging buffer holds (``capacity.staging_rows``): ``EP x max_tokens`` with
-        top-k > 1 (plus each token's K rows when combine's forward goes row by row), the
-        drop-free ``capacity`` with top-1."""
+    def _staging_rows(self, max_tokens: int, map_rows: int, dim: int, dtype: torch.dtype) -> int:
+        """Rows a staging buffer holds (``capacity.staging_rows`` at ``map_rows``, the worst
+        case: ``capacity.symm_staging_rows``): ``EP x max_tokens`` with top-k > 1 (plus each
+        token's K rows when combine's forward goes row by row), the worst case with top-1."""
         cfg = self.config
-        return staging_rows(self.ep, max_tokens, cfg.top_k, capacity, cfg.combine_fwd_partial_sums,
+        return staging_rows(self.ep, max_tokens, cfg.top_k, map_rows, cfg.combine_fwd_partial_sums,
                             staging_nbytes(1, dim, dtype))
 
     def _routing(self, x_TD, checked, fault):  # noqa: ARG002, N803
@@ -364,6 +415,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         dim, dtype = self._shape  # the tokens' shape the group agreed on (a faulty rank's x may have none)
         tokens = checked.expert_ids.numel() // self.config.top_k
         bufs = self._buffers(device, dim, dtype, tokens)
+        cap = _CAPACITY[bufs.key]
         if fault is None and tokens > bufs.max_tokens:
             error = ValueError(f"symm dispatch: a rank got more tokens than the buffers hold ({bufs.max_tokens} per "
                                f"rank); raise TokenDispatcher.Config.max_tokens_per_rank (rank {self.rank} got "
@@ -383,43 +435,35 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         table = bufs.counts.local[: W * (E + 2) * 8].view(torch.int64).view(W, E + 2)
         # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
         # only after this leg's staging barrier, which this rank reaches after these reads.
+        # Inside a replay scope the tables stop at the elastic capacity; else nothing is cut.
+        scoped = in_replay_scope()
         needed = torch.zeros(1, dtype=torch.int64, device=device)
         tables, ok = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens,
-                                            bufs.capacity, needed)
+                                            cap.rows if scoped else None, needed)
         checks.assert_no_faults(table[:, E + 1], self.debug, E, ok=ok, where="symm dispatch")
-        if in_replay_scope():  # counted on the device, checked at the step boundary
-            torch.maximum(bufs.needed, needed, out=bufs.needed)
-            _overflow_count(device).add_(needed > bufs.capacity)
-        elif bufs.capacity < _CAPACITY[bufs.key].worst:  # else nothing can overflow
-            if not _SCOPES:
-                _announce_once("unguarded", UNGUARDED_MESSAGE)
-            fitted = self._fit(bufs, int(needed[0]))  # the one host read of a dispatch outside a replay scope
-            if fitted is not bufs:
-                bufs = fitted
-                tables, _ = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens,
-                                                   bufs.capacity)
-        rows = ExpertRowRouting(bufs.capacity, *kernels.expert_row_routing(tables, self.rank, W, bufs.capacity),
-                                buffers=bufs)
+        if scoped:  # counted on the device, checked at the step boundary
+            capacity = cap.rows
+            for scope in _scopes():
+                scope.record(bufs.key, needed, capacity)
+        elif cap.rows >= cap.worst:  # nothing can overflow: no read
+            capacity = cap.worst
+        else:
+            capacity = self._exact_rows(cap, needed)
+        rows = ExpertRowRouting(capacity, *kernels.expert_row_routing(tables, self.rank, W, capacity), buffers=bufs)
         return tables, rows
 
-    def _fit(self, bufs: _SymmBuffers, needed: int) -> _SymmBuffers:
-        """A dispatch outside a replay scope whose routing needs ``needed`` rows (every rank of
-        the group read the same count): ``bufs`` when they hold them, else, before any row
-        moves, the buffers grown to fit (``capacity.next_capacity``) or, past the ceiling,
-        buffers of exactly ``needed`` rows for this dispatch alone (the key's next dispatches
-        then hold the ceiling). A collective of the group where it allocates."""
-        if needed <= bufs.capacity:
-            return bufs
-        key = bufs.key
-        cap = _CAPACITY[key]
-        step = next_capacity(needed, cap.rows, cap.ceiling, cap.worst, cap.align)
-        cap.rows = step.capacity
-        if step.kind == "grow":
-            _log.info("symm dispatch: %d rows needed, capacity grown %d -> %d", needed, bufs.capacity, step.capacity)
-            return self._allocate(key, bufs, step.capacity, cap.max_tokens)
-        _log.info("symm dispatch: %d rows needed, more than the capacity's ceiling (%d): this dispatch runs at "
-                  "exactly those rows (a spill)", needed, cap.ceiling)
-        return self._allocate(key, bufs, step.step_rows, cap.max_tokens, keep=False)
+    def _exact_rows(self, cap: _Capacity, needed: torch.Tensor) -> int:
+        """The rows of a dispatch outside a replay scope, or in an ``exact`` one (a spill's
+        rerun): exactly those its routing needs (``needed``, the same on every rank of the
+        group; already a multiple of the alignment), read on the host: the one host read of
+        such a dispatch. A recompute of the same routing gets the same rows."""
+        if not _scopes():
+            _announce_once("unguarded", UNGUARDED_MESSAGE)
+        rows = min(cap.worst, int(needed[0]))
+        if rows > cap.ceiling:
+            _log.info("symm dispatch: %d rows needed, more than the capacity's ceiling (%d): this dispatch runs at "
+                      "exactly those rows", rows, cap.ceiling)
+        return rows
 
     def _push_to_experts(self, push, src, meta, leg, fmt, weight, dot_with, dot_out, dot_with_expert_rows=False):
         """With top-k > 1 each token goes once per rank that owns one of its experts
@@ -435,7 +479,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         bufs = self._buffers_for(meta)
         send = bufs.take_staging()
         staged = self._staged(send, bufs.staging_rows, fmt, tokens_per_rank=bufs.max_tokens,
-                              map_offset=bufs.map_offset, map_rows=bufs.capacity)
+                              map_offset=bufs.map_offset, map_rows=bufs.map_rows)
         out = src.new_empty((meta.capacity, src.shape[1]))
         row_bytes = wire_stats.row_bytes(src.shape[1], src.element_size(), fmt)
         stage_row = row_weight = None
@@ -451,9 +495,9 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                 dot_with_expert_rows=dot_with_expert_rows,
             )
             wire_stats.record_rows(leg, sent[0], row_bytes)
-            stage_row = staged.token_map(send.local)
+            stage_row = staged.token_map(send.local)[: meta.capacity]
             if weight is not None:
-                row_weight = staged.row_weights(send.local)
+                row_weight = staged.row_weights(send.local)[: meta.capacity]
         else:
             wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
             push(out, staged, "all")  # one pass: local HBM copies beside NVLink stores
@@ -465,7 +509,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             meta.row_slot = torch.where(remote, stage_row, self.ep * bufs.max_tokens)
             meta.slot_tokens = bufs.max_tokens
             if carried is not None:
-                meta.row_score = self._row_scores(carried, meta, remote, staged.row_weights(send.local))
+                carried_scores = staged.row_weights(send.local)[: meta.capacity]
+                meta.row_score = self._row_scores(carried, meta, remote, carried_scores)
         return out, staged, stage_row, row_weight
 
     def _row_scores(self, scores, meta, remote, carried):
@@ -505,7 +550,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         its score gradients before combine's backward returns."""
         bufs = self._buffers_for(meta)
         send = bufs.take_staging()
-        W, capacity = self.ep, bufs.capacity
+        W, capacity = self.ep, meta.capacity
         for peer in range(W):
             if peer != self.rank:
                 send.peer(peer)[: W * capacity * 4].view(torch.float32)[
