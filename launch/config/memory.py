@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launch.config.model_facts import ModelFacts
-from mxfp8_ep.capacity import expert_major_capacity, staging_buffer_bytes, staging_rows
+from mxfp8_ep.capacity import expert_major_capacity, symm_staging_bytes
 from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
                              DEFAULT_POOL_FACTOR)
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
@@ -124,14 +124,12 @@ def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sum
     return routed, routed if partial else m.top_k
 
 
-def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
-                           capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR) -> int:
-    """The symm transport's two staging buffers (rows of the widest format, bf16; then a token
-    map and row weights of ``capacity`` entries each)."""
-    capacity = symm_capacity(m, tokens, ep, capacity_factor)
-    row = m.dim * BF16
-    rows = staging_rows(ep, tokens, m.top_k, capacity, m.top_k > 1 and combine_partial_sums, row)
-    return 2 * staging_buffer_bytes(rows, row, capacity)
+def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool) -> int:
+    """The symm transport's two staging buffers (``capacity.symm_staging_bytes``: rows of the
+    widest format, bf16, then a token map and row weights of the worst case's rows): sized once,
+    whatever the capacity, so growth and spills allocate no symmetric memory."""
+    return symm_staging_bytes(ep, tokens, m.top_k, m.num_experts // ep, EXPERT_ALIGN,
+                              m.top_k > 1 and combine_partial_sums, m.dim * BF16)
 
 
 def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,
@@ -182,7 +180,7 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         working_copies=int((2 if reshard_after_forward else m.n_layers) * block * BF16 + 2 * block * FP32),
         activations=int(tokens * (kept + logits) / tp),
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
-        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums, capacity_factor) if symm else 0,
+        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums) if symm else 0,
         activation_pool=pool,
         layer_transient=transient,
     )
