@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from mxfp8_ep import activation_pool
 from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import replay_scope
 
@@ -115,14 +116,24 @@ def check_overflow(group: dist.ProcessGroup | None = None, scope: symm.ReplaySco
     if sets is not None:
         values[1] = (sets[0] > sets[1]).any()
         values = torch.cat([values, sets[0]])
+    # --- the activation pool (mxfp8_ep.activation_pool): its overflows count in the scope's,
+    # its peak rows travel after the sets' and past its ceiling it spills as a set does ---
+    pools = activation_pool.needed_rows()
+    if pools is not None:
+        values[1] |= (pools[0].to(device) > pools[1].to(device)).any()
+        values = torch.cat([values, pools[0].to(device)])
+    # --- end of the activation pool ---
     values = values.to(flag_device)
     if group is not None:
         dist.all_reduce(values[:2], op=dist.ReduceOp.MAX, group=group)
     values = values.tolist()  # the one device-to-host copy
     if not values[0]:
         return Overflow(replay=False)
-    plan = symm.plan_overflowed(values[2:])
-    return Overflow(replay=True, grown=plan.grown, spilled=plan.spilled, spill=bool(values[1]))
+    n_sets = len(values) - 2 - (len(pools[0]) if pools is not None else 0)
+    plan = symm.plan_overflowed(values[2 : 2 + n_sets])
+    pool_plan = activation_pool.plan_overflowed(values[2 + n_sets :]) if pools is not None else None  # pool hook
+    return Overflow(replay=True, grown=plan.grown + (pool_plan.grown if pool_plan else []),
+                    spilled=plan.spilled + (pool_plan.spilled if pool_plan else []), spill=bool(values[1]))
 
 
 def _flag_device(group: dist.ProcessGroup | None, sets) -> torch.device:
