@@ -9,7 +9,8 @@ bf16, scores after the experts, so combine keeps its expert rows) under EP throu
 * rows past a layer's count are never read: the pool's planes start as NaN;
 * the pool adds no host read; the capacity-row tensors a step keeps after its forward are gone
   (the pool's planes hold the routed rows, sized by ``activation_pool_size``);
-* activation checkpointing (non-reentrant and reentrant) computes the same;
+* activation checkpointing (non-reentrant and reentrant), two microbatches per step (the first's
+  backward gives its rows back: no replay) and a loop without a guard compute the same;
 * the sizing arithmetic and the config's checks.
 """
 
@@ -105,9 +106,10 @@ def _forward(moes, x, checkpoint):
     return h
 
 
-def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None):
+def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None, microbatches=1, guarded=True):
     """Per routing (``"balanced"`` / ``"skewed"``, each on its own tokens): the loss, every
-    gradient (input included) and the replays of one step through a ``ReplayGuard``."""
+    gradient (input included) and the replays of one step through a ``ReplayGuard`` (without
+    ``guarded``: none), of ``microbatches`` forward-backward passes (their gradients add up)."""
     release_peer_buffers()
     activation_pool.release_pools()
     moes = _stack(world, a2a)
@@ -120,14 +122,15 @@ def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None):
             x_in = torch.randn(1, TOKENS, DIM, generator=g).to(torch.bfloat16)
             _skew(moes, routing == "skewed")
             before = guard.replays
-            for _ in guard.attempts():
+            for _ in guard.attempts() if guarded else (0,):
                 for p in params:
                     p.grad = None
                 x = x_in.clone().requires_grad_(True)
-                loss = (_forward(moes, x, checkpoint).float() ** 2).mean()
-                if after_forward is not None:
-                    after_forward(moes)
-                loss.backward()
+                for _ in range(microbatches):
+                    loss = (_forward(moes, x, checkpoint).float() ** 2).mean()
+                    if after_forward is not None:
+                        after_forward(moes)
+                    loss.backward()
             grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]
             out.append((loss.detach(), [x.grad, *grads], guard.replays - before))
             for moe in moes:
@@ -264,16 +267,24 @@ def test_the_pool_reads_nothing_on_the_host_and_keeps_no_capacity_rows():
     run_forked(2, _no_host_read_and_memory, timeout_s=300)
 
 
-def _checkpointed(rank, world):
+def _checkpointed_accumulated_and_unguarded(rank, world):
     setup_rank()
     activation_pool._FILL = float("nan")
-    want = _steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
+    worst = A2AConfig(transport="symm", capacity_factor=None)
+    want = _steps(world, rank, worst, ROUTINGS)
     for how in ("non_reentrant", "reentrant"):
         got = _steps(world, rank, A2AConfig(**POOLED), ROUTINGS, checkpoint=how)
         _assert_same(got, want, f"checkpoint {how} rank {rank}")
+    # Without a guard nothing is pooled (the dispatches fit themselves): the worst case's result.
+    _assert_same(_steps(world, rank, A2AConfig(**POOLED), ROUTINGS, guarded=False), want, f"unguarded rank {rank}")
+    # Two microbatches per step: the first's backward gives its rows back, so a pool of one
+    # microbatch's layers holds both and nothing replays.
+    got = _steps(world, rank, A2AConfig(**POOLED), ("balanced",), microbatches=2)
+    _assert_same(got, _steps(world, rank, worst, ("balanced",), microbatches=2), f"2 microbatches rank {rank}")
+    assert got[0][2] == 0, got[0][2]
     activation_pool.release_pools()
 
 
-def test_activation_checkpointing_with_the_pool_matches_the_worst_case():
+def test_checkpointing_microbatches_and_no_guard_with_the_pool_match_the_worst_case():
     preload()
-    run_forked(2, _checkpointed, timeout_s=300)
+    run_forked(2, _checkpointed_accumulated_and_unguarded, timeout_s=400)
