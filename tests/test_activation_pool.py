@@ -20,6 +20,7 @@ import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from mxfp8_ep import activation_pool, elastic
 from mxfp8_ep.activation_pool_size import pool_bytes, pool_rows, pooled_row_bytes
@@ -288,3 +289,84 @@ def _checkpointed_accumulated_and_unguarded(rank, world):
 def test_checkpointing_microbatches_and_no_guard_with_the_pool_match_the_worst_case():
     preload()
     run_forked(2, _checkpointed_accumulated_and_unguarded, timeout_s=400)
+
+
+def _harness_stack(world, rank, a2a):
+    """``LAYERS`` MoE layers as ``tests.moe_harness`` builds them (no DTensor: each rank's
+    expert slice, on the rank's device), with the library's grouped SwiGLU experts."""
+    from mxfp8_ep.dispatcher import TokenDispatcher
+    from mxfp8_ep.titan022 import CapacityGroupedExperts
+    from tests.distributed import rank_device
+    from tests.moe_harness import LayerSpec, build_ep_layer, build_reference
+
+    layers = []
+    for i in range(LAYERS):
+        spec = LayerSpec(dim=DIM, hidden=HIDDEN, num_experts=4 * world, top_k=TOP_K, score_func="sigmoid",
+                         experts="grouped", dtype="bfloat16", seed=i)
+        config = TokenDispatcher.Config(num_experts=4 * world, top_k=TOP_K, pad_multiple=ALIGN,
+                                        max_tokens_per_rank=TOKENS, a2a=a2a)
+        moe = build_ep_layer(build_reference(spec, rank_device()), spec,
+                             config.build(dist.group.WORLD, rank_device()), rank)
+        moe.experts.__class__ = CapacityGroupedExperts
+        moe.experts.use_grouped_mm = True
+        layers.append(moe)
+    return layers
+
+
+def _harness_steps(world, rank, a2a, routings):
+    from tests.distributed import rank_device
+    from mxfp8_ep.titan022 import dispatcher_moe_forward
+
+    release_peer_buffers()
+    activation_pool.release_pools()
+    moes = _harness_stack(world, rank, a2a)
+    params = [p for moe in moes for p in moe.parameters() if p.requires_grad]
+    guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
+    out = []
+    try:
+        for step, routing in enumerate(routings):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x_in = torch.randn(1, TOKENS, DIM, generator=g).to(torch.bfloat16).to(rank_device())
+            bias = torch.zeros(4 * world, device=rank_device())
+            if routing == "skewed":
+                bias[:TOP_K] = 1e4
+            before = guard.replays
+            for _ in guard.attempts():
+                for p in params:
+                    p.grad = None
+                x = x_in.clone().requires_grad_(True)
+                h = x
+                for moe in moes:
+                    moe.expert_bias = bias
+                    h = dispatcher_moe_forward(moe, h)
+                loss = (h.float() ** 2).mean()
+                loss.backward()
+            out.append((loss.detach(), [x.grad, *[p.grad for p in params]], guard.replays - before))
+    finally:
+        release_peer_buffers()
+    return out
+
+
+def _pooled_matches_on_the_device(rank, world):
+    setup_rank()
+    activation_pool._FILL = float("nan")
+    want = _harness_steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
+    for factor in (1.0, 0.1):
+        got = _harness_steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": factor}), ROUTINGS)
+        _assert_same(got, want, f"pool {factor} rank {rank}/{world}")
+        assert got[1][2] >= 1, [r for *_, r in got]
+    activation_pool.release_pools()
+
+
+def test_pooled_harness_layers_match_the_worst_case():
+    preload()
+    run_forked(2, _pooled_matches_on_the_device, timeout_s=300)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the ranks share it)")
+def test_pooled_layers_match_the_worst_case_sharing_one_gpu():
+    """The CPU check above on real GPU processes: compiled kernels, CUDA copies into the pool and
+    the backward's releases from autograd's device thread."""
+    from tests.distributed import SHARED_GPU, run_on_ranks
+
+    run_on_ranks(2, _pooled_matches_on_the_device, backend=SHARED_GPU, timeout_s=300)
