@@ -47,8 +47,8 @@ from mxfp8_ep.activation_pool_size import pool_rows
 from mxfp8_ep.capacity import next_capacity
 from mxfp8_ep.dispatcher import symm
 
-__all__ = ["ActivationPool", "needed_rows", "plan_overflowed", "pool_rows_held", "pooled_layer", "pools",
-           "register_moe_layer", "release_pools"]
+__all__ = ["ActivationPool", "combine_keeps_expert_rows", "needed_rows", "plan_overflowed", "pool_rows_held",
+           "pooled_layer", "pools", "register_moe_layer", "release_pools"]
 
 _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # What a new plane holds before any row is packed into it (tests set NaN: a backward that read a
