@@ -86,6 +86,17 @@ class A2AConfig:
     # each dispatch at exactly the rows it needs (a spill, ``capacity.next_capacity``). None: no
     # ceiling below the worst case.
     capacity_ceiling: float | None = DEFAULT_CAPACITY_CEILING
+    # symm: the activations the MoE layers keep for their backward at expert-major rows, packed
+    # down to the rows their routing filled, in one pool per step (``mxfp8_ep.activation_pool``)
+    # of this many rows: the multiple of the balanced case (as ``capacity_factor``) summed over
+    # the MoE layers. A step whose layers need more is flagged on the device and runs again at a
+    # grown pool, as a capacity overflow does. None: no pool (each layer keeps them at the
+    # capacity, which never overflows a pool).
+    activation_pool_factor: float | None = DEFAULT_POOL_FACTOR
+    # symm: the most rows the pool grows to, as the same multiple (at least
+    # ``activation_pool_factor``); a step that needs more spills (runs again keeping exactly its
+    # routed rows). None: no ceiling below every layer's worst case.
+    activation_pool_ceiling: float | None = DEFAULT_POOL_CEILING
 
     def problems(self) -> list[str]:
         """What is wrong with this config, one line per field (empty: nothing). Not checked at
@@ -97,7 +108,7 @@ class A2AConfig:
         for name in ("symm_combine_partial_sums", "quantize_local_rows"):
             if not isinstance(getattr(self, name), bool):
                 found.append(f"A2AConfig.{name}={getattr(self, name)!r}: expected true or false")
-        for name in ("capacity_factor", "capacity_ceiling"):
+        for name in ("capacity_factor", "capacity_ceiling", "activation_pool_factor", "activation_pool_ceiling"):
             error = capacity_factor_error(getattr(self, name))
             if error is not None:
                 found.append(f"A2AConfig.{name}={getattr(self, name)!r}: {error}")

@@ -69,7 +69,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from mxfp8_ep import numerics
+from mxfp8_ep import activation_pool, numerics
 from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import replay_scope
 
@@ -158,9 +158,36 @@ class SymmCapacity(OverflowSource):
         return plan.grown, plan.spilled
 
 
-# What ``check_overflow`` reads, in order. Another source (a pool the step fills) appends
-# itself: its overflow then replays the step like a capacity overflow.
-OVERFLOW_SOURCES: list[OverflowSource] = [SymmCapacity()]
+class ActivationPoolRows(OverflowSource):
+    """The activation pools (``mxfp8_ep.activation_pool``): a pool that overflowed raised its
+    scope's overflow count (``SymmCapacity``'s flag), so its own flags say only whether one
+    needs more than its ceiling (a spill); then each pool's peak rows in the attempt
+    (``activation_pool.needed_rows``); ``plan`` grows them (``activation_pool.plan_overflowed``)."""
+
+    def __init__(self):
+        self._pools = 0
+
+    def values(self, scope, device):
+        flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
+        flags[2] = -symm.NO_OVERFLOW
+        pools = activation_pool.needed_rows() if scope is not None else None
+        if pools is None:
+            self._pools = 0
+            return flags
+        needed, ceilings = (t.to(device) for t in pools)
+        flags[1] = (needed > ceilings).any()
+        self._pools = needed.numel()
+        return torch.cat([flags, needed])
+
+    def plan(self, own):
+        if not self._pools:
+            return [], []
+        plan = activation_pool.plan_overflowed(own)
+        return plan.grown, plan.spilled
+
+
+# What ``check_overflow`` reads, in order: each source's overflow replays the step.
+OVERFLOW_SOURCES: list[OverflowSource] = [SymmCapacity(), ActivationPoolRows()]
 
 
 def check_overflow(group: dist.ProcessGroup | None = None, scope: symm.ReplayScope | None = None) -> Overflow:

@@ -48,6 +48,7 @@ from torch.distributed.tensor import distribute_module
 from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.models.moe import moe as titan_moe
 
+from mxfp8_ep import activation_pool
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 from mxfp8_ep.transport import Transport
@@ -109,6 +110,8 @@ class DispatcherExpertParallel(ExpertParallel):
         transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
         if transport is Transport.SYMM and type(module) is titan_moe.GroupedExperts:
             module.__class__ = CapacityGroupedExperts
+        if transport is Transport.SYMM and self.a2a.activation_pool_factor is not None:
+            activation_pool.register_moe_layer(module)
         return distribute_module(module, device_mesh, partition_fn=self._partition_fn)
 
 
@@ -152,13 +155,16 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
         x, top_scores, selected_experts_indices, num_tokens_per_expert
     )
-    routed_output = self.experts(routed_input, tokens_per_local_expert)
+    pooled = activation_pool.pooled_layer(dispatcher, metadata, tokens_per_local_expert)
+    with pooled.saving():
+        routed_output = self.experts(routed_input, tokens_per_local_expert)
     if shared is not None:
         out = shared.result()
     else:
         # torchtitan's order (its autograd then adds x's gradients in the same order: bit for bit)
         out = self.shared_experts(x) if self.shared_experts is not None else None
-    out_experts = dispatcher.combine(routed_output, metadata)
+    with pooled.saving(activation_pool.combine_keeps_expert_rows(metadata)):
+        out_experts = dispatcher.combine(routed_output, metadata)
     if out is None:
         return out_experts.reshape(bs, slen, dim)
     return (out + out_experts).reshape(bs, slen, dim)

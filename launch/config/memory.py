@@ -202,14 +202,16 @@ def runs_symm(cfg: Any, device: str) -> bool:
         return True
 
 
-def pool_factors(a2a: Any) -> tuple[float | None, float | None]:
-    """The activation pool's (start, ceiling) factors of the ``a2a`` config (the library's
-    defaults where it names none); (None, None) at ``capacity_factor=None``, which keeps every
-    layer at the worst case and needs no pool."""
-    if a2a.capacity_factor is None:
+def pool_factors(a2a: Any, ep: int) -> tuple[float | None, float | None]:
+    """The activation pool's (start, ceiling) factors of the ``a2a`` config
+    (``activation_pool_factor``, ``activation_pool_ceiling``; a ceiling of None is every
+    layer's worst case, ``ep`` times the balanced rows); (None, None) without a pool, or at
+    ``capacity_factor=None``, which keeps every layer at the worst case."""
+    start = a2a.activation_pool_factor
+    if a2a.capacity_factor is None or start is None:
         return None, None
-    start = getattr(a2a, "pool_factor", None) or DEFAULT_POOL_FACTOR
-    return start, max(start, getattr(a2a, "pool_ceiling", None) or DEFAULT_POOL_CEILING)
+    ceiling = a2a.activation_pool_ceiling
+    return start, max(start, float(ep) if ceiling is None else ceiling)
 
 
 def run_estimate(cfg: Any, facts: ModelFacts, device: str, symm: bool, capacity_factor: float | None,
@@ -219,7 +221,7 @@ def run_estimate(cfg: Any, facts: ModelFacts, device: str, symm: bool, capacity_
     capacity at ``capacity_factor`` (the config's starting factor, or a ceiling) and its
     activation pool where it starts, or at its ceiling (``at_ceiling``)."""
     p, t = cfg.parallelism, cfg.training
-    pool = pool_factors(cfg.a2a)[1 if at_ceiling else 0]
+    pool = pool_factors(cfg.a2a, cfg.parallelism.ep)[1 if at_ceiling else 0]
     return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
                     seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint, device=device, symm=symm,
                     combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums), capacity_factor=capacity_factor,

@@ -168,6 +168,13 @@ class ReplayScope:
             first = torch.minimum(first, state[1:2].to(device))
         return first
 
+    def count_overflow(self, over: torch.Tensor) -> None:
+        """Something other than a dispatch's capacity overflowed where ``over`` ((1,) bool or
+        int, on the device) is set (the activation pool: ``mxfp8_ep.activation_pool``): the
+        scope's overflow count rises, its dispatches' rows stay trusted. Device ops only."""
+        state = self._state_on(over.device)
+        state[0:1].add_(over.to(torch.int64))
+
     def needed(self, key: tuple, device: torch.device) -> torch.Tensor:
         """(1,) int64 on ``device``: the rows buffer set ``key``'s trustworthy dispatches needed."""
         rows = self._needed.get(key)
@@ -198,6 +205,12 @@ def in_replay_scope() -> bool:
     not ``exact``)."""
     scopes = _scopes()
     return bool(scopes) and not scopes[-1].exact
+
+
+def outermost_scope() -> ReplayScope | None:
+    """This thread's outermost open replay scope (one attempt of a step), or None."""
+    scopes = _scopes()
+    return scopes[0] if scopes else None
 
 
 def innermost_scope() -> ReplayScope | None:

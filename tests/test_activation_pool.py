@@ -1,0 +1,372 @@
+"""The symm transport's activation pool (``mxfp8_ep.activation_pool``), on gloo process groups of
+2-4 CPU ranks: stacks of torchtitan 0.2.2 DeepSeek-V3-like MoE layers (grouped SwiGLU experts in
+bf16, scores after the experts, so combine keeps its expert rows) under EP through
+``install_expert_parallel``, each step through a ``ReplayGuard``:
+
+* pooled, unpooled and worst-case runs (``capacity_factor=None``) give the same losses and
+  gradients bit for bit on balanced and skewed routings; a pool too small replays, grows and
+  still matches; a step past the pool's ceiling spills (keeps exactly its rows) and matches;
+* rows past a layer's count are never read: the pool's planes start as NaN;
+* the pool adds no host read; the capacity-row tensors a step keeps after its forward are gone
+  (the pool's planes hold the routed rows, sized by ``activation_pool_size``);
+* activation checkpointing (non-reentrant and reentrant), two microbatches per step (the first's
+  backward gives its rows back: no replay) and a loop without a guard compute the same;
+* the sizing arithmetic and the config's checks.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mxfp8_ep import activation_pool, elastic
+from mxfp8_ep.activation_pool_size import pool_bytes, pool_rows, pooled_row_bytes
+from mxfp8_ep.capacity import expert_major_capacity, worst_case_capacity
+from mxfp8_ep.config import A2AConfig
+from mxfp8_ep.dispatcher import release_peer_buffers
+from tests.moe_harness import bits, preload, run_forked, setup_rank
+
+TOKENS = 32  # per rank
+DIM = 64
+HIDDEN = 32
+LAYERS = 3
+TOP_K = 2
+ALIGN = 8  # torchtitan's TOKEN_GROUP_ALIGN_SIZE_M on the bf16 grouped GEMM
+
+
+def test_the_pool_is_the_factor_times_the_balanced_case_summed_over_the_layers():
+    shape = (TOKENS, TOP_K, 4, 2, ALIGN)
+    assert pool_rows(*shape, LAYERS, 1.0) == LAYERS * expert_major_capacity(*shape, 1.0)
+    assert pool_rows(*shape, LAYERS, 0.5) < pool_rows(*shape, LAYERS, 1.0) < pool_rows(*shape, LAYERS, None)
+    assert pool_rows(*shape, LAYERS, None) == LAYERS * worst_case_capacity(*shape)
+    # DeepSeek-V3 16B: dim 2048, MoE hidden 1408, bf16, scores after the experts.
+    assert pooled_row_bytes(2048, 1408) == 2 * (2 * 2048 + 3 * 1408)
+    assert pooled_row_bytes(2048, 1408, combine_keeps_expert_rows=False) == 2 * (2048 + 3 * 1408)
+    assert pool_bytes(*shape, LAYERS, 1.0, 100) == 100 * pool_rows(*shape, LAYERS, 1.0)
+
+
+@pytest.mark.parametrize("name", ["activation_pool_factor", "activation_pool_ceiling"])
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), "1", True])
+def test_a_pool_factor_or_ceiling_that_cannot_be_is_refused(name, value):
+    with pytest.raises(ValueError, match=f"A2AConfig.{name}="):
+        A2AConfig(**{name: value}).check()
+    A2AConfig(**{name: None}).check()
+    A2AConfig(**{name: 1.5}).check()
+
+
+def _stack(world, a2a, seed=0):
+    """``LAYERS`` DeepSeek-V3-like MoE layers from one seed, EP over the world."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
+    from torchtitan.models.moe import MoE, MoEArgs
+
+    from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
+
+    torch.manual_seed(seed)
+    args = MoEArgs(num_experts=4 * world, num_shared_experts=1, top_k=TOP_K, score_func="sigmoid", route_norm=True,
+                   score_before_experts=False, use_grouped_mm=True, load_balance_coeff=1e-2)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleDict()
+    for i in range(LAYERS):
+        block = torch.nn.Module()
+        block.moe, block.moe_enabled = MoE(args, dim=DIM, hidden_dim=HIDDEN), True
+        with torch.no_grad():
+            block.moe.init_weights(0.02, torch.device("cpu"))
+            for p in block.moe.parameters():  # outputs of order one (N(0, 1/fan_in))
+                p.copy_(torch.randn(p.shape) * p.shape[-1] ** -0.5)
+        block.moe.to(torch.bfloat16)
+        model.layers[str(i)] = block
+    install_expert_parallel(a2a, max_tokens_per_rank=TOKENS)
+    try:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+        apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=mesh, etp_mesh=None, ep_etp_mesh=None)
+    finally:
+        uninstall_expert_parallel()
+    return [block.moe for block in model.layers.values()]
+
+
+def _skew(moes, on: bool) -> None:
+    """Every token's choice to experts 0 and 1 (rank 0's) in every layer, or the router's own."""
+    for moe in moes:
+        with torch.no_grad():
+            moe.expert_bias.zero_()
+            if on:
+                moe.expert_bias[:TOP_K] = 1e4
+
+
+def _forward(moes, x, checkpoint):
+    h = x
+    for moe in moes:
+        if checkpoint is None:
+            h = moe(h)
+        else:
+            h = torch.utils.checkpoint.checkpoint(moe, h, use_reentrant=checkpoint == "reentrant")
+    return h
+
+
+def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None, microbatches=1, guarded=True):
+    """Per routing (``"balanced"`` / ``"skewed"``, each on its own tokens): the loss, every
+    gradient (input included) and the replays of one step through a ``ReplayGuard`` (without
+    ``guarded``: none), of ``microbatches`` forward-backward passes (their gradients add up)."""
+    release_peer_buffers()
+    activation_pool.release_pools()
+    moes = _stack(world, a2a)
+    params = [p for moe in moes for p in moe.parameters() if p.requires_grad]
+    guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
+    out = []
+    try:
+        for step, routing in enumerate(routings):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x_in = torch.randn(1, TOKENS, DIM, generator=g).to(torch.bfloat16)
+            _skew(moes, routing == "skewed")
+            before = guard.replays
+            for _ in guard.attempts() if guarded else (0,):
+                for p in params:
+                    p.grad = None
+                x = x_in.clone().requires_grad_(True)
+                for _ in range(microbatches):
+                    loss = (_forward(moes, x, checkpoint).float() ** 2).mean()
+                    if after_forward is not None:
+                        after_forward(moes)
+                    loss.backward()
+            grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]
+            out.append((loss.detach(), [x.grad, *grads], guard.replays - before))
+            for moe in moes:
+                moe.tokens_per_expert.zero_()
+    finally:
+        release_peer_buffers()
+    return out
+
+
+def _assert_same(got, want, where):
+    for step, ((loss, grads, _), (want_loss, want_grads, _)) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(bits(loss), bits(want_loss)), (where, step, loss, want_loss)
+        for i, (a, b) in enumerate(zip(grads, want_grads, strict=True)):
+            assert torch.equal(bits(a), bits(b)), (where, step, i)
+
+
+ROUTINGS = ("balanced", "skewed", "balanced")
+POOLED = dict(transport="symm", capacity_ceiling=None, activation_pool_factor=1.0, activation_pool_ceiling=None)
+
+
+def _pooled_matches_the_worst_case(rank, world):
+    setup_rank()
+    activation_pool._FILL = float("nan")  # a backward that read a row past a layer's count shows
+    worst = _steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
+    unpooled = _steps(world, rank, A2AConfig(transport="symm", capacity_ceiling=None), ROUTINGS)
+    pooled = _steps(world, rank, A2AConfig(**POOLED), ROUTINGS)
+    assert all(torch.isfinite(loss) for loss, _, _ in worst)
+    _assert_same(unpooled, worst, f"unpooled rank {rank}/{world}")
+    _assert_same(pooled, worst, f"pooled rank {rank}/{world}")
+    # the skewed step overflows the capacity (and the pool at once): one rerun, then it holds
+    assert [r for *_, r in pooled] == [0, 1, 0], [r for *_, r in pooled]
+    # A pool of a tenth of the balanced case: the first step overflows it alone, replays once,
+    # and the grown pool holds; the result is the same.
+    small = _steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": 0.1}), ROUTINGS)
+    _assert_same(small, worst, f"small pool rank {rank}/{world}")
+    assert small[0][2] == 1 and small[2][2] == 0, [r for *_, r in small]
+    # A pool whose ceiling is its start: the skewed step spills (its rerun keeps exactly its
+    # routed rows, read on the host) and matches.
+    capped = _steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_ceiling": 1.0}), ROUTINGS)
+    _assert_same(capped, worst, f"pool at its ceiling rank {rank}/{world}")
+    activation_pool.release_pools()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_pooled_unpooled_and_worst_case_steps_match_bit_for_bit(world):
+    preload()
+    run_forked(world, _pooled_matches_the_worst_case, timeout_s=300)
+
+
+def _spill_counts(rank, world):
+    """The pool's spill is the guard's: a capped pool on a skewed step spills once."""
+    setup_rank()
+    a2a = A2AConfig(**{**POOLED, "activation_pool_ceiling": 1.0})
+    release_peer_buffers()
+    activation_pool.release_pools()
+    moes = _stack(world, a2a)
+    guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
+    _skew(moes, True)
+    x = torch.randn(1, TOKENS, DIM, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+    for _ in guard.attempts():
+        (_forward(moes, x, None).float() ** 2).mean().backward()
+    assert guard.spills == 1, guard.__dict__
+    pool_ceiling = LAYERS * expert_major_capacity(TOKENS, TOP_K, world, 4, ALIGN, 1.0)
+    # rank 0 holds every routed row: its pool spilled; rank 1's did not, and reran with it
+    assert any(ceiling == pool_ceiling for ceiling, _ in guard.spilled) == (rank == 0), guard.spilled
+    release_peer_buffers()
+    activation_pool.release_pools()
+
+
+def test_a_step_past_the_pools_ceiling_spills():
+    preload()
+    run_forked(2, _spill_counts, timeout_s=300)
+
+
+def _no_host_read_and_memory(rank, world):
+    setup_rank()
+    reads = {"n": 0}
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__int__", "__bool__", "__float__")}
+
+    def counted(original):
+        def read(self, *args, **kwargs):
+            reads["n"] += 1
+            return original(self, *args, **kwargs)
+        return read
+
+    kept = []
+    grouped_mm = torch._grouped_mm
+
+    def watched(a, b, *args, **kwargs):
+        out = grouped_mm(a, b, *args, **kwargs)
+        kept.extend(weakref.ref(t) for t in (a, out) if t.dim() == 2)
+        return out
+
+    capacity = expert_major_capacity(TOKENS, TOP_K, world, 4, ALIGN, 1.25)
+    held = {}
+
+    def after_forward(moes):
+        alive = {t.data_ptr(): t for t in (r() for r in kept) if t is not None and t.shape[0] == capacity}
+        held.setdefault("capacity_bytes", []).append(sum(t.nbytes for t in alive.values()))  # views once
+        kept.clear()
+
+    def one_run(a2a):
+        reads["n"] = 0
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, counted(original))
+        torch._grouped_mm = watched
+        try:
+            _steps(world, rank, a2a, ("balanced",), after_forward=after_forward)
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+            torch._grouped_mm = grouped_mm
+        return reads["n"]
+
+    a2a = A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=1.5, activation_pool_ceiling=None)
+    unpooled_reads = one_run(A2AConfig(transport="symm", capacity_ceiling=None))
+    pools_before = activation_pool.pools()
+    pooled_reads = one_run(a2a)
+    assert pooled_reads == unpooled_reads, (pooled_reads, unpooled_reads)
+    unpooled_bytes, pooled_bytes = held["capacity_bytes"]
+    # Unpooled each layer keeps its routed input, h1, h3, their product and its expert outputs
+    # at the capacity; pooled none of them outlives the forward.
+    row = pooled_row_bytes(DIM, HIDDEN, 2, combine_keeps_expert_rows=True)
+    assert unpooled_bytes == LAYERS * capacity * row, (unpooled_bytes, LAYERS * capacity * row)
+    assert pooled_bytes == 0, pooled_bytes
+    (pool,) = [p for p in activation_pool.pools() if p not in pools_before]
+    rows = pool_rows(TOKENS, TOP_K, world, 4, ALIGN, LAYERS, 1.5)
+    assert pool.rows == rows and pool.nbytes() == (rows + 1) * row, (pool.rows, rows, pool.nbytes())
+    activation_pool.release_pools()
+
+
+def test_the_pool_reads_nothing_on_the_host_and_keeps_no_capacity_rows():
+    preload()
+    run_forked(2, _no_host_read_and_memory, timeout_s=300)
+
+
+def _checkpointed_accumulated_and_unguarded(rank, world):
+    setup_rank()
+    activation_pool._FILL = float("nan")
+    worst = A2AConfig(transport="symm", capacity_factor=None)
+    want = _steps(world, rank, worst, ROUTINGS)
+    for how in ("non_reentrant", "reentrant"):
+        got = _steps(world, rank, A2AConfig(**POOLED), ROUTINGS, checkpoint=how)
+        _assert_same(got, want, f"checkpoint {how} rank {rank}")
+    # Without a guard nothing is pooled (the dispatches fit themselves): the worst case's result.
+    _assert_same(_steps(world, rank, A2AConfig(**POOLED), ROUTINGS, guarded=False), want, f"unguarded rank {rank}")
+    # Two microbatches per step: the first's backward gives its rows back, so a pool of one
+    # microbatch's layers holds both and nothing replays.
+    got = _steps(world, rank, A2AConfig(**POOLED), ("balanced",), microbatches=2)
+    _assert_same(got, _steps(world, rank, worst, ("balanced",), microbatches=2), f"2 microbatches rank {rank}")
+    assert got[0][2] == 0, got[0][2]
+    activation_pool.release_pools()
+
+
+def test_checkpointing_microbatches_and_no_guard_with_the_pool_match_the_worst_case():
+    preload()
+    run_forked(2, _checkpointed_accumulated_and_unguarded, timeout_s=400)
+
+
+def _harness_stack(world, rank, a2a):
+    """``LAYERS`` MoE layers as ``tests.moe_harness`` builds them (no DTensor: each rank's
+    expert slice, on the rank's device), with the library's grouped SwiGLU experts."""
+    from mxfp8_ep.dispatcher import TokenDispatcher
+    from mxfp8_ep.titan022 import CapacityGroupedExperts
+    from tests.distributed import rank_device
+    from tests.moe_harness import LayerSpec, build_ep_layer, build_reference
+
+    layers = []
+    for i in range(LAYERS):
+        spec = LayerSpec(dim=DIM, hidden=HIDDEN, num_experts=4 * world, top_k=TOP_K, score_func="sigmoid",
+                         experts="grouped", dtype="bfloat16", seed=i)
+        config = TokenDispatcher.Config(num_experts=4 * world, top_k=TOP_K, pad_multiple=ALIGN,
+                                        max_tokens_per_rank=TOKENS, a2a=a2a)
+        moe = build_ep_layer(build_reference(spec, rank_device()), spec,
+                             config.build(dist.group.WORLD, rank_device()), rank)
+        moe.experts.__class__ = CapacityGroupedExperts
+        moe.experts.use_grouped_mm = True
+        layers.append(moe)
+    return layers
+
+
+def _harness_steps(world, rank, a2a, routings):
+    from tests.distributed import rank_device
+    from mxfp8_ep.titan022 import dispatcher_moe_forward
+
+    release_peer_buffers()
+    activation_pool.release_pools()
+    moes = _harness_stack(world, rank, a2a)
+    params = [p for moe in moes for p in moe.parameters() if p.requires_grad]
+    guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
+    out = []
+    try:
+        for step, routing in enumerate(routings):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x_in = torch.randn(1, TOKENS, DIM, generator=g).to(torch.bfloat16).to(rank_device())
+            bias = torch.zeros(4 * world, device=rank_device())
+            if routing == "skewed":
+                bias[:TOP_K] = 1e4
+            before = guard.replays
+            for _ in guard.attempts():
+                for p in params:
+                    p.grad = None
+                x = x_in.clone().requires_grad_(True)
+                h = x
+                for moe in moes:
+                    moe.expert_bias = bias
+                    h = dispatcher_moe_forward(moe, h)
+                loss = (h.float() ** 2).mean()
+                loss.backward()
+            out.append((loss.detach(), [x.grad, *[p.grad for p in params]], guard.replays - before))
+    finally:
+        release_peer_buffers()
+    return out
+
+
+def _pooled_matches_on_the_device(rank, world):
+    setup_rank()
+    activation_pool._FILL = float("nan")
+    want = _harness_steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
+    for factor in (1.0, 0.1):
+        got = _harness_steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": factor}), ROUTINGS)
+        _assert_same(got, want, f"pool {factor} rank {rank}/{world}")
+        assert got[1][2] >= 1, [r for *_, r in got]
+    activation_pool.release_pools()
+
+
+def test_pooled_harness_layers_match_the_worst_case():
+    preload()
+    run_forked(2, _pooled_matches_on_the_device, timeout_s=300)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the ranks share it)")
+def test_pooled_layers_match_the_worst_case_sharing_one_gpu():
+    """The CPU check above on real GPU processes: compiled kernels, CUDA copies into the pool and
+    the backward's releases from autograd's device thread."""
+    from tests.distributed import SHARED_GPU, run_on_ranks
+
+    run_on_ranks(2, _pooled_matches_on_the_device, backend=SHARED_GPU, timeout_s=300)
