@@ -43,8 +43,7 @@ from typing import Any
 
 from launch.config.model_facts import ModelFacts
 from mxfp8_ep.capacity import expert_major_capacity, symm_staging_bytes
-from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
-                             DEFAULT_POOL_FACTOR)
+from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_FACTOR)
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
 
 BF16, FP32 = 2, 4
