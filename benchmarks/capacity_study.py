@@ -110,16 +110,17 @@ class Target:
     def worst(self, ep: int) -> int:
         return worst_case_capacity(self.tokens, self.facts.top_k, ep, self.facts.num_experts // ep, EXPERT_ALIGN)
 
-    def pool(self, factor: float) -> int:
+    def pool(self, ep: int, factor: float) -> int:
         """The pool's rows at ``factor`` times the balanced rows of every MoE layer."""
-        return pool_rows(self.facts, self.tokens, factor)
+        return pool_rows(self.facts, self.tokens, ep, factor)
 
     def factor_of(self, ep: int, rows: int) -> float:
         """The factor whose capacity is ``rows`` (the balanced rows' multiple, padding left out)."""
         return (rows - (self.facts.num_experts // ep) * EXPERT_ALIGN) / (self.tokens * self.facts.top_k)
 
-    def pool_factor_of(self, rows: int) -> float:
-        return rows / (self.tokens * self.facts.top_k * self.facts.n_moe_layers)
+    def pool_factor_of(self, ep: int, rows: int) -> float:
+        """The factor whose pool is ``rows`` (as ``factor_of``, per MoE layer)."""
+        return self.factor_of(ep, rows // self.facts.n_moe_layers)
 
     def gib(self, ep: int, capacity: float | None, pool: float | None = None, symm: bool = True,
             routed_load: float = 1.0) -> float:
@@ -203,12 +204,12 @@ def simulate(loads: list[StepLoads], t: Target, ep: int, policy: Policy, headroo
     worst, align = t.worst(ep), EXPERT_ALIGN
     capacity = start = t.rows(ep, policy.capacity_factor)
     ceiling = t.rows(ep, policy.capacity_ceiling)
-    pool = pool_start = t.pool(policy.pool_factor)
-    pool_ceiling, pool_worst = t.pool(policy.pool_ceiling), t.pool(ep)
+    pool = pool_start = t.pool(ep, policy.pool_factor)
+    pool_ceiling, pool_worst = t.pool(ep, policy.pool_ceiling), t.pool(ep, ep)
     replays, spills, pool_spills, peak, pool_peak = [], [], [], capacity, pool
     for s in loads:
         took = next_capacity(t.rows(ep, s.layer_load), capacity, ceiling, worst, align, headroom)
-        pool_took = next_capacity(t.pool(s.rank_sum), pool, pool_ceiling, pool_worst, 1, pool_headroom)
+        pool_took = next_capacity(t.pool(ep, s.rank_sum), pool, pool_ceiling, pool_worst, 1, pool_headroom)
         if "spill" in (took.kind, pool_took.kind):
             spills.append(s.step)
             if pool_took.kind == "spill":
@@ -225,7 +226,7 @@ def simulate(loads: list[StepLoads], t: Target, ep: int, policy: Policy, headroo
             "start_rows": start, "end_rows": capacity, "peak_rows": peak, "worst_rows": worst,
             "end_factor": round(t.factor_of(ep, capacity), 4),
             "pool_start_rows": pool_start, "pool_end_rows": pool, "pool_peak_rows": pool_peak,
-            "pool_end_factor": round(t.pool_factor_of(pool), 4)}
+            "pool_end_factor": round(t.pool_factor_of(ep, pool), 3)}
 
 
 def sampling_floor(picks: int, top_k: int, experts: int, layers: int, ep: int, steps: int = 200,

@@ -18,9 +18,11 @@ The pool is a stack: a layer's rows start at the device-side top, the top moves 
 it moves back once every saved tensor of the layer is released (its backward ran, or its graph
 was dropped) and every layer above it is too; microbatches of one step reuse the rows. Its
 size (``A2AConfig.activation_pool_factor``): that multiple of one layer's balanced rows, summed
-over the MoE layers (``activation_pool_size.pool_rows``); the layers are counted where the
-model registers them (``register_moe_layer``, done by ``titan022``'s expert parallelism) or as
-the stack's depth in earlier steps. A layer that would pass the pool's end copies nothing past
+over the pooled MoE layers (``activation_pool_size.pool_rows``): the deepest stack of pooled
+layers a step has shown (layers under activation checkpointing keep nothing and never push). A
+run's first step knows no depth yet and starts from one layer's rows: it overflows the pool and
+runs its forward once more at the rows it showed it needs (plus headroom), so the pool is never
+sized for layers that keep nothing. A layer that would pass the pool's end copies nothing past
 it (its backward reads wrong rows, never out of bounds) and raises the scope's overflow count;
 at the step boundary ``elastic.check_overflow`` reads the peak rows with the capacities'
 (``needed_rows``), the pool grows to them plus headroom up to its ceiling
@@ -48,22 +50,12 @@ from mxfp8_ep.capacity import POOL_GROWTH_HEADROOM, next_capacity
 from mxfp8_ep.dispatcher import symm
 
 __all__ = ["ActivationPool", "combine_keeps_expert_rows", "needed_rows", "plan_overflowed", "pool_rows_held",
-           "pooled_layer", "pools", "register_moe_layer", "release_pools"]
+           "pooled_layer", "pools", "release_pools"]
 
 _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # What a new plane holds before any row is packed into it (tests set NaN: a backward that read a
 # row past a layer's count would then show).
 _FILL = 0.0
-_MOE_LAYERS: weakref.WeakSet = weakref.WeakSet()  # the modules ``register_moe_layer`` counted
-
-
-def register_moe_layer(module: torch.nn.Module) -> None:
-    """Count ``module`` (a MoE layer's experts) among the layers the pool is sized for, while it
-    lives. Without it the pool learns the count from the step's stack depth (a first step that
-    then overflows the pool replays once)."""
-    _MOE_LAYERS.add(module)
-
-
 @dataclass
 class _Layer:
     """One layer's rows on the stack: where they start (device), whether they were released and
@@ -123,9 +115,9 @@ class ActivationPool:
     @property
     def layers(self) -> int:
         """The layers the pool is sized for: the deepest stack of pooled layers a step has
-        shown (layers under activation checkpointing keep nothing and never push), or, before
-        the first step, every registered MoE layer."""
-        return self.depth_seen or max(len(_MOE_LAYERS), 1)
+        shown (layers under activation checkpointing keep nothing and never push); one before
+        the first step (module docstring)."""
+        return max(self.depth_seen, 1)
 
     def budget(self) -> tuple[int, int, int]:
         """(rows, ceiling, worst) for the layers known now."""

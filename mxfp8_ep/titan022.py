@@ -110,8 +110,6 @@ class DispatcherExpertParallel(ExpertParallel):
         transport = resolve_transport(self.a2a.transport, torch.device(device_mesh.device_type), group)
         if transport is Transport.SYMM and type(module) is titan_moe.GroupedExperts:
             module.__class__ = CapacityGroupedExperts
-        if transport is Transport.SYMM and self.a2a.activation_pool_factor is not None:
-            activation_pool.register_moe_layer(module)
         return distribute_module(module, device_mesh, partition_fn=self._partition_fn)
 
 

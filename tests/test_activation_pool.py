@@ -107,12 +107,15 @@ def _forward(moes, x, checkpoint):
     return h
 
 
-def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None, microbatches=1, guarded=True):
+def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None, microbatches=1, guarded=True,
+           fresh_pools=True):
     """Per routing (``"balanced"`` / ``"skewed"``, each on its own tokens): the loss, every
     gradient (input included) and the replays of one step through a ``ReplayGuard`` (without
-    ``guarded``: none), of ``microbatches`` forward-backward passes (their gradients add up)."""
+    ``guarded``: none), of ``microbatches`` forward-backward passes (their gradients add up).
+    ``fresh_pools``: start from no activation pool (else an earlier run's, its depth known)."""
     release_peer_buffers()
-    activation_pool.release_pools()
+    if fresh_pools:
+        activation_pool.release_pools()
     moes = _stack(world, a2a)
     params = [p for moe in moes for p in moe.parameters() if p.requires_grad]
     guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
@@ -156,13 +159,15 @@ def _pooled_matches_the_worst_case(rank, world):
     setup_rank()
     activation_pool._FILL = float("nan")  # a backward that read a row past a layer's count shows
     worst = _steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
-    unpooled = _steps(world, rank, A2AConfig(transport="symm", capacity_ceiling=None), ROUTINGS)
+    unpooled = _steps(world, rank, A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=None),
+                      ROUTINGS)
     pooled = _steps(world, rank, A2AConfig(**POOLED), ROUTINGS)
     assert all(torch.isfinite(loss) for loss, _, _ in worst)
     _assert_same(unpooled, worst, f"unpooled rank {rank}/{world}")
     _assert_same(pooled, worst, f"pooled rank {rank}/{world}")
+    # the first step learns how many layers pool (it starts from one layer's rows: one rerun);
     # the skewed step overflows the capacity (and the pool at once): one rerun, then it holds
-    assert [r for *_, r in pooled] == [0, 1, 0], [r for *_, r in pooled]
+    assert [r for *_, r in pooled] == [1, 1, 0], [r for *_, r in pooled]
     # A pool of a tenth of the balanced case: the first step overflows it alone, replays once,
     # and the grown pool holds; the result is the same.
     small = _steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": 0.1}), ROUTINGS)
@@ -233,13 +238,13 @@ def _no_host_read_and_memory(rank, world):
         held.setdefault("capacity_bytes", []).append(sum(t.nbytes for t in alive.values()))  # views once
         kept.clear()
 
-    def one_run(a2a):
+    def one_run(a2a, fresh_pools=True):
         reads["n"] = 0
         for name, original in originals.items():
             setattr(torch.Tensor, name, counted(original))
         torch._grouped_mm = watched
         try:
-            _steps(world, rank, a2a, ("balanced",), after_forward=after_forward)
+            _steps(world, rank, a2a, ("balanced",), after_forward=after_forward, fresh_pools=fresh_pools)
         finally:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
@@ -247,9 +252,10 @@ def _no_host_read_and_memory(rank, world):
         return reads["n"]
 
     a2a = A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=1.5, activation_pool_ceiling=None)
-    unpooled_reads = one_run(A2AConfig(transport="symm", capacity_ceiling=None))
-    pools_before = activation_pool.pools()
-    pooled_reads = one_run(a2a)
+    unpooled_reads = one_run(A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=None))
+    one_run(a2a)  # the pool learns how many layers pool (the first step's one rerun)
+    held["capacity_bytes"] = held["capacity_bytes"][:1]  # the unpooled run's
+    pooled_reads = one_run(a2a, fresh_pools=False)
     assert pooled_reads == unpooled_reads, (pooled_reads, unpooled_reads)
     unpooled_bytes, pooled_bytes = held["capacity_bytes"]
     # Unpooled each layer keeps its routed input, h1, h3, their product and its expert outputs
@@ -257,7 +263,7 @@ def _no_host_read_and_memory(rank, world):
     row = pooled_row_bytes(DIM, HIDDEN, 2, combine_keeps_expert_rows=True)
     assert unpooled_bytes == LAYERS * capacity * row, (unpooled_bytes, LAYERS * capacity * row)
     assert pooled_bytes == 0, pooled_bytes
-    (pool,) = [p for p in activation_pool.pools() if p not in pools_before]
+    (pool,) = [p for p in activation_pool.pools() if p.factor == 1.5]
     rows = pool_rows(TOKENS, TOP_K, world, 4, ALIGN, LAYERS, 1.5)
     assert pool.rows == rows and pool.nbytes() == (rows + 1) * row, (pool.rows, rows, pool.nbytes())
     activation_pool.release_pools()
@@ -280,9 +286,10 @@ def _checkpointed_accumulated_and_unguarded(rank, world):
     _assert_same(_steps(world, rank, A2AConfig(**POOLED), ROUTINGS, guarded=False), want, f"unguarded rank {rank}")
     # Two microbatches per step: the first's backward gives its rows back, so a pool of one
     # microbatch's layers holds both and nothing replays.
-    got = _steps(world, rank, A2AConfig(**POOLED), ("balanced",), microbatches=2)
-    _assert_same(got, _steps(world, rank, worst, ("balanced",), microbatches=2), f"2 microbatches rank {rank}")
-    assert got[0][2] == 0, got[0][2]
+    got = _steps(world, rank, A2AConfig(**POOLED), ("balanced", "balanced"), microbatches=2)
+    _assert_same(got, _steps(world, rank, worst, ("balanced", "balanced"), microbatches=2),
+                 f"2 microbatches rank {rank}")
+    assert [r for *_, r in got] == [1, 0], [r for *_, r in got]  # the first step learns the depth
     activation_pool.release_pools()
 
 

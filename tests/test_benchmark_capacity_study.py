@@ -60,9 +60,9 @@ def test_the_policy_over_hand_picked_loads():
                    headroom=0.25, pool_headroom=0.1)
     assert (sim["replays"], sim["spills"], sim["pool_spills"], sim["reruns"]) == (3, 2, 1, 5)
     assert sim["reruns_per_1000"] == 833.33 and sim["last_rerun_step"] == 6
-    assert sim["start_rows"] == t.rows(8, 1.25) and sim["pool_start_rows"] == t.pool(1.1)
+    assert sim["start_rows"] == t.rows(8, 1.25) and sim["pool_start_rows"] == t.pool(8, 1.1)
     assert sim["end_rows"] == sim["peak_rows"] == t.rows(8, 2.0) and sim["end_factor"] == 2.0
-    assert sim["pool_end_rows"] == t.pool(1.3) and sim["pool_end_factor"] == 1.3
+    assert sim["pool_end_rows"] == t.pool(8, 1.3) and sim["pool_end_factor"] == 1.3
     both = simulate(_loads([1.4], [1.2]), t, 8, policy, headroom=0.25, pool_headroom=0.1)
     assert (both["replays"], both["reruns"]) == (1, 1)
     no_ceiling = simulate(_loads([1.0, 1.4, 1.3, 1.8, 2.5, 1.2], [1.0] * 6), t, 8, Policy(1.25, None, 1.1, 1.3))

@@ -20,7 +20,7 @@ def test_estimate_rows_set_symm_against_nccl_at_each_checkpointing():
     for ckpt in ("none", "selective", "full"):
         by_arm = {r["arm"]: r for r in rows if r["activation_checkpoint"] == ckpt}
         assert by_arm["nccl"]["vs_nccl"] == 1.0 and by_arm["nccl"]["peer_buffers_gib"] == 0
-        assert by_arm["nccl"]["gib"] < by_arm["symm"]["gib"] < by_arm["symm:worst"]["gib"], ckpt
+        assert by_arm["symm"]["gib"] < by_arm["symm:worst"]["gib"], ckpt
         assert abs(by_arm["symm"]["vs_nccl"] - by_arm["symm"]["gib"] / by_arm["nccl"]["gib"]) < 1e-3
         # the pool at its ceiling keeps more; every layer at the worst case keeps no pool
         assert by_arm["symm:worst"]["activation_pool_gib"] == by_arm["nccl"]["activation_pool_gib"] == 0

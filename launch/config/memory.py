@@ -16,7 +16,7 @@ Per process (rank):
   buffers); the logits in bf16 and fp32 with their gradient. Full activation checkpointing
   keeps only each layer's input (plus one layer being recomputed); selective keeps about half;
   TP splits what is left. The symm transport (``symm``) at an elastic capacity keeps each MoE
-  layer's expert-side tensors (``expert_row_bytes`` a routed row) in one activation pool per
+  layer's expert-side tensors (``pooled_row_bytes`` a routed row) in one activation pool per
   step at the rows the routing used: ``pool_rows``, a pool factor times the balanced rows of
   all MoE layers together (a rank's rows summed over the layers, far closer to balanced than
   its busiest layer's), kept like the rest of the layer under the checkpointing; only one
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launch.config.model_facts import ModelFacts
+from mxfp8_ep import activation_pool_size
 from mxfp8_ep.capacity import expert_major_capacity, symm_staging_bytes
 from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_FACTOR)
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
@@ -106,10 +107,18 @@ def expert_row_bytes(m: ModelFacts) -> int:
     return (2 * m.dim + 4 * m.moe_hidden_dim) * BF16
 
 
-def pool_rows(m: ModelFacts, tokens: int, pool_factor: float) -> int:
-    """Routed rows the symm transport's activation pool holds per rank and step:
-    ``pool_factor`` times the balanced rows of all MoE layers (``tokens x top_k x layers``)."""
-    return math.ceil(pool_factor * tokens * m.top_k * m.n_moe_layers)
+def pool_rows(m: ModelFacts, tokens: int, ep: int, pool_factor: float) -> int:
+    """Rows the symm transport's activation pool holds per rank and step
+    (``mxfp8_ep.activation_pool_size.pool_rows``): ``pool_factor`` times one layer's balanced
+    rows (``tokens x top_k``, plus each local expert's padding), summed over the MoE layers."""
+    return activation_pool_size.pool_rows(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN, m.n_moe_layers,
+                                          pool_factor)
+
+
+def pooled_row_bytes(m: ModelFacts, combine_partial_sums: bool) -> int:
+    """Bytes the pool holds per routed row of one MoE layer
+    (``mxfp8_ep.activation_pool_size.pooled_row_bytes``, bf16)."""
+    return activation_pool_size.pooled_row_bytes(m.dim, m.moe_hidden_dim, BF16, m.top_k > 1 and combine_partial_sums)
 
 
 def symm_rows_per_token(m: ModelFacts, tokens: int, ep: int, combine_partial_sums: bool,
@@ -169,7 +178,8 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
     pool = transient = 0
     if pooled:
         if activation_checkpoint != "full":  # full: only each layer's input is kept across layers
-            pool = int(pool_rows(m, tokens, pool_factor) * expert_row_bytes(m)  # type: ignore[arg-type]
+            pool = int(pool_rows(m, tokens, ep, pool_factor)  # type: ignore[arg-type]
+                       * pooled_row_bytes(m, combine_partial_sums)
                        * _KEPT.get(activation_checkpoint, 1.0) / tp)
         transient = int(symm_capacity(m, tokens, ep, capacity_factor) * expert_row_bytes(m) / tp)
     return MemoryEstimate(
@@ -250,8 +260,9 @@ def fitting_ceiling(cfg: Any, facts: ModelFacts, device: str, memory_bytes: int,
 
     if fits(most):
         return most if most is None else max(float(start), most)
-    low = int(math.ceil(start / CEILING_STEP))
-    high = int((cfg.parallelism.ep if most is None else most) / CEILING_STEP) + 1
+    low = int(math.ceil(min(start, cfg.parallelism.ep) / CEILING_STEP))
+    # A factor past EP is the worst case (``capacity.expert_major_capacity``): search up to it.
+    high = int(min(cfg.parallelism.ep, cfg.parallelism.ep if most is None else most) / CEILING_STEP) + 1
     if not fits(low * CEILING_STEP):
         return float(start)
     while high - low > 1:  # fits(low), not fits(high): the estimate grows with the factor
