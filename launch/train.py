@@ -33,7 +33,7 @@ from launch.config.problems import ConfigError, reject
 from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launcher_for
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
 from launch.preflight import prepare
-from launch.preflight.show_config import job_config_text, overrides_of, wants_job_config
+from launch.preflight.show_config import is_sweep, job_config_text, overrides_of, sweep_job_configs, wants_job_config
 from launch.run import console
 from launch.run.resume import Resume, with_the_runs_options
 from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints
@@ -176,7 +176,8 @@ def cli() -> None:
     sys.argv[1:] = with_the_runs_options(literal_paths(sys.argv[1:]), CONF)
     try:
         if wants_job_config(sys.argv[1:]):  # --cfg job: the launch's config, checked; nothing started
-            print(job_config_text(CONF, overrides_of(sys.argv[1:])), end="", flush=True)
+            show = sweep_job_configs if is_sweep(sys.argv[1:]) else job_config_text
+            print(show(CONF, overrides_of(sys.argv[1:])), end="", flush=True)
             return
         main()
     except ConfigError as e:

@@ -80,6 +80,7 @@ class CheckEverySweepPoint(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
+        from launch.preflight.hydra_errors import explain
         from launch.preflight.validate import validate
         from launch.run.run_dir import RUN_CONFIG
 
@@ -99,9 +100,12 @@ class CheckEverySweepPoint(Callback):
         for num, point in enumerate(points):
             try:
                 validate(compose(config_name=config.hydra.job.config_name, overrides=point))
-            except ConfigError as e:
+            except Exception as e:  # noqa: BLE001 - Hydra's composition errors, said as ours
+                error = explain(e, point)
+                if error is None:
+                    raise
                 shown = " ".join(o for o in point if not o.startswith("hydra."))
-                problems += [f"sweep job #{num} ({shown}): {p}" for p in e.problems]
+                problems += [f"sweep job #{num} ({shown}): {p}" for p in error.problems]
         if problems:
             reject(ConfigError(problems, note=f"nothing was started: fix or drop these points of "
                                               f"the {len(points)}-job sweep"))
