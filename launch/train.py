@@ -14,6 +14,8 @@ line per log window and a summary (launch/run/console.py); Ctrl-C / SIGTERM stop
 
 from __future__ import annotations
 
+from launch.launchers import spawned_worker  # noqa: F401  (first: a spawned worker's SIGINT while it imports)
+
 import dataclasses
 import logging
 import os
@@ -36,7 +38,8 @@ from launch.preflight import prepare
 from launch.preflight.show_config import is_sweep, job_config_text, overrides_of, sweep_job_configs, wants_job_config
 from launch.run import console
 from launch.run.resume import Resume, with_the_runs_options
-from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints
+from launch.run.run_dir import (RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints,
+                                 trained_nothing)
 from launch.run.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -69,6 +72,13 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
         log.info("stopped by signal %d", e.signum)
+        steps = e.summary.steps if e.summary is not None else None
+        if resume is None and cfg.launcher.name == "local" and trained_nothing(
+                run_dir, steps, cfg.training.checkpoint_folder):
+            before.restore()  # a new run that trained no step leaves no folder behind
+            print(f"[mxfp8ep] stopped by {signal.Signals(e.signum).name} before a step was trained; "
+                  f"its run dir was removed ({run_dir})", file=sys.stderr, flush=True)
+            raise SystemExit(128 + e.signum) from None
         ended(cfg, run_dir, console.how_it_ended(e.summary, e.signum))
         print(console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
               file=sys.stderr, flush=True)

@@ -7,11 +7,17 @@ written. Instead, while training, the handlers only note the signal; at the next
 boundary every rank learns whether any rank got one (:meth:`StopSignals.agreed`, a small
 all-reduce) and they stop together: the trainer saves a checkpoint, finishes wandb and writes
 the summary. The previous handlers (Python's, submitit's) come back afterwards.
+
+Before the first step is trained there is nothing to save: with ``exit_before_training`` a
+stop signal ends the process at once (a Ctrl-C during start-up returns in a moment, not after
+the rest of the start-up and a first step), until the trainer calls :meth:`StopSignals.trained`.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from typing import Any, Optional
 
@@ -25,8 +31,9 @@ class StopSignals:
     entry point installs it as early as it can, the runner enters it again) shares the
     outer one; only the outermost restores the previous handlers."""
 
-    def __init__(self) -> None:
+    def __init__(self, exit_before_training: bool = False) -> None:
         self.received: Optional[int] = None
+        self.exit_before_training = exit_before_training
         self._previous: dict[int, Any] = {}
         self._nested = False
 
@@ -52,8 +59,16 @@ class StopSignals:
             _active = None
 
     def _note(self, signum: int, frame: Any) -> None:  # noqa: ARG002 (a signal handler's signature)
+        if self.exit_before_training:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signum)
         if self.received is None:
             self.received = signum
+
+    def trained(self) -> None:
+        """A step is trained: from now on a stop signal waits for the next step boundary."""
+        self.exit_before_training = False
 
     def agreed(self, group: Any = None) -> Optional[int]:
         """The stop signal if any rank of ``group`` got one, else None (collective: every rank

@@ -199,6 +199,8 @@ class RecipeTrainerMixin:
         self._set_input_checks()
         if not super().should_continue_training():  # type: ignore[misc]
             return False
+        if self.step > self.start_step:
+            self.stop.trained()  # a stop now saves what was trained
         self.stopped_by = self.stop.agreed(self._stop_group)
         if self.stopped_by is None:
             return True
