@@ -29,17 +29,17 @@ from typing import Optional
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from launch.config.problems import ConfigError, reject
 from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launcher_for
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
-from launch.preflight import prepare
+from launch.preflight import prepare, sweep_finish
 from launch.preflight.show_config import is_sweep, job_config_text, overrides_of, sweep_job_configs, wants_job_config
 from launch.run import console
 from launch.run.resume import Resume, with_the_runs_options
-from launch.run.run_dir import (RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints,
-                                 trained_nothing)
+from launch.run.run_dir import (RUN_CONFIG, RunDirBefore, claim_resume, claim_run_config,
+                                 remove_incomplete_checkpoints, trained_nothing)
 from launch.run.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -115,16 +115,45 @@ def ended(cfg: DictConfig, run_dir: str, how: str) -> None:
 
 
 def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSummary]:
-    """Check and launch a composed config (what a sweep's job does: a new run in a new folder)."""
+    """Check and launch a composed config (what a sweep's job does: a new run in a new folder,
+    or, finishing a sweep, its point's run resumed or left as it is: launch/preflight/sweep_finish.py).
+    When the job ends the sweep, it names the points that did not run and how to finish it."""
     console.route_logging(verbose=cfg.logging.verbose)
     try:
-        cfg, warnings = prepare.prepare(cfg, overrides)
+        return _sweep_job(cfg, Path(run_dir).absolute(), overrides)
+    except SystemExit as e:
+        if e.code:
+            lines = sweep_finish.unfinished(HydraConfig.get().job.num)
+            if lines:
+                print(lines, file=sys.stderr, flush=True)
+        raise
+
+
+def _sweep_job(cfg: DictConfig, point: Path, overrides: list[str]) -> Optional[RunSummary]:
+    state, step = sweep_finish.point_state(point, cfg.training.checkpoint_folder)
+    if state == sweep_finish.DONE:
+        print(f"[mxfp8ep] {point} completed step {step} already: not run again", flush=True)
+        return RunSummary.read(point)
+    resume = None
+    try:
+        if state == sweep_finish.RESUME:
+            from hydra import compose
+
+            with read_write(cfg):
+                cfg.training.resume = str(point)
+            cfg, warnings, resume = prepare.prepare_run(cfg, overrides, str(point),
+                                                        lambda ovs: compose("train", overrides=ovs))
+        else:
+            cfg, warnings = prepare.prepare(cfg, overrides)
     except ConfigError as e:
         reject(e)
     for w in warnings:
         console.warn(w)
-    point = Path(run_dir).absolute()  # made for this job by Hydra's launcher
-    return launch(cfg, run_dir, None, RunDirBefore(point, existed=False, kept_ancestor=point.parent))
+    if resume is not None:
+        print(resume.line, flush=True)
+        resume.number = claim_resume(point)
+        return launch(cfg, str(point), resume, RunDirBefore.take(point))
+    return launch(cfg, str(point), None, RunDirBefore(point, existed=False, kept_ancestor=point.parent))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -3,6 +3,8 @@ config, nothing started), a comma list without ``--multirun``, a sweep with an u
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from tests.train_cli import run_train
@@ -51,3 +53,57 @@ def test_sweep_with_an_unknown_option_is_one_line(tmp_path):
         "mxfp8, mxfp8_all",
         "nothing was started: fix or drop these points of the 2-job sweep"]
     assert not (tmp_path / "multirun").exists()
+
+
+def test_a_stopped_sweep_names_what_did_not_run_and_its_command_finishes_it(tmp_path):
+    """Ctrl-C in point #1 of a 3-point sweep (after its checkpoint of step 2): the points that did
+    not run are named with the command that finishes the sweep, which keeps #0, resumes #1 and
+    starts #2 in the same sweep folder."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import time
+
+    from launch.run.run_summary import RunSummary
+    from tests.train_cli import train_cmd, train_env
+
+    sweep = tmp_path / "sweep"
+    args = ["--multirun", "a2a=bf16,mxfp8,mxfp8_all", "training.steps=4", "training.checkpoint_enable=true",
+            "training.checkpoint_interval=2", "logging=none", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(train_cmd(*args), cwd=tmp_path, env=train_env(), text=True, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 400
+    while not [c for c in sweep.glob("1_*/checkpoint/step-2/.metadata")]:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = err.splitlines()
+    cut = re.fullmatch(r"\[mxfp8ep\] the sweep stopped: 2 of its 3 points did not run: #1 \(a2a=mxfp8, cut at a "
+                       r"checkpoint of step ([23])\), #2 \(a2a=mxfp8_all, not started\)", lines[-2])
+    assert cut, err  # the stop saves the step it stopped at
+    finish = lines[-1].split(" with: ", 1)[1]
+    assert finish.endswith(f" hydra.sweep.dir={sweep}")
+
+    again = run_train(tmp_path, *shlex.split(finish)[2:], timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines()[0] == (
+        f"[mxfp8ep] finishing the sweep in {sweep}: #0 (a2a=bf16) done (step 4); #1 (a2a=mxfp8) resumes "
+        f"from its checkpoint of step {cut.group(1)}; #2 (a2a=mxfp8_all) starts")
+    summaries = [RunSummary.read(d) for d in sorted(sweep.glob("[0-9]_*"))]
+    assert [(s.a2a, s.steps, s.start_step) for s in summaries] == [("bf16", 4, 0), ("mxfp8", 4, int(cut.group(1))),
+                                                                    ("mxfp8_all", 4, 0)]
+    assert (sorted(sweep.glob("1_*"))[0] / "resumes" / "1").is_dir()
+
+
+def test_a_sweep_folder_with_runs_of_another_sweep_is_refused(tmp_path):
+    stranger = tmp_path / "sweep" / "0_a2a=mxfp8_all"
+    stranger.mkdir(parents=True)
+    (stranger / "train_config.yaml").write_text("a2a: {name: mxfp8_all}\n")
+    proc = run_train(tmp_path, "--multirun", "a2a=bf16,mxfp8", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=120)
+    assert proc.returncode == 2
+    assert f"hydra.sweep.dir={tmp_path / 'sweep'} holds runs that are no point of this sweep (0_a2a=mxfp8_all)" \
+        in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0_a2a=mxfp8_all"]
