@@ -1,5 +1,6 @@
 """Imported first by ``launch/train.py``: a training process the local launcher spawned ends
-quietly on SIGINT until its stop handlers are in place (``launch.run.stop``).
+quietly on SIGINT (the system's default, no KeyboardInterrupt) until its stop handlers are in
+place (``launch.run.stop``).
 
 torch elastic starts the local workers with multiprocessing's "spawn": each new interpreter
 first imports ``launch/train.py`` as ``__mp_main__``, then torch, for seconds. A terminal's Ctrl-C
@@ -8,14 +9,8 @@ workers: in a worker still importing, Python's default would raise KeyboardInter
 a traceback on the console. Nothing was trained yet, so the worker just exits.
 """
 
-import os
 import signal
 import sys
 
-
-def _exit_quietly(signum: int, frame: object) -> None:  # noqa: ARG001 (a signal handler's signature)
-    os._exit(128 + signum)
-
-
 if "__mp_main__" in sys.modules:
-    signal.signal(signal.SIGINT, _exit_quietly)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,9 +15,7 @@ the rest of the start-up and a first step), until the trainer calls :meth:`StopS
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 from typing import Any, Optional
 
@@ -44,7 +42,10 @@ class StopSignals:
             return _active
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._note)
+                # start-up: the system's default ends the process at once, also inside a long call
+                # into C++ (a rendezvous waiting for a rank that is gone), where no Python handler runs
+                self._previous[sig] = signal.signal(sig, signal.SIG_DFL if self.exit_before_training
+                                                    else self._note)
             _active = self
         return self
 
@@ -59,15 +60,14 @@ class StopSignals:
             _active = None
 
     def _note(self, signum: int, frame: Any) -> None:  # noqa: ARG002 (a signal handler's signature)
-        if self.exit_before_training:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + signum)
         if self.received is None:
             self.received = signum
 
     def trained(self) -> None:
         """A step is trained: from now on a stop signal waits for the next step boundary."""
+        if self.exit_before_training and self._previous:
+            for sig in SIGNALS:
+                signal.signal(sig, self._note)
         self.exit_before_training = False
 
     def agreed(self, group: Any = None) -> Optional[int]:
