@@ -700,7 +700,7 @@ def test_failed_and_empty_runs_are_marked_rows_not_compared(tmp_path, capsys):
     assert "[failed]" not in rows["a2a=bf16,x=1"] and "[no step]" not in rows["a2a=bf16,x=1"]
     assert "not compared" in out and "no verdict" not in out.split("* [")[0]
     result = json.loads((tmp_path / "comparison.json").read_text())
-    assert {r["run_name"]: r["ended"] for r in result["runs"]} == {
+    assert {r["run_name"]: r["mark"] for r in result["runs"]} == {
         "a2a=bf16,x=1": None, "a2a=mxfp8,x=1": "no step", "a2a=mxfp8_dense,x=1": "failed"}
     assert [s["run"] for s in result["plots"]["loss"]["panels"]["train"]["series"]] == ["a2a=bf16,x=1"]
     assert result["verdicts"] == [] and result["unjudged"] == []

@@ -116,7 +116,7 @@ class Compared:
     seed_replicas: list["Compared"] = field(default_factory=list, repr=False)
     show_seed: bool = False  # the sweep point has runs of this a2a with several seeds
     # "failed" / "no step" for a run that is not compared (``ending``); None for one that is
-    ended: Optional[str] = None
+    mark: Optional[str] = None
 
     @property
     def group_key(self) -> tuple:
@@ -177,9 +177,10 @@ def _last_ending(run_folder: Path) -> str:
 
 
 def ending(c: Compared, exit_code: Optional[int] = None) -> Optional[str]:
-    """"failed" when the run's last launch failed (its ``console.log`` says so, or its wandb run
-    exited with ``exit_code`` != 0), "no step" when it logged no training step; else None."""
-    if _last_ending(run_folder(c)).startswith("failed") or exit_code not in (None, 0):
+    """"failed" when the run's last launch failed (its summary or ``console.log`` says so, or its
+    wandb run exited with ``exit_code`` != 0), "no step" when it logged no training step; else None."""
+    how = getattr(c.run, "ended", None) or _last_ending(run_folder(c))
+    if how.startswith("failed") or exit_code not in (None, 0):
         return "failed"
     return None if c.run.logged_steps else "no step"
 
@@ -193,12 +194,12 @@ def _unrecorded(folder: Path) -> Compared:
     name = (recipe.get("logging") or {}).get("run_name") or folder.name  # type: ignore[union-attr]
     nothing = OfflineRun(path=str(folder), name=name)
     c = Compared(RunSummary.from_wandb(nothing, recipe, str(folder)), str(folder), "summary")  # type: ignore[arg-type]
-    c.ended = ending(c)
+    c.mark = ending(c)
     return c
 
 
 def collect(paths: list[str]) -> list[Compared]:
-    """Every run found under ``paths`` (see module doc), each once; ``Compared.ended`` says
+    """Every run found under ``paths`` (see module doc), each once; ``Compared.mark`` says
     which of them failed or trained no step."""
     found: list[Compared] = []
     seen: set[str] = set()  # wandb folders already covered by a summary
@@ -208,7 +209,7 @@ def collect(paths: list[str]) -> list[Compared]:
             seen.update(os.path.realpath(p) for p in run.paths)
             where = str(Path(run.paths[0]))
             c = Compared(RunSummary.from_wandb(run, _recipe_config(run), where), where, "wandb")
-            c.ended = ending(c, run.exit_code)
+            c.mark = ending(c, run.exit_code)
             found.append(c)
 
     wandb_roots: list[str] = []  # searched together: one run's launches may be named one by one
@@ -227,7 +228,7 @@ def collect(paths: list[str]) -> list[Compared]:
             if not s.numerics and quantized_formats(s.a2a_legs.values()):
                 s.numerics = _numerics_logged_to_wandb(s, summary_file.parent)
             c = Compared(s, str(summary_file.parent), "summary")
-            c.ended = ending(c)
+            c.mark = ending(c)
             found.append(c)
         wandb_roots.append(str(p))
     for run in read_runs(*wandb_roots):
@@ -291,7 +292,7 @@ def _seed_order(c: Compared) -> tuple:
 
 def compare(runs: list[Compared]) -> list[Compared]:
     """Give each run its baseline (module doc), seed replicas and ``vs_baseline``; failed and
-    empty runs (``Compared.ended``) are returned as they are."""
+    empty runs (``Compared.mark``) are returned as they are."""
     everything, runs = runs, compared(runs)
     pairs: dict[tuple, list[Compared]] = {}
     groups: dict[tuple, list[Compared]] = {}
@@ -332,7 +333,7 @@ def compare(runs: list[Compared]) -> list[Compared]:
 
 def compared(runs: list[Compared]) -> list[Compared]:
     """The runs that are compared: all but the failed and empty ones."""
-    return [c for c in runs if c.ended is None]
+    return [c for c in runs if c.mark is None]
 
 
 def seed_spread(base: Compared) -> Optional[float]:
@@ -550,7 +551,7 @@ def format_table(runs: list[Compared]) -> str:
     for c in ordered(runs):
         s, v, base = c.run, c.vs_baseline, c.baseline is None
         rows.append((
-            s.run_name + (f" [{c.ended}]" if c.ended else ""),
+            s.run_name + (f" [{c.mark}]" if c.mark else ""),
             s.a2a,
             s.model,
             f"{s.world_size or '?'}/{s.ep or '?'}",
@@ -569,7 +570,7 @@ def format_table(runs: list[Compared]) -> str:
     lines = ["  ".join(str(c).ljust(w) if i < 5 else str(c).rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    not_compared = sorted({c.ended for c in runs if c.ended})
+    not_compared = sorted({c.mark for c in runs if c.mark})
     if not_compared:
         lines.append(f"* {' / '.join(f'[{e}]' for e in not_compared)}: {NOT_COMPARED}")
     if on_cpu(runs):
@@ -827,7 +828,7 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
         "unjudged": unjudged(runs),
         "throughput_rule": THROUGHPUT_RULE,
         "throughput_verdicts": throughput_verdicts(runs),
-        "runs": [{"path": c.path, "source": c.source, "ended": c.ended, "vs_baseline": c.vs_baseline,
+        "runs": [{"path": c.path, "source": c.source, "mark": c.mark, "vs_baseline": c.vs_baseline,
                   "numerics_worst": numerics_summary(c.run), **dataclasses.asdict(c.run)}
                  for c in ordered(runs)],
         "plots": plots or {},
