@@ -43,19 +43,22 @@ def _this_python_has_the_recipe() -> None:
 
 _this_python_has_the_recipe()
 
+from launch.launchers import spawned_worker  # noqa: F401  (first: a spawned worker's SIGINT while it imports)
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from launch.config.problems import ConfigError, reject
 from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launcher_for
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
-from launch.preflight import prepare
-from launch.preflight.show_config import job_config_text, overrides_of, wants_job_config
+from launch.preflight import prepare, sweep_finish
+from launch.preflight.show_config import is_sweep, job_config_text, overrides_of, sweep_job_configs, wants_job_config
 from launch.run import console
 from launch.run.resume import Resume, with_the_runs_options
-from launch.run.run_dir import RUN_CONFIG, RunDirBefore, claim_run_config, remove_incomplete_checkpoints
+from launch.run.run_dir import (RUN_CONFIG, RunDirBefore, claim_resume, claim_run_config,
+                                 remove_incomplete_checkpoints, trained_nothing)
 from launch.run.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -88,6 +91,13 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
         summary = launcher_for(cfg).launch(cfg, run_dir)
     except RunStopped as e:
         log.info("stopped by signal %d", e.signum)
+        steps = e.summary.steps if e.summary is not None else None
+        if resume is None and cfg.launcher.name == "local" and trained_nothing(
+                run_dir, steps, cfg.training.checkpoint_folder):
+            before.restore()  # a new run that trained no step leaves no folder behind
+            print(f"[mxfp8ep] stopped by {signal.Signals(e.signum).name} before a step was trained; "
+                  f"its run dir was removed ({run_dir})", file=sys.stderr, flush=True)
+            raise SystemExit(128 + e.signum) from None
         console.show(run_dir, console.stop_line(e.signum, e.summary, run_dir, resume_command(os.path.abspath(run_dir))),
                      err=True)
         ended(cfg, run_dir, console.how_it_ended(e.summary, e.signum))
@@ -131,16 +141,45 @@ def ended(cfg: DictConfig, run_dir: str, how: str, failed_at: Optional[int] = No
 
 
 def run(cfg: DictConfig, run_dir: str, overrides: list[str]) -> Optional[RunSummary]:
-    """Check and launch a composed config (what a sweep's job does: a new run in a new folder)."""
+    """Check and launch a composed config (what a sweep's job does: a new run in a new folder,
+    or, finishing a sweep, its point's run resumed or left as it is: launch/preflight/sweep_finish.py).
+    When the job ends the sweep, it names the points that did not run and how to finish it."""
     console.route_logging(verbose=cfg.logging.verbose)
     try:
-        cfg, warnings = prepare.prepare(cfg, overrides)
+        return _sweep_job(cfg, Path(run_dir).absolute(), overrides)
+    except SystemExit as e:
+        if e.code:
+            lines = sweep_finish.unfinished(HydraConfig.get().job.num)
+            if lines:
+                print(lines, file=sys.stderr, flush=True)
+        raise
+
+
+def _sweep_job(cfg: DictConfig, point: Path, overrides: list[str]) -> Optional[RunSummary]:
+    state, step = sweep_finish.point_state(point, cfg.training.checkpoint_folder)
+    if state == sweep_finish.DONE:
+        print(f"[mxfp8ep] {point} completed step {step} already: not run again", flush=True)
+        return RunSummary.read(point)
+    resume = None
+    try:
+        if state == sweep_finish.RESUME:
+            from hydra import compose
+
+            with read_write(cfg):
+                cfg.training.resume = str(point)
+            cfg, warnings, resume = prepare.prepare_run(cfg, overrides, str(point),
+                                                        lambda ovs: compose("train", overrides=ovs))
+        else:
+            cfg, warnings = prepare.prepare(cfg, overrides)
     except ConfigError as e:
         reject(e)
     for w in warnings:
         console.warn(w)
-    point = Path(run_dir).absolute()  # made for this job by Hydra's launcher
-    return launch(cfg, run_dir, None, RunDirBefore(point, existed=False, kept_ancestor=point.parent))
+    if resume is not None:
+        print(resume.line, flush=True)
+        resume.number = claim_resume(point)
+        return launch(cfg, str(point), resume, RunDirBefore.take(point))
+    return launch(cfg, str(point), None, RunDirBefore(point, existed=False, kept_ancestor=point.parent))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -202,7 +241,8 @@ def cli() -> None:
     sys.argv[1:] = with_the_runs_options(literal_paths(sys.argv[1:]), CONF)
     try:
         if wants_job_config(sys.argv[1:]):  # --cfg job: the launch's config, checked; nothing started
-            print(job_config_text(CONF, overrides_of(sys.argv[1:])), end="", flush=True)
+            show = sweep_job_configs if is_sweep(sys.argv[1:]) else job_config_text
+            print(show(CONF, overrides_of(sys.argv[1:])), end="", flush=True)
             return
         main()
     except ConfigError as e:

@@ -677,3 +677,30 @@ def test_a_launch_killed_before_its_summary_is_read_back_from_wandb(tmp_path):
     assert record.logged_steps == list(range(1, 9)) and record.losses == pytest.approx([6.0 / s for s in range(1, 9)])
     (run / "summary.json").unlink()
     assert earlier_record(run, 8).logged_steps == list(range(1, 9))
+
+
+def test_failed_and_empty_runs_are_marked_rows_not_compared(tmp_path, capsys):
+    """A sweep whose mxfp8 run logged no step (its wandb run started, then the run failed) and
+    whose third run failed before any record (only its config and console.log): the table
+    marks both, no verdict or plot takes them, and nothing crashes."""
+    write_wandb_run(tmp_path / "0_a2a=bf16", "a2a=bf16,x=1", "bf16", 20, 6.0, 1000.0)
+    write_wandb_run(tmp_path / "1_a2a=mxfp8", "a2a=mxfp8,x=1", "mxfp8", 0, 6.3, 760.0)
+    failed = tmp_path / "2_a2a=mxfp8_dense"
+    failed.mkdir()
+    (failed / "train_config.yaml").write_text(
+        "a2a: {name: mxfp8_dense}\nmodel: {name: tiny_llama4}\n"
+        "parallelism: {name: ep2, nodes: 1, procs_per_node: 2, ep: 2}\ntraining: {steps: 5}\n"
+        "logging: {run_name: 'a2a=mxfp8_dense,x=1'}\n")
+    (failed / "console.log").write_text("==== ended 2026-12-06 03:00:00: failed: rank 0 failed: "
+                                        "IndexError: Index 1 out of range ====\n")
+    assert compare_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("a2a=")}
+    assert "[no step]" in rows["a2a=mxfp8,x=1"] and "[failed]" in rows["a2a=mxfp8_dense,x=1"]
+    assert "[failed]" not in rows["a2a=bf16,x=1"] and "[no step]" not in rows["a2a=bf16,x=1"]
+    assert "not compared" in out and "no verdict" not in out.split("* [")[0]
+    result = json.loads((tmp_path / "comparison.json").read_text())
+    assert {r["run_name"]: r["mark"] for r in result["runs"]} == {
+        "a2a=bf16,x=1": None, "a2a=mxfp8,x=1": "no step", "a2a=mxfp8_dense,x=1": "failed"}
+    assert [s["run"] for s in result["plots"]["loss"]["panels"]["train"]["series"]] == ["a2a=bf16,x=1"]
+    assert result["verdicts"] == [] and result["unjudged"] == []

@@ -64,7 +64,8 @@ def test_your_own_data_as_the_page_lays_it_out(tmp_path):
     assert validate(compose_cfg(*single), machine=GPU_BOX) == []
 
 
-def test_the_wandb_online_command(tmp_path):
+def test_the_wandb_online_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)  # what `wandb login` gives (checked before launch)
     (command,) = train_commands(section("wandb"))
     (sweep,) = [o for o in command if o.startswith("a2a=")]
     for a2a in sweep.removeprefix("a2a=").split(","):  # each point of the --multirun sweep

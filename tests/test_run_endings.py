@@ -66,3 +66,81 @@ def test_a_python_without_the_recipe_is_one_line(tmp_path):
     assert proc.stderr.splitlines() == [
         f"[mxfp8ep] {sys.executable} cannot import hydra or launch, which the recipe needs: {fix}, then run the "
         f"command again"]
+
+
+def _start_in_own_group(cwd, *args: str):
+    """train.py in its own process group, as a shell starts a foreground job."""
+    import subprocess
+
+    from tests.train_cli import train_cmd, train_env
+
+    return subprocess.Popen(train_cmd(*args), cwd=cwd, env=train_env(), text=True, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The spawned training processes under the launcher ``pid`` (from /proc)."""
+    from pathlib import Path
+
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text, cmdline = stat.read_text(), (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == pid and b"spawn_main" in cmdline:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _importing_torch(pid: int) -> bool:
+    try:
+        return "libtorch" in open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return False
+
+
+def _ctrl_c_during_start_up(tmp_path, ready) -> tuple[float, str, str, int]:
+    """Start a run, wait until ``ready(proc, run_dir)``, SIGINT the whole group (a terminal's
+    Ctrl-C); seconds until the launcher returned, its stdout, stderr and exit code."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = _start_in_own_group(tmp_path, "training.steps=50", "logging=wandb_offline", f"hydra.run.dir={run_dir}")
+    deadline = time.monotonic() + 240
+    while not ready(proc, run_dir):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    return time.monotonic() - sent, out, err, proc.returncode
+
+
+STOPPED_BEFORE_A_STEP = "[mxfp8ep] stopped by SIGINT before a step was trained; its run dir was removed ({})"
+
+
+def test_ctrl_c_while_the_workers_import_torch_is_one_line_at_once(tmp_path):
+    """SIGINT reaches every worker while it still imports torch (before its stop handlers)."""
+    def ready(proc, run_dir):
+        workers = _workers_of(proc.pid)
+        return len(workers) == 2 and all(_importing_torch(w) for w in workers)
+
+    took, out, err, code = _ctrl_c_during_start_up(tmp_path, ready)
+    assert code == 130 and err.splitlines() == [STOPPED_BEFORE_A_STEP.format(tmp_path / "run")], err
+    assert "Traceback" not in out and took < 5
+    assert not (tmp_path / "run").exists()
+
+
+def test_ctrl_c_during_the_rest_of_start_up_is_one_line_at_once(tmp_path):
+    """SIGINT once the workers build the model (their stop handlers in place, wandb started):
+    no waiting for the rest of the start-up and a first step."""
+    def ready(proc, run_dir):
+        console = run_dir / "console.log"
+        return console.is_file() and "start-up: process group, data and model" in console.read_text()
+
+    took, out, err, code = _ctrl_c_during_start_up(tmp_path, ready)
+    assert code == 130 and err.splitlines() == [STOPPED_BEFORE_A_STEP.format(tmp_path / "run")], err
+    assert "Traceback" not in out and took < 5
+    assert not (tmp_path / "run").exists()

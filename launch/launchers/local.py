@@ -158,7 +158,8 @@ def _train_until_stopped(cfg_yaml: str, run_dir: str) -> None:
     from launch.run.stop import Stopped, StopSignals
 
     try:
-        with StopSignals():  # from here on, Ctrl-C / SIGTERM stop the run cleanly
+        # from here on, Ctrl-C / SIGTERM stop the run: at once before a step is trained, else cleanly
+        with StopSignals(exit_before_training=True):
             run_worker(cfg_yaml, run_dir)
     except Stopped:
         sys.stdout.flush()

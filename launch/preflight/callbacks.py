@@ -11,6 +11,8 @@
   points before it and then stop. This validates every point before the first job starts.
   Hydra's own "Launching N jobs locally" is replaced by a line that does not assume where the
   jobs run (a SLURM sweep submits them).
+  Into a ``hydra.sweep.dir`` that holds the sweep's runs, it finishes the sweep
+  (``launch.preflight.sweep_finish``).
 * :class:`PrintCompareCommand`: a sweep ends with the command that compares its runs.
 """
 
@@ -80,31 +82,45 @@ class CheckEverySweepPoint(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra import compose
 
+        from launch.preflight import sweep_finish
+        from launch.preflight.hydra_errors import explain
         from launch.preflight.validate import validate
-        from launch.run.run_dir import RUN_CONFIG
+        from launch.run.run_dir import RUN_CONFIG, folder_name
 
         problems: list[str] = []
         if config.training.resume is not None:
             problems.append(f"training.resume={config.training.resume} continues one run: drop "
                             f"--multirun (or drop training.resume to sweep new runs)")
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        if list(sweep_dir.glob(f"*/{RUN_CONFIG}")):
-            problems.append(f"hydra.sweep.dir={sweep_dir} already holds the runs of a sweep; "
-                            f"choose another (or leave it out: each sweep gets its own folder)")
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        finishing = bool(list(sweep_dir.glob(f"*/{RUN_CONFIG}")))  # launch.preflight.sweep_finish
         if config.hydra.sweeper.get("_target_") != _BASIC_SWEEPER:
+            if finishing:
+                problems.append(f"hydra.sweep.dir={sweep_dir} already holds the runs of a sweep; "
+                                f"choose another (or leave it out: each sweep gets its own folder)")
             if problems:
                 reject(ConfigError(problems))
             return
         points = sweep_points(config)
+        named = []
         for num, point in enumerate(points):
+            shown = " ".join(o for o in point if not o.startswith("hydra."))
             try:
-                validate(compose(config_name=config.hydra.job.config_name, overrides=point))
-            except ConfigError as e:
-                shown = " ".join(o for o in point if not o.startswith("hydra."))
-                problems += [f"sweep job #{num} ({shown}): {p}" for p in e.problems]
+                composed = compose(config_name=config.hydra.job.config_name, overrides=point)
+                validate(composed)
+                varying = " ".join(o for o in point if not all(o in other for other in points)) or shown
+                named.append(sweep_finish.Point(num, varying, f"{num}_{folder_name(point, composed.a2a.name)}"))
+            except Exception as e:  # noqa: BLE001 - Hydra's composition errors, said as ours
+                error = explain(e, point)
+                if error is None:
+                    raise
+                problems += [f"sweep job #{num} ({shown}): {p}" for p in error.problems]
+        sweep = sweep_finish.Sweep(sweep_dir, named, str(config.training.checkpoint_folder))
+        if not problems and finishing:
+            problems += sweep_finish.prepare_folder(sweep)
         if problems:
             reject(ConfigError(problems, note=f"nothing was started: fix or drop these points of "
                                               f"the {len(points)}-job sweep"))
+        sweep_finish.begin(sweep)
         logging.getLogger(_BASIC_LAUNCHER).setLevel(logging.WARNING)
         runs = f"{len(points)} run{'s' if len(points) != 1 else ''}"
         print(f"[mxfp8ep] sweep of {runs}, launched one after another with "

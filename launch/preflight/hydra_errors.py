@@ -47,6 +47,9 @@ def explain(exc: BaseException, overrides: list[str],
         return ConfigError([_missing_option(top.missing_cfg_file, top.options or [])])
     if isinstance(top, OverrideParseException):
         return ConfigError([_unreadable(str(top))])
+    m = re.search(r"Ambiguous value for argument '([^']+)'", str(top))
+    if m:  # a sweep's comma list in a single run
+        return ConfigError([_comma_list(m.group(1))])
     if not isinstance(top, ConfigCompositionException):
         return None
     text = str(top)
@@ -88,6 +91,13 @@ def _unreadable(text: str) -> str:
         return (f"{m.group(1)}: an override is key=value or group=option (e.g. "
                 f"{m.group(1)}=<value>)")
     return f"could not read an override ({said}): overrides are key=value or group=option"
+
+
+def _comma_list(override: str) -> str:
+    key, _, value = override.partition("=")
+    return (f"{override}: a comma list is a sweep, one run per value: add --multirun before the "
+            f"overrides (python launch/train.py --multirun {override}); for one value holding "
+            f"commas, quote it ({key}='{value}')")
 
 
 def _bad_value(cause: Any, overrides: list[str]) -> str:

@@ -1,5 +1,6 @@
-"""``python launch/train.py --cfg job [overrides]``: the config a launch with these overrides
-would run with, checked as a launch checks it, and nothing started.
+"""``python launch/train.py [--multirun] --cfg job [overrides]``: the config a launch with these
+overrides would run with, checked as a launch checks it, and nothing started; with
+``--multirun``, each sweep point's (all checked before any is printed).
 
 Hydra's own ``--cfg job`` prints the composed config before any check, with the fields a launch
 fills in (the wandb group and run name, the learning-rate schedule's length; a resume's saved
@@ -46,11 +47,49 @@ def job_config_text(conf: Path, overrides: list[str]) -> str:
     return f"{HEADER}{where}\n{OmegaConf.to_yaml(cfg, resolve=True)}"
 
 
+def sweep_job_configs(conf: Path, overrides: list[str]) -> str:
+    """Each point of the sweep ``--multirun`` would launch with ``overrides``, checked: its
+    prepared config under a line naming it. Every point's mistakes are raised together as one
+    ``ConfigError`` (Hydra's composition errors translated by ``launch.preflight.hydra_errors``)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from launch.config.problems import ConfigError
+    from launch.preflight.callbacks import sweep_points
+    from launch.preflight.hydra_errors import explain
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        points = sweep_points(loader.load_configuration("train", overrides, run_mode=RunMode.MULTIRUN))
+    texts, problems = [], []
+    for num, point in enumerate(points):
+        shown = " ".join(o for o in point if not o.startswith("hydra.")) or "(the defaults)"
+        try:
+            text = job_config_text(conf, point)
+        except Exception as e:  # noqa: BLE001 - a config mistake of this point, said as ours
+            error = explain(e, point)
+            if error is None:
+                raise
+            problems += [f"sweep job #{num} ({shown}): {p}" for p in error.problems]
+            continue
+        texts.append(f"# ==== sweep job #{num} of {len(points)}: {shown}\n{text.removeprefix(HEADER + chr(10))}")
+    if problems:
+        raise ConfigError(problems, note=f"fix or drop these points of the {len(points)}-job sweep")
+    return f"{HEADER}, for each of the {len(points)} sweep jobs\n" + "".join(texts)
+
+
 def wants_job_config(args: list[str]) -> bool:
-    """Whether the command line is ``--cfg job`` / ``-c job`` for a single run."""
+    """Whether the command line is ``--cfg job`` / ``-c job`` (a single run's, or with
+    ``--multirun`` each sweep point's: :func:`is_sweep`)."""
     flags = {"--cfg", "-c"}
     shown = [args[i + 1] for i, a in enumerate(args[:-1]) if a in flags]
-    return shown == ["job"] and not {"--multirun", "-m"} & set(args)
+    return shown == ["job"]
+
+
+def is_sweep(args: list[str]) -> bool:
+    return bool({"--multirun", "-m"} & set(args))
 
 
 def overrides_of(args: list[str]) -> list[str]:

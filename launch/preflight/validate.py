@@ -351,6 +351,12 @@ def _check_logging(cfg: Any, r: Report) -> None:
     lg = cfg.logging
     if lg.wandb_mode not in WANDB_MODES:
         r.error(choice_problem("logging.wandb_mode", lg.wandb_mode, WANDB_MODES))
+    if lg.wandb_mode == "online":
+        from launch.config.wandb_login import login_problem
+
+        problem = login_problem()
+        if problem:
+            r.error(problem)
     if lg.log_freq < 1:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
     if lg.numerics_every < 0:

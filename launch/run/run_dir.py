@@ -124,6 +124,18 @@ def remove_incomplete_checkpoints(run_dir: str | Path, checkpoint_folder: str) -
     return removed
 
 
+def trained_nothing(run_dir: str | Path, steps: Optional[int], checkpoint_folder: str) -> bool:
+    """Whether the launch in ``run_dir`` trained no step: its summary says so (``steps``), or,
+    without one, its ``console.log`` has no step line and there is no checkpoint."""
+    if steps is not None:
+        return steps == 0
+    try:
+        lines = (Path(run_dir) / CONSOLE_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    return not any(line.startswith("step ") for line in lines) and not checkpoint_steps(run_dir, checkpoint_folder)
+
+
 def free_folder(base: str, name: str) -> str:
     """``<base>/<name>``, or with the first suffix ``_2``, ``_3``, ... that no folder has."""
     path, n = f"{base}/{name}", 1

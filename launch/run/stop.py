@@ -7,6 +7,10 @@ written. Instead, while training, the handlers only note the signal; at the next
 boundary every rank learns whether any rank got one (:meth:`StopSignals.agreed`, a small
 all-reduce) and they stop together: the trainer saves a checkpoint, finishes wandb and writes
 the summary. The previous handlers (Python's, submitit's) come back afterwards.
+
+Before the first step is trained there is nothing to save: with ``exit_before_training`` a
+stop signal ends the process at once (a Ctrl-C during start-up returns in a moment, not after
+the rest of the start-up and a first step), until the trainer calls :meth:`StopSignals.trained`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ class StopSignals:
     entry point installs it as early as it can, the runner enters it again) shares the
     outer one; only the outermost restores the previous handlers."""
 
-    def __init__(self) -> None:
+    def __init__(self, exit_before_training: bool = False) -> None:
         self.received: Optional[int] = None
+        self.exit_before_training = exit_before_training
         self._previous: dict[int, Any] = {}
         self._nested = False
 
@@ -37,7 +42,10 @@ class StopSignals:
             return _active
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._note)
+                # start-up: the system's default ends the process at once, also inside a long call
+                # into C++ (a rendezvous waiting for a rank that is gone), where no Python handler runs
+                self._previous[sig] = signal.signal(sig, signal.SIG_DFL if self.exit_before_training
+                                                    else self._note)
             _active = self
         return self
 
@@ -54,6 +62,13 @@ class StopSignals:
     def _note(self, signum: int, frame: Any) -> None:  # noqa: ARG002 (a signal handler's signature)
         if self.received is None:
             self.received = signum
+
+    def trained(self) -> None:
+        """A step is trained: from now on a stop signal waits for the next step boundary."""
+        if self.exit_before_training and self._previous:
+            for sig in SIGNALS:
+                signal.signal(sig, self._note)
+        self.exit_before_training = False
 
     def agreed(self, group: Any = None) -> Optional[int]:
         """The stop signal if any rank of ``group`` got one, else None (collective: every rank

@@ -48,7 +48,7 @@ from launch.run import numerics_log
 from launch.run import run_summary as names
 from launch.run.console import format_eta, progress_line, validation_line
 from launch.titan.routing_telemetry import RoutingTelemetry
-from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings
+from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings, start_wandb
 from mxfp8_ep import elastic, wire_stats
 from mxfp8_ep.config import LEGS
 
@@ -114,13 +114,17 @@ class RecipeMetrics:
                 self.console.write(f"start-up: wandb ({wandb_settings.mode})\n")
             container = LoggerContainer()
             container.add_logger(self.logger)
-            try:
-                self.wandb = RecipeWandBLogger(wandb_settings, wandb_config or {})
+            self.wandb = start_wandb(wandb_settings, wandb_config or {}, self._say)
+            if self.wandb is not None:
                 container.add_logger(self.wandb)
-            except Exception as e:  # noqa: BLE001 - like torchtitan: wandb must not stop training
-                logger.error(f"wandb logging disabled, wandb.init failed: {e}")
             self.logger = container
         wire_stats.reset()
+
+    def _say(self, line: str) -> None:
+        """A line for the console (rank 0's ``console.log``) and the worker's log."""
+        logger.warning(line)
+        if self.console is not None:
+            self.console.write(line + "\n")
 
     def start_at(self, step: int) -> None:
         """Tell the processor the step training resumes from (after a checkpoint load)."""

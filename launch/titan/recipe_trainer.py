@@ -198,6 +198,8 @@ class RecipeTrainerMixin:
         self._set_input_checks()
         if not super().should_continue_training():  # type: ignore[misc]
             return False
+        if self.step > self.start_step:
+            self.stop.trained()  # a stop now saves what was trained
         self.stopped_by = self.stop.agreed(self._stop_group)
         if self.stopped_by is None:
             return True
@@ -272,7 +274,9 @@ class RecipeTrainerMixin:
             capacity_rows=elastic.capacity_rows(),
             capacity_ceiling_rows=elastic.capacity_ceiling_rows(),
             moe_imbalance=self.routing.summary() if self.routing is not None else {},
-            wandb_mode=str(cfg.logging.wandb_mode),
+            # offline when an online run's wandb could not start (launch.titan.wandb_run.start_wandb)
+            wandb_mode=self.metrics_processor.wandb.settings.mode if self.metrics_processor.wandb
+            else str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
             stack=installed().to_dict(),
         )

@@ -18,6 +18,7 @@ and ``wandb sync`` take the two folders as one run).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from torchtitan.tools.logging import logger
 from launch.run import run_summary as names
 from launch.run.wandb_offline import OfflineRun, read_run
 
-__all__ = ["RecipeWandBLogger", "WandbSettings"]
+__all__ = ["RecipeWandBLogger", "WandbSettings", "start_wandb"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +159,34 @@ class RecipeWandBLogger(BaseLogger):
             return read_run(str(folder))
         except (OSError, ValueError):
             return None
+
+
+def start_wandb(settings: WandbSettings, config: dict[str, Any], say: Any) -> Optional[RecipeWandBLogger]:
+    """The run's wandb logger. An online run whose ``wandb.init`` fails (no network, the server
+    down, a key it refuses) keeps its record offline in the run dir instead; ``say`` gets the line
+    that tells the console so. None (and a line saying so) when wandb cannot start at all:
+    training goes on, ``summary.json`` holds its numbers."""
+    try:
+        return RecipeWandBLogger(settings, config)
+    except Exception as e:  # noqa: BLE001 - like torchtitan: wandb must not stop training
+        failure = f"wandb ({settings.mode}) could not start: {_first_line(e)}"
+    if settings.mode == "online":
+        import wandb
+
+        with contextlib.suppress(Exception):
+            wandb.teardown()  # what the failed start left; the next init starts a new service
+        try:
+            offline = RecipeWandBLogger(dataclasses.replace(settings, mode="offline"), config)
+        except Exception as e:  # noqa: BLE001
+            failure += f"; offline neither: {_first_line(e)}"
+        else:
+            say(f"warning: {failure}; the run's record is written offline instead, in "
+                f"{Path(offline.run.dir).parent} (upload it later with wandb sync)")
+            return offline
+    say(f"warning: {failure}; this run has no wandb record (summary.json holds its numbers)")
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"

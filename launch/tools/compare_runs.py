@@ -42,6 +42,10 @@ validation loss and its difference when the runs have one) and ``comparison_thro
 (tokens/s and all-to-all bytes per step, values on the bars). The JSON holds the series
 behind every panel (``plots``), the verdicts and, when runs logged MXFP8 numerics telemetry
 (``numerics/...``), its worst layer per leg and statistic.
+
+A run that failed (its ``console.log`` ends "failed", or its wandb run exited non-zero) or
+trained no step (a run folder with nothing logged) is a marked row of the table, and left
+out of the verdicts and the plots.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.config.stack import Stack
-from launch.run.run_dir import RUN_CONFIG, SUMMARY
+from launch.run.run_dir import CONSOLE_LOG, RESUMES, RUN_CONFIG, SUMMARY
 from launch.run.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
                                     parse_numerics_metric, ratio_of_sums)
 from launch.run.shared_gpu import SHARED_GPU_NOTE
@@ -83,6 +87,9 @@ CPU_NOTE = "CPU run: throughput is not a speed claim"
 # When a throughput difference is called a speed-up (or a slow-down).
 THROUGHPUT_RULE = ("faster (slower) only when every run of the arm is faster (slower) than every "
                    "baseline run; otherwise the ratio is inside the run-to-run spread")
+# The table's note on its marked rows.
+NOT_COMPARED = ("the run failed (its console.log's last line) or trained no step: not compared, "
+                "no verdict and no plot")
 # Smoothing of the loss-difference panels: a trailing mean over this share of the points.
 SMOOTH_SHARE = 1 / 30
 # How the worst layer is picked for each numerics statistic: (stat of a layer's samples, worst).
@@ -108,6 +115,8 @@ class Compared:
     # bf16 runs of this run's sweep point with other seeds than the baseline's
     seed_replicas: list["Compared"] = field(default_factory=list, repr=False)
     show_seed: bool = False  # the sweep point has runs of this a2a with several seeds
+    # "failed" / "no step" for a run that is not compared (``ending``); None for one that is
+    mark: Optional[str] = None
 
     @property
     def group_key(self) -> tuple:
@@ -156,8 +165,42 @@ def _numerics_logged_to_wandb(s: RunSummary, run_dir: Path) -> dict[str, dict[st
     return {}
 
 
+def _last_ending(run_folder: Path) -> str:
+    """How the last launch of the run in ``run_folder`` ended: the end of its ``console.log``'s
+    last "==== ended <time>: <how> ====" line ("" when it has none)."""
+    try:
+        lines = (run_folder / CONSOLE_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    ends = [ln for ln in lines if ln.startswith("==== ended ")]
+    return ends[-1].split(": ", 1)[-1].removesuffix(" ====") if ends else ""
+
+
+def ending(c: Compared, exit_code: Optional[int] = None) -> Optional[str]:
+    """"failed" when the run's last launch failed (its summary or ``console.log`` says so, or its
+    wandb run exited with ``exit_code`` != 0), "no step" when it logged no training step; else None."""
+    how = getattr(c.run, "ended", None) or _last_ending(run_folder(c))
+    if how.startswith("failed") or exit_code not in (None, 0):
+        return "failed"
+    return None if c.run.logged_steps else "no step"
+
+
+def _unrecorded(folder: Path) -> Compared:
+    """A run folder with a config but neither ``summary.json`` nor a wandb run (it ended before
+    its first record): a row with what its ``train_config.yaml`` says."""
+    from omegaconf import OmegaConf
+
+    recipe = OmegaConf.to_container(OmegaConf.load(folder / RUN_CONFIG), resolve=True)
+    name = (recipe.get("logging") or {}).get("run_name") or folder.name  # type: ignore[union-attr]
+    nothing = OfflineRun(path=str(folder), name=name)
+    c = Compared(RunSummary.from_wandb(nothing, recipe, str(folder)), str(folder), "summary")  # type: ignore[arg-type]
+    c.mark = ending(c)
+    return c
+
+
 def collect(paths: list[str]) -> list[Compared]:
-    """Every run found under ``paths`` (see module doc), each once."""
+    """Every run found under ``paths`` (see module doc), each once; ``Compared.mark`` says
+    which of them failed or trained no step."""
     found: list[Compared] = []
     seen: set[str] = set()  # wandb folders already covered by a summary
 
@@ -165,7 +208,9 @@ def collect(paths: list[str]) -> list[Compared]:
         if not seen.intersection(os.path.realpath(p) for p in run.paths):
             seen.update(os.path.realpath(p) for p in run.paths)
             where = str(Path(run.paths[0]))
-            found.append(Compared(RunSummary.from_wandb(run, _recipe_config(run), where), where, "wandb"))
+            c = Compared(RunSummary.from_wandb(run, _recipe_config(run), where), where, "wandb")
+            c.mark = ending(c, run.exit_code)
+            found.append(c)
 
     wandb_roots: list[str] = []  # searched together: one run's launches may be named one by one
     for arg in paths:
@@ -182,10 +227,17 @@ def collect(paths: list[str]) -> list[Compared]:
             seen.update(os.path.realpath(d) for d in s.wandb_dirs)
             if not s.numerics and quantized_formats(s.a2a_legs.values()):
                 s.numerics = _numerics_logged_to_wandb(s, summary_file.parent)
-            found.append(Compared(s, str(summary_file.parent), "summary"))
+            c = Compared(s, str(summary_file.parent), "summary")
+            c.mark = ending(c)
+            found.append(c)
         wandb_roots.append(str(p))
     for run in read_runs(*wandb_roots):
         add_wandb(run)
+    recorded = {run_folder(c).resolve() for c in found}
+    for arg in paths:
+        if Path(arg).is_dir():
+            found += [_unrecorded(f.parent) for f in sorted(Path(arg).rglob(RUN_CONFIG))
+                      if f.parent.resolve() not in recorded and f.parent.parent.name != RESUMES]
     return found
 
 
@@ -239,7 +291,9 @@ def _seed_order(c: Compared) -> tuple:
 
 
 def compare(runs: list[Compared]) -> list[Compared]:
-    """Give each run its baseline (module doc), seed replicas and ``vs_baseline``."""
+    """Give each run its baseline (module doc), seed replicas and ``vs_baseline``; failed and
+    empty runs (``Compared.mark``) are returned as they are."""
+    everything, runs = runs, compared(runs)
     pairs: dict[tuple, list[Compared]] = {}
     groups: dict[tuple, list[Compared]] = {}
     seeds: dict[tuple, set] = {}
@@ -274,7 +328,12 @@ def compare(runs: list[Compared]) -> list[Compared]:
             "step_time_ratio": _ratio(m.step_time_s, b.step_time_s),
             "bytes_ratio": _ratio(m.a2a_bytes_per_step, b.a2a_bytes_per_step),
         }
-    return runs
+    return everything
+
+
+def compared(runs: list[Compared]) -> list[Compared]:
+    """The runs that are compared: all but the failed and empty ones."""
+    return [c for c in runs if c.mark is None]
 
 
 def seed_spread(base: Compared) -> Optional[float]:
@@ -344,6 +403,7 @@ def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
     spread itself): its end loss's distance from the bf16 reference against the bound. With
     ``SEED_STATS_MIN`` or more bf16 seeds every bf16 run, the baseline too, has a line: its
     distance from their mean."""
+    runs = compared(runs)
     out = []
     for c in ordered(runs):
         base = c.baseline or (c if c.is_baseline else None)
@@ -370,6 +430,7 @@ def verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
 def unjudged(runs: list[Compared]) -> list[str]:
     """A line for each run that gets no verdict because there is no bf16 run to compare it
     with, neither at its sweep point nor in its group (the baseline, module doc)."""
+    runs = compared(runs)
     return [f"{f'[{c.point}] ' if c.point else ''}{c.label}: no verdict: no {BASELINE} run of the same "
             f"settings to compare it with (add a2a={BASELINE} to the sweep, or name a {BASELINE} run's folder)"
             for c in ordered(runs) if c.baseline is None and not c.is_baseline and c.run.a2a != BASELINE]
@@ -388,6 +449,7 @@ def throughput_verdicts(runs: list[Compared]) -> list[dict[str, Any]]:
     over the baseline point's bf16 runs' (``pooled_tokens_per_s``), the range of the ratios of
     every (arm run, bf16 run) pair, and what they show by ``THROUGHPUT_RULE``. With one run on
     each side there is no spread to judge the ratio by, and none is called faster."""
+    runs = compared(runs)
     arms: dict[tuple, list[Compared]] = {}
     for c in ordered(runs):
         if c.baseline is not None and c.run.a2a != BASELINE:
@@ -489,7 +551,7 @@ def format_table(runs: list[Compared]) -> str:
     for c in ordered(runs):
         s, v, base = c.run, c.vs_baseline, c.baseline is None
         rows.append((
-            s.run_name,
+            s.run_name + (f" [{c.mark}]" if c.mark else ""),
             s.a2a,
             s.model,
             f"{s.world_size or '?'}/{s.ep or '?'}",
@@ -508,6 +570,9 @@ def format_table(runs: list[Compared]) -> str:
     lines = ["  ".join(str(c).ljust(w) if i < 5 else str(c).rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    not_compared = sorted({c.mark for c in runs if c.mark})
+    if not_compared:
+        lines.append(f"* {' / '.join(f'[{e}]' for e in not_compared)}: {NOT_COMPARED}")
     if on_cpu(runs):
         lines.append(f"* {CPU_NOTE}: tokens/s and step times of CPU (gloo) runs say nothing about GPUs.")
     if on_shared_gpu(runs):
@@ -524,6 +589,7 @@ def _where(layer: Optional[int]) -> str:
 
 def format_numerics(runs: list[Compared]) -> str:
     """The numerics telemetry's worst layer per leg, one line per run and leg ('' if none)."""
+    runs = compared(runs)
     lines = []
     for c in ordered(runs):
         for leg, stats in numerics_summary(c.run).items():
@@ -674,7 +740,7 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
             ax.plot(s["steps"], s["values"], label=s["label"], marker="o" if few else None,
                     markersize=3.5, **st)
         windows = {s["window"] for s in data["series"]}
-        if name.startswith("train") and windows != {1}:
+        if name.startswith("train") and windows and windows != {1}:
             ylabel += f" (trailing mean of {max(windows)} logged steps)"
         ax.set(xlabel="step", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
@@ -741,6 +807,7 @@ def write_plots(runs: list[Compared], out_dir: Path,
                 verdict_list: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
     """``comparison_loss.png`` and ``comparison_throughput.png`` in ``out_dir``; returns what
     each shows (series, ticks, texts) for ``comparison.json``."""
+    runs = compared(runs)
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -761,7 +828,7 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
         "unjudged": unjudged(runs),
         "throughput_rule": THROUGHPUT_RULE,
         "throughput_verdicts": throughput_verdicts(runs),
-        "runs": [{"path": c.path, "source": c.source, "vs_baseline": c.vs_baseline,
+        "runs": [{"path": c.path, "source": c.source, "mark": c.mark, "vs_baseline": c.vs_baseline,
                   "numerics_worst": numerics_summary(c.run), **dataclasses.asdict(c.run)}
                  for c in ordered(runs)],
         "plots": plots or {},
