@@ -31,7 +31,9 @@ that needs more than the ceiling spills: its rerun (an ``exact`` scope) keeps ea
 tensors at exactly their routed rows, read on the host. Either way the result is bit for bit
 what a run without the pool computes.
 
-Not pooled: a layer outside a replay scope, under ``no_grad``, or under saved-tensor hooks of
+Not pooled: a layer whose experts do not read only the rows inside the expert offsets
+(``reads_valid_rows_only``: the library's grouped SwiGLU experts do; others may read every row),
+a layer outside a replay scope, under ``no_grad``, or under saved-tensor hooks of
 someone else (activation checkpointing: its forward keeps nothing and its recompute's tensors
 are the checkpoint's; CPU offloading), which keep their tensors as they are; tensors that are
 not 2-D contiguous float rows of the capacity (MXFP8 data and scales stay as they are).
@@ -50,7 +52,7 @@ from mxfp8_ep.capacity import POOL_GROWTH_HEADROOM, next_capacity
 from mxfp8_ep.dispatcher import symm
 
 __all__ = ["ActivationPool", "combine_keeps_expert_rows", "needed_rows", "plan_overflowed", "pool_rows_held",
-           "pooled_layer", "pools", "release_pools"]
+           "pooled_layer", "pools", "reads_valid_rows_only", "release_pools"]
 
 _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # What a new plane holds before any row is packed into it (tests set NaN: a backward that read a
@@ -294,14 +296,23 @@ def _copy_out(plane: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.
 _NOT_POOLED = _LayerPack(None, None, 0, 0)
 
 
-def pooled_layer(dispatcher, metadata, tokens_per_local_expert: torch.Tensor) -> _LayerPack:
-    """The activation pool of one MoE layer after its ``dispatch``: run its experts, and its
-    ``combine`` when that keeps expert rows (``combine_keeps_expert_rows``), inside
-    ``saving()``. A layer that is not pooled (module docstring) gets hooks that do nothing."""
+def reads_valid_rows_only(experts) -> bool:
+    """Whether ``experts`` (a MoE layer's experts module) reads only the rows inside the expert
+    offsets of its input, forward and backward (``reads_valid_rows_only``: the library's grouped
+    SwiGLU experts say so): the premise under which its saved rows past the count may hold
+    anything. Experts that touch every row are not pooled."""
+    return bool(getattr(experts, "reads_valid_rows_only", False))
+
+
+def pooled_layer(dispatcher, metadata, tokens_per_local_expert: torch.Tensor, experts) -> _LayerPack:
+    """The activation pool of one MoE layer after its ``dispatch``: run its ``experts``, and
+    its ``combine`` when that keeps expert rows (``combine_keeps_expert_rows``), inside
+    ``saving()``. A layer that is not pooled (module docstring; experts that do not
+    ``reads_valid_rows_only``) gets hooks that do nothing."""
     a2a = dispatcher.config.a2a
     bufs = getattr(getattr(metadata, "pending_expert_rows", None), "buffers", None)
     if (a2a.activation_pool_factor is None or bufs is None or not torch.is_grad_enabled() or _others_hooks()
-            or not symm.innermost_scope()):
+            or not symm.innermost_scope() or not reads_valid_rows_only(experts)):
         return _NOT_POOLED
     capacity = metadata.capacity
     count = tokens_per_local_expert.sum(dtype=torch.int64).clamp(max=capacity).reshape(1)

@@ -74,6 +74,12 @@ class CapacityGroupedExperts(titan_moe.GroupedExperts):
     grouped-GEMM path the elementwise work covers only the rows inside the expert offsets
     (``mxfp8_ep.grouped_experts``). Same math as torchtitan's; bf16 results are identical."""
 
+    @property
+    def reads_valid_rows_only(self) -> bool:
+        """The grouped-GEMM path reads only the rows inside the expert offsets (the activation
+        pool's premise: ``mxfp8_ep.activation_pool.reads_valid_rows_only``)."""
+        return bool(self.use_grouped_mm)
+
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         if not self.use_grouped_mm:
             return super().forward(x, num_tokens_per_expert)
@@ -153,7 +159,7 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
     routed_input, tokens_per_local_expert, metadata = dispatcher.dispatch(
         x, top_scores, selected_experts_indices, num_tokens_per_expert
     )
-    pooled = activation_pool.pooled_layer(dispatcher, metadata, tokens_per_local_expert)
+    pooled = activation_pool.pooled_layer(dispatcher, metadata, tokens_per_local_expert, self.experts)
     with pooled.saving():
         routed_output = self.experts(routed_input, tokens_per_local_expert)
     if shared is not None:

@@ -79,7 +79,7 @@ def _described(state: str, step: Optional[int]) -> str:
 
 def prepare_folder(sweep: Sweep) -> list[str]:
     """Before the first job of a sweep into a folder that holds runs: move the runs that cannot be
-    resumed aside; the problems that stop it (runs of points this sweep does not have)."""
+    resumed aside; the problems that refuse the folder (runs of points this sweep does not have)."""
     names = {p.folder for p in sweep.points}
     strangers = sorted(f.parent.name for f in sweep.dir.glob(f"*/{RUN_CONFIG}") if f.parent.name not in names)
     if strangers:
