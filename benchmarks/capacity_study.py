@@ -200,7 +200,9 @@ def step_loads(steps: list[dict], ep: int) -> list[StepLoads]:
 def simulate(loads: list[StepLoads], t: Target, ep: int, policy: Policy, headroom: float = GROWTH_HEADROOM,
              pool_headroom: float = POOL_GROWTH_HEADROOM) -> dict:
     """The policy over the steps' loads at the target shape: the capacity and the pool, each by
-    ``capacity.next_capacity``; a step reruns once when either overflows."""
+    ``capacity.next_capacity``; a step reruns once when either overflows. The run's first step
+    reruns in any case: the pool learns there how many layers it holds
+    (``mxfp8_ep.activation_pool``)."""
     worst, align = t.worst(ep), EXPERT_ALIGN
     capacity = start = t.rows(ep, policy.capacity_factor)
     ceiling = t.rows(ep, policy.capacity_ceiling)
@@ -214,7 +216,7 @@ def simulate(loads: list[StepLoads], t: Target, ep: int, policy: Policy, headroo
             spills.append(s.step)
             if pool_took.kind == "spill":
                 pool_spills.append(s.step)
-        elif "grow" in (took.kind, pool_took.kind):
+        elif "grow" in (took.kind, pool_took.kind) or s is loads[0]:
             replays.append(s.step)
         capacity, pool = took.capacity, pool_took.capacity
         peak, pool_peak = max(peak, capacity), max(pool_peak, pool)
