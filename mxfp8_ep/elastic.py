@@ -105,6 +105,9 @@ class Overflow:
     spill: bool = False
     # the index (in forward order, over the group) of the step's first dispatch that overflowed
     first: int = 0
+    # as ``grown`` and ``spilled``, for this rank's activation pools (``ActivationPoolRows``)
+    pool_grown: list[tuple[int, int]] = field(default_factory=list)
+    pool_spilled: list[tuple[int, int]] = field(default_factory=list)
 
 
 # The flags every overflow source gives, all-reduced with MAX over the group: overflowed (0/1),
@@ -117,7 +120,10 @@ class OverflowSource:
     on the device and without a host sync, ``_FLAGS`` flags (overflowed, needs a spill, minus
     the first overflowing dispatch's index) then values of its own; after the one read, where
     the step runs again, ``plan`` gets its own values back (as ints) and returns what it
-    changed: ``(grown, spilled)`` lists as ``Overflow`` holds them."""
+    changed: ``(grown, spilled)`` lists as ``Overflow`` holds them (``pool``: in its
+    ``pool_grown`` and ``pool_spilled``)."""
+
+    pool = False
 
     def values(self, scope: symm.ReplayScope | None, device: torch.device) -> torch.Tensor:
         raise NotImplementedError
@@ -163,6 +169,8 @@ class ActivationPoolRows(OverflowSource):
     scope's overflow count (``SymmCapacity``'s flag), so its own flags say only whether one
     needs more than its ceiling (a spill); then each pool's peak rows in the attempt
     (``activation_pool.needed_rows``); ``plan`` grows them (``activation_pool.plan_overflowed``)."""
+
+    pool = True
 
     def __init__(self):
         self._pools = 0
@@ -217,8 +225,8 @@ def check_overflow(group: dist.ProcessGroup | None = None, scope: symm.ReplaySco
         own = values[at : at + part.numel() - _FLAGS]
         at += part.numel() - _FLAGS
         grown, spilled = source.plan(own)
-        overflow.grown.extend(grown)
-        overflow.spilled.extend(spilled)
+        (overflow.pool_grown if source.pool else overflow.grown).extend(grown)
+        (overflow.pool_spilled if source.pool else overflow.spilled).extend(spilled)
     return overflow
 
 
@@ -322,7 +330,8 @@ class ReplayGuard:
     ``group``: the ranks that step together (the default group when None); every rank of it
     runs the same steps (and the same dispatches) through a guard. ``replays`` counts the
     reruns, ``spills`` those of a step that needed more than a ceiling (rerun in an exact
-    scope, each dispatch at exactly its rows); ``grown`` and ``spilled`` list what changed;
+    scope, each dispatch at exactly its rows); ``grown`` and ``spilled`` list what changed of
+    the capacities, ``pool_grown`` and ``pool_spilled`` of the activation pools;
     ``on_replay(overflow)``, where given, is called before each rerun. ``max_replays`` reruns
     in a row that made no progress (``_Reruns``) raise ``ReplayLimitError`` at the next."""
 
@@ -339,6 +348,8 @@ class ReplayGuard:
         self.spills = 0
         self.grown: list[tuple[int, int]] = []
         self.spilled: list[tuple[int, int]] = []
+        self.pool_grown: list[tuple[int, int]] = []
+        self.pool_spilled: list[tuple[int, int]] = []
         self._attempt: _Attempt | None = None
 
     def attempts(self) -> Iterator[int]:
@@ -365,6 +376,8 @@ class ReplayGuard:
             self.spills += spill
             self.grown.extend(overflow.grown)
             self.spilled.extend(overflow.spilled)
+            self.pool_grown.extend(overflow.pool_grown)
+            self.pool_spilled.extend(overflow.pool_spilled)
             if self.on_replay is not None:
                 self.on_replay(overflow)
             state.restore()
