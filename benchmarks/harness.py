@@ -268,9 +268,12 @@ def titan022_mesh(device: torch.device, dispatcher_forward: bool = False):
 
 
 def free_peer_buffers() -> None:
+    """Drop the symm transport's peer buffers and activation pools (an arm's held memory)."""
+    from mxfp8_ep.activation_pool import release_pools
     from mxfp8_ep.dispatcher import release_peer_buffers
 
     release_peer_buffers()
+    release_pools()
 
 
 def leave_process_group() -> None:

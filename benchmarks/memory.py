@@ -14,8 +14,10 @@ Layer (bench ``layer_memory``): the DeepSeek-V3-like MoE layer (``harness.SHAPES
 per rank), one forward+backward, each rank's peak (``harness.peak_bytes``: the allocator's,
 plus the peer buffers where it does not count them), max over ranks (``peak_gib``), and that
 less the layer's parameters and their gradients (``above_weights_gib``: what the arms differ
-in). With CUDA the W ranks share GPU 0 (a gloo group, peer buffers allocated by each rank and
-opened by the others over CUDA IPC: ``peer_memory.share_one_device``), so one GPU measures EP=W;
+in), and what of it the activation pool's planes and the peer buffers hold
+(``activation_pool_gib``, ``peer_buffers_gib``). With CUDA the W ranks share GPU 0 (a gloo
+group, peer buffers allocated by each rank and opened by the others over CUDA IPC:
+``peer_memory.share_one_device``), so one GPU measures EP=W;
 the rows say ``gpu_shared``, and each arm starts once every rank has let go of the last arm's
 buffers. Arms: ``<preset>/symm`` at the default capacity factor, ``:ceiling`` (the default ceiling
 the capacity grows to) and ``:worst``;
@@ -170,6 +172,15 @@ def release_arm(device) -> None:
         dist.barrier()
 
 
+def held_gib() -> tuple[float, float]:
+    """What this rank holds across steps, inside its peak: the activation pool's planes and the
+    peer buffers (GiB)."""
+    from mxfp8_ep.activation_pool import pools
+    from mxfp8_ep.dispatcher import peer_buffer_nbytes
+
+    return sum(p.nbytes() for p in pools()) / GIB, peer_buffer_nbytes() / GIB
+
+
 def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
     from mxfp8_ep import elastic
 
@@ -186,9 +197,11 @@ def layer_rows(shape: MoEShape, arms, device) -> list[dict]:
         else:
             *peaks, replays = pass_peak(ep_moe(shape, arm, device, torch.bfloat16), x, grad, device, dist.group.WORLD)
             capacity = elastic.capacity_rows()
-        peak, above = (max_over_ranks(p, torch.device("cpu")) for p in peaks)
+        peak, above, pool, peer = (max_over_ranks(p, torch.device("cpu")) for p in (*peaks, *held_gib()))
         rows.append({**shape.row_fields(), "ep": world, "arm": arm.name, "pass": "fwd+bwd",
-                     "peak_gib": round(peak, 3), "above_weights_gib": round(above, 3), "capacity_rows": capacity,
+                     "peak_gib": round(peak, 3), "above_weights_gib": round(above, 3),
+                     "activation_pool_gib": round(pool, 3), "peer_buffers_gib": round(peer, 3),
+                     "capacity_rows": capacity,
                      "replays": replays, "gpu_shared": device.type == "cuda" and world > 1})
         if device.type == "cuda":
             torch.cuda.empty_cache()

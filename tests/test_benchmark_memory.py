@@ -43,4 +43,6 @@ def test_layer_run_writes_a_row_per_arm_with_the_capacity(tmp_path):
     assert rows["bf16/symm"]["capacity_rows"] == expert_major_capacity(*shape, DEFAULT_CAPACITY_FACTOR)
     assert rows["bf16/symm:worst"]["capacity_rows"] == worst_case_capacity(*shape)
     assert rows["torchtitan"]["capacity_rows"] is None
+    # what each arm holds across steps: the symm arms their peer buffers, torchtitan none
+    assert rows["bf16/symm"]["peer_buffers_gib"] > 0 and rows["torchtitan"]["peer_buffers_gib"] == 0
     assert all(r["ep"] == 2 and r["gpu_shared"] is False and r["bench"] == "layer_memory" for r in rows.values())
