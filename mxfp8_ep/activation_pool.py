@@ -5,11 +5,14 @@ The symm dispatcher hands the experts a tensor of a fixed capacity whose valid r
 prefix (each local expert's rows padded, from row 0; their count is on the device). Autograd
 keeps the experts' input, ``h1``, ``h3`` and their SwiGLU product (``grouped_experts``), and
 combine's expert outputs when it goes by partial sums, at that capacity. Inside a replay scope
-(``dispatcher.symm.replay_scope``) a layer run through ``pooled_layer`` packs each of them
-(``torch.autograd.graph.saved_tensors_hooks``) into the pool instead: no host sync, the row
+(``dispatcher.symm.replay_scope``) a layer run through ``pooled_layer`` keeps each of them
+(``torch.autograd.graph.saved_tensors_hooks``) as it is until the next MoE layer's forward
+begins (``compact_pending``), and only then moves it into the pool: no host sync, the row
 count and the pool offset stay on the device, and a fixed-shape masked copy moves only the
 rows below the count (views of one tensor, as the two GEMMs' views of the experts' input, are
-packed once). The backward unpacks each into a fresh capacity-row tensor whose rows past the
+packed once). The last MoE layer of a forward is thus never copied: its backward, the first
+to run, reads its tensors as they are, and the pool holds every layer but that one. The
+backward unpacks each pooled tensor into a fresh capacity-row tensor whose rows past the
 count are left as they come (every consumer reads the rows inside the expert offsets only:
 ``torch._grouped_mm``, the SwiGLU kernels, combine's score gradients by the dispatch's row
 routing), so only one layer's tensors at a time live at the capacity.
@@ -18,11 +21,12 @@ The pool is a stack: a layer's rows start at the device-side top, the top moves 
 it moves back once every saved tensor of the layer is released (its backward ran, or its graph
 was dropped) and every layer above it is too; microbatches of one step reuse the rows. Its
 size (``A2AConfig.activation_pool_factor``): that multiple of one layer's balanced rows, summed
-over the pooled MoE layers (``activation_pool_size.pool_rows``): the deepest stack of pooled
-layers a step has shown (layers under activation checkpointing keep nothing and never push). A
-run's first step knows no depth yet and starts from one layer's rows: it overflows the pool and
-runs its forward once more at the rows it showed it needs (plus headroom), so the pool is never
-sized for layers that keep nothing. A layer that would pass the pool's end copies nothing past
+over the pooled MoE layers (``activation_pool_size.pool_rows``): the deepest stack of layers
+moved into the pool a step has shown (layers under activation checkpointing keep nothing and
+never push; the last pooled layer stays out). A run's first step knows no depth yet and starts
+from one layer's rows: past two pooled layers it overflows the pool and runs its forward once
+more at the rows it showed it needs (plus headroom), so the pool is never sized for layers that
+keep nothing. A layer that would pass the pool's end copies nothing past
 it (its backward reads wrong rows, never out of bounds) and raises the scope's overflow count;
 at the step boundary ``elastic.check_overflow`` reads the peak rows with the capacities'
 (``needed_rows``), the pool grows to them plus headroom up to its ceiling
@@ -51,8 +55,8 @@ from mxfp8_ep.activation_pool_size import pool_rows
 from mxfp8_ep.capacity import POOL_GROWTH_HEADROOM, next_capacity
 from mxfp8_ep.dispatcher import symm
 
-__all__ = ["ActivationPool", "combine_keeps_expert_rows", "needed_rows", "plan_overflowed", "pool_rows_held",
-           "pooled_layer", "pools", "reads_valid_rows_only", "release_pools"]
+__all__ = ["ActivationPool", "combine_keeps_expert_rows", "compact_pending", "needed_rows", "plan_overflowed",
+           "pool_rows_held", "pooled_layer", "pools", "reads_valid_rows_only", "release_pools"]
 
 _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # What a new plane holds before any row is packed into it (tests set NaN: a backward that read a
@@ -60,24 +64,31 @@ _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _FILL = 0.0
 @dataclass
 class _Layer:
-    """One layer's rows on the stack: where they start (device), whether they were released and
-    the scope (attempt) that packed them."""
+    """One layer's rows: the scope (attempt) that packed them, its count and demand
+    (``ActivationPool.push``), its packed tensors (weak: autograd's handles hold them), and once
+    on the stack where its rows start (device) and where the stack's demand stood; whether it
+    was released."""
 
-    start: torch.Tensor
-    demand_start: torch.Tensor  # where the stack's demand (``ActivationPool.push``) stood
     scope: object
+    count: torch.Tensor | int
+    demand: torch.Tensor | None = None
+    packed: list = field(default_factory=list)  # weakrefs to its ``_Packed``, in packing order
+    start: torch.Tensor | None = None  # None: not on the stack (pending, or an exact scope's)
+    demand_start: torch.Tensor | None = None
     released: bool = False
     stale: bool = False
 
 
 @dataclass
 class _Packed:
-    """One tensor of a layer, packed: its plane (``None``: kept whole as ``rows``, an exact
-    scope's host-sized copy), shape and the unpacked tensor while someone still unpacks it."""
+    """One tensor of a layer, packed: as it is (``tensor``, a detached alias: the layer is still
+    pending), in a ``plane`` of the pool, or as ``rows`` (an exact scope's host-sized copy); its
+    shape, and the unpacked tensor while someone still unpacks it."""
 
     layer: _Layer
     shape: torch.Size
     dtype: torch.dtype
+    tensor: torch.Tensor | None = None
     plane: torch.Tensor | None = None
     rows: torch.Tensor | None = None
     unpacked: torch.Tensor | None = None
@@ -88,10 +99,8 @@ class _LayerHandle:
     """What a layer's saved tensors hold: its ``_Layer`` (released when the last handle goes)."""
 
     layer: _Layer
-    count: torch.Tensor | int
     capacity: int
     packed: dict = field(default_factory=dict)  # the block's packed tensors, by storage and view
-    planes: int = 0  # planes the layer's packed tensors took
 
 
 class ActivationPool:
@@ -112,13 +121,14 @@ class ActivationPool:
         self.demand = torch.zeros(1, dtype=torch.int64, device=device)
         self.needed = torch.zeros(1, dtype=torch.int64, device=device)
         self.stack: list[_Layer] = []
+        self.pending: _Layer | None = None  # the layer packed last, not yet moved in (``compact``)
         self.scope: object | None = None  # the attempt ``needed`` belongs to
 
     @property
     def layers(self) -> int:
-        """The layers the pool is sized for: the deepest stack of pooled layers a step has
-        shown (layers under activation checkpointing keep nothing and never push); one before
-        the first step (module docstring)."""
+        """The layers the pool is sized for: the deepest stack of layers moved in a step has
+        shown (layers under activation checkpointing keep nothing and never push, and the last
+        pooled layer stays out); one before the first step (module docstring)."""
         return max(self.depth_seen, 1)
 
     def budget(self) -> tuple[int, int, int]:
@@ -138,30 +148,53 @@ class ActivationPool:
         for layer in self.stack:
             layer.stale = True
         self.stack.clear()
+        self.pending = None  # an earlier attempt's layer keeps its tensors as they are
         rows = self.budget()[0]
         if rows != self.rows:
             self.rows, self.planes = rows, {}
 
-    def push(self, count: torch.Tensor, demand: torch.Tensor, scope) -> _Layer:
-        """A layer of ``count`` rows ((1,) int64, device) onto the stack; raises the scope's
-        overflow count where it passes the pool's end. ``demand``: the rows the layer would
-        hold had its dispatch not overflowed its capacity (at least ``count``); the peak of
-        their sum is the rows the step needs. Device ops only."""
-        layer = _Layer(start=self.top.clone(), demand_start=self.demand.clone(), scope=scope)
-        end = self.top + count
-        scope.count_overflow(end > self.rows)
+    def hold(self, layer: _Layer) -> None:
+        """``layer`` is the one packed last: the one before it moves into the pool."""
+        self.compact()
+        self.pending = layer
+
+    def compact(self) -> None:
+        """The pending layer (``hold``), unless its tensors are gone or being read, onto the
+        stack and its tensors into the planes: the next layer's forward has begun, so its
+        backward is not the next to run."""
+        layer, self.pending = self.pending, None
+        if layer is None or layer.released or layer.stale:
+            return
+        packed = [p for p in (ref() for ref in layer.packed) if p is not None]
+        if not packed or any(p.tensor is None or p.unpacked is not None for p in packed):
+            return
+        self.push(layer)
+        for slot, p in enumerate(packed):
+            p.plane = self.plane(slot, p.shape[1], p.dtype)
+            _copy_in(p.plane, p.tensor, layer.start, layer.count, self.rows)
+            p.tensor = None
+
+    def push(self, layer: _Layer) -> None:
+        """``layer``'s ``count`` rows ((1,) int64, device) onto the stack; raises its scope's
+        overflow count where they pass the pool's end. Its ``demand``: the rows it would hold
+        had its dispatch not overflowed its capacity (at least ``count``); the peak of their sum
+        is the rows the step needs. Device ops only."""
+        layer.start, layer.demand_start = self.top.clone(), self.demand.clone()
+        end = self.top + layer.count
+        layer.scope.count_overflow(end > self.rows)
         self.top.copy_(end)
-        self.demand.add_(demand)
+        self.demand.add_(layer.demand)
         torch.maximum(self.needed, self.demand, out=self.needed)
         self.stack.append(layer)
         self.depth_seen = max(self.depth_seen, len(self.stack))
-        return layer
 
     def release(self, layer: _Layer) -> None:
         """Every saved tensor of ``layer`` is gone: the top moves back below each released layer
-        on top of the stack."""
+        on top of the stack (a layer never moved in leaves it as it is)."""
         layer.released = True
-        if layer.stale:
+        if self.pending is layer:
+            self.pending = None
+        if layer.stale or layer.start is None:
             return
         moved = None
         while self.stack and self.stack[-1].released:
@@ -197,6 +230,14 @@ def release_pools() -> None:
     _POOLS.clear()
 
 
+def compact_pending() -> None:
+    """A MoE layer's forward begins: the layer each pool holds pending moves into it
+    (``ActivationPool.compact``), before this layer's tensors take their room."""
+    for pool in _POOLS.values():
+        if pool.pending is not None:
+            pool.compact()
+
+
 def _pool_for(dispatcher, bufs, device: torch.device) -> ActivationPool:
     a2a = dispatcher.config.a2a
     geometry = (bufs.max_tokens, dispatcher.config.top_k, dispatcher.ep, dispatcher.num_local_experts,
@@ -219,11 +260,12 @@ def _others_hooks() -> bool:
 class _LayerPack:
     """The saved-tensor hooks of one pooled layer (``pooled_layer``)."""
 
-    def __init__(self, pool: ActivationPool | None, layer: _Layer | None, count, capacity: int):
+    def __init__(self, pool: ActivationPool | None, layer: _Layer | None, capacity: int):
         self.pool = pool
-        self.handle = _LayerHandle(layer, count, capacity) if layer is not None else None
+        self.handle = _LayerHandle(layer, capacity) if layer is not None else None
         if pool is not None:
             weakref.finalize(self.handle, pool.release, layer)
+            pool.hold(layer)
 
     @contextlib.contextmanager
     def saving(self, when: bool = True):
@@ -251,11 +293,10 @@ class _LayerPack:
         if packed is None:
             packed = handle.packed[key] = _Packed(handle.layer, t.shape, t.dtype)
             if self.pool is None:  # an exact scope: the routed rows, counted on the host
-                packed.rows = t[: handle.count].clone()
-            else:
-                packed.plane = self.pool.plane(handle.planes, t.shape[1], t.dtype)
-                handle.planes += 1
-                _copy_in(packed.plane, t, handle.layer.start, handle.count, self.pool.rows)
+                packed.rows = t[: handle.layer.count].clone()
+            else:  # kept as it is until the next layer's forward (``ActivationPool.compact``)
+                packed.tensor = t.detach()
+                handle.layer.packed.append(weakref.ref(packed))
         return handle, packed
 
 
@@ -263,6 +304,8 @@ def _unpack(saved):
     if isinstance(saved, torch.Tensor):
         return saved
     handle, packed = saved
+    if packed.tensor is not None:
+        return packed.tensor
     if packed.layer.stale:
         raise RuntimeError("activation pool: this graph's saved rows were given up when a later replay attempt "
                            "began (mxfp8_ep.activation_pool); run each backward inside the attempt of its forward")
@@ -293,7 +336,7 @@ def _copy_out(plane: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.
     return plane.index_select(0, (start + i).clamp(max=plane.shape[0] - 1))
 
 
-_NOT_POOLED = _LayerPack(None, None, 0, 0)
+_NOT_POOLED = _LayerPack(None, None, 0)
 
 
 def reads_valid_rows_only(experts) -> bool:
@@ -319,8 +362,7 @@ def pooled_layer(dispatcher, metadata, tokens_per_local_expert: torch.Tensor, ex
     device = count.device
     outermost = symm.outermost_scope()
     if symm.innermost_scope().exact:  # a spill's rerun: reads its rows on the host, as its dispatches do
-        layer = _Layer(start=count, demand_start=count, scope=outermost)
-        return _LayerPack(None, layer, int(count[0]), capacity)
+        return _LayerPack(None, _Layer(scope=outermost, count=int(count[0])), capacity)
     pool = _pool_for(dispatcher, bufs, device)
     if pool.scope is not outermost:
         pool.begin_attempt(outermost)
@@ -330,7 +372,7 @@ def pooled_layer(dispatcher, metadata, tokens_per_local_expert: torch.Tensor, ex
     align = dispatcher.config.pad_multiple
     cut = count >= capacity // align * align
     demand = torch.where(cut, torch.maximum(outermost.needed(bufs.key, device), count), count)
-    return _LayerPack(pool, pool.push(count, demand, outermost), count, capacity)
+    return _LayerPack(pool, _Layer(scope=outermost, count=count, demand=demand), capacity)
 
 
 def combine_keeps_expert_rows(metadata) -> bool:

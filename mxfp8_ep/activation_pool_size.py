@@ -25,6 +25,13 @@ def pooled_row_bytes(dim: int, moe_hidden_dim: int, activation_bytes: int = 2,
     return activation_bytes * (dim * (2 if combine_keeps_expert_rows else 1) + 3 * moe_hidden_dim)
 
 
+def pooled_layers(keeping_layers: float) -> float:
+    """MoE layers whose rows the pool holds, of ``keeping_layers`` that keep their expert-side
+    tensors for the backward: all but the last of the forward, whose backward runs first and
+    reads its tensors as they are (``mxfp8_ep.activation_pool``)."""
+    return max(0.0, keeping_layers - 1)
+
+
 def pool_rows(max_tokens: int, top_k: int, ep: int, num_local_experts: int, align: int, moe_layers: int,
               factor: float | None) -> int:
     """Rows of the pool: ``factor`` times the balanced case of one layer (its ``T x K`` rows

@@ -151,6 +151,7 @@ def dispatcher_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
         return _ORIGINAL["MoE.forward"](self, x)
     bs, slen, dim = x.shape
     x = x.view(-1, dim)
+    activation_pool.compact_pending()  # the last MoE layer's kept tensors into the pool first
     top_scores, selected_experts_indices, num_tokens_per_expert = self.router(x, self.expert_bias)
     with torch.no_grad():
         self.tokens_per_expert.add_(num_tokens_per_expert)

@@ -7,8 +7,9 @@ bf16, scores after the experts, so combine keeps its expert rows) under EP throu
   gradients bit for bit on balanced and skewed routings; a pool too small replays, grows and
   still matches; a step past the pool's ceiling spills (keeps exactly its rows) and matches;
 * rows past a layer's count are never read: the pool's planes start as NaN;
-* the pool adds no host read; the capacity-row tensors a step keeps after its forward are gone
-  (the pool's planes hold the routed rows, sized by ``activation_pool_size``);
+* the pool adds no host read; of the capacity-row tensors a step keeps after its forward only
+  the last layer's are left (the pool's planes hold the others' routed rows, sized by
+  ``activation_pool_size``);
 * activation checkpointing (non-reentrant and reentrant), two microbatches per step (the first's
   backward gives its rows back: no replay) and a loop without a guard compute the same;
 * the sizing arithmetic and the config's checks.
@@ -199,7 +200,8 @@ def _spill_counts(rank, world):
     for _ in guard.attempts():
         (_forward(moes, x, None).float() ** 2).mean().backward()
     assert guard.spills == 1, guard.__dict__
-    pool_ceiling = LAYERS * expert_major_capacity(TOKENS, TOP_K, world, 4, ALIGN, 1.0)
+    # the pool holds every layer but the last (its backward reads its tensors as they are)
+    pool_ceiling = (LAYERS - 1) * expert_major_capacity(TOKENS, TOP_K, world, 4, ALIGN, 1.0)
     # rank 0 holds every routed row: its pool spilled; rank 1's did not, and reran with it
     assert any(ceiling == pool_ceiling for ceiling, _ in guard.pool_spilled) == (rank == 0), guard.pool_spilled
     assert not guard.spilled, guard.spilled  # the capacity (at the worst case) never spills
@@ -234,8 +236,17 @@ def _no_host_read_and_memory(rank, world):
     capacity = expert_major_capacity(TOKENS, TOP_K, world, 4, ALIGN, 1.25)
     held = {}
 
+    made = []  # every packed tensor (``_Packed``): one still held as it is keeps its capacity rows
+    packed_init = activation_pool._Packed.__init__
+
+    def tracked_init(self, *args, **kwargs):
+        packed_init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
     def after_forward(moes):
-        alive = {t.data_ptr(): t for t in (r() for r in kept) if t is not None and t.shape[0] == capacity}
+        tensors = [r() for r in kept] + [p.tensor for p in (r() for r in made) if p is not None]
+        alive = {t.data_ptr(): t for t in tensors if t is not None and t.shape[0] == capacity}
+        made.clear()
         held.setdefault("capacity_bytes", []).append(sum(t.nbytes for t in alive.values()))  # views once
         kept.clear()
 
@@ -244,12 +255,14 @@ def _no_host_read_and_memory(rank, world):
         for name, original in originals.items():
             setattr(torch.Tensor, name, counted(original))
         torch._grouped_mm = watched
+        activation_pool._Packed.__init__ = tracked_init
         try:
             _steps(world, rank, a2a, ("balanced",), after_forward=after_forward, fresh_pools=fresh_pools)
         finally:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
             torch._grouped_mm = grouped_mm
+            activation_pool._Packed.__init__ = packed_init
         return reads["n"]
 
     a2a = A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=1.5, activation_pool_ceiling=None)
@@ -260,12 +273,13 @@ def _no_host_read_and_memory(rank, world):
     assert pooled_reads == unpooled_reads, (pooled_reads, unpooled_reads)
     unpooled_bytes, pooled_bytes = held["capacity_bytes"]
     # Unpooled each layer keeps its routed input, h1, h3, their product and its expert outputs
-    # at the capacity; pooled none of them outlives the forward.
+    # at the capacity; pooled only the last layer does (its backward runs first and reads them
+    # as they are), and the pool holds the others' routed rows.
     row = pooled_row_bytes(DIM, HIDDEN, 2, combine_keeps_expert_rows=True)
     assert unpooled_bytes == LAYERS * capacity * row, (unpooled_bytes, LAYERS * capacity * row)
-    assert pooled_bytes == 0, pooled_bytes
+    assert pooled_bytes == capacity * row, (pooled_bytes, capacity * row)
     (pool,) = [p for p in activation_pool.pools() if p.factor == 1.5]
-    rows = pool_rows(TOKENS, TOP_K, world, 4, ALIGN, LAYERS, 1.5)
+    rows = pool_rows(TOKENS, TOP_K, world, 4, ALIGN, LAYERS - 1, 1.5)
     assert pool.rows == rows and pool.nbytes() == (rows + 1) * row, (pool.rows, rows, pool.nbytes())
     activation_pool.release_pools()
 

@@ -19,10 +19,11 @@ Per process (rank):
   layer's expert-side tensors (``pooled_row_bytes`` a routed row) in one activation pool per
   step at the rows the routing used: ``pool_rows``, a pool factor times the balanced rows of
   all MoE layers together (a rank's rows summed over the layers, far closer to balanced than
-  its busiest layer's), kept like the rest of the layer under the checkpointing; only one
-  layer's expert-side tensors live at its capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor
-  x top_k`` rows per token plus padding, ``EP x top_k`` at the worst case), the transient of the
-  layer being computed. At ``capacity_factor=None`` (nothing grows, nothing reruns) every
+  its busiest layer's), kept like the rest of the layer under the checkpointing, less the last
+  such layer (``activation_pool_size.pooled_layers``); only one layer's expert-side tensors
+  live at its capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor x top_k`` rows per token
+  plus padding, ``EP x top_k`` at the worst case): the layer being computed, or the last one,
+  kept as it is for its backward. At ``capacity_factor=None`` (nothing grows, nothing reruns) every
   layer's tensors hold the worst case. The all-to-all (nccl) keeps the rows received, ``top_k``
   per token at an even routing (``routed_load`` times that where a rank's sum over the layers
   is above balanced), and a gathered copy for dispatch;
@@ -178,9 +179,9 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
     pool = transient = 0
     if pooled:
         if activation_checkpoint != "full":  # full: only each layer's input is kept across layers
+            layers = activation_pool_size.pooled_layers(m.n_moe_layers * _KEPT.get(activation_checkpoint, 1.0))
             pool = int(pool_rows(m, tokens, ep, pool_factor)  # type: ignore[arg-type]
-                       * pooled_row_bytes(m, combine_partial_sums)
-                       * _KEPT.get(activation_checkpoint, 1.0) / tp)
+                       * pooled_row_bytes(m, combine_partial_sums) * layers / m.n_moe_layers / tp)
         transient = int(symm_capacity(m, tokens, ep, capacity_factor) * expert_row_bytes(m) / tp)
     return MemoryEstimate(
         parameters=int(m.params * FP32 / shard),
