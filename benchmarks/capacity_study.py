@@ -75,7 +75,7 @@ class Policy:
 
 # The policies simulated: capacity start x ceiling x pool start x pool ceiling.
 GRID = tuple(Policy(c, cc, p, pc) for c in (1.25, 2.0) for cc in (2.0, 3.0, 4.0, 5.0, 6.0, None)
-             for p in (1.1, 1.25, 1.4) for pc in (1.3, 1.4, 1.5, 1.6)
+             for p in (1.1, 1.25, 1.4) for pc in (1.3, 1.4, 1.5, 1.6, 1.8, 2.0)
              if (cc is None or cc >= c) and pc >= p)
 DEFAULTS = Policy(DEFAULT_CAPACITY_FACTOR, DEFAULT_CAPACITY_CEILING, DEFAULT_POOL_FACTOR, DEFAULT_POOL_CEILING)
 GIB = 2**30

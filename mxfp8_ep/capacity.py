@@ -42,9 +42,9 @@ def expert_major_capacity(max_tokens: int, top_k: int, ep: int, num_local_expert
 # routing's imbalance, still rising in the steps after the first overflow, does not overflow it
 # again at once (docs/design.md, "A grown capacity").
 GROWTH_HEADROOM = 0.25
-# The activation pool (every MoE layer's kept rows, whose sum over the layers varies far less
-# from step to step than one layer's) grows by this fraction past what a step needed.
-POOL_GROWTH_HEADROOM = 0.1
+# The activation pool (every MoE layer's kept rows) grows by this fraction past what a step
+# needed: its need rises over the same steps as the capacity's (docs/design.md, "The defaults").
+POOL_GROWTH_HEADROOM = GROWTH_HEADROOM
 
 
 def grown_capacity(needed: int, worst: int, align: int, headroom: float = GROWTH_HEADROOM) -> int:

@@ -45,7 +45,7 @@ DEFAULT_CAPACITY_CEILING = 6.0
 # layers rows a rank keeps when every rank routes alike), where it starts and the most it grows
 # to (docs/design.md, "The activation pool").
 DEFAULT_POOL_FACTOR = 1.25
-DEFAULT_POOL_CEILING = 1.6
+DEFAULT_POOL_CEILING = 2.0
 
 
 @dataclass(frozen=True)

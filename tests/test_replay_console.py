@@ -27,4 +27,12 @@ def test_a_pool_growth_is_named_as_the_pools_not_the_capacitys():
     assert capacity.startswith("step 1: a symm dispatch needed more expert rows than its capacity; capacity grown "
                                "(100 -> 160 rows), step run again"), capacity
     spill = _line(Overflow(replay=True, spill=True, pool_spilled=[(600, 700)]))
-    assert "activation pool: 700 rows, ceiling 600" in spill, spill
+    assert spill.startswith("step 1: more rows were needed than a ceiling allows (the activation pool needed 700 "
+                            "rows, ceiling 600); step run again with each dispatch at exactly its rows"), spill
+    assert "dispatch needed" not in spill, spill
+    spill = _line(Overflow(replay=True, spill=True, spilled=[(288, 528)]))
+    assert "(a dispatch needed 528 rows, ceiling 288)" in spill, spill
+    # Another rank's overflow: this rank's line says so instead of sizes it does not have.
+    elsewhere = _line(Overflow(replay=True))
+    assert "capacity grown (on another rank), step run again" in elsewhere, elsewhere
+    assert "(on another rank)" in _line(Overflow(replay=True, spill=True)), elsewhere

@@ -268,20 +268,21 @@ class RecipeMetrics:
         self.capacity_replays, self.capacity_spills = replays, spills
         grown = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.grown)
         pool = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.pool_grown)
+        elsewhere = "on another rank"  # this rank's own rows fitted: another rank's overflowed
         if overflow.spill:
-            past = ", ".join([*(f"{needed:,} rows, ceiling {ceiling:,}" for ceiling, needed in overflow.spilled),
-                              *(f"activation pool: {needed:,} rows, ceiling {ceiling:,}"
-                                for ceiling, needed in overflow.pool_spilled)])
-            line = (f"step {step}: a symm dispatch needed more expert rows than the capacity's ceiling "
-                    f"({past or 'on another EP group'}); {what} run again with each dispatch at exactly its rows "
-                    f"({names.A2A_SPILLS} = {spills})")
+            past = [f"{what_spilled} needed {needed:,} rows, ceiling {ceiling:,}"
+                    for what_spilled, spilled in (("a dispatch", overflow.spilled),
+                                                  ("the activation pool", overflow.pool_spilled))
+                    for ceiling, needed in spilled]
+            line = (f"step {step}: more rows were needed than a ceiling allows ({'; '.join(past) or elsewhere}); "
+                    f"{what} run again with each dispatch at exactly its rows ({names.A2A_SPILLS} = {spills})")
         elif pool and not grown:
             line = (f"step {step}: the MoE layers kept more routed rows than the activation pool holds; pool grown "
                     f"({pool} rows), {what} run again ({names.A2A_REPLAYS} = {replays})")
         else:
             also = f", activation pool grown ({pool} rows)" if pool else ""
             line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
-                    f"({grown or 'on another EP group'} rows){also}, {what} run again "
+                    f"({f'{grown} rows' if grown else elsewhere}){also}, {what} run again "
                     f"({names.A2A_REPLAYS} = {replays})")
         if _rank() == 0:
             logger.warning(line)
