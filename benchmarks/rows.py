@@ -60,8 +60,9 @@ class Machine:
         """Short name for file names: ``h200x2``, ``h100x8``, ``cpux2``."""
         if self.gpu == "cpu":
             return f"cpux{self.count}"
-        model = self.gpu.split()[-1].lower()
-        return f"{model}x{self.count}"
+        # the model number ("NVIDIA H100 80GB HBM3" -> h100), else the name's last word
+        model = re.search(r"\b[A-Za-z]{1,3}\d{2,4}\b", self.gpu.removeprefix("NVIDIA "))
+        return f"{(model.group(0) if model else self.gpu.split()[-1]).lower()}x{self.count}"
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess | None:

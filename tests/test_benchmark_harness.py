@@ -145,3 +145,12 @@ def test_results_record_the_link_nccl_crossed(tmp_path):
 def test_format_table_aligns_columns():
     text = format_table([{"arm": "torchtitan", "ms": 12.3456}, {"arm": "x", "ms": None}], ("arm", "ms"))
     assert text.splitlines() == ["arm         ms   ", "torchtitan  12.35", "x           -    "]
+
+
+def test_a_rows_file_names_the_gpu_model_not_its_memory():
+    from benchmarks.rows import Machine
+
+    slugs = {name: Machine(name, 2, "nvlink", 16).slug
+             for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "cpu")}
+    assert slugs == {"NVIDIA H100 80GB HBM3": "h100x2", "NVIDIA H200": "h200x2", "NVIDIA A100-SXM4-80GB": "a100x2",
+                     "cpu": "cpux2"}, slugs
