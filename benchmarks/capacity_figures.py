@@ -3,7 +3,8 @@ peak memory per rank, whole and above its expert weights (bench ``layer_memory``
 estimate of a real model at the capacity's start, its ceiling and the worst case
 (``memory_estimate``), how often long runs replayed and where their capacity ended
 (``capacity_replays``), and what the activation pool and the capacity do at EP 2, 4 and 8 over a
-measured routing (``capacity_study``). Each from its newest run file (the replays: per EP degree), with the
+measured routing (``capacity_study``). Each from its newest run file by date (the layer and the replays:
+per EP degree), with the
 report's STALE marks;
 ``benchmarks/report.py`` writes it between ``BEGIN`` and ``END``.
 """
@@ -29,22 +30,27 @@ def _when(run: Any, mark: str) -> str:
     return f"`{run.first['commit'][:7]}` {run.first['date'][:10]}{' ' + mark if mark else ''}"
 
 
-def layer_memory(run: Any, mark: str) -> str:
-    """Peak per rank against torchtitan's, whole and above the weights, per EP degree."""
-    rows = [r for r in run.rows if r.get("pass") == "fwd+bwd"]
+def layer_memory(run: Any, mark: str, eps: list[int] | None = None) -> str:
+    """Peak per rank against torchtitan's, whole and above the weights, per EP degree (``eps``:
+    those of the run's rows to show; None: all)."""
+    rows = [r for r in run.rows if r.get("pass") == "fwd+bwd" and (eps is None or r["ep"] in eps)]
     by = {(r["ep"], r["arm"]): r for r in rows}
-    eps = sorted({r["ep"] for r in rows})
-    whole, above, weights = [], [], []
-    for ep in eps:
-        base, elastic, worst = by.get((ep, "torchtitan")), by.get((ep, "mxfp8/symm")), by.get((ep, "mxfp8/symm:worst"))
-        if not (base and elastic and worst):
+    whole, above, weights, held = [], [], [], []
+    for ep in sorted({r["ep"] for r in rows}):
+        base, elastic = by.get((ep, "torchtitan")), by.get((ep, "mxfp8/symm"))
+        if not (base and elastic):
             continue
-        ceiling = by.get((ep, "mxfp8/symm:ceiling"))
+        grown = [(f"at the {name}", by[ep, f"mxfp8/symm:{arm}"]) for arm, name in (("ceiling", "ceiling"),
+                                                                                  ("worst", "worst case"))
+                 if (ep, f"mxfp8/symm:{arm}") in by]
         for out, key in ((whole, "peak_gib"), (above, "above_weights_gib")):
-            grown = f"{_ratio(ceiling[key], base[key])} at the ceiling, " if ceiling else ""
-            out.append(f"{_ratio(elastic[key], base[key])} at EP={ep} ({grown}"
-                       f"{_ratio(worst[key], base[key])} at the worst case)")
+            more = ", ".join(f"{_ratio(r[key], base[key])} {name}" for name, r in grown)
+            out.append(f"{_ratio(elastic[key], base[key])} at EP={ep}{f' ({more})' if more else ''}")
         weights.append(f"{base['peak_gib'] - base['above_weights_gib']:.1f} of {base['peak_gib']:.1f} GiB at EP={ep}")
+        if "peer_buffers_gib" in elastic:
+            held.append(f"{elastic['peer_buffers_gib']:.2f} GiB peer buffers and {elastic['activation_pool_gib']:.2f} "
+                        f"GiB activation pool at EP={ep}")
+    held_text = f" (of it symm holds {'; '.join(held)})" if held else ""
     dims = rows[0].get("dims", {}) if rows else {}
     shape = (f"dim {dims['dim']}, {dims['experts']} experts top-{dims['top_k']}, {dims['tokens_per_rank']:,} "
              f"tokens per rank" if dims else "")
@@ -52,7 +58,7 @@ def layer_memory(run: Any, mark: str) -> str:
             f"{run.hardware()}, {_when(run, mark)} ({_link('layer_memory')}): symm's peak per "
             f"rank at the starting capacity is {', '.join(whole)} of torchtitan's. Most of a peak is the layer's "
             f"expert weights and their gradients ({'; '.join(weights)}); above them symm needs "
-            f"{', '.join(above)} of torchtitan's memory.")
+            f"{', '.join(above)} of torchtitan's memory{held_text}.")
 
 
 def memory_estimate(run: Any, mark: str) -> str:
@@ -132,19 +138,26 @@ def capacity_study(run: Any, mark: str) -> str:
             f"({_link('capacity_study')}): {'; '.join(at(r) for r in rows)}.")
 
 
+def newest_at(files: list[Any], ep: int) -> Any:
+    """The newest of ``files`` (oldest first) with rows at EP ``ep``."""
+    return next(run for run in reversed(files) if any(r["ep"] == ep for r in run.rows))
+
+
 def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, str]) -> str:
     """The block: one bullet per bench, each saying what it measured and where (a bench without
     rows says so); the STALE mark where the measured code changed since."""
     lines, used = [], set()
     for bench, line in (("layer_memory", layer_memory), ("memory_estimate", memory_estimate),
                         ("capacity_replays", capacity_replays), ("capacity_study", capacity_study)):
-        files = [run for name, run in sorted(runs.items()) if run.first["bench"] == bench]
+        files = sorted((run for run in runs.values() if run.first["bench"] == bench), key=lambda run: run.first["date"])
         if not files:
             lines.append(f"- {bench}: {NOT_MEASURED}.")
             continue
         if bench == "capacity_replays":  # each EP degree from the newest file that has runs at it
-            eps = sorted({r["ep"] for run in files for r in run.rows})
-            shown = [(next(run for run in reversed(files) if any(r["ep"] == ep for r in run.rows)), ep) for ep in eps]
+            shown = [(newest_at(files, ep), ep) for ep in sorted({r["ep"] for run in files for r in run.rows})]
+        elif bench == "layer_memory":  # likewise, the degrees one file measured in one line
+            newest = {ep: newest_at(files, ep) for ep in sorted({r["ep"] for run in files for r in run.rows})}
+            shown = [(run, [ep for ep, r in newest.items() if r is run]) for run in files if run in newest.values()]
         else:
             shown = [(files[-1], None)]
         for run, ep in shown:

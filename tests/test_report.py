@@ -555,6 +555,35 @@ def test_the_capacity_figures_come_from_the_newest_rows(tmp_path):
     assert "†" not in capacity_figures.render(runs, lambda run: "current", report.MARKS)
 
 
+def test_the_layer_figures_take_each_ep_degree_from_its_newest_file_by_date(tmp_path):
+    """Two layer files of one day: the later one (its name sorts first) measured EP=4 alone, at
+    the default only; EP=2 still comes from the earlier file, with what symm holds of its peak."""
+    from benchmarks import capacity_figures
+
+    def layer(ep, arm, peak, above, **held):
+        return {"bench": "layer_memory", "ep": ep, "arm": arm, "pass": "fwd+bwd", "peak_gib": peak,
+                "above_weights_gib": above, "dims": {"dim": 64, "experts": 8, "top_k": 2, "tokens_per_rank": 1024},
+                **held}
+
+    held = {"peer_buffers_gib": 0.44, "activation_pool_gib": 0.0}
+    files = {"2026-01-02_fffffff_h100x1_layer_memory.jsonl": ("01", [
+        layer(2, "torchtitan", 20.0, 4.0), layer(2, "mxfp8/symm", 21.0, 5.0, **held),
+        layer(2, "mxfp8/symm:worst", 23.0, 7.0, **held),
+        layer(4, "torchtitan", 10.0, 2.0), layer(4, "mxfp8/symm", 19.0, 11.0, **held)]),
+        "2026-01-02_0000000_h100x1_layer_memory.jsonl": ("05", [
+            layer(4, "torchtitan", 10.0, 2.0), layer(4, "mxfp8/symm", 11.0, 3.0, **held)])}
+    for name, (hour, rows) in files.items():
+        prov = {"commit": name[11:18] * 5 + name[11:16], "dirty": False, "date": f"2026-01-02T{hour}:00:00Z",
+                "machine": {"gpu": "NVIDIA H100 80GB HBM3", "count": 1, "link": "shared-gpu", "host_cpus": 16},
+                "versions": {"torch": "2.11"}, "command": "x"}
+        (tmp_path / name).write_text("".join(json.dumps({**prov, **r}) + "\n" for r in rows))
+    block = capacity_figures.render(report.load_runs(tmp_path), lambda run: "current", report.MARKS)
+    ep2, ep4 = (line for line in block.splitlines() if line.startswith("- Measured"))
+    assert "`fffffff`" in ep2 and "1.05× at EP=2 (1.15× at the worst case)" in ep2 and "EP=4" not in ep2, ep2
+    assert "(of it symm holds 0.44 GiB peer buffers and 0.00 GiB activation pool at EP=2)" in ep2, ep2
+    assert "`0000000`" in ep4 and "1.10× at EP=4 of torchtitan's" in ep4 and "1.50× at EP=4" in ep4, ep4
+
+
 def test_the_replay_figures_per_ep_degree_and_the_growth_study_at_the_defaults(tmp_path):
     """Each EP degree's replays from the newest file with runs at it (a later EP=4 run does not
     hide the EP=2 runs); the growth study's rows at the defaults, per EP degree."""
