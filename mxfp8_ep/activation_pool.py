@@ -55,8 +55,8 @@ from mxfp8_ep.activation_pool_size import pool_rows
 from mxfp8_ep.capacity import POOL_GROWTH_HEADROOM, next_capacity
 from mxfp8_ep.dispatcher import symm
 
-__all__ = ["ActivationPool", "combine_keeps_expert_rows", "compact_pending", "needed_rows", "plan_overflowed",
-           "pool_rows_held", "pooled_layer", "pools", "reads_valid_rows_only", "release_pools"]
+__all__ = ["NOT_POOLED", "ActivationPool", "combine_keeps_expert_rows", "compact_pending", "needed_rows",
+           "plan_overflowed", "pool_rows_held", "pooled_layer", "pools", "reads_valid_rows_only", "release_pools"]
 
 _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # What a new plane holds before any row is packed into it (tests set NaN: a backward that read a
@@ -336,7 +336,7 @@ def _copy_out(plane: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.
     return plane.index_select(0, (start + i).clamp(max=plane.shape[0] - 1))
 
 
-_NOT_POOLED = _LayerPack(None, None, 0)
+NOT_POOLED = _LayerPack(None, None, 0)  # hooks that do nothing: a layer that is not pooled
 
 
 def reads_valid_rows_only(experts) -> bool:
@@ -356,7 +356,7 @@ def pooled_layer(dispatcher, metadata, tokens_per_local_expert: torch.Tensor, ex
     bufs = getattr(getattr(metadata, "pending_expert_rows", None), "buffers", None)
     if (a2a.activation_pool_factor is None or bufs is None or not torch.is_grad_enabled() or _others_hooks()
             or not symm.innermost_scope() or not reads_valid_rows_only(experts)):
-        return _NOT_POOLED
+        return NOT_POOLED
     capacity = metadata.capacity
     count = tokens_per_local_expert.sum(dtype=torch.int64).clamp(max=capacity).reshape(1)
     device = count.device

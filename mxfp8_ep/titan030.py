@@ -32,6 +32,8 @@ The override also swaps 0.3.0's ``GroupedExperts`` for ``ValidRowGroupedExperts`
 math (bf16-identical), but its elementwise work -- the SwiGLU and the sum of the two
 input-gradient GEMMs -- covers only the rows inside the expert offsets
 (``mxfp8_ep.grouped_experts``), not the whole static-capacity buffer symm hands over.
+Reading only those rows, they let symm keep what the experts and combine save for the backward
+at the routed rows, in the activation pool (``mxfp8_ep.activation_pool``), as under 0.2.2.
 
 Importing this module imports torchtitan 0.3.0; nothing else in ``mxfp8_ep`` does, so the
 library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is installed.
@@ -39,11 +41,14 @@ library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is insta
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field, fields
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+from mxfp8_ep import activation_pool
 from mxfp8_ep.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
@@ -92,6 +97,7 @@ class _ExchangeLegs:
         self.max_tokens_per_rank: int | None = config.max_tokens_per_rank
         self.transport: Transport | None = None  # resolved in wire_meshes
         self._ours = None  # our dispatcher, unless the parent's path serves (nccl, bf16 legs)
+        self._pooled = None  # (metadata, activation pool hooks) of the layer between its experts and combine
 
     @property
     def library_dispatcher(self):
@@ -121,12 +127,33 @@ class _ExchangeLegs:
             raise ValueError(NO_EP_MESSAGE)
         if self._ours is None:
             return super().dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
-        return self._ours.dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK, num_local_tokens_per_expert_E)
+        activation_pool.compact_pending()  # the last MoE layer's kept tensors into the pool first
+        routed, counts, metadata = self._ours.dispatch(x_TD, topk_scores_TK, topk_expert_ids_TK,
+                                                       num_local_tokens_per_expert_E)
+        _LAST_DISPATCH.value = (self, weakref.ref(routed), counts, metadata)
+        self._pooled = None
+        return routed, counts, metadata
 
     def combine(self, routed_output_RD, metadata, x_TD):  # noqa: N803
         if self._ours is None:
             return super().combine(routed_output_RD, metadata, x_TD)
-        return self._ours.combine(routed_output_RD, metadata)
+        pooled, self._pooled = self._pooled, None
+        if pooled is None or pooled[0] is not metadata:
+            return self._ours.combine(routed_output_RD, metadata)
+        with pooled[1].saving(activation_pool.combine_keeps_expert_rows(metadata)):
+            return self._ours.combine(routed_output_RD, metadata)
+
+    def pooled_layer(self, x_RD, experts):  # noqa: N803
+        """The activation pool of the layer whose experts run on ``x_RD`` now
+        (``activation_pool.pooled_layer``), when ``x_RD`` is what this thread's last dispatch of
+        ours handed them; combine then keeps its expert rows in it too."""
+        last, _LAST_DISPATCH.value = getattr(_LAST_DISPATCH, "value", None), None
+        if last is None or last[1]() is not x_RD:
+            return activation_pool.NOT_POOLED
+        legs, _, counts, metadata = last
+        pooled = activation_pool.pooled_layer(legs._ours, metadata, counts, experts)
+        legs._pooled = (metadata, pooled)
+        return pooled
 
     # The parent's path (nccl, every leg bf16): its exchanges, with their bytes counted.
 
@@ -135,6 +162,11 @@ class _ExchangeLegs:
 
     def _combine_token_exchange(self, routed_output_RD, pg, input_splits, output_splits):  # noqa: N803
         return all_to_all_v(routed_output_RD, input_splits, output_splits, pg, legs=("combine_fwd", "combine_bwd"))
+
+
+# This thread's last dispatch of ours: (its ``_ExchangeLegs``, the rows it handed the experts
+# (weak), their counts, its metadata), until the experts that run on those rows take it.
+_LAST_DISPATCH = threading.local()
 
 
 class A2ATokenDispatcher(_ExchangeLegs, AllToAllTokenDispatcher):
@@ -164,9 +196,12 @@ class PaddedA2ATokenDispatcher(_ExchangeLegs, TorchAOTokenDispatcher):
 
 class ValidRowGroupedExperts(GroupedExperts):
     """0.3.0's ``GroupedExperts`` with the SwiGLU and the input-gradient sum over the rows inside
-    the expert offsets only (``mxfp8_ep.grouped_experts.grouped_swiglu_experts``). A subclass that swaps
-    the ``_grouped_mm`` seam (0.3.0's MXFP8 / FP8 grouped-GEMM converters subclass the experts'
-    class) runs the parent's forward."""
+    the expert offsets only (``mxfp8_ep.grouped_experts.grouped_swiglu_experts``), so that symm's
+    activation pool may keep what they save at their routed rows (``mxfp8_ep.activation_pool``),
+    with combine's. A subclass that swaps the ``_grouped_mm`` seam (0.3.0's MXFP8 / FP8
+    grouped-GEMM converters subclass the experts' class) runs the parent's forward, unpooled."""
+
+    reads_valid_rows_only = True
 
     @dataclass(kw_only=True, slots=True)
     class Config(GroupedExperts.Config):
@@ -177,7 +212,10 @@ class ValidRowGroupedExperts(GroupedExperts):
             return super().forward(x_RD, num_tokens_per_expert_E)
         from mxfp8_ep.grouped_experts import grouped_swiglu_experts
 
-        return grouped_swiglu_experts(x_RD, self.w1_EFD, self.w2_EDF, self.w3_EFD, num_tokens_per_expert_E)
+        last = getattr(_LAST_DISPATCH, "value", None)
+        pooled = last[0].pooled_layer(x_RD, self) if last is not None else activation_pool.NOT_POOLED
+        with pooled.saving():
+            return grouped_swiglu_experts(x_RD, self.w1_EFD, self.w2_EDF, self.w3_EFD, num_tokens_per_expert_E)
 
 
 def valid_row_experts_config(cfg: GroupedExperts.Config) -> GroupedExperts.Config:

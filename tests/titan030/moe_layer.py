@@ -108,9 +108,9 @@ def moe_config(spec: MoESpec, dispatcher_config):
     )
 
 
-def build_ep_moe(spec: MoESpec, dispatcher_config, mesh):
+def build_ep_moe(spec: MoESpec, dispatcher_config, mesh, seed: int = 1234):
     moe = moe_config(spec, dispatcher_config).build()
-    g = torch.Generator().manual_seed(1234)  # the same full weights on every rank, in every arm
+    g = torch.Generator().manual_seed(seed)  # the same full weights on every rank, in every arm
     with torch.no_grad():
         for _, p in sorted(moe.named_parameters()):
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
@@ -132,23 +132,28 @@ def rank_inputs(spec: MoESpec, rank: int, step: int):
 
 
 def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types", checkpointed: bool = False,
-            dispatchers: list | None = None, replay: bool = False) -> list[dict]:
+            dispatchers: list | None = None, replay: bool = False, layers: int = 1) -> list[dict]:
     """``spec.steps`` SGD steps of the EP MoE layer; per step its tensors by name.
     ``checkpointed``: under activation checkpointing (non-reentrant; the backward recomputes
     the forward, exchanges included). ``dispatchers``: gets the layer's token dispatcher and,
     for ours, the library dispatcher it delegates to (``_ours``), once the layer has run.
     ``replay``: each step's forward and backward run through ``mxfp8_ep.elastic.ReplayGuard``
     (again after a symm capacity overflow); the step's tensors then include the replays so far
-    (``replays``) and the layer's load-balancing counts (``tokens_per_expert_E``)."""
+    (``replays``) and the layer's load-balancing counts (``tokens_per_expert_E``). ``layers``:
+    that many such layers one after the other (each its own weights), the first one's tensors
+    and counts seen."""
     set_spmd_backend(backend)
-    moe = build_ep_moe(spec, dispatcher_config, mesh)
+    moes = [build_ep_moe(spec, dispatcher_config, mesh, seed=1234 + i) for i in range(layers)]
+    # Between stacked layers an RMS norm keeps the activations of order one (bf16, SGD steps).
+    moe = moes[0] if layers == 1 else nn.Sequential(*[m for layer in moes for m in (
+        layer, nn.RMSNorm(spec.dim, elementwise_affine=False))][:-1])
     seen: dict = {}
 
     def on_experts(_module, args, output):
         seen["expert_input"], seen["tokens_per_expert"] = args[0].detach().clone(), args[1].detach().clone()
         output.register_hook(lambda grad: seen.__setitem__("expert_output_grad", grad.detach().clone()))
 
-    moe.routed_experts.inner_experts.register_forward_hook(on_experts)
+    moes[0].routed_experts.inner_experts.register_forward_hook(on_experts)
     steps = []
     guard = ReplayGuard(moe.modules()) if replay else None
     for step in range(spec.steps):
@@ -161,14 +166,14 @@ def run_arm(spec: MoESpec, dispatcher_config, mesh, backend: str = "spmd_types",
         tensors = {"out": out.detach(), "x.grad": x.grad}
         tensors.update({f"{name}.grad": p.grad.clone() for name, p in moe.named_parameters()})
         if guard is not None:
-            tensors.update(replays=guard.replays, tokens_per_expert_E=moe.tokens_per_expert_E.clone())
+            tensors.update(replays=guard.replays, tokens_per_expert_E=moes[0].tokens_per_expert_E.clone())
         steps.append({**tensors, **seen})
         with torch.no_grad():
             for p in moe.parameters():
                 p -= spec.lr * p.grad
                 p.grad = None
     if dispatchers is not None:
-        token_dispatcher = moe.routed_experts.token_dispatcher
+        token_dispatcher = moes[0].routed_experts.token_dispatcher
         dispatchers.extend(d for d in (token_dispatcher, getattr(token_dispatcher, "_ours", None)) if d is not None)
     return steps
 

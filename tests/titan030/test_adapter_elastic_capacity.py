@@ -66,3 +66,37 @@ def test_an_overflowed_step_replays_to_the_worst_case_bit_for_bit(tmp_path):
         assert report["replays"][0] == 1, report
         assert report["differ"] == [[]] * SPEC.steps, report
         assert report["unguarded_differ"] == [[]] * SPEC.steps, report
+
+
+def _pooled(rank: int, world: int, out_dir) -> None:
+    """Three layers at the worst case, and at a capacity and activation pool of their own."""
+    from mxfp8_ep import activation_pool
+
+    mesh = setup_rank(world)
+    activation_pool._FILL = float("nan")  # a backward that read a row past a layer's count shows
+    worst = run_arm(SPEC, _arm(None), mesh, replay=True, layers=3)
+    release_peer_buffers()
+    activation_pool.release_pools()
+    pooled_arm = titan030.replacement_config(reference_config(SPEC, None), A2AConfig.preset(
+        "mxfp8_all", transport="symm", capacity_ceiling=None, activation_pool_factor=1.0,
+        activation_pool_ceiling=None))
+    pooled = run_arm(SPEC, pooled_arm, mesh, replay=True, layers=3)
+    report = {"differ": [_differ(p, w) for p, w in zip(pooled, worst, strict=True)],
+              "depth": [p.depth_seen for p in activation_pool.pools()], "planes": sum(
+                  len(p.planes) for p in activation_pool.pools())}
+    release_peer_buffers()
+    activation_pool.release_pools()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def test_the_activation_pool_keeps_three_layers_rows_and_matches_the_worst_case(tmp_path):
+    """The pool through the 0.3.0 adapter: the experts (``ValidRowGroupedExperts``) and combine
+    keep their saved rows in it, every layer but the last (which keeps its own); the steps'
+    outputs and gradients are the worst case's bit for bit."""
+    run_forked(2, _pooled, tmp_path)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["differ"] == [[]] * SPEC.steps, report
+        # two layers moved in (the last stays out); the experts' input, h1, h3, product and
+        # combine's expert outputs: five planes
+        assert report["depth"] == [2] and report["planes"] == 5, report
