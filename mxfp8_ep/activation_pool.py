@@ -304,7 +304,8 @@ def _unpack(saved):
     if isinstance(saved, torch.Tensor):
         return saved
     handle, packed = saved
-    if packed.tensor is not None:
+    if packed.tensor is not None:  # still as it is: its layer stays out of the pool from now on (``compact``)
+        packed.unpacked = packed.tensor
         return packed.tensor
     if packed.layer.stale:
         raise RuntimeError("activation pool: this graph's saved rows were given up when a later replay attempt "

@@ -392,3 +392,32 @@ def test_pooled_layers_match_the_worst_case_sharing_one_gpu():
     from tests.distributed import SHARED_GPU, run_on_ranks
 
     run_on_ranks(2, _pooled_matches_on_the_device, backend=SHARED_GPU, timeout_s=300)
+
+
+def test_a_layer_whose_backward_began_stays_out_of_the_pool():
+    """A compaction (the next layer's forward, e.g. a reentrant recompute's or another
+    microbatch's) that comes once the pending layer's backward has read one of its tensors leaves
+    that layer as it is: its other nodes still read every row, and nothing is pushed."""
+
+    class Scope:
+        overflows = 0
+
+        def count_overflow(self, flag):
+            self.overflows += int(flag)
+
+    capacity = expert_major_capacity(TOKENS, TOP_K, 2, 4, ALIGN, 1.25)
+    pool = activation_pool.ActivationPool(torch.device("cpu"), 1.0, None, (TOKENS, TOP_K, 2, 4, ALIGN))
+    scope = Scope()
+    pool.begin_attempt(scope)
+    count = torch.tensor([10])
+    pack = activation_pool._LayerPack(pool, activation_pool._Layer(scope=scope, count=count, demand=count), capacity)
+    t = torch.randn(capacity, 8, dtype=torch.float32, requires_grad=True)
+    with pack.saving():
+        u = t.sin()  # keeps t; reads every row in its backward
+        v = u * t  # keeps u and t
+    u.register_hook(lambda grad: pool.compact())  # between the two nodes that read t
+    v.sum().backward()
+    x = t.detach()
+    want = x.sin() + x * x.cos()
+    assert torch.equal(t.grad, want), (t.grad - want).abs().max()
+    assert scope.overflows == 0 and int(pool.top) == 0 and not pool.stack and pool.depth_seen == 0
