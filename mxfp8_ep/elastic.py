@@ -125,11 +125,39 @@ class OverflowSource:
 
     pool = False
 
+    def __init__(self):
+        self._rows = 0  # how many values of its own the last ``values`` gave
+
     def values(self, scope: symm.ReplayScope | None, device: torch.device) -> torch.Tensor:
         raise NotImplementedError
 
     def plan(self, own: list[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        if not self._rows:
+            return [], []
+        planned = self._plan(own)
+        return planned.grown, planned.spilled
+
+    def _plan(self, own: list[int]):
+        """Grow (or spill) from ``own``: an object with ``grown`` and ``spilled``."""
         raise NotImplementedError
+
+    @staticmethod
+    def _flags(device: torch.device) -> torch.Tensor:
+        """The flags of a step that did not overflow."""
+        flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
+        flags[2] = -symm.NO_OVERFLOW
+        return flags
+
+    def _with_rows(self, flags: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """``flags``, then the rows needed of ``rows`` (needed, ceilings; None: none), a spill
+        flagged where one needs more than its ceiling."""
+        if rows is None:
+            self._rows = 0
+            return flags
+        needed, ceilings = rows
+        flags[1] = (needed > ceilings).any()
+        self._rows = needed.numel()
+        return torch.cat([flags, needed])
 
 
 class SymmCapacity(OverflowSource):
@@ -137,31 +165,16 @@ class SymmCapacity(OverflowSource):
     the scope's trustworthy dispatches (``dispatcher.symm.needed_rows``); ``plan`` grows the
     capacities (``dispatcher.symm.plan_overflowed``)."""
 
-    def __init__(self):
-        self._sets = 0
-
     def values(self, scope, device):
-        flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
-        flags[2] = -symm.NO_OVERFLOW
+        flags = self._flags(device)
         if scope is None:
-            self._sets = 0
-            return flags
+            return self._with_rows(flags, None)
         flags[0] = scope.overflows(device).clamp(max=1)[0]
         flags[2] = -scope.first_overflow(device)[0]
-        sets = symm.needed_rows(scope, device)
-        if sets is None:
-            self._sets = 0
-            return flags
-        needed, ceilings = sets
-        flags[1] = (needed > ceilings).any()
-        self._sets = needed.numel()
-        return torch.cat([flags, needed])
+        return self._with_rows(flags, symm.needed_rows(scope, device))
 
-    def plan(self, own):
-        if not self._sets:
-            return [], []
-        plan = symm.plan_overflowed(own)
-        return plan.grown, plan.spilled
+    def _plan(self, own):
+        return symm.plan_overflowed(own)
 
 
 class ActivationPoolRows(OverflowSource):
@@ -172,26 +185,12 @@ class ActivationPoolRows(OverflowSource):
 
     pool = True
 
-    def __init__(self):
-        self._pools = 0
-
     def values(self, scope, device):
-        flags = torch.zeros(_FLAGS, dtype=torch.int64, device=device)
-        flags[2] = -symm.NO_OVERFLOW
         pools = activation_pool.needed_rows() if scope is not None else None
-        if pools is None:
-            self._pools = 0
-            return flags
-        needed, ceilings = (t.to(device) for t in pools)
-        flags[1] = (needed > ceilings).any()
-        self._pools = needed.numel()
-        return torch.cat([flags, needed])
+        return self._with_rows(self._flags(device), None if pools is None else tuple(t.to(device) for t in pools))
 
-    def plan(self, own):
-        if not self._pools:
-            return [], []
-        plan = activation_pool.plan_overflowed(own)
-        return plan.grown, plan.spilled
+    def _plan(self, own):
+        return activation_pool.plan_overflowed(own)
 
 
 # What ``check_overflow`` reads, in order: each source's overflow replays the step.
