@@ -143,18 +143,6 @@ class _ExchangeLegs:
         with pooled[1].saving(activation_pool.combine_keeps_expert_rows(metadata)):
             return self._ours.combine(routed_output_RD, metadata)
 
-    def pooled_layer(self, x_RD, experts):  # noqa: N803
-        """The activation pool of the layer whose experts run on ``x_RD`` now
-        (``activation_pool.pooled_layer``), when ``x_RD`` is what this thread's last dispatch of
-        ours handed them; combine then keeps its expert rows in it too."""
-        last, _LAST_DISPATCH.value = getattr(_LAST_DISPATCH, "value", None), None
-        if last is None or last[1]() is not x_RD:
-            return activation_pool.NOT_POOLED
-        legs, _, counts, metadata = last
-        pooled = activation_pool.pooled_layer(legs._ours, metadata, counts, experts)
-        legs._pooled = (metadata, pooled)
-        return pooled
-
     # The parent's path (nccl, every leg bf16): its exchanges, with their bytes counted.
 
     def _dispatch_token_exchange(self, routed_input_ND, pg, output_splits, input_splits):  # noqa: N803
@@ -167,6 +155,20 @@ class _ExchangeLegs:
 # This thread's last dispatch of ours: (its ``_ExchangeLegs``, the rows it handed the experts
 # (weak), their counts, its metadata), until the experts that run on those rows take it.
 _LAST_DISPATCH = threading.local()
+
+
+def _pooled_experts(x_RD: torch.Tensor, experts):  # noqa: N803
+    """The activation pool of the layer whose ``experts`` run on ``x_RD`` now
+    (``activation_pool.pooled_layer``), when ``x_RD`` is what this thread's last dispatch of ours
+    handed them (its ``_ExchangeLegs.combine`` then keeps its expert rows in it too); else hooks
+    that do nothing."""
+    last, _LAST_DISPATCH.value = getattr(_LAST_DISPATCH, "value", None), None
+    if last is None or last[1]() is not x_RD:
+        return activation_pool.NOT_POOLED
+    legs, _, counts, metadata = last
+    pooled = activation_pool.pooled_layer(legs._ours, metadata, counts, experts)
+    legs._pooled = (metadata, pooled)
+    return pooled
 
 
 class A2ATokenDispatcher(_ExchangeLegs, AllToAllTokenDispatcher):
@@ -212,9 +214,7 @@ class ValidRowGroupedExperts(GroupedExperts):
             return super().forward(x_RD, num_tokens_per_expert_E)
         from mxfp8_ep.grouped_experts import grouped_swiglu_experts
 
-        last = getattr(_LAST_DISPATCH, "value", None)
-        pooled = last[0].pooled_layer(x_RD, self) if last is not None else activation_pool.NOT_POOLED
-        with pooled.saving():
+        with _pooled_experts(x_RD, self).saving():
             return grouped_swiglu_experts(x_RD, self.w1_EFD, self.w2_EDF, self.w3_EFD, num_tokens_per_expert_E)
 
 
