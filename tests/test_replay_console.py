@@ -12,7 +12,9 @@ from mxfp8_ep.elastic import Overflow
 
 def _line(overflow: Overflow) -> str:
     console = io.StringIO()
-    RecipeMetrics.capacity_replay(SimpleNamespace(console=console), 1, overflow, replays=1, spills=0)
+    metrics = SimpleNamespace(console=console)
+    metrics._say = RecipeMetrics._say.__get__(metrics)
+    RecipeMetrics.capacity_replay(metrics, 1, overflow, replays=1, spills=0)
     return console.getvalue()
 
 

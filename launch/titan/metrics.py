@@ -285,9 +285,7 @@ class RecipeMetrics:
                     f"({f'{grown} rows' if grown else elsewhere}){also}, {what} run again "
                     f"({names.A2A_REPLAYS} = {replays})")
         if _rank() == 0:
-            logger.warning(line)
-            if self.console is not None:
-                self.console.write(line + "\n")
+            self._say(line)
 
     def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None,
                        seconds: float = 0.0) -> None:
