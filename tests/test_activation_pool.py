@@ -284,7 +284,7 @@ def _no_host_read_and_memory(rank, world):
     activation_pool.release_pools()
 
 
-def test_the_pool_reads_nothing_on_the_host_and_keeps_no_capacity_rows():
+def test_the_pool_reads_nothing_on_the_host_and_only_the_last_layer_keeps_capacity_rows():
     preload()
     run_forked(2, _no_host_read_and_memory, timeout_s=300)
 
