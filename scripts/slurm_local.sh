@@ -325,7 +325,7 @@ start_slurmdbd() {
       { tail -20 "$LOG/slurmdbd.log" >&2; die "slurmdbd does not answer"; }
     log "slurmdbd up"
   fi
-  if ! sacctmgr_ok | grep -qx "$CLUSTER"; then
+  if ! sacctmgr_ok | grep -x "$CLUSTER" >/dev/null; then  # all of it read: no broken pipe under pipefail
     timeout 20 sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr add cluster failed"
     log "registered cluster $CLUSTER in accounting"
   fi

@@ -26,10 +26,12 @@ has_nvidia_gpu() {
 }
 
 # Whether the CPU index lists the pinned CPU build, asked once through $1's pip with nothing of
-# pip's configuration (--isolated: no find-links or extra indexes answering in its place).
+# pip's configuration (--isolated: no find-links or extra indexes answering in its place). grep
+# reads all of pip's answer: `grep -q` would stop at the match, and pip's next write would then
+# break the pipe and, under pipefail, count as no answer.
 cpu_index_lists_torch() {
   "$1" -m pip --isolated index versions torch --index-url "$TORCH_CPU_INDEX" --retries 0 --timeout 15 \
-    2>/dev/null | grep -q "$TORCH_PIN+cpu"
+    2>/dev/null | grep "$TORCH_PIN+cpu" >/dev/null
 }
 
 # "<index>|<why>" for installing torch==$TORCH_PIN with python $1; $2=cpu asks for the CPU

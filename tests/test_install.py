@@ -22,11 +22,14 @@ import torch
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LISTED = "torch (2.13.0+cpu)\nAvailable versions: 2.13.0+cpu, 2.12.0+cpu"
 WRAPPER = """#!/bin/bash
-# pip's look-up of an index answers $ANSWER (none: fails as an unreachable index does); pip
-# install is recorded in $LOG; everything else runs the real Python.
+# pip's look-up of an index answers $ANSWER a line at a time, as pip writes it (none: fails as an
+# unreachable index does); pip install is recorded in $LOG; everything else runs the real Python.
 if [ "$1 $2" = "-m pip" ]; then
   case " $* " in
-    *" index versions "*) echo "$*" >> "$LOG"; [ -n "$ANSWER" ] && echo "$ANSWER" && exit 0
+    *" index versions "*) echo "$*" >> "$LOG"
+                          if [ -n "$ANSWER" ]; then
+                            while IFS= read -r line; do echo "$line"; sleep 0.2; done <<< "$ANSWER"; exit 0
+                          fi
                           echo "ERROR: No matching distribution found for torch" >&2; exit 1 ;;
     *" install "*) echo "$*" >> "$LOG"; exit 0 ;;
   esac
