@@ -40,7 +40,7 @@ usage() {
 [ $# -eq 2 ] || usage
 suite=$1
 out=$2
-suites | awk '{print $1}' | grep -x -- "$suite" >/dev/null || { echo "run.sh: unknown suite '$suite'" >&2; usage; }
+suites | awk '{print $1}' | grep -qx -- "$suite" || { echo "run.sh: unknown suite '$suite'" >&2; usage; }
 
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
