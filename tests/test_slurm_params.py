@@ -477,3 +477,33 @@ def test_ctrl_c_while_waiting_stops_the_job_at_a_step_boundary(tmp_path, monkeyp
     assert e.value.signum == 2 and e.value.summary is None
     assert calls.read_text().splitlines() == ["scancel --signal=INT 7", "squeue", "squeue", "squeue", "squeue"]
     assert Job.cancelled is not signalled
+
+
+def test_every_task_of_a_job_listens_and_connects_on_one_port_below_the_ephemeral_range():
+    """MASTER_PORT comes from the job id (the same on every task), below Linux's default
+    ephemeral range (32768-60999: where any outgoing connection may hold it); one the job was
+    given is kept."""
+    from unittest import mock
+
+    from launch.launchers.slurm import export_distributed_env
+
+    def task_env(job_id: str, rank: int, **extra: str) -> dict:
+        slurm = {"SLURM_JOB_ID": job_id, "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2",
+                 "SLURM_NODEID": str(rank), "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_PROCID": str(rank),
+                 "SLURM_LOCALID": "0", "_TEST_CLUSTER_": "slurm", **extra}
+        with mock.patch.dict(os.environ, slurm):
+            if "MASTER_PORT" not in extra:
+                os.environ.pop("MASTER_PORT", None)
+            env = export_distributed_env()
+            return {"port": int(os.environ["MASTER_PORT"]), "addr": os.environ["MASTER_ADDR"],
+                    "rank": env.rank, "world": os.environ["WORLD_SIZE"]}
+
+    ports = set()
+    for job in range(1, 400):
+        first, second = task_env(str(job), 0), task_env(str(job), 1)
+        assert first["port"] == second["port"] and first["addr"] == second["addr"] == "n1"
+        assert (first["rank"], second["rank"], first["world"]) == (0, 1, "2")
+        ports.add(first["port"])
+    assert min(ports) >= 20000 and max(ports) < 32768
+    assert len(ports) > 350  # jobs sharing a first node draw different ports
+    assert task_env("160", 0, MASTER_PORT="29511")["port"] == 29511

@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -33,6 +34,28 @@ from launch.run.run_dir import CONSOLE_LOG, SUMMARY
 from launch.run.run_summary import RunSummary
 
 log = logging.getLogger(__name__)
+
+# The ports a job's rank-0 store listens on: below Linux's default ephemeral range (32768-60999),
+# where any process's outgoing connection on the first node (gloo's pairs, wandb, the SLURM
+# daemons') may hold the port a job drew.
+RENDEZVOUS_PORTS = (20000, 32767)
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The port of job ``job_id``'s rank-0 store (MASTER_PORT): drawn from the job id, so that
+    every task of the job draws the same one, in ``RENDEZVOUS_PORTS``."""
+    return random.Random(job_id).randint(*RENDEZVOUS_PORTS)
+
+
+def export_distributed_env():
+    """Set torch.distributed's environment from SLURM's (MASTER_ADDR/PORT, RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE) and return submitit's view of it. A MASTER_PORT the job was
+    given is kept; else the job's ``rendezvous_port``. CUDA_VISIBLE_DEVICES is kept: torchtitan
+    picks cuda:LOCAL_RANK itself."""
+    import submitit
+
+    os.environ.setdefault("MASTER_PORT", str(rendezvous_port(submitit.JobEnvironment().job_id)))
+    return submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
 @dataclass
@@ -198,16 +221,10 @@ class SlurmTrainJob:
         self.script = script  # the entry point as the launch named it: the resume command's
 
     def __call__(self) -> Optional[RunSummary]:
-        import submitit
-
         from launch.launchers.worker import run_worker
         from launch.run.stop import Stopped, StopSignals
 
-        # MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from SLURM.
-        # Keep CUDA_VISIBLE_DEVICES: torchtitan picks cuda:LOCAL_RANK itself.
-        env = submitit.helpers.TorchDistributedEnvironment().export(
-            set_cuda_visible_devices=False, overwrite=True
-        )
+        env = export_distributed_env()
         if env.rank == 0 and self.requeues:
             line = (f"[mxfp8ep] requeued run (attempt {self.requeues + 1}): resuming from the "
                     f"last checkpoint in {self.run_dir}")

@@ -388,8 +388,13 @@ def _start_train(tmp_path: Path, slurm_cluster, args: list[str], **env: str) -> 
 
 
 def _steps_logged(run_dir: Path) -> int:
+    """The step lines in the run's console.log; a run that ended failed fails the test at once
+    (no step comes after it)."""
     console = run_dir / "console.log"
-    return sum(line.startswith("step ") for line in console.read_text().splitlines()) if console.exists() else 0
+    lines = console.read_text().splitlines() if console.exists() else []
+    failed = [line for line in lines if line.startswith("==== ended") and ": failed" in line]
+    assert not failed, "\n".join(lines[-20:])
+    return sum(line.startswith("step ") for line in lines)
 
 
 def _job_of(run_dir: Path) -> str:
