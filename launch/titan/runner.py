@@ -133,6 +133,10 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
             trainer = adapter.RecipeTrainer(job_config, cfg, run_dir, stop)
             trainer.train()
             summary = trainer.finish()
+            if owns_process_group:
+                # The ranks leave together (torchtitan's rank 0 alone sleeps 2 s at the end of
+                # train()), so no rank tears its groups down while a peer is still connected.
+                dist.barrier()
         except BaseException:
             _finish_wandb(trainer, exit_code=1)  # mark the wandb run failed (flushes what was logged)
             raise
