@@ -17,27 +17,38 @@ count are left as they come (every consumer reads the rows inside the expert off
 ``torch._grouped_mm``, the SwiGLU kernels, combine's score gradients by the dispatch's row
 routing), so only one layer's tensors at a time live at the capacity.
 
-The pool is a stack: a layer's rows start at the device-side top, the top moves past them, and
-it moves back once every saved tensor of the layer is released (its backward ran, or its graph
-was dropped) and every layer above it is too; microbatches of one step reuse the rows. Its
+The pool is a ring of rows holding its layers oldest first: a layer's rows start at the
+device-side head, the head moves past them, and a layer's rows come free once every saved tensor
+of it is released (its backward ran, or its graph was dropped): at the head when it is the newest
+(a backward's order), at the tail when it is the oldest (a pipeline schedule's 1F1B, where the
+oldest microbatch runs its backward first), a layer between them once its neighbours go. So
+microbatches of one step reuse the rows, and a schedule's pool holds the layers it keeps at once
+(plus the holes inside that span), never more than keeping them at the capacity would. Its
 size (``A2AConfig.activation_pool_factor``): that multiple of one layer's balanced rows, summed
 over the pooled MoE layers (``activation_pool_size.pool_rows``): the deepest stack of layers
 moved into the pool a step has shown (layers under activation checkpointing keep nothing and
 never push; the last pooled layer stays out). A run's first step knows no depth yet and starts
 from one layer's rows: past two pooled layers it overflows the pool and runs its forward once
 more at the rows it showed it needs (plus headroom), so the pool is never sized for layers that
-keep nothing. A layer that would pass the pool's end copies nothing past
-it (its backward reads wrong rows, never out of bounds) and raises the scope's overflow count;
-at the step boundary ``elastic.check_overflow`` reads the peak rows with the capacities'
-(``needed_rows``), the pool grows to them plus headroom up to its ceiling
+keep nothing. A layer that would pass the pool's free rows copies nothing past
+them (its backward reads wrong rows, never out of bounds) and raises the overflow count of every
+replay scope its dispatch counted in;
+at the step boundary ``elastic.check_overflow`` reads the scope's peak rows with the capacities'
+(``needed_rows``; a layer whose dispatch overflowed its capacity counts the rows its routing
+gives this rank uncut), the pool grows to them plus headroom up to its ceiling
 (``A2AConfig.activation_pool_ceiling``, ``plan_overflowed``), and the step runs again. A step
 that needs more than the ceiling spills: its rerun (an ``exact`` scope) keeps each layer's
 tensors at exactly their routed rows, read on the host. Either way the result is bit for bit
 what a run without the pool computes.
 
+A layer belongs to the replay scopes its dispatch counted in (``dispatcher.symm.dispatch_scopes``):
+its attempt is the innermost. A pending layer of an attempt that ended (an overflowed attempt
+whose backward was skipped) never moves in.
+
 Not pooled: a layer whose experts do not read only the rows inside the expert offsets
 (``reads_valid_rows_only``: the library's grouped SwiGLU experts do; others may read every row),
-a layer outside a replay scope, under ``no_grad``, or under saved-tensor hooks of
+a layer outside a replay scope, under ``no_grad``, run inside a backward (a recompute under
+reentrant activation checkpointing, whose backward follows at once), or under saved-tensor hooks of
 someone else (activation checkpointing: its forward keeps nothing and its recompute's tensors
 are the checkpoint's; CPU offloading), which keep their tensors as they are; tensors that are
 not 2-D contiguous float rows of the capacity (MXFP8 data and scales stay as they are).
@@ -46,6 +57,7 @@ not 2-D contiguous float rows of the capacity (MXFP8 data and scales stay as the
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -64,19 +76,24 @@ _POOLED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _FILL = 0.0
 @dataclass
 class _Layer:
-    """One layer's rows: the scope (attempt) that packed them, its count and demand
-    (``ActivationPool.push``), its packed tensors (weak: autograd's handles hold them), and once
-    on the stack where its rows start (device) and where the stack's demand stood; whether it
+    """One layer's rows: the replay scopes its dispatch counted in (innermost last: its
+    attempt), its count and demand (``ActivationPool.push``), its packed tensors (weak:
+    autograd's handles hold them), and once in the pool where its rows start (a device-side
+    row of the ring, counted from the attempt's first) and where the demand stood; whether it
     was released."""
 
-    scope: object
+    scopes: tuple
     count: torch.Tensor | int
     demand: torch.Tensor | None = None
     packed: list = field(default_factory=list)  # weakrefs to its ``_Packed``, in packing order
-    start: torch.Tensor | None = None  # None: not on the stack (pending, or an exact scope's)
+    start: torch.Tensor | None = None  # None: not in the pool (pending, or an exact scope's)
     demand_start: torch.Tensor | None = None
     released: bool = False
     stale: bool = False
+
+    @property
+    def attempt(self):
+        return self.scopes[-1]
 
 
 @dataclass
@@ -91,7 +108,8 @@ class _Packed:
     tensor: torch.Tensor | None = None
     plane: torch.Tensor | None = None
     rows: torch.Tensor | None = None
-    unpacked: torch.Tensor | None = None
+    unpacked: torch.Tensor | None = None  # a copy at the capacity (``_keep_unpacked``)
+    read: bool = False  # a backward read ``tensor`` as it is
 
 
 @dataclass
@@ -106,23 +124,26 @@ class _LayerHandle:
 class ActivationPool:
     """One pool per (device, shape of the routing): planes of rows, one per saved tensor of a
     layer (its position in the layer's order, width and dtype), each ``rows + 1`` rows (the last
-    takes the masked rows of a copy); the stack's top and the attempt's peak rows on the
-    device."""
+    takes the masked rows of a copy). Rows are counted from the attempt's first (device-side
+    ``head`` and ``tail``), a row ``v`` stored at ``v % rows``: the live rows are
+    ``[tail, head)``."""
 
-    def __init__(self, device: torch.device, factor: float, ceiling: float | None, geometry: tuple):
+    def __init__(self, device: torch.device, factor: float, ceiling: float | None, geometry: tuple,
+                 key: tuple = ()):
         self.device = device
         self.factor, self.ceiling_factor = factor, ceiling
         self.geometry = geometry  # (max_tokens, top_k, ep, num_local_experts, align)
+        self.need_key = ("activation_pool", *key)  # its peak rows in a replay scope (``ReplayScope.need``)
         self.grown = 0  # rows the pool grew to (``plan_overflowed``)
-        self.depth_seen = 0  # the deepest stack of layers so far
+        self.depth_seen = 0  # the most layers in the pool at once so far
         self.rows = 0  # rows of the planes
         self.planes: dict[tuple, torch.Tensor] = {}
-        self.top = torch.zeros(1, dtype=torch.int64, device=device)
-        self.demand = torch.zeros(1, dtype=torch.int64, device=device)
-        self.needed = torch.zeros(1, dtype=torch.int64, device=device)
-        self.stack: list[_Layer] = []
+        zero = functools.partial(torch.zeros, 1, dtype=torch.int64, device=device)
+        self.head, self.tail = zero(), zero()
+        self.demand_head, self.demand_tail = zero(), zero()  # the same, counting each layer's demand
+        self.live: list[_Layer] = []  # the layers in the pool, oldest first (released ones until their neighbours go)
         self.pending: _Layer | None = None  # the layer packed last, not yet moved in (``compact``)
-        self.scope: object | None = None  # the attempt ``needed`` belongs to
+        self.scope: object | None = None  # the attempt its layers belong to
 
     @property
     def layers(self) -> int:
@@ -139,15 +160,14 @@ class ActivationPool:
         return min(worst, max(pool_rows(*self.geometry, self.layers, self.factor), self.grown)), ceiling, worst
 
     def begin_attempt(self, scope) -> None:
-        """A new attempt (outermost replay scope): the peak rows start over, and rows still held
-        by an earlier attempt's graph are given up (its backward then raises)."""
+        """A new attempt (a layer's innermost replay scope): the rows start over, and rows still
+        held by an earlier attempt's graph are given up (its backward then raises)."""
         self.scope = scope
-        self.needed.zero_()
-        self.top.zero_()
-        self.demand.zero_()
-        for layer in self.stack:
+        for t in (self.head, self.tail, self.demand_head, self.demand_tail):
+            t.zero_()
+        for layer in self.live:
             layer.stale = True
-        self.stack.clear()
+        self.live.clear()
         self.pending = None  # an earlier attempt's layer keeps its tensors as they are
         rows = self.budget()[0]
         if rows != self.rows:
@@ -159,49 +179,59 @@ class ActivationPool:
         self.pending = layer
 
     def compact(self) -> None:
-        """The pending layer (``hold``), unless its tensors are gone or being read, onto the
-        stack and its tensors into the planes: the next layer's forward has begun, so its
-        backward is not the next to run."""
+        """The pending layer (``hold``), unless its tensors are gone or being read or its
+        attempt ended, into the pool: the next layer's forward has begun, so its backward is
+        not the next to run."""
         layer, self.pending = self.pending, None
-        if layer is None or layer.released or layer.stale:
+        if layer is None or layer.released or layer.stale or not layer.attempt.open:
             return
         packed = [p for p in (ref() for ref in layer.packed) if p is not None]
-        if not packed or any(p.tensor is None or p.unpacked is not None for p in packed):
+        if not packed or any(p.tensor is None or p.read for p in packed):
             return
-        self.push(layer)
+        limit = self.push(layer)
         for slot, p in enumerate(packed):
             p.plane = self.plane(slot, p.shape[1], p.dtype)
-            _copy_in(p.plane, p.tensor, layer.start, layer.count, self.rows)
+            _copy_in(p.plane, p.tensor, layer.start, layer.count, limit, self.rows)
             p.tensor = None
 
-    def push(self, layer: _Layer) -> None:
-        """``layer``'s ``count`` rows ((1,) int64, device) onto the stack; raises its scope's
-        overflow count where they pass the pool's end. Its ``demand``: the rows it would hold
-        had its dispatch not overflowed its capacity (at least ``count``); the peak of their sum
-        is the rows the step needs. Device ops only."""
-        layer.start, layer.demand_start = self.top.clone(), self.demand.clone()
-        end = self.top + layer.count
-        layer.scope.count_overflow(end > self.rows)
-        self.top.copy_(end)
-        self.demand.add_(layer.demand)
-        torch.maximum(self.needed, self.demand, out=self.needed)
-        self.stack.append(layer)
-        self.depth_seen = max(self.depth_seen, len(self.stack))
+    def push(self, layer: _Layer) -> torch.Tensor:
+        """``layer``'s ``count`` rows ((1,) int64, device) at the head; where they pass the
+        free rows (``tail + rows``) it raises the overflow count of each scope the layer's
+        dispatch counted in. Its ``demand``: the rows it would hold had its dispatch not
+        overflowed its capacity (at least ``count``); the peak of the demand between tail and
+        head is what each of those scopes needs of the pool (``ReplayScope.need``). Returns the
+        row its copy stops before. Device ops only."""
+        layer.start, layer.demand_start = self.head.clone(), self.demand_head.clone()
+        limit = self.tail + self.rows
+        end = self.head + layer.count
+        self.head.copy_(end)
+        self.demand_head.add_(layer.demand)
+        span = self.demand_head - self.demand_tail
+        for scope in layer.scopes:
+            scope.count_overflow(end > limit)
+            scope.need(self.need_key, span)
+        self.live.append(layer)
+        self.depth_seen = max(self.depth_seen, len(self.live))
+        return limit
 
     def release(self, layer: _Layer) -> None:
-        """Every saved tensor of ``layer`` is gone: the top moves back below each released layer
-        on top of the stack (a layer never moved in leaves it as it is)."""
+        """Every saved tensor of ``layer`` is gone: its rows come free once no live layer is on
+        either side of them (the head moves back over released newest layers, the tail forward
+        over released oldest ones); a layer never moved in changes nothing."""
         layer.released = True
         if self.pending is layer:
             self.pending = None
         if layer.stale or layer.start is None:
             return
-        moved = None
-        while self.stack and self.stack[-1].released:
-            moved = self.stack.pop()
-        if moved is not None:
-            self.top.copy_(moved.start)
-            self.demand.copy_(moved.demand_start)
+        while self.live and self.live[-1].released:
+            newest = self.live.pop()
+            self.head.copy_(newest.start)
+            self.demand_head.copy_(newest.demand_start)
+        while self.live and self.live[0].released:
+            self.live.pop(0)
+        oldest = self.live[0] if self.live else None
+        self.tail.copy_(oldest.start if oldest else self.head)
+        self.demand_tail.copy_(oldest.demand_start if oldest else self.demand_head)
 
     def plane(self, slot: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         key = (slot, width, dtype)
@@ -232,7 +262,10 @@ def release_pools() -> None:
 
 def compact_pending() -> None:
     """A MoE layer's forward begins: the layer each pool holds pending moves into it
-    (``ActivationPool.compact``), before this layer's tensors take their room."""
+    (``ActivationPool.compact``), before this layer's tensors take their room. Not in a
+    backward: a recompute's forward (activation checkpointing) is not the next layer's."""
+    if symm.in_backward():
+        return
     for pool in _POOLS.values():
         if pool.pending is not None:
             pool.compact()
@@ -246,7 +279,7 @@ def _pool_for(dispatcher, bufs, device: torch.device) -> ActivationPool:
     pool = _POOLS.get(key)
     if pool is None:
         pool = _POOLS[key] = ActivationPool(device, a2a.activation_pool_factor, a2a.activation_pool_ceiling,
-                                            geometry)
+                                            geometry, key)
     elif bufs.max_tokens > pool.geometry[0]:
         pool.geometry = geometry
     return pool
@@ -305,7 +338,7 @@ def _unpack(saved):
         return saved
     handle, packed = saved
     if packed.tensor is not None:  # still as it is: its layer stays out of the pool from now on (``compact``)
-        packed.unpacked = packed.tensor
+        packed.read = True
         return packed.tensor
     if packed.layer.stale:
         raise RuntimeError("activation pool: this graph's saved rows were given up when a later replay attempt "
@@ -316,25 +349,47 @@ def _unpack(saved):
             out[: packed.rows.shape[0]].copy_(packed.rows)
         else:
             out = _copy_out(packed.plane, handle.layer.start, handle.capacity)
-        packed.unpacked = out
+        _keep_unpacked(packed, out)
     return packed.unpacked
 
 
-def _copy_in(plane: torch.Tensor, t: torch.Tensor, start: torch.Tensor, count: torch.Tensor, rows: int) -> None:
-    """Rows ``[0, count)`` of ``t`` into ``plane`` from row ``start`` (device tensors), none
-    past row ``rows`` (the masked ones land in the spare last row). Fixed shapes: no host
-    sync."""
+class _Unpacked:
+    """The capacity-row copies a backward unpacked, kept for the other nodes that saved the same
+    tensor (a tensor and its views unpack once), for one layer at a time: a layer's first
+    unpack drops the copies the layer before kept, so a graph kept for another backward
+    (``retain_graph``) holds one layer's copies, not every layer's."""
+
+    layer: _Layer | None = None
+    packed: list = []  # weakrefs to the ``_Packed`` holding a copy of ``layer``
+
+
+def _keep_unpacked(packed: _Packed, out: torch.Tensor) -> None:
+    if _Unpacked.layer is not packed.layer:
+        for ref in _Unpacked.packed:
+            earlier = ref()
+            if earlier is not None:
+                earlier.unpacked = None
+        _Unpacked.layer, _Unpacked.packed = packed.layer, []
+    packed.unpacked = out
+    _Unpacked.packed.append(weakref.ref(packed))
+
+
+def _copy_in(plane: torch.Tensor, t: torch.Tensor, start: torch.Tensor, count: torch.Tensor, limit: torch.Tensor,
+             rows: int) -> None:
+    """Rows ``[0, count)`` of ``t`` into ``plane`` from ring row ``start`` (device tensors), none
+    from ``limit`` on (the masked ones land in the spare last row, ``rows``). Fixed shapes: no
+    host sync."""
     i = torch.arange(t.shape[0], device=t.device)
-    dst = start + i
-    dst = torch.where((i < count) & (dst < rows), dst, rows)
+    v = start + i
+    dst = torch.where((i < count) & (v < limit), torch.remainder(v, max(rows, 1)), rows)
     plane.index_copy_(0, dst, t)
 
 
 def _copy_out(plane: torch.Tensor, start: torch.Tensor, capacity: int) -> torch.Tensor:
     """A fresh ``(capacity, width)`` tensor whose rows below the layer's count are its rows in
-    ``plane`` (the rest: whatever the plane holds there)."""
+    ``plane`` from ring row ``start`` (the rest: whatever the plane holds there)."""
     i = torch.arange(capacity, device=plane.device)
-    return plane.index_select(0, (start + i).clamp(max=plane.shape[0] - 1))
+    return plane.index_select(0, torch.remainder(start + i, max(plane.shape[0] - 1, 1)))
 
 
 NOT_POOLED = _LayerPack(None, None, 0)  # hooks that do nothing: a layer that is not pooled
@@ -354,26 +409,25 @@ def pooled_layer(dispatcher, metadata, tokens_per_local_expert: torch.Tensor, ex
     ``saving()``. A layer that is not pooled (module docstring; experts that do not
     ``reads_valid_rows_only``) gets hooks that do nothing."""
     a2a = dispatcher.config.a2a
-    bufs = getattr(getattr(metadata, "pending_expert_rows", None), "buffers", None)
-    if (a2a.activation_pool_factor is None or bufs is None or not torch.is_grad_enabled() or _others_hooks()
-            or not symm.innermost_scope() or not reads_valid_rows_only(experts)):
+    rows = getattr(metadata, "pending_expert_rows", None)
+    bufs, scopes = getattr(rows, "buffers", None), getattr(rows, "scopes", ())
+    if (a2a.activation_pool_factor is None or bufs is None or not scopes or not torch.is_grad_enabled()
+            or symm.in_backward() or _others_hooks() or not reads_valid_rows_only(experts)):
         return NOT_POOLED
     capacity = metadata.capacity
     count = tokens_per_local_expert.sum(dtype=torch.int64).clamp(max=capacity).reshape(1)
-    device = count.device
-    outermost = symm.outermost_scope()
-    if symm.innermost_scope().exact:  # a spill's rerun: reads its rows on the host, as its dispatches do
-        return _LayerPack(None, _Layer(scope=outermost, count=int(count[0])), capacity)
-    pool = _pool_for(dispatcher, bufs, device)
-    if pool.scope is not outermost:
-        pool.begin_attempt(outermost)
-    # A dispatch that overflowed its capacity cut its segments at the last full ``align`` rows:
-    # its own rows are then unknown here, at most the most any dispatch of the group needed
-    # (the scope's trustworthy rows of its buffer set), which the pool's growth takes instead.
-    align = dispatcher.config.pad_multiple
-    cut = count >= capacity // align * align
-    demand = torch.where(cut, torch.maximum(outermost.needed(bufs.key, device), count), count)
-    return _LayerPack(pool, _Layer(scope=outermost, count=count, demand=demand), capacity)
+    attempt = scopes[-1]
+    if attempt.exact:  # a spill's rerun: reads its rows on the host, as its dispatches do
+        return _LayerPack(None, _Layer(scopes=scopes, count=int(count[0])), capacity)
+    pool = _pool_for(dispatcher, bufs, count.device)
+    if pool.scope is not attempt:
+        if pool.scope is not None and pool.scope.open and pool.scope in scopes:
+            pool.scope = attempt  # a scope inside the open one its layers belong to: they stay
+        else:
+            pool.begin_attempt(attempt)
+    # A dispatch that overflowed its capacity cut its segments: the layer then holds fewer rows
+    # than its routing gives it (``own_rows``), which is what it needs at a capacity that fits.
+    return _LayerPack(pool, _Layer(scopes=scopes, count=count, demand=rows.own_rows), capacity)
 
 
 def combine_keeps_expert_rows(metadata) -> bool:
@@ -381,18 +435,16 @@ def combine_keeps_expert_rows(metadata) -> bool:
     return getattr(metadata, "row_score", None) is not None
 
 
-def needed_rows() -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Each pool's peak rows in the open attempt and its ceiling, as two int64 tensors on the
-    first pool's device (no host sync), or None without a pool."""
+def needed_rows(scope) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each pool's peak rows in replay scope ``scope`` and its ceiling, as two int64 tensors on
+    the first pool's device (no host sync), or None without a pool."""
     if not _POOLS:
         return None
     pool_list = list(_POOLS.values())
     device = pool_list[0].device
-    outermost = symm.outermost_scope()
-    needed = [p.needed.to(device) if p.scope is outermost else torch.zeros(1, dtype=torch.int64, device=device)
-              for p in pool_list]
+    needed = torch.cat([scope.needed(p.need_key, device) for p in pool_list])
     ceilings = torch.tensor([p.budget()[1] for p in pool_list], dtype=torch.int64, device=device)
-    return torch.cat(needed), ceilings
+    return needed, ceilings
 
 
 @dataclass
@@ -408,13 +460,13 @@ def plan_overflowed(needed: list[int]) -> PoolPlan:
     spills."""
     plan = PoolPlan()
     for pool, rows in zip(list(_POOLS.values()), needed, strict=True):
-        pool.needed.zero_()
-        if rows <= pool.rows:
+        held = pool.rows  # what the attempt ran with
+        if rows <= held:
             continue
-        current, ceiling, worst = pool.budget()
+        current, ceiling, worst = pool.budget()  # at the depth known now
         step = next_capacity(rows, current, ceiling, worst, pool.geometry[4], POOL_GROWTH_HEADROOM)
-        if step.capacity != current:
-            plan.grown.append((current, step.capacity))
+        if step.capacity != held:
+            plan.grown.append((held, step.capacity))
         if step.kind == "spill":
             plan.spilled.append((ceiling, rows))
         pool.grown = step.capacity

@@ -54,7 +54,11 @@ torchtitan's ``Trainer`` (0.2.2 and 0.3.0) gets the same from the mixin
 A dispatch outside any replay scope is never wrong either: it reads the rows it needs on the
 host (one sync per dispatch, announced once) and takes exactly those before any row moves, so
 a recompute under activation checkpointing sees its forward's size (``dispatcher.symm``).
-Replay scopes belong to the thread that opened them.
+Replay scopes belong to the thread that opened them and reach its backward: a recompute under
+activation checkpointing on autograd's device thread counts in the scopes of the forward it
+recomputes (``dispatcher.symm.dispatch_scopes``). Scopes nest: each sees the overflows of the
+dispatches and activation-pool pushes inside it, so a guard inside an outer scope replays on
+its own.
 """
 
 from __future__ import annotations
@@ -108,6 +112,12 @@ class Overflow:
     # as ``grown`` and ``spilled``, for this rank's activation pools (``ActivationPoolRows``)
     pool_grown: list[tuple[int, int]] = field(default_factory=list)
     pool_spilled: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def pool_only(self) -> bool:
+        """Whether only activation pools overflowed, on any rank: no dispatch of the step
+        passed its capacity."""
+        return self.replay and self.first >= symm.NO_OVERFLOW
 
 
 # The flags every overflow source gives, all-reduced with MAX over the group: overflowed (0/1),
@@ -186,7 +196,7 @@ class ActivationPoolRows(OverflowSource):
     pool = True
 
     def values(self, scope, device):
-        pools = activation_pool.needed_rows() if scope is not None else None
+        pools = activation_pool.needed_rows(scope) if scope is not None else None
         return self._with_rows(self._flags(device), None if pools is None else tuple(t.to(device) for t in pools))
 
     def _plan(self, own):
@@ -237,10 +247,12 @@ def _flag_device(group: dist.ProcessGroup | None) -> torch.device:
 
 
 class _Reruns:
-    """The reruns of one step: each overflow that did not move the first overflowing dispatch
-    later made no progress (a deterministic step always moves it: the dispatch that overflowed
-    fits at the grown or exact size, and the ones before it route as they did). ``MAX_REPLAYS``
-    such reruns in a row raise ``ReplayLimitError``, saying what was observed."""
+    """The reruns of one step: each overflow of a dispatch's capacity that did not move the
+    first overflowing dispatch later made no progress (a deterministic step always moves it:
+    the dispatch that overflowed fits at the grown or exact size, and the ones before it route
+    as they did). An overflow of activation pools alone always does: the pool that overflowed
+    grows past what the step needed, or the step spills, where no pool is used. ``MAX_REPLAYS``
+    reruns in a row without progress raise ``ReplayLimitError``, saying what was observed."""
 
     def __init__(self, where: str, limit: int):
         self.where, self.limit = where, limit
@@ -248,7 +260,7 @@ class _Reruns:
         self.first = -1
 
     def admit(self, overflow: Overflow) -> None:
-        if overflow.first > self.first:
+        if overflow.first > self.first or overflow.pool_only:
             self.stalled = 0
         elif self.stalled == self.limit:
             raise ReplayLimitError(
@@ -299,24 +311,25 @@ class StepState:
 
 class _Attempt:
     """The checks of one attempt in ``scope``: after a forward (``check``) and at the end
-    (``end``: again only where dispatches were recorded since the last check, or none ran)."""
+    (``end``: again only where dispatches or activation-pool pushes were recorded since the
+    last check, or none ran)."""
 
     def __init__(self, group: dist.ProcessGroup | None, scope: symm.ReplayScope):
         self.group, self.scope = group, scope
         self.overflow: Overflow | None = None  # what a check found that replays the attempt
-        self._checked_at: int | None = None  # the scope's dispatches at the last check
+        self._checked_at: int | None = None  # the scope's events (dispatches, pool pushes) at the last check
 
     def check(self) -> Overflow:
         if self.overflow is not None:  # every rank saw it: no need to read again
             return self.overflow
         overflow = check_overflow(self.group, self.scope)
-        self._checked_at = self.scope.dispatches
+        self._checked_at = self.scope.events
         if overflow.replay:
             self.overflow = overflow
         return overflow
 
     def end(self) -> Overflow:
-        if self.overflow is None and self._checked_at == self.scope.dispatches:
+        if self.overflow is None and self._checked_at == self.scope.events:
             return Overflow(replay=False)
         return self.check()
 

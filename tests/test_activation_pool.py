@@ -27,16 +27,9 @@ from mxfp8_ep import activation_pool, elastic
 from mxfp8_ep.activation_pool_size import pool_bytes, pool_rows, pooled_row_bytes
 from mxfp8_ep.capacity import expert_major_capacity, worst_case_capacity
 from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.dispatcher import release_peer_buffers
-from tests.moe_harness import bits, preload, run_forked, setup_rank
-
-TOKENS = 32  # per rank
-DIM = 64
-HIDDEN = 32
-LAYERS = 3
-TOP_K = 2
-ALIGN = 8  # torchtitan's TOKEN_GROUP_ALIGN_SIZE_M on the bf16 grouped GEMM
-
+from mxfp8_ep.dispatcher import release_peer_buffers, symm
+from tests.moe_harness import preload, run_forked, setup_rank
+from tests.pool_stack import ALIGN, DIM, HIDDEN, LAYERS, TOKENS, TOP_K, assert_same, forward, skew, stack, steps
 
 def test_the_pool_is_the_factor_times_the_balanced_case_summed_over_the_layers():
     shape = (TOKENS, TOP_K, 4, 2, ALIGN)
@@ -58,100 +51,6 @@ def test_a_pool_factor_or_ceiling_that_cannot_be_is_refused(name, value):
     A2AConfig(**{name: 1.5}).check()
 
 
-def _stack(world, a2a, seed=0):
-    """``LAYERS`` DeepSeek-V3-like MoE layers from one seed, EP over the world."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
-    from torchtitan.models.moe import MoE, MoEArgs
-
-    from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
-
-    torch.manual_seed(seed)
-    args = MoEArgs(num_experts=4 * world, num_shared_experts=1, top_k=TOP_K, score_func="sigmoid", route_norm=True,
-                   score_before_experts=False, use_grouped_mm=True, load_balance_coeff=1e-2)
-    model = torch.nn.Module()
-    model.layers = torch.nn.ModuleDict()
-    for i in range(LAYERS):
-        block = torch.nn.Module()
-        block.moe, block.moe_enabled = MoE(args, dim=DIM, hidden_dim=HIDDEN), True
-        with torch.no_grad():
-            block.moe.init_weights(0.02, torch.device("cpu"))
-            for p in block.moe.parameters():  # outputs of order one (N(0, 1/fan_in))
-                p.copy_(torch.randn(p.shape) * p.shape[-1] ** -0.5)
-        block.moe.to(torch.bfloat16)
-        model.layers[str(i)] = block
-    install_expert_parallel(a2a, max_tokens_per_rank=TOKENS)
-    try:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
-        apply_moe_ep_tp(model, tp_mesh=None, ep_mesh=mesh, etp_mesh=None, ep_etp_mesh=None)
-    finally:
-        uninstall_expert_parallel()
-    return [block.moe for block in model.layers.values()]
-
-
-def _skew(moes, on: bool) -> None:
-    """Every token's choice to experts 0 and 1 (rank 0's) in every layer, or the router's own."""
-    for moe in moes:
-        with torch.no_grad():
-            moe.expert_bias.zero_()
-            if on:
-                moe.expert_bias[:TOP_K] = 1e4
-
-
-def _forward(moes, x, checkpoint):
-    h = x
-    for moe in moes:
-        if checkpoint is None:
-            h = moe(h)
-        else:
-            h = torch.utils.checkpoint.checkpoint(moe, h, use_reentrant=checkpoint == "reentrant")
-    return h
-
-
-def _steps(world, rank, a2a, routings, checkpoint=None, after_forward=None, microbatches=1, guarded=True,
-           fresh_pools=True):
-    """Per routing (``"balanced"`` / ``"skewed"``, each on its own tokens): the loss, every
-    gradient (input included) and the replays of one step through a ``ReplayGuard`` (without
-    ``guarded``: none), of ``microbatches`` forward-backward passes (their gradients add up).
-    ``fresh_pools``: start from no activation pool (else an earlier run's, its depth known)."""
-    release_peer_buffers()
-    if fresh_pools:
-        activation_pool.release_pools()
-    moes = _stack(world, a2a)
-    params = [p for moe in moes for p in moe.parameters() if p.requires_grad]
-    guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
-    out = []
-    try:
-        for step, routing in enumerate(routings):
-            g = torch.Generator().manual_seed(100 * step + rank)
-            x_in = torch.randn(1, TOKENS, DIM, generator=g).to(torch.bfloat16)
-            _skew(moes, routing == "skewed")
-            before = guard.replays
-            for _ in guard.attempts() if guarded else (0,):
-                for p in params:
-                    p.grad = None
-                x = x_in.clone().requires_grad_(True)
-                for _ in range(microbatches):
-                    loss = (_forward(moes, x, checkpoint).float() ** 2).mean()
-                    if after_forward is not None:
-                        after_forward(moes)
-                    loss.backward()
-            grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params]
-            out.append((loss.detach(), [x.grad, *grads], guard.replays - before))
-            for moe in moes:
-                moe.tokens_per_expert.zero_()
-    finally:
-        release_peer_buffers()
-    return out
-
-
-def _assert_same(got, want, where):
-    for step, ((loss, grads, _), (want_loss, want_grads, _)) in enumerate(zip(got, want, strict=True)):
-        assert torch.equal(bits(loss), bits(want_loss)), (where, step, loss, want_loss)
-        for i, (a, b) in enumerate(zip(grads, want_grads, strict=True)):
-            assert torch.equal(bits(a), bits(b)), (where, step, i)
-
-
 ROUTINGS = ("balanced", "skewed", "balanced")
 POOLED = dict(transport="symm", capacity_ceiling=None, activation_pool_factor=1.0, activation_pool_ceiling=None)
 
@@ -159,25 +58,25 @@ POOLED = dict(transport="symm", capacity_ceiling=None, activation_pool_factor=1.
 def _pooled_matches_the_worst_case(rank, world):
     setup_rank()
     activation_pool._FILL = float("nan")  # a backward that read a row past a layer's count shows
-    worst = _steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
-    unpooled = _steps(world, rank, A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=None),
+    worst = steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
+    unpooled = steps(world, rank, A2AConfig(transport="symm", capacity_ceiling=None, activation_pool_factor=None),
                       ROUTINGS)
-    pooled = _steps(world, rank, A2AConfig(**POOLED), ROUTINGS)
+    pooled = steps(world, rank, A2AConfig(**POOLED), ROUTINGS)
     assert all(torch.isfinite(loss) for loss, _, _ in worst)
-    _assert_same(unpooled, worst, f"unpooled rank {rank}/{world}")
-    _assert_same(pooled, worst, f"pooled rank {rank}/{world}")
+    assert_same(unpooled, worst, f"unpooled rank {rank}/{world}")
+    assert_same(pooled, worst, f"pooled rank {rank}/{world}")
     # the first step learns how many layers pool (it starts from one layer's rows: one rerun);
     # the skewed step overflows the capacity (and the pool at once): one rerun, then it holds
     assert [r for *_, r in pooled] == [1, 1, 0], [r for *_, r in pooled]
     # A pool of a tenth of the balanced case: the first step overflows it alone, replays once,
     # and the grown pool holds; the result is the same.
-    small = _steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": 0.1}), ROUTINGS)
-    _assert_same(small, worst, f"small pool rank {rank}/{world}")
+    small = steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": 0.1}), ROUTINGS)
+    assert_same(small, worst, f"small pool rank {rank}/{world}")
     assert small[0][2] == 1 and small[2][2] == 0, [r for *_, r in small]
     # A pool whose ceiling is its start: the skewed step spills (its rerun keeps exactly its
     # routed rows, read on the host) and matches.
-    capped = _steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_ceiling": 1.0}), ROUTINGS)
-    _assert_same(capped, worst, f"pool at its ceiling rank {rank}/{world}")
+    capped = steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_ceiling": 1.0}), ROUTINGS)
+    assert_same(capped, worst, f"pool at its ceiling rank {rank}/{world}")
     activation_pool.release_pools()
 
 
@@ -193,12 +92,12 @@ def _spill_counts(rank, world):
     a2a = A2AConfig(**{**POOLED, "activation_pool_ceiling": 1.0})
     release_peer_buffers()
     activation_pool.release_pools()
-    moes = _stack(world, a2a)
+    moes = stack(world, a2a)
     guard = elastic.ReplayGuard([m for moe in moes for m in moe.modules()])
-    _skew(moes, True)
+    skew(moes, True)
     x = torch.randn(1, TOKENS, DIM, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
     for _ in guard.attempts():
-        (_forward(moes, x, None).float() ** 2).mean().backward()
+        (forward(moes, x, None).float() ** 2).mean().backward()
     assert guard.spills == 1, guard.__dict__
     # the pool holds every layer but the last (its backward reads its tensors as they are)
     pool_ceiling = (LAYERS - 1) * expert_major_capacity(TOKENS, TOP_K, world, 4, ALIGN, 1.0)
@@ -257,7 +156,7 @@ def _no_host_read_and_memory(rank, world):
         torch._grouped_mm = watched
         activation_pool._Packed.__init__ = tracked_init
         try:
-            _steps(world, rank, a2a, ("balanced",), after_forward=after_forward, fresh_pools=fresh_pools)
+            steps(world, rank, a2a, ("balanced",), after_forward=after_forward, fresh_pools=fresh_pools)
         finally:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
@@ -293,16 +192,16 @@ def _checkpointed_accumulated_and_unguarded(rank, world):
     setup_rank()
     activation_pool._FILL = float("nan")
     worst = A2AConfig(transport="symm", capacity_factor=None)
-    want = _steps(world, rank, worst, ROUTINGS)
-    for how in ("non_reentrant", "reentrant"):
-        got = _steps(world, rank, A2AConfig(**POOLED), ROUTINGS, checkpoint=how)
-        _assert_same(got, want, f"checkpoint {how} rank {rank}")
+    want = steps(world, rank, worst, ROUTINGS)
+    for how in ("full", "reentrant"):
+        got = steps(world, rank, A2AConfig(**POOLED), ROUTINGS, checkpoint=how)
+        assert_same(got, want, f"checkpoint {how} rank {rank}")
     # Without a guard nothing is pooled (the dispatches fit themselves): the worst case's result.
-    _assert_same(_steps(world, rank, A2AConfig(**POOLED), ROUTINGS, guarded=False), want, f"unguarded rank {rank}")
+    assert_same(steps(world, rank, A2AConfig(**POOLED), ROUTINGS, guarded=False), want, f"unguarded rank {rank}")
     # Two microbatches per step: the first's backward gives its rows back, so a pool of one
     # microbatch's layers holds both and nothing replays.
-    got = _steps(world, rank, A2AConfig(**POOLED), ("balanced", "balanced"), microbatches=2)
-    _assert_same(got, _steps(world, rank, worst, ("balanced", "balanced"), microbatches=2),
+    got = steps(world, rank, A2AConfig(**POOLED), ("balanced", "balanced"), microbatches=2)
+    assert_same(got, steps(world, rank, worst, ("balanced", "balanced"), microbatches=2),
                  f"2 microbatches rank {rank}")
     assert [r for *_, r in got] == [1, 0], [r for *_, r in got]  # the first step learns the depth
     activation_pool.release_pools()
@@ -335,7 +234,11 @@ def _harness_stack(world, rank, a2a):
     return layers
 
 
-def _harness_steps(world, rank, a2a, routings):
+def _harness_steps(world, rank, a2a, routings, checkpoint=None):
+    """``pool_stack.steps`` for ``_harness_stack``'s layers (on the rank's device), each step
+    through a ``ReplayGuard``; ``checkpoint``: as ``pool_stack.CHECKPOINTS``."""
+    import functools
+
     from tests.distributed import rank_device
     from mxfp8_ep.titan022 import dispatcher_moe_forward
 
@@ -357,11 +260,10 @@ def _harness_steps(world, rank, a2a, routings):
                 for p in params:
                     p.grad = None
                 x = x_in.clone().requires_grad_(True)
-                h = x
                 for moe in moes:
                     moe.expert_bias = bias
-                    h = dispatcher_moe_forward(moe, h)
-                loss = (h.float() ** 2).mean()
+                layers = [functools.partial(dispatcher_moe_forward, moe) for moe in moes]
+                loss = (forward(layers, x, checkpoint).float() ** 2).mean()
                 loss.backward()
             out.append((loss.detach(), [x.grad, *[p.grad for p in params]], guard.replays - before))
     finally:
@@ -375,7 +277,7 @@ def _pooled_matches_on_the_device(rank, world):
     want = _harness_steps(world, rank, A2AConfig(transport="symm", capacity_factor=None), ROUTINGS)
     for factor in (1.0, 0.1):
         got = _harness_steps(world, rank, A2AConfig(**{**POOLED, "activation_pool_factor": factor}), ROUTINGS)
-        _assert_same(got, want, f"pool {factor} rank {rank}/{world}")
+        assert_same(got, want, f"pool {factor} rank {rank}/{world}")
         assert got[1][2] >= 1, [r for *_, r in got]
     activation_pool.release_pools()
 
@@ -399,18 +301,19 @@ def test_a_layer_whose_backward_began_stays_out_of_the_pool():
     microbatch's) that comes once the pending layer's backward has read one of its tensors leaves
     that layer as it is: its other nodes still read every row, and nothing is pushed."""
 
-    class Scope:
-        overflows = 0
-
-        def count_overflow(self, flag):
-            self.overflows += int(flag)
-
     capacity = expert_major_capacity(TOKENS, TOP_K, 2, 4, ALIGN, 1.25)
     pool = activation_pool.ActivationPool(torch.device("cpu"), 1.0, None, (TOKENS, TOP_K, 2, 4, ALIGN))
-    scope = Scope()
-    pool.begin_attempt(scope)
-    count = torch.tensor([10])
-    pack = activation_pool._LayerPack(pool, activation_pool._Layer(scope=scope, count=count, demand=count), capacity)
+    with symm.replay_scope() as scope:
+        pool.begin_attempt(scope)
+        count = torch.tensor([10])
+        layer = activation_pool._Layer(scopes=(scope,), count=count, demand=count)
+        pack = activation_pool._LayerPack(pool, layer, capacity)
+        _backward_reads_a_pending_layer_mid_compaction(pool, pack, capacity)
+        overflows = int(scope.overflows("cpu"))
+    assert overflows == 0 and int(pool.head) == 0 and not pool.live and pool.depth_seen == 0
+
+
+def _backward_reads_a_pending_layer_mid_compaction(pool, pack, capacity):
     t = torch.randn(capacity, 8, dtype=torch.float32, requires_grad=True)
     with pack.saving():
         u = t.sin()  # keeps t; reads every row in its backward
@@ -420,4 +323,3 @@ def test_a_layer_whose_backward_began_stays_out_of_the_pool():
     x = t.detach()
     want = x.sin() + x * x.cos()
     assert torch.equal(t.grad, want), (t.grad - want).abs().max()
-    assert scope.overflows == 0 and int(pool.top) == 0 and not pool.stack and pool.depth_seen == 0

@@ -317,8 +317,8 @@ class _HostReads:
         self.rows: list[int] = []
         exact = symm.SymmTokenDispatcher._exact_rows
 
-        def counted(disp, cap, needed):
-            rows = exact(disp, cap, needed)
+        def counted(disp, cap, needed, scopes):
+            rows = exact(disp, cap, needed, scopes)
             self.rows.append(rows)
             return rows
 

@@ -7,6 +7,7 @@ import io
 from types import SimpleNamespace
 
 from launch.titan.metrics import RecipeMetrics
+from mxfp8_ep.dispatcher.symm import NO_OVERFLOW
 from mxfp8_ep.elastic import Overflow
 
 
@@ -34,7 +35,11 @@ def test_a_pool_growth_is_named_as_the_pools_not_the_capacitys():
     assert "dispatch needed" not in spill, spill
     spill = _line(Overflow(replay=True, spill=True, spilled=[(288, 528)]))
     assert "(a dispatch needed 528 rows, ceiling 288)" in spill, spill
-    # Another rank's overflow: this rank's line says so instead of sizes it does not have.
+    # Another rank's overflow: this rank's line says so instead of sizes it does not have, and
+    # names the pool where no dispatch passed its capacity on any rank.
     elsewhere = _line(Overflow(replay=True))
     assert "capacity grown (on another rank), step run again" in elsewhere, elsewhere
+    pool_elsewhere = _line(Overflow(replay=True, first=NO_OVERFLOW))
+    assert pool_elsewhere.startswith("step 1: the MoE layers kept more routed rows than the activation pool holds; "
+                                     "pool grown (on another rank), step run again"), pool_elsewhere
     assert "(on another rank)" in _line(Overflow(replay=True, spill=True)), elsewhere

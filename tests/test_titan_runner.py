@@ -77,7 +77,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, cfg_yaml: str, run_dir: str, out: str) -> None:
+def _worker(rank: int, world: int, port: int, cfg_yaml: str, run_dir: str, out: str,
+            backward_thread: bool = False) -> None:
+    if backward_thread:
+        _backward_on_another_thread()
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -97,13 +100,25 @@ def _worker(rank: int, world: int, port: int, cfg_yaml: str, run_dir: str, out: 
         assert result is None
 
 
-def train(cfg: Any, run_dir: Path) -> dict[str, Any]:
-    """``run_training`` on WORLD spawned processes; rank 0's summary."""
+def _backward_on_another_thread() -> None:
+    """Every ``Tensor.backward`` of this process runs on another thread, the caller waiting:
+    where CUDA runs a backward (its device thread), emulated on the CPU."""
+    import torch
+
+    from tests.pool_stack import on_another_thread
+
+    run = torch.Tensor.backward
+    torch.Tensor.backward = lambda self, *args, **kwargs: on_another_thread(lambda: run(self, *args, **kwargs))
+
+
+def train(cfg: Any, run_dir: Path, backward_thread: bool = False) -> dict[str, Any]:
+    """``run_training`` on WORLD spawned processes (``backward_thread``: each backward on another
+    thread); rank 0's summary."""
     out = run_dir.parent / f"{run_dir.name}.summary.json"
     out.unlink(missing_ok=True)
     mp.start_processes(
         _worker,
-        args=(WORLD, _free_port(), OmegaConf.to_yaml(cfg), str(run_dir), str(out)),
+        args=(WORLD, _free_port(), OmegaConf.to_yaml(cfg), str(run_dir), str(out), backward_thread),
         nprocs=WORLD,
         join=True,
         start_method="spawn",
@@ -244,6 +259,25 @@ def test_symm_capacity_overflows_replay_to_the_worst_case_losses(tmp_path: Path)
     assert spilled["capacity_rows"] == spilled["capacity_ceiling_rows"] < worst["capacity_rows"], spilled
     assert "more rows were needed than a ceiling allows (a dispatch needed" in (
         tmp_path / "spill" / "console.log").read_text()
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+def test_symm_under_activation_checkpointing_with_the_backward_on_another_thread_trains_as_the_worst_case(
+        tmp_path: Path, checkpointing: str) -> None:
+    """The recipe's activation checkpointing with the symm transport, each backward on another
+    thread as CUDA runs it (its recomputes outside the training thread's replay scope): at
+    ``capacity_factor=0.5`` with the activation pool the first steps overflow and replay, and
+    every loss is bit for bit the worst case's (``capacity_factor=None``, no pool)."""
+
+    def cfg(**a2a: Any) -> Any:
+        c = make_cfg("deepseek_v3", a2a="mxfp8", steps=4, wandb_mode="disabled", transport="symm", **a2a)
+        c.training.activation_checkpoint = checkpointing
+        return c
+
+    worst = train(cfg(capacity_factor=None, activation_pool_factor=None), tmp_path / "worst", backward_thread=True)
+    elastic = train(cfg(capacity_factor=0.5), tmp_path / "elastic", backward_thread=True)
+    assert elastic["capacity_replays"] >= 1 and worst["capacity_replays"] == 0, (elastic, worst)
+    assert elastic["losses"] == worst["losses"], (elastic["losses"], worst["losses"])
 
 
 @pytest.mark.parametrize("family", ["llama4", "deepseek_v3"])

@@ -276,9 +276,9 @@ class RecipeMetrics:
                     for ceiling, needed in spilled]
             line = (f"step {step}: more rows were needed than a ceiling allows ({'; '.join(past) or elsewhere}); "
                     f"{what} run again with each dispatch at exactly its rows ({names.A2A_SPILLS} = {spills})")
-        elif pool and not grown:
+        elif (pool or overflow.pool_only) and not grown:
             line = (f"step {step}: the MoE layers kept more routed rows than the activation pool holds; pool grown "
-                    f"({pool} rows), {what} run again ({names.A2A_REPLAYS} = {replays})")
+                    f"({f'{pool} rows' if pool else elsewhere}), {what} run again ({names.A2A_REPLAYS} = {replays})")
         else:
             also = f", activation pool grown ({pool} rows)" if pool else ""
             line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "

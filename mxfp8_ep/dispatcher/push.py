@@ -37,6 +37,10 @@ class ExpertRowRouting:
     return_row: torch.Tensor
     splits: ExchangeSplits | None = None  # nccl: the all-to-all's rows per rank
     buffers: object | None = None  # symm: the buffer set every leg of the dispatch uses
+    # symm: the replay scopes the dispatch counted in (innermost last), and the rows its routing
+    # gives this rank's expert-major tensor before any cut ((1,) int64 on the device)
+    scopes: tuple = ()
+    own_rows: torch.Tensor | None = None
 
 
 @dataclass

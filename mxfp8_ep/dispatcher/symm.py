@@ -28,8 +28,11 @@ the capacity depends on where it runs:
   announced once per process) and returns exactly the rows it needs. Nothing is cut, nothing
   fails, and a recompute of the same routing (activation checkpointing) gets the same size.
 
-Replay scopes belong to the thread that opened them: a dispatch on another thread runs as
-outside one.
+Replay scopes belong to the thread that opened them, and reach the backward of its step: a
+dispatch on a thread without a scope of its own that runs inside an autograd backward (a
+recompute under activation checkpointing, which CUDA runs on its device thread) counts in the
+scopes its dispatcher's forward counted in while they are open (``dispatch_scopes``), so it
+takes the forward's capacity. Any other dispatch on another thread runs as outside one.
 
 Every leg of a dispatch uses the buffer set the dispatch took (``ExpertRowRouting.buffers``)
 and its capacity (``ExpertRowRouting.capacity``), so a set re-allocated between a layer's
@@ -111,6 +114,27 @@ def _scopes() -> list[ReplayScope]:
     return _THREAD.scopes
 
 
+def in_backward() -> bool:
+    """Whether this thread now runs an autograd backward (its device thread or the caller's):
+    a forward here is a recompute (activation checkpointing)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def dispatch_scopes(owner) -> list[ReplayScope]:
+    """The replay scopes a dispatch of ``owner`` (a dispatcher) counts in, innermost last:
+    this thread's open ones (remembered on ``owner``); on a thread without any, inside an
+    autograd backward, those ``owner``'s last forward counted in while all are still open (the
+    recompute of that forward, on the device thread); else none."""
+    own = _scopes()
+    if own:
+        owner._forward_scopes = tuple(own)
+        return list(own)
+    kept = getattr(owner, "_forward_scopes", ())
+    if kept and in_backward() and all(scope.open for scope in kept):
+        return list(kept)
+    return []
+
+
 class ReplayScope:
     """An open replay scope (``replay_scope``): what its dispatches found, on the device (no
     host sync): how many overflowed, the index (in forward order) of the first that did, and
@@ -120,7 +144,11 @@ class ReplayScope:
 
     def __init__(self, exact: bool = False):
         self.exact = exact
+        self.open = True  # until ``replay_scope`` closes it
         self.dispatches = 0  # dispatches recorded so far (host count: the next one's index)
+        # what can raise the overflow count (dispatches and pool pushes) so far: a check that
+        # saw them all need not read again
+        self.events = 0
         # Per device: (3,) int64 [dispatches that overflowed, index of the first (NO_OVERFLOW: none),
         # whether one did (0/1: later dispatches are not trusted)].
         self._state: dict[torch.device, torch.Tensor] = {}
@@ -139,14 +167,20 @@ class ReplayScope:
         state = self._state_on(needed.device)
         over = (needed > capacity).to(torch.int64)
         trusted = state[2:3] == 0  # no earlier dispatch of this scope overflowed
-        if key not in self._needed:
-            with torch.inference_mode(False):
-                self._needed[key] = torch.zeros(1, dtype=torch.int64, device=needed.device)
-        rows = self._needed[key]
-        torch.maximum(rows, torch.where(trusted, needed, 0), out=rows)
+        self.need(key, torch.where(trusted, needed, 0))
         first = torch.where(trusted & (over > 0), self.dispatches, state[1:2])
         state.copy_(torch.cat([state[0:1] + over, first, torch.maximum(state[2:3], over)]))
         self.dispatches += 1
+        self.events += 1
+
+    def need(self, key: tuple, rows: torch.Tensor) -> None:
+        """``key`` (a buffer set, or an activation pool) needed ``rows`` ((1,) int64, on the
+        device) in this scope: its peak rises to them. Device ops only."""
+        if key not in self._needed:
+            with torch.inference_mode(False):
+                self._needed[key] = torch.zeros(1, dtype=torch.int64, device=rows.device)
+        peak = self._needed[key]
+        torch.maximum(peak, rows, out=peak)
 
     @property
     def device(self) -> torch.device | None:
@@ -174,9 +208,11 @@ class ReplayScope:
         scope's overflow count rises, its dispatches' rows stay trusted. Device ops only."""
         state = self._state_on(over.device)
         state[0:1].add_(over.to(torch.int64))
+        self.events += 1
 
     def needed(self, key: tuple, device: torch.device) -> torch.Tensor:
-        """(1,) int64 on ``device``: the rows buffer set ``key``'s trustworthy dispatches needed."""
+        """(1,) int64 on ``device``: the rows ``key`` needed in the scope (a buffer set: its
+        trustworthy dispatches'; an activation pool: its peak, ``need``)."""
         rows = self._needed.get(key)
         return rows.to(device) if rows is not None else torch.zeros(1, dtype=torch.int64, device=device)
 
@@ -190,13 +226,15 @@ def replay_scope(exact: bool = False):
     thread that is open, so an inner scope's check and replay leave an outer scope's overflow
     to the outer check. ``exact``: the rerun of a step that needed more than a ceiling (a
     spill): each dispatch reads its rows on the host and takes exactly those, as outside a
-    scope, and nothing overflows. A dispatch on another thread runs as outside every scope."""
+    scope, and nothing overflows. A dispatch on another thread runs as outside every scope,
+    unless it recomputes a forward of this one inside a backward (``dispatch_scopes``)."""
     scope = ReplayScope(exact)
     scopes = _scopes()
     scopes.append(scope)
     try:
         yield scope
     finally:
+        scope.open = False
         scopes.remove(scope)
 
 
@@ -449,28 +487,31 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         # Read before the next dispatch rewrites the count buffer: a peer pushes its next counts
         # only after this leg's staging barrier, which this rank reaches after these reads.
         # Inside a replay scope the tables stop at the elastic capacity; else nothing is cut.
-        scoped = in_replay_scope()
+        scopes = dispatch_scopes(self)
+        scoped = bool(scopes) and not scopes[-1].exact
         needed = torch.zeros(1, dtype=torch.int64, device=device)
         tables, ok = kernels.routing_tables(table, self.rank, self.config.pad_multiple, bufs.max_tokens,
                                             cap.rows if scoped else None, needed)
         checks.assert_no_faults(table[:, E + 1], self.debug, E, ok=ok, where="symm dispatch")
         if scoped:  # counted on the device, checked at the step boundary
             capacity = cap.rows
-            for scope in _scopes():
+            for scope in scopes:
                 scope.record(bufs.key, needed, capacity)
         elif cap.rows >= cap.worst:  # nothing can overflow: no read
             capacity = cap.worst
         else:
-            capacity = self._exact_rows(cap, needed)
-        rows = ExpertRowRouting(capacity, *kernels.expert_row_routing(tables, self.rank, W, capacity), buffers=bufs)
+            capacity = self._exact_rows(cap, needed, scopes)
+        rows = ExpertRowRouting(capacity, *kernels.expert_row_routing(tables, self.rank, W, capacity), buffers=bufs,
+                                scopes=tuple(scopes), own_rows=tables.seg_end[-1:])
         return tables, rows
 
-    def _exact_rows(self, cap: _Capacity, needed: torch.Tensor) -> int:
+    def _exact_rows(self, cap: _Capacity, needed: torch.Tensor, scopes: list[ReplayScope]) -> int:
         """The rows of a dispatch outside a replay scope, or in an ``exact`` one (a spill's
-        rerun): exactly those its routing needs (``needed``, the same on every rank of the
-        group; already a multiple of the alignment), read on the host: the one host read of
-        such a dispatch. A recompute of the same routing gets the same rows."""
-        if not _scopes():
+        rerun; ``scopes``: those it counts in): exactly those its routing needs (``needed``, the
+        same on every rank of the group; already a multiple of the alignment), read on the
+        host: the one host read of such a dispatch. A recompute of the same routing gets the
+        same rows."""
+        if not scopes:
             _announce_once("unguarded", UNGUARDED_MESSAGE)
         rows = min(cap.worst, int(needed[0]))
         if rows > cap.ceiling:
