@@ -11,8 +11,9 @@ validation loss from the console lines, its preset and seed from a name like
 Per run: the steps it trained, the steps run again after a capacity overflow
 (``capacity_replay_steps``, the last one), those past the ceiling (``capacity_spills``), the
 capacity it started at, ended at and may grow to (expert rows: from the console's replay lines
-and the summary), the routing telemetry's loads (``moe_imbalance``), and its last validation
-loss.
+and the summary), the routing telemetry's loads (``moe_imbalance``), its last validation loss,
+its peak memory per rank (``max_memory_gib``) and a digest of its losses (``losses_sha256``:
+equal digests, the same losses bit for bit).
 ``--like``: rows of the machine and session the runs were made in, whose machine and versions
 these rows take (with ``--command``, the command that ran them).
 """
@@ -20,6 +21,7 @@ these rows take (with ``--command``, the command that ran them).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -64,8 +66,17 @@ def run_row(name: str, summary_path: Path, console_path: Path, fill: dict | None
         "moe_imbalance": s.get("moe_imbalance") or None,
         "val_step": s["val_logged_steps"][-1] if s.get("val_logged_steps") else None,
         "val_loss": s.get("final_val_loss"), "gpu_shared": s.get("gpu_shared", False),
+        "max_memory_gib": s.get("max_memory_gib"), "losses_sha256": losses_digest(s.get("losses")),
         **({"cut_off": True} if s.get("cut_off") else {}),
     }
+
+
+def losses_digest(losses: list[float] | None) -> str | None:
+    """A run's logged losses as one hash: two runs with the same digest trained to the same
+    losses, bit for bit (floats as JSON writes them: Python's shortest round-trip repr)."""
+    if not losses:
+        return None
+    return hashlib.sha256(json.dumps(losses).encode()).hexdigest()
 
 
 def _from_console(name: str, lines: list[str], grown: list[re.Match]) -> dict:

@@ -24,6 +24,8 @@ profile         2 GPUs  kernels over NVLink with bandwidths; layer and leg timel
 power           2 GPUs  SM clock, power and energy per pass of the DSV3-like layer's arms
 titan030        2 GPUs  torchtitan 0.3.0 MoE layer: AllToAll / MinimalAsyncEP vs ours (TITAN030_SITE)
 capacity_1gpu   1 GPU   elastic capacity, ranks on one GPU: GPU tests, layer memory EP 2/4, parity_dsv3 EP=4 1,000 steps
+checkpoint_1gpu 1 GPU   activation checkpointing in guarded steps, ranks on one GPU: GPU tests; parity_dsv3 EP=4 full and selective vs the worst case
+memory_1gpu     1 GPU   parity_dsv3 EP=4 200 steps, ranks on one GPU: peak memory with the activation pool and without it
 tests_1gpu      1 GPU   compiled kernel tests; symm checks with 2-4 ranks sharing the GPU
 tests_1gpu_fuzz 1 GPU   the symm fuzz against torchtitan, 2-4 ranks sharing the GPU
 tests_2gpu      2 GPUs  the dispatcher GPU tests and fuzz, a GPU per rank; the NCCL tests
@@ -183,6 +185,29 @@ capacity_1gpu)
   bench 4 memory --layer --tokens 4096 --arms torchtitan,bf16/symm,mxfp8/symm
   train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
     training.local_batch_size=2 training.steps="${STEPS:-1000}" experiment=capacity_ep4 hydra.run.dir="$runs/mxfp8_ep4"
+  replay_rows
+  ;;
+checkpoint_1gpu)
+  tests tests_1gpu_checkpoint -k sharing_one_gpu tests/test_replay_where_training_runs.py tests/test_activation_pool.py
+  for ckpt in full selective; do
+    for arm in elastic worst; do
+      worst=()
+      [ "$arm" = elastic ] || worst=(a2a.capacity_factor=null a2a.activation_pool_factor=null)
+      train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
+        training.local_batch_size=2 training.activation_checkpoint="$ckpt" training.steps="${STEPS:-40}" "${worst[@]}" \
+        experiment=checkpoint_ep4 hydra.run.dir="$runs/${ckpt}_$arm"
+    done
+  done
+  replay_rows
+  ;;
+memory_1gpu)
+  for arm in pool no_pool; do
+    pool=()
+    [ "$arm" = pool ] || pool=(a2a.activation_pool_factor=null)
+    train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
+      training.local_batch_size=2 training.steps="${STEPS:-200}" "${pool[@]}" experiment=pool_memory_ep4 \
+      hydra.run.dir="$runs/$arm"
+  done
   replay_rows
   ;;
 tests_1gpu)

@@ -51,3 +51,24 @@ def test_a_run_cut_off_before_its_summary_becomes_a_row_from_its_console(tmp_pat
     assert row["cut_off"] is True and row["steps"] == 12
     assert row["capacity_replay_steps"] == [3, 9] and row["capacity_rows"] == 1600
     assert row["start_capacity_rows"] == 1024 and (row["val_step"], row["val_loss"]) == (10, 5.25)
+
+
+def test_runs_with_the_same_losses_have_the_same_digest_and_their_memory(tmp_path):
+    def run(name, losses, gib):
+        d = tmp_path / name
+        d.mkdir()
+        summary = RunSummary(run_name=name, experiment="e", a2a="mxfp8", a2a_legs={}, model="parity_dsv3",
+                             model_flavor="deepseek_v3/parity", parallelism="ep4_shared_gpu", world_size=4, ep=4,
+                             launcher="local", device="cuda", run_dir=str(d), steps=len(losses),
+                             target_steps=len(losses), losses=losses, max_memory_gib=gib)
+        (d / "summary.json").write_text(json.dumps(summary.__dict__))
+        return d
+
+    dirs = [run("full_elastic", [6.5, 6.25, 6.0], 12.5), run("full_worst", [6.5, 6.25, 6.0], 14.0),
+            run("other", [6.5, 6.25, 6.000001], 12.5)]
+    main([*map(str, dirs), "--out", str(tmp_path / "rows")])
+    (path,) = (tmp_path / "rows").glob("*_capacity_replays.jsonl")
+    rows = {r["run"]: r for r in map(json.loads, path.read_text().splitlines())}
+    assert rows["full_elastic"]["losses_sha256"] == rows["full_worst"]["losses_sha256"] is not None
+    assert rows["other"]["losses_sha256"] != rows["full_worst"]["losses_sha256"]
+    assert (rows["full_elastic"]["max_memory_gib"], rows["full_worst"]["max_memory_gib"]) == (12.5, 14.0)

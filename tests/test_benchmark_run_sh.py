@@ -13,7 +13,8 @@ from tests.needs_git import git_checkout
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = {"layer", "layer_rank", "legs", "links", "train", "train_shm", "train_debug", "step_profile", "kernels",
-          "profile", "power", "titan030", "capacity_1gpu", "tests_1gpu", "tests_1gpu_fuzz", "tests_2gpu", "numerics"}
+          "profile", "power", "titan030", "capacity_1gpu", "checkpoint_1gpu", "memory_1gpu", "tests_1gpu",
+          "tests_1gpu_fuzz", "tests_2gpu", "numerics"}
 
 
 # run.sh calls `python3`: this Python's, also when its venv is not activated.
@@ -32,7 +33,8 @@ def test_usage_lists_every_suite_and_unknown_suites_fail():
     assert proc.returncode == 2 and proc.stderr.startswith("usage: bash benchmarks/run.sh SUITE OUT")
     listed = {line.split()[0] for line in proc.stderr.splitlines()[2:]}
     assert listed == SUITES
-    one_gpu = {"layer_rank", "kernels", "capacity_1gpu", "tests_1gpu", "tests_1gpu_fuzz", "numerics"}
+    one_gpu = {"layer_rank", "kernels", "capacity_1gpu", "checkpoint_1gpu", "memory_1gpu", "tests_1gpu",
+               "tests_1gpu_fuzz", "numerics"}
     assert all(("1 GPU" in line) == (line.split()[0] in one_gpu) for line in proc.stderr.splitlines()[2:])
     proc = run_sh("gpu_everything", "/tmp/unused")
     assert proc.returncode == 2 and "unknown suite 'gpu_everything'" in proc.stderr
