@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mxfp8_ep.activation_pool_size import pool_rows
-from mxfp8_ep.capacity import POOL_GROWTH_HEADROOM, next_capacity
+from mxfp8_ep.pool.activation_pool_size import pool_rows
+from mxfp8_ep.exchange.capacity import POOL_GROWTH_HEADROOM, next_capacity
 from mxfp8_ep.dispatcher import symm
 
 __all__ = ["NOT_POOLED", "ActivationPool", "combine_keeps_expert_rows", "compact_pending", "needed_rows",
@@ -309,7 +309,7 @@ def _unpack(saved):
         return packed.tensor
     if packed.layer.stale:
         raise RuntimeError("activation pool: this graph's saved rows were given up when a later replay attempt "
-                           "began (mxfp8_ep.activation_pool); run each backward inside the attempt of its forward")
+                           "began (mxfp8_ep.pool.activation_pool); run each backward inside the attempt of its forward")
     if packed.unpacked is None:
         if packed.plane is None:
             out = packed.rows.new_empty(packed.shape)
