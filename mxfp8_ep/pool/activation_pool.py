@@ -3,7 +3,7 @@ rows, kept at the rows its routing filled, in one pool shared by every MoE layer
 
 The symm dispatcher hands the experts a tensor of a fixed capacity whose valid rows are a
 prefix (each local expert's rows padded, from row 0; their count is on the device). Autograd
-keeps the experts' input, ``h1``, ``h3`` and their SwiGLU product (``grouped_experts``), and
+keeps the experts' input, ``h1``, ``h3`` and their SwiGLU product (``expert_kernels``), and
 combine's expert outputs when it goes by partial sums, at that capacity. Inside a replay scope
 (``dispatcher.symm.replay_scope``) a layer run through ``pooled_layer`` keeps each of them
 (``torch.autograd.graph.saved_tensors_hooks``) as it is until the next MoE layer's forward
