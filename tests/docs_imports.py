@@ -74,7 +74,18 @@ def resolve(dotted: str) -> object:
     raise ModuleNotFoundError(dotted)
 
 
-def needs_titan030(shown_text: str) -> bool:
-    """Whether a statement or name reaches the torchtitan 0.3.0 adapter (it raises ImportError
-    where another torchtitan is installed)."""
-    return bool(re.search(r"mxfp8_ep\.titan030\b|from mxfp8_ep import .*\btitan030\b", shown_text))
+def torchtitan_needed(shown_text: str) -> str | None:
+    """The torchtitan version a statement or name needs: the 0.3.0 adapter (``mxfp8_ep.titan030``)
+    and the 0.2.2 integration (``mxfp8_ep.titan022``) each raise ImportError under the other."""
+    for version in ("030", "022"):
+        if re.search(rf"mxfp8_ep\.titan{version}\b|from mxfp8_ep import .*\btitan{version}\b", shown_text):
+            return f"0.{version[1]}.{version[2]}"
+    return None
+
+
+def check(shown_text: str) -> None:
+    """Run an import statement, or resolve a dotted name."""
+    if shown_text.startswith(("from ", "import ")):
+        exec(compile(shown_text, "<docs>", "exec"), {})
+    else:
+        resolve(shown_text)
