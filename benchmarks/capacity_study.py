@@ -53,7 +53,7 @@ import yaml
 from benchmarks.rows import REPO, ResultsFile, this_machine
 from launch.config.memory import EXPERT_ALIGN, estimate, pool_rows
 from launch.config.model_facts import MODELS, ModelFacts
-from mxfp8_ep.capacity import (GROWTH_HEADROOM, POOL_GROWTH_HEADROOM, expert_major_capacity, next_capacity,
+from mxfp8_ep.exchange.capacity import (GROWTH_HEADROOM, POOL_GROWTH_HEADROOM, expert_major_capacity, next_capacity,
                                worst_case_capacity)
 from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
                              DEFAULT_POOL_FACTOR)
@@ -202,7 +202,7 @@ def simulate(loads: list[StepLoads], t: Target, ep: int, policy: Policy, headroo
     """The policy over the steps' loads at the target shape: the capacity and the pool, each by
     ``capacity.next_capacity``; a step reruns once when either overflows. The run's first step
     reruns in any case: the pool learns there how many layers it holds
-    (``mxfp8_ep.activation_pool``)."""
+    (``mxfp8_ep.pool.activation_pool``)."""
     worst, align = t.worst(ep), EXPERT_ALIGN
     capacity = start = t.rows(ep, policy.capacity_factor)
     ceiling = t.rows(ep, policy.capacity_ceiling)
@@ -238,7 +238,7 @@ def sampling_floor(picks: int, top_k: int, experts: int, layers: int, ep: int, s
     uniformly at random."""
     import torch
 
-    from mxfp8_ep.routing_stats import busiest_rank_load
+    from mxfp8_ep.telemetry.routing_stats import busiest_rank_load
 
     gen = torch.Generator().manual_seed(seed)
     tokens = picks // top_k

@@ -85,7 +85,7 @@ def use_link(link: str) -> None:
 
 def parse_launch(text: str):
     """``BxW[xD[xSxP]]`` -> ``LaunchShape(block, warps, block_d, stripes, stages)``."""
-    from mxfp8_ep.launch_shapes import LaunchShape
+    from mxfp8_ep.kernels.launch_shapes import LaunchShape
 
     try:
         return LaunchShape(*(int(v) for v in text.split("x")))
@@ -95,8 +95,8 @@ def parse_launch(text: str):
 
 def parse_kernel_launch(text: str) -> tuple[str, str | None, list]:
     """``KERNEL[.FMT]=BxW[xD],...`` -> (kernel, leg format or None for both, [LaunchShape, ...])."""
-    from mxfp8_ep.launch_shapes import KernelShapes
-    from mxfp8_ep.wire_format import WIRE_FORMATS
+    from mxfp8_ep.kernels.launch_shapes import KernelShapes
+    from mxfp8_ep.format.wire_format import WIRE_FORMATS
 
     kernels = [f.name for f in fields(KernelShapes)]
     key, eq, values = text.partition("=")
@@ -118,7 +118,7 @@ def parse_launch_options(options: list[str]) -> dict[tuple[str, str | None], lis
 
 def launches(options: dict, kernel: str, fmt: str) -> list:
     """The default launch shape of ``kernel`` for ``fmt``, then the ``--launch`` ones (each once)."""
-    from mxfp8_ep.launch_shapes import KernelShapes
+    from mxfp8_ep.kernels.launch_shapes import KernelShapes
 
     shapes = [getattr(KernelShapes.default(fmt), kernel), *options.get((kernel, None), []),
               *options.get((kernel, fmt), [])]
@@ -163,8 +163,8 @@ class Arm:
         """``TokenDispatcher.Config.launch_shapes`` of this arm (None: the defaults)."""
         if not self.launch:
             return None
-        from mxfp8_ep.launch_shapes import KernelShapes
-        from mxfp8_ep.wire_format import WIRE_FORMATS
+        from mxfp8_ep.kernels.launch_shapes import KernelShapes
+        from mxfp8_ep.format.wire_format import WIRE_FORMATS
 
         out = {}
         for fmt in WIRE_FORMATS:
@@ -269,7 +269,7 @@ def titan022_mesh(device: torch.device, dispatcher_forward: bool = False):
 
 def free_peer_buffers() -> None:
     """Drop the symm transport's peer buffers and activation pools (an arm's held memory)."""
-    from mxfp8_ep.activation_pool import release_pools
+    from mxfp8_ep.pool.activation_pool import release_pools
     from mxfp8_ep.dispatcher import release_peer_buffers
 
     release_peer_buffers()
@@ -360,7 +360,7 @@ def peak_bytes(device, held_bytes: int = 0) -> int:
     arms), plus the peer buffers where the allocator does not count them (symmetric memory is
     not the caching allocator's; ranks sharing one GPU allocate theirs there)."""
     from mxfp8_ep.dispatcher import peer_buffer_nbytes
-    from mxfp8_ep.peer_memory import sharing_one_device
+    from mxfp8_ep.exchange.peer_memory import sharing_one_device
 
     alloc = torch.cuda.max_memory_allocated() - held_bytes if device.type == "cuda" else 0
     return alloc + (0 if sharing_one_device() else peer_buffer_nbytes())

@@ -19,7 +19,7 @@ partial sum per token and rank (``push_partials``, plain and weighted); the top-
 and of partial sums (``reduce_slots``); the dispatcher's device checks of the routing
 (``check_routing``: its Triton kernels, and their torch twin).
 
-Each kernel runs at its format's default launch shape (``mxfp8_ep.launch_shapes``) and at every
+Each kernel runs at its format's default launch shape (``mxfp8_ep.kernels.launch_shapes``) and at every
 shape ``--launch`` names for it (``KERNEL=BxW[xD[xSxP]],...``; ``KERNEL.FMT=`` for one format);
 ``speedup_vs_default``: the default's time over the row's. Each row's ``ms`` is the median over
 ``--rounds`` rounds (the whole sweep once per round) of each round's median sample.
@@ -46,7 +46,7 @@ from benchmarks.harness import (
     sample_ms,
     timing_fields,
 )
-from mxfp8_ep.wire_format import WIRE_FORMATS
+from mxfp8_ep.format.wire_format import WIRE_FORMATS
 
 RANK = 0
 FORMATS = WIRE_FORMATS
@@ -75,7 +75,7 @@ def peer_one_rows(peers, offset: int, capacity: int, dst_rank, world: int, token
     rows where that push put them, then as many from each other rank (rank 0's routing again,
     its tokens staged at that rank's rows), then its own. Returns each row's source rank (-2:
     unused), its staged row and its routing weight (as rank 0's token map and row weights)."""
-    from mxfp8_ep.staging import row_weights, token_map
+    from mxfp8_ep.exchange.staging import row_weights, token_map
 
     count = int((dst_rank == 1).sum())
     senders = [0, *range(2, world)]
@@ -91,11 +91,11 @@ def peer_one_rows(peers, offset: int, capacity: int, dst_rank, world: int, token
 
 def sweep(shape, args, device, options) -> list[dict]:
     """One round: every kernel, variant, format and launch shape once."""
-    from mxfp8_ep import symm_kernels as sk
+    from mxfp8_ep.exchange import symm_kernels as sk
     from mxfp8_ep.dispatcher import checks
-    from mxfp8_ep.peer_memory import OneProcessPeers
-    from mxfp8_ep.staging import StagedLeg, staging_buffer_nbytes, token_map_offset
-    from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
+    from mxfp8_ep.exchange.peer_memory import OneProcessPeers
+    from mxfp8_ep.exchange.staging import StagedLeg, staging_buffer_nbytes, token_map_offset
+    from mxfp8_ep.exchange.symm_reference import partial_slots, partial_stage_rows
 
     tokens, top_k, dim, world = args.tokens or shape.tokens, shape.top_k, shape.dim, args.world
     dst_rank, dst_row, slot, sorted_row = sorted_routing(tokens, shape.experts, top_k, world, device)

@@ -12,7 +12,7 @@ all-to-all, unsort, weighted reduce) against ours (``dispatch`` / ``combine`` of
 torchtitan's in the first round (``rel_err``). ``--link`` sets NCCL's environment before NCCL
 starts (``harness.LINKS``); symm arms need peer memory and run on ``nvlink`` only.
 
-``--a2a``: ``mxfp8_ep.all_to_all.all_to_all_v`` alone, per rank ``--a2a-shapes`` (batch x seq x
+``--a2a``: ``mxfp8_ep.exchange.all_to_all.all_to_all_v`` alone, per rank ``--a2a-shapes`` (batch x seq x
 dim rows; even routing: the same rows to every rank; zipf: tokens to one of ``--experts``
 experts with Zipf popularity, experts placed contiguously on ranks), dispatch (to the expert
 ranks) and combine (back), forward and forward+backward, each leg bf16 or MXFP8 (both ways).
@@ -117,9 +117,9 @@ def routing_splits(num_rows: int, world: int, routing: str, experts: int, zipf_s
 
 
 def bench_a2a(args, device) -> list[dict]:
-    from mxfp8_ep.all_to_all import all_to_all_v
-    from mxfp8_ep.quantize import dequantize, quantize
-    from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
+    from mxfp8_ep.exchange.all_to_all import all_to_all_v
+    from mxfp8_ep.kernels.quantize import dequantize, quantize
+    from mxfp8_ep.format.wire_format import WIRE_FORMATS, WireFormat
 
     rank, world, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
     rows = []

@@ -51,7 +51,7 @@ from benchmarks.harness import (
 )
 from launch.config.memory import estimate
 from launch.config.model_facts import MODELS
-from mxfp8_ep import peer_memory
+from mxfp8_ep.exchange import peer_memory
 from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_CEILING,
                              DEFAULT_POOL_FACTOR, A2AConfig)
 from mxfp8_ep.titan022 import install_expert_parallel
@@ -175,7 +175,7 @@ def release_arm(device) -> None:
 def held_gib() -> tuple[float, float]:
     """What this rank holds across steps, inside its peak: the activation pool's planes and the
     peer buffers (GiB)."""
-    from mxfp8_ep.activation_pool import pools
+    from mxfp8_ep.pool.activation_pool import pools
     from mxfp8_ep.dispatcher import peer_buffer_nbytes
 
     return sum(p.nbytes() for p in pools()) / GIB, peer_buffer_nbytes() / GIB

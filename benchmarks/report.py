@@ -117,7 +117,7 @@ BENCHES = {
                              "the all-to-all (nccl), symm with its activation pool and capacity where they start "
                              "and at their default ceilings, symm with every layer at the worst case "
                              "(`capacity_factor=None`)",
-                             paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "launch/config/memory.py",
+                             paths=("mxfp8_ep/exchange/capacity.py", "mxfp8_ep/config.py", "launch/config/memory.py",
                                     "launch/config/model_facts.py", "benchmarks/memory.py"),
                              group=("model", "activation_checkpoint"), baselines=("nccl",), key="gib"),
     "layer_memory": Bench("The DeepSeek-V3-like layer's peak memory per rank, fwd+bwd (GiB; ranks sharing one "
@@ -140,9 +140,10 @@ BENCHES = {
                             "ended, and the memory estimate per GPU at the start, the ceilings and the end "
                             "(`gib_nccl`: the nccl transport's balanced, `gib_nccl_routed`: at the run's largest "
                             "rank sum)",
-                            paths=("mxfp8_ep/capacity.py", "mxfp8_ep/config.py", "mxfp8_ep/routing_stats.py",
-                                   "launch/config/memory.py", "launch/config/model_facts.py",
-                                   "launch/titan/routing_telemetry.py", "benchmarks/capacity_study.py",
+                            paths=("mxfp8_ep/exchange/capacity.py", "mxfp8_ep/config.py",
+                                   "mxfp8_ep/telemetry/routing_stats.py", "launch/config/memory.py",
+                                   "launch/config/model_facts.py", "launch/titan/routing_telemetry.py",
+                                   "benchmarks/capacity_study.py",
                                    "recipes/routing_study_full_cpu.yaml", "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"),
                             group=("kind", "ep"), key="reruns_per_1000",
                             hide=("telemetry_sha256", "start_rows", "end_rows", "peak_rows", "worst_rows",

@@ -22,7 +22,7 @@ Designs (``Leg.design``):
   cost on dispatch and fitted extra passes on combine (unpermute, unsort, bmm reduction).
 * ``fused``: the symm transport (SM stores into the peer): quantize and dequantize ride in the
   gather and permute passes the leg makes anyway; no fixed costs.
-* ``unfused``: ``mxfp8_ep.all_to_all.all_to_all_v`` (``NcclTokenDispatcher`` built directly,
+* ``unfused``: ``mxfp8_ep.exchange.all_to_all.all_to_all_v`` (``NcclTokenDispatcher`` built directly,
   ``mxfp8_ep.titan030``'s nccl transport): MXFP8 adds a copy of the remote rows out, a quantize
   pass, a dequantize pass and a copy of all rows back.
 
@@ -44,7 +44,7 @@ from typing import Iterable, Optional
 from benchmarks.rows import read_rows
 from mxfp8_ep.config import PRESETS
 from mxfp8_ep.transport import Transport
-from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat
+from mxfp8_ep.format.wire_format import WIRE_FORMATS, WireFormat
 
 # Wire bytes per element of a bf16 activation in each format (MXFP8: e4m3 + one e8m0 scale per
 # 32 elements), over a row of whole blocks.

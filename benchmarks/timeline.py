@@ -70,10 +70,10 @@ def kernel_rows(args, options) -> list[dict]:
 
 def format_kernel_rows(fmt: str, preset: str, leg, args, options, device) -> list[dict]:
     """``kernel_rows`` of one leg format (its dispatcher: ``<preset>/symm``)."""
-    from mxfp8_ep import symm_kernels as sk
-    from mxfp8_ep.peer_memory import PeerBuffer
-    from mxfp8_ep.staging import StagedLeg, staging_buffer_nbytes, token_map_offset
-    from mxfp8_ep.wire_format import WireFormat
+    from mxfp8_ep.exchange import symm_kernels as sk
+    from mxfp8_ep.exchange.peer_memory import PeerBuffer
+    from mxfp8_ep.exchange.staging import StagedLeg, staging_buffer_nbytes, token_map_offset
+    from mxfp8_ep.format.wire_format import WireFormat
 
     rank, world, dim = dist.get_rank(), dist.get_world_size(), args.dim
     tokens, x, scores = leg.tokens, leg.x, leg.scores

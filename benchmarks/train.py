@@ -99,8 +99,8 @@ def add_throughput_ratios(rows: list[dict], baseline: str) -> None:
 
 # The Triton kernels of this repo, by module: their names are the `def` names in the source.
 _OUR_KERNEL_MODULES = {
-    "dispatcher (mxfp8_ep Triton)": ("symm_kernels.py", "triton_kernels.py"),
-    "expert activation (mxfp8_ep Triton)": ("grouped_experts.py",),
+    "dispatcher (mxfp8_ep Triton)": ("exchange/symm_kernels.py", "kernels/triton_kernels.py"),
+    "expert activation (mxfp8_ep Triton)": ("kernels/expert_kernels.py",),
 }
 # Kernel-name rules, first match wins (after this repo's kernels).
 _NAME_RULES = (

@@ -7,7 +7,7 @@ An MoE layer under expert parallelism makes four all-to-all exchanges per step:
 * ``combine_fwd``   – expert outputs back to the tokens' home ranks (forward),
 * ``combine_bwd``   – the gradient of that exchange (backward of combine).
 
-Each leg travels in one of the wire formats of ``mxfp8_ep.wire_format``: in the tensor's own
+Each leg travels in one of the wire formats of ``mxfp8_ep.format.wire_format``: in the tensor's own
 dtype (``"bf16"``: what torchtitan does) or as MXFP8 (``"mxfp8"``: e4m3 values + one e8m0 scale
 per 32 elements).
 """
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from mxfp8_ep.transport import TRANSPORTS, Transport
-from mxfp8_ep.wire_format import WIRE_FORMATS, WireFormat, quantized_formats
+from mxfp8_ep.format.wire_format import WIRE_FORMATS, WireFormat, quantized_formats
 
 # The four exchanges, in the order above (the field names of A2AConfig and of the recipe's
-# ``a2a`` config, the keys of ``mxfp8_ep.wire_stats``).
+# ``a2a`` config, the keys of ``mxfp8_ep.telemetry.wire_stats``).
 LEGS = ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
 LEG_FORMATS = WIRE_FORMATS
-# The numerics telemetry's statistics of an MXFP8 leg (``mxfp8_ep.numerics`` defines them), the
+# The numerics telemetry's statistics of an MXFP8 leg (``mxfp8_ep.telemetry.numerics`` defines them), the
 # last part of the recipe's ``numerics/`` metric names.
 NUMERICS_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac", "scale_exp_min", "scale_exp_max")
 SCALE_ROUNDINGS = ("rceil", "floor")
@@ -87,7 +87,7 @@ class A2AConfig:
     # ceiling below the worst case.
     capacity_ceiling: float | None = DEFAULT_CAPACITY_CEILING
     # symm: the activations the MoE layers keep for their backward at expert-major rows, packed
-    # down to the rows their routing filled, in one pool per step (``mxfp8_ep.activation_pool``)
+    # down to the rows their routing filled, in one pool per step (``mxfp8_ep.pool.activation_pool``)
     # of this many rows: the multiple of the balanced case (as ``capacity_factor``) summed over
     # the MoE layers. A step whose layers need more is flagged on the device and runs again at a
     # grown pool, as a capacity overflow does. None: no pool (each layer keeps them at the

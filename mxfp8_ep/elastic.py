@@ -73,7 +73,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from mxfp8_ep import activation_pool, numerics
+from mxfp8_ep.pool import activation_pool
+from mxfp8_ep.telemetry import numerics
 from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.symm import replay_scope
 
@@ -188,7 +189,7 @@ class SymmCapacity(OverflowSource):
 
 
 class ActivationPoolRows(OverflowSource):
-    """The activation pools (``mxfp8_ep.activation_pool``): a pool that overflowed raised its
+    """The activation pools (``mxfp8_ep.pool.activation_pool``): a pool that overflowed raised its
     scope's overflow count (``SymmCapacity``'s flag), so its own flags say only whether one
     needs more than its ceiling (a spill); then each pool's peak rows in the attempt
     (``activation_pool.needed_rows``); ``plan`` grows them (``activation_pool.plan_overflowed``)."""

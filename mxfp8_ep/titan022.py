@@ -48,12 +48,12 @@ from torch.distributed.tensor import distribute_module
 from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.models.moe import moe as titan_moe
 
-from mxfp8_ep import activation_pool
+from mxfp8_ep.pool import activation_pool
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 from mxfp8_ep.transport import Transport
-from mxfp8_ep.grouped_experts import grouped_swiglu_experts
-from mxfp8_ep.launch_shapes import KernelShapes
+from mxfp8_ep.kernels.expert_kernels import grouped_swiglu_experts
+from mxfp8_ep.kernels.launch_shapes import KernelShapes
 
 _ORIGINAL: dict = {}
 
@@ -72,12 +72,12 @@ class ExpertParallelPlan:
 class CapacityGroupedExperts(titan_moe.GroupedExperts):
     """torchtitan's GroupedExperts for the symm transport's static-capacity input: on the
     grouped-GEMM path the elementwise work covers only the rows inside the expert offsets
-    (``mxfp8_ep.grouped_experts``). Same math as torchtitan's; bf16 results are identical."""
+    (``mxfp8_ep.kernels.expert_kernels``). Same math as torchtitan's; bf16 results are identical."""
 
     @property
     def reads_valid_rows_only(self) -> bool:
         """The grouped-GEMM path reads only the rows inside the expert offsets (the activation
-        pool's premise: ``mxfp8_ep.activation_pool.reads_valid_rows_only``)."""
+        pool's premise: ``mxfp8_ep.pool.activation_pool.reads_valid_rows_only``)."""
         return bool(self.use_grouped_mm)
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ and each transport takes the path it takes under torchtitan 0.2.2 (``mxfp8_ep.ti
 
 * ``nccl`` with every leg bf16: 0.3.0's own dispatch / combine (local reorder, permute, score +
   scatter-add), the parent class bit for bit; its two token exchanges go through
-  ``mxfp8_ep.all_to_all.all_to_all_v``, which counts their bytes (``wire_stats``).
+  ``mxfp8_ep.exchange.all_to_all.all_to_all_v``, which counts their bytes (``wire_stats``).
 * ``nccl`` with a quantized leg: ``mxfp8_ep.dispatcher.FusedNcclTokenDispatcher`` (quantizing
   fused into the push of each leg's rows, payload and scales in one all-to-all, dequantizing
   fused into the receiving pass and the fp32 top-k reduction).
@@ -31,9 +31,9 @@ capacity (``mxfp8_ep.elastic.install_replays``): one device-to-host copy per ste
 The override also swaps 0.3.0's ``GroupedExperts`` for ``ValidRowGroupedExperts``: the same
 math (bf16-identical), but its elementwise work -- the SwiGLU and the sum of the two
 input-gradient GEMMs -- covers only the rows inside the expert offsets
-(``mxfp8_ep.grouped_experts``), not the whole static-capacity buffer symm hands over.
+(``mxfp8_ep.kernels.expert_kernels``), not the whole static-capacity buffer symm hands over.
 Reading only those rows, they let symm keep what the experts and combine save for the backward
-at the routed rows, in the activation pool (``mxfp8_ep.activation_pool``), as under 0.2.2.
+at the routed rows, in the activation pool (``mxfp8_ep.pool.activation_pool``), as under 0.2.2.
 
 Importing this module imports torchtitan 0.3.0; nothing else in ``mxfp8_ep`` does, so the
 library and its torchtitan 0.2.2 integration work unchanged where 0.2.2 is installed.
@@ -48,8 +48,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from mxfp8_ep import activation_pool
-from mxfp8_ep.all_to_all import all_to_all_v
+from mxfp8_ep.pool import activation_pool
+from mxfp8_ep.exchange.all_to_all import all_to_all_v
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, resolve_transport
 from mxfp8_ep.elastic import install_replays
@@ -198,8 +198,8 @@ class PaddedA2ATokenDispatcher(_ExchangeLegs, TorchAOTokenDispatcher):
 
 class ValidRowGroupedExperts(GroupedExperts):
     """0.3.0's ``GroupedExperts`` with the SwiGLU and the input-gradient sum over the rows inside
-    the expert offsets only (``mxfp8_ep.grouped_experts.grouped_swiglu_experts``), so that symm's
-    activation pool may keep what they save at their routed rows (``mxfp8_ep.activation_pool``),
+    the expert offsets only (``mxfp8_ep.kernels.expert_kernels.grouped_swiglu_experts``), so that symm's
+    activation pool may keep what they save at their routed rows (``mxfp8_ep.pool.activation_pool``),
     with combine's. A subclass that swaps the ``_grouped_mm`` seam (0.3.0's MXFP8 / FP8
     grouped-GEMM converters subclass the experts' class) runs the parent's forward, unpooled."""
 
@@ -212,7 +212,7 @@ class ValidRowGroupedExperts(GroupedExperts):
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # noqa: N803
         if type(self)._grouped_mm is not GroupedExperts._grouped_mm:
             return super().forward(x_RD, num_tokens_per_expert_E)
-        from mxfp8_ep.grouped_experts import grouped_swiglu_experts
+        from mxfp8_ep.kernels.expert_kernels import grouped_swiglu_experts
 
         with _pooled_experts(x_RD, self).saving():
             return grouped_swiglu_experts(x_RD, self.w1_EFD, self.w2_EDF, self.w3_EFD, num_tokens_per_expert_E)

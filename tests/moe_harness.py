@@ -261,7 +261,7 @@ class _PartialCombine(torch.autograd.Function):
 
 def mxfp8_round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
     """``rows`` through one MXFP8 quantize + dequantize (the format reference)."""
-    from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
+    from mxfp8_ep.format.mxfp8 import dequantize_reference, quantize_reference
 
     return dequantize_reference(quantize_reference(rows, rounding), rows.dtype)
 

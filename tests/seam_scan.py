@@ -1,5 +1,5 @@
 """Scans of the source for code that tells wire formats or transports apart by hand, outside the
-one module that defines them (``mxfp8_ep/wire_format.py``, ``mxfp8_ep/transport.py``): what the
+one module that defines them (``mxfp8_ep/format/wire_format.py``, ``mxfp8_ep/transport.py``): what the
 seam tests (tests/test_wire_format.py, tests/test_transport_registry.py) run over the library,
 the recipe and the benchmarks. Each scan returns the line numbers it finds in a source text."""
 
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from mxfp8_ep.transport import Transport
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.format.wire_format import WireFormat
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("mxfp8_ep", "launch", "benchmarks")
@@ -96,8 +96,8 @@ def transport_branches(source: str) -> list[int]:
 
 # The format's own modules: its definition, its torch codec, its in-register encode / decode and
 # the quantize ops built on them. Every other module asks ``WireFormat`` for the format's facts.
-FORMAT_MODULES = frozenset({"mxfp8_ep/wire_format.py", "mxfp8_ep/mxfp8.py", "mxfp8_ep/triton_kernels.py",
-                            "mxfp8_ep/quantize.py"})
+FORMAT_MODULES = frozenset({"mxfp8_ep/format/wire_format.py", "mxfp8_ep/format/mxfp8.py",
+                            "mxfp8_ep/kernels/triton_kernels.py", "mxfp8_ep/kernels/quantize.py"})
 _CONSTANT_NAMES = ("E4M3", "E8M0", "BLOCK_SIZE")
 
 

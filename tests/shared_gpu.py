@@ -32,7 +32,7 @@ def active() -> bool:
 def enter_rank() -> None:
     """In a spawned rank of a gloo group: the GPU is device 0 for every rank, and the symm
     transport maps its peer buffers over CUDA IPC."""
-    from mxfp8_ep import peer_memory
+    from mxfp8_ep.exchange import peer_memory
 
     os.environ[SHARED_GPU_ENV] = "1"
     torch.cuda.set_device(0)

@@ -1,4 +1,4 @@
-"""The symm transport's activation pool (``mxfp8_ep.activation_pool``), on gloo process groups of
+"""The symm transport's activation pool (``mxfp8_ep.pool.activation_pool``), on gloo process groups of
 2-4 CPU ranks: stacks of torchtitan 0.2.2 DeepSeek-V3-like MoE layers (grouped SwiGLU experts in
 bf16, scores after the experts, so combine keeps its expert rows) under EP through
 ``install_expert_parallel``, each step through a ``ReplayGuard``:
@@ -23,9 +23,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep import activation_pool, elastic
-from mxfp8_ep.activation_pool_size import pool_bytes, pool_rows, pooled_row_bytes
-from mxfp8_ep.capacity import expert_major_capacity, worst_case_capacity
+from mxfp8_ep import elastic
+from mxfp8_ep.pool import activation_pool
+from mxfp8_ep.pool.activation_pool_size import pool_bytes, pool_rows, pooled_row_bytes
+from mxfp8_ep.exchange.capacity import expert_major_capacity, worst_case_capacity
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import release_peer_buffers, symm
 from tests.moe_harness import preload, run_forked, setup_rank

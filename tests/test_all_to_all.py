@@ -14,9 +14,9 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from mxfp8_ep import wire_stats
-from mxfp8_ep.all_to_all import all_to_all_v
-from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
+from mxfp8_ep.telemetry import wire_stats
+from mxfp8_ep.exchange.all_to_all import all_to_all_v
+from mxfp8_ep.format.mxfp8 import dequantize_reference, quantize_reference
 from tests.distributed import backends, rank_device, run_on_ranks
 
 K = 64

@@ -20,7 +20,7 @@ from benchmarks.harness import (
     parse_shape_names,
     parsed,
 )
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.kernels.launch_shapes import KernelShapes, LaunchShape
 
 
 def test_arms_parse_into_a2a_configs_and_modifiers():

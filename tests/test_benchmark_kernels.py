@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from benchmarks.kernels import merge_rounds, peer_one_rows, sorted_routing
-from mxfp8_ep.peer_memory import OneProcessPeers
-from mxfp8_ep.staging import token_map, token_map_offset
+from mxfp8_ep.exchange.peer_memory import OneProcessPeers
+from mxfp8_ep.exchange.staging import token_map, token_map_offset
 
 
 @pytest.mark.parametrize("world", [2, 4])

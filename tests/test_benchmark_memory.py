@@ -9,7 +9,7 @@ import sys
 
 from benchmarks.harness import SHAPES
 from benchmarks.memory import ESTIMATE_ARMS, estimate_rows
-from mxfp8_ep.capacity import expert_major_capacity, worst_case_capacity
+from mxfp8_ep.exchange.capacity import expert_major_capacity, worst_case_capacity
 from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR
 
 

@@ -23,7 +23,7 @@ from launch.titan.data import CORPUS_DATASET
 from launch.titan.models import model_args
 from launch.preflight.validate import validate
 from mxfp8_ep.config import LEGS, PRESETS, A2AConfig
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.format.wire_format import WireFormat
 
 GPU_BOX = Machine(ram_bytes=2048 * GIB, cpu_count=128, gpu_memory_bytes=(141 * GIB,) * 8)
 
@@ -85,7 +85,7 @@ def test_a2a_options_are_the_library_presets(preset):
 def test_block_size_is_the_formats():
     """The validator reads the block size from the torch-free WireFormat; the MXFP8 module's
     constant must not drift from it."""
-    from mxfp8_ep.mxfp8 import BLOCK_SIZE
+    from mxfp8_ep.format.mxfp8 import BLOCK_SIZE
 
     assert BLOCK_SIZE == WireFormat.MXFP8.block_size == 32
 

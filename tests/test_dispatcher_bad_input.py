@@ -56,10 +56,10 @@ def _bad_input(rank, world):
 
 def _non_finite(rank, world):
     """Token 0 has a NaN (column 5), token 1 a +inf (column 40), tokens 2-3 are finite; every
-    row goes to another rank. What mxfp8_ep/mxfp8.py says an MXFP8 leg does: a NaN makes its
+    row goes to another rank. What mxfp8_ep/format/mxfp8.py says an MXFP8 leg does: a NaN makes its
     whole 32-block NaN; an inf comes back inf and flushes the finite elements of its block to
     zero (scale 2**127); other blocks and tokens stay finite. bf16 legs carry them as they are."""
-    from mxfp8_ep.mxfp8 import BLOCK_SIZE
+    from mxfp8_ep.format.mxfp8 import BLOCK_SIZE
 
     setup_rank()
     dim = 2 * BLOCK_SIZE

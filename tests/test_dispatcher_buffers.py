@@ -166,7 +166,7 @@ def _staging_sizes(rank, world):
     the token rows. Identity experts: out = x (s0 + s1), x grad = s0 + s1, score grads = sum(x).
     And the DeepSeek-V3-like layer's staging rows: its tokens on every rank, nothing more."""
     from mxfp8_ep.dispatcher.symm import _BUFFERS
-    from mxfp8_ep.capacity import expert_major_capacity
+    from mxfp8_ep.exchange.capacity import expert_major_capacity
 
     setup_rank()
     tokens, dim = MAX_TOKENS - rank, 32
@@ -192,7 +192,7 @@ def _staging_sizes(rank, world):
     # What is allocated is the rule the recipe's memory estimate reads (``capacity.symm_staging_bytes``):
     # the worst case's capacity-sized areas, whatever the elastic capacity.
     from launch.config.memory import EXPERT_ALIGN
-    from mxfp8_ep.capacity import symm_staging_bytes
+    from mxfp8_ep.exchange.capacity import symm_staging_bytes
 
     for flag in (True, False):
         _BUFFERS.clear()
@@ -217,7 +217,7 @@ def _staging_sizes(rank, world):
 
 def test_symm_staging_buffers_hold_what_the_legs_store():
     """With top-k > 1 the symm transport's staging buffers hold token rows, not the drop-free
-    expert-major capacity (``mxfp8_ep.capacity.staging_rows``); at a small dim with large
+    expert-major capacity (``mxfp8_ep.exchange.capacity.staging_rows``); at a small dim with large
     expert padding the score gradients combine's backward returns through them still fit; the
     rule the recipe's memory estimate reads (``capacity.symm_staging_bytes``) counts the bytes
     they take."""

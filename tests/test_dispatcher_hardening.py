@@ -29,7 +29,7 @@ import torch.distributed as dist
 from mxfp8_ep.config import FIELD_CHOICES, A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher, checks
 from mxfp8_ep.dispatcher.base import UNAGREED_FIELDS
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.kernels.launch_shapes import KernelShapes, LaunchShape
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
 from tests.round_trips import MAX_TOKENS, TRANSPORTS, replayed, round_trip, timed_dispatch, to_next_rank
 

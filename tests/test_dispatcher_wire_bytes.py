@@ -1,4 +1,4 @@
-"""Both transports report the bytes each leg put on the wire (``mxfp8_ep.wire_stats``, the
+"""Both transports report the bytes each leg put on the wire (``mxfp8_ep.telemetry.wire_stats``, the
 recipe's ``a2a/bytes_per_step``): nccl from its host split lists, symm from device row counts
 read at the snapshot. A leg's count is the rows that left the rank times the leg format's row
 size; the same routing gives the same counts on both transports, except on symm with top-k > 1
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep import wire_stats
+from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher
 from tests.moe_harness import preload, run_forked, setup_rank

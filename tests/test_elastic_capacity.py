@@ -25,8 +25,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep import elastic, routing
-from mxfp8_ep.capacity import (
+from mxfp8_ep import elastic
+from mxfp8_ep.exchange import routing
+from mxfp8_ep.exchange.capacity import (
     GROWTH_HEADROOM,
     CapacityStep,
     expert_major_capacity,
@@ -182,7 +183,7 @@ def test_the_triton_kernels_at_the_default_capacity_match_the_worst_case():
     receiving kernels of both MXFP8 cases (token-once pushes with partial sums; row by row)
     run at a cut capacity, then at the grown one. (tests/test_symm_kernels.py holds every
     kernel to its torch twin, bf16 included.)"""
-    import mxfp8_ep.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
+    import mxfp8_ep.exchange.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
 
     preload(titan=False)
     run_forked(2, _match_the_worst_case, "triton", [("all_to_one", case) for case in CASES[1:]], timeout_s=300)
@@ -874,7 +875,7 @@ def _more_edges(rank, world):
 
     from torch.utils.checkpoint import checkpoint
 
-    from mxfp8_ep.numerics import PROBE
+    from mxfp8_ep.telemetry.numerics import PROBE
 
     setup_rank()
     num_experts, (preset, top_k, score_before) = 4 * world, CASES[1]
@@ -948,7 +949,7 @@ def _more_edges(rank, world):
         release_peer_buffers()
         dispatcher = build(chosen="mxfp8_all")
         earlier = torch.arange(len(next(iter(once.values()))), dtype=torch.float64)
-        from mxfp8_ep.numerics import LegStats
+        from mxfp8_ep.telemetry.numerics import LegStats
 
         PROBE._stats[("an earlier step", "dispatch_fwd")] = LegStats(earlier.clone())
         _, replays = replayed(lambda: round_trip(dispatcher, *skewed))

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torchtitan.models.moe.moe import _run_experts_grouped_mm
 
-from mxfp8_ep import grouped_experts
-from mxfp8_ep.grouped_experts import grouped_swiglu
+from mxfp8_ep.kernels import expert_kernels as grouped_experts
+from mxfp8_ep.kernels.expert_kernels import grouped_swiglu
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -1,9 +1,10 @@
 """No import circles: within ``mxfp8_ep``, and within ``launch``, no module imports, directly or
 through others, a module that imports it, counting imports made inside functions too (a deferred
 import hides a circle, it does not remove it). A circle fails the test, which lists its modules.
-And ``launch``'s subpackages only import downward (``launch.LAYERS``, lowest first): an import
-from a subpackage into one above it, or into a command (``launch/train.py``), fails the test,
-which names the import."""
+And both packages only import downward through their layers (``launch.LAYERS``,
+``mxfp8_ep.LAYERS``, lowest first): an import from a subpackage into one above it, or into a
+module above every layer (``launch/train.py``, ``mxfp8_ep/titan030.py``), fails the test, which
+names the import. ``mxfp8_ep`` keeps at most six modules at its top beside its subpackages."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import mxfp8_ep
 from launch import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,8 +98,10 @@ def test_no_import_cycles(package):
 
 
 def layer_of(module: str, layers: tuple[str, ...]) -> int:
-    """Where a module of ``launch`` sits: its subpackage's place in ``layers``; the commands
-    (``launch.train``, ``launch.compare_runs``) and the package itself sit above every layer."""
+    """Where a module of ``launch`` or ``mxfp8_ep`` sits: its subpackage's (or, for a module at
+    the package's top, its own) place in ``layers``; the modules at the top that ``layers`` does
+    not name (``launch.train``, ``mxfp8_ep.elastic``) and the package itself sit above every
+    layer."""
     parts = module.split(".")
     if len(parts) > 2 or (len(parts) == 2 and parts[1] in layers):
         return layers.index(parts[1])
@@ -105,7 +109,7 @@ def layer_of(module: str, layers: tuple[str, ...]) -> int:
 
 
 def upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(importer, imported) for every import between two parts of ``launch`` that goes up."""
+    """(importer, imported) for every import between two parts of a package that goes up."""
     return sorted((a, b) for a, targets in graph.items() for b in targets
                   if layer_of(b, layers) > layer_of(a, layers))
 
@@ -128,3 +132,27 @@ def test_launch_imports_only_go_down_its_layers():
     graph = import_graph("launch")
     assert {"launch.preflight.validate", "launch.titan.runner", "launch.train"} <= set(graph)
     assert upward_imports(graph, LAYERS) == []
+
+
+def test_the_layer_scan_places_the_modules_at_mxfp8_eps_top():
+    graph = {"mxfp8_ep.format.mxfp8": {"mxfp8_ep.config"}, "mxfp8_ep.config": {"mxfp8_ep.format.wire_format"},
+             "mxfp8_ep.exchange.staging": {"mxfp8_ep.elastic"}, "mxfp8_ep.elastic": {"mxfp8_ep.pool.activation_pool"}}
+    assert upward_imports(graph, ("format", "config", "exchange", "pool")) == [
+        ("mxfp8_ep.exchange.staging", "mxfp8_ep.elastic"), ("mxfp8_ep.format.mxfp8", "mxfp8_ep.config")]
+
+
+def test_every_mxfp8_ep_part_has_a_layer():
+    top = ROOT / "mxfp8_ep"
+    subpackages = {p.parent.name for p in top.glob("*/__init__.py")}
+    assert subpackages <= set(mxfp8_ep.LAYERS)
+    assert set(mxfp8_ep.LAYERS) - subpackages <= {p.stem for p in top.glob("*.py")}
+
+
+def test_mxfp8_ep_keeps_six_modules_at_its_top():
+    assert len([p for p in (ROOT / "mxfp8_ep").glob("*.py") if p.name != "__init__.py"]) <= 6
+
+
+def test_mxfp8_ep_imports_only_go_down_its_layers():
+    graph = import_graph("mxfp8_ep")
+    assert {"mxfp8_ep.format.mxfp8", "mxfp8_ep.dispatcher.symm", "mxfp8_ep.titan030"} <= set(graph)
+    assert upward_imports(graph, mxfp8_ep.LAYERS) == []

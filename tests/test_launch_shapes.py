@@ -1,4 +1,4 @@
-"""Launch shapes (``mxfp8_ep.launch_shapes``): a bad shape is a clear error when it is made, and
+"""Launch shapes (``mxfp8_ep.kernels.launch_shapes``): a bad shape is a clear error when it is made, and
 a dispatcher hands every kernel call of a leg the shape its config gives that leg's format
 (``TokenDispatcher.Config.launch_shapes``), the format's default where the config gives none.
 Whether the kernels give the same bits at other shapes is tests/test_symm_kernels.py's."""
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import LEG_FORMATS, A2AConfig
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.kernels.launch_shapes import KernelShapes, LaunchShape
 from tests.moe_harness import preload, run_forked
 
 KERNELS = ("push_rows", "push_tokens", "push_partials", "receive_rows", "reduce_slots")
@@ -63,7 +63,7 @@ def _overrides() -> dict[str, KernelShapes]:
 
 
 def _record(rank, world, top_k, transport, launch_shapes, calls):
-    from mxfp8_ep import symm_reference
+    from mxfp8_ep.exchange import symm_reference
     from mxfp8_ep.dispatcher import TokenDispatcher
 
     torch.manual_seed(rank)

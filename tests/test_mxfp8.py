@@ -8,7 +8,7 @@ import zlib
 import pytest
 import torch
 
-from mxfp8_ep.mxfp8 import (
+from mxfp8_ep.format.mxfp8 import (
     BLOCK_SIZE,
     E4M3_MAX,
     MXFP8Tensor,

@@ -1,4 +1,4 @@
-"""The quantization telemetry (``mxfp8_ep.numerics``): its statistics against values worked out
+"""The quantization telemetry (``mxfp8_ep.telemetry.numerics``): its statistics against values worked out
 by hand on crafted blocks, that an unarmed probe does no work at all and an armed one no host
 sync, the sums over ranks, and that the dispatchers report what each MXFP8 leg quantizes (gloo,
 both transports): the weighted rows where a leg sends weighted rows, the partial sums where symm
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mxfp8_ep.config import NUMERICS_STATS
-from mxfp8_ep.numerics import PROBE, SAMPLE_ROWS, LegStats, NumericsProbe, reduce_over_ranks, sample_rows
+from mxfp8_ep.telemetry.numerics import PROBE, SAMPLE_ROWS, LegStats, NumericsProbe, reduce_over_ranks, sample_rows
 from tests.moe_harness import preload, run_forked, setup_rank
 from tests.round_trips import MAX_TOKENS, build_dispatcher, rank_transports
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep import peer_memory
+from mxfp8_ep.exchange import peer_memory
 from tests.distributed import run_on_ranks
 
 _OPENED: list[tuple[int, int]] = []  # (rank that made the share, its number there), as opened here

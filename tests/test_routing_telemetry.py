@@ -1,4 +1,4 @@
-"""The routing telemetry: ``mxfp8_ep.routing_stats`` against hand-computed loads, the recipe's
+"""The routing telemetry: ``mxfp8_ep.telemetry.routing_stats`` against hand-computed loads, the recipe's
 step bookkeeping (``launch.titan.routing_telemetry``) on stand-in MoE layers, and training runs
 at EP=1 and EP=2 (symm, with replays) that write it to wandb, ``routing.jsonl`` and the summary."""
 
@@ -16,7 +16,7 @@ from launch.run.run_dir import ROUTING_LOG
 from launch.run.run_summary import RunSummary, imbalance_metric
 from launch.titan.routing_telemetry import RoutingTelemetry
 from mxfp8_ep.elastic import LOAD_BALANCE_BUFFERS
-from mxfp8_ep.routing_stats import busiest_rank_load, imbalance_degrees
+from mxfp8_ep.telemetry.routing_stats import busiest_rank_load, imbalance_degrees
 
 
 # --------------------------------------------------------------------------------- the library

@@ -1,5 +1,5 @@
-"""The symm transport's Triton kernels (``mxfp8_ep/symm_kernels.py``) against their torch twins
-(``mxfp8_ep/symm_reference.py``), through the dispatcher on 2 and 3 gloo ranks whose peer
+"""The symm transport's Triton kernels (``mxfp8_ep/exchange/symm_kernels.py``) against their torch twins
+(``mxfp8_ep/exchange/symm_reference.py``), through the dispatcher on 2 and 3 gloo ranks whose peer
 memory is the CPU emulation (shared-memory files). On CPU the kernels run under the Triton
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when there is no GPU). On a GPU machine
 the same tests run the compiled kernels on CUDA tensors, the dispatcher's ranks sharing GPU 0
@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import LEG_FORMATS, PRESETS, SCALE_ROUNDINGS, A2AConfig
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
-from mxfp8_ep.peer_memory import OneProcessPeers
-from mxfp8_ep.staging import StagedLeg
+from mxfp8_ep.kernels.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.exchange.peer_memory import OneProcessPeers
+from mxfp8_ep.exchange.staging import StagedLeg
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, run_forked
 from tests.round_trips import replayed
@@ -204,7 +204,7 @@ def _check(rank, world, cases):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_triton_kernels_equal_torch_twins(world):
-    import mxfp8_ep.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
+    import mxfp8_ep.exchange.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
 
     preload(titan=False)
     cases = _cases(world)
@@ -233,9 +233,9 @@ def test_triton_kernels_equal_torch_twins(world):
 def test_push_rows_only_pushes_the_rows_it_names(fmt):
     """``push_rows(pushed=...)``: ``local`` stores only the rows that stay, ``remote`` only those
     that leave, ``all`` both; kernel and twin give the same bytes; anything else is an error."""
-    from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.peer_memory import LocalBuffer
-    from mxfp8_ep.staging import staging_nbytes
+    from mxfp8_ep.exchange import symm_kernels, symm_reference
+    from mxfp8_ep.exchange.peer_memory import LocalBuffer
+    from mxfp8_ep.exchange.staging import staging_nbytes
 
     g = torch.Generator().manual_seed(3)
     src = torch.randn(6, 64, generator=g).bfloat16().to(DEVICE)
@@ -271,7 +271,7 @@ def test_routing_tables_kernel_equals_its_twin():
     ``align`` blocks, summing to at most the capacity), the rows needed raised alike."""
     from dataclasses import fields
 
-    from mxfp8_ep import routing, symm_kernels, symm_reference
+    from mxfp8_ep.exchange import routing, symm_kernels, symm_reference
 
     g = torch.Generator().manual_seed(11)
     checked = 0
@@ -316,7 +316,7 @@ def _same_field(got, want) -> bool:
 
 def test_push_counts_kernel_equals_its_twin():
     """Every rank's row of the count table: its counts, its token count, its fault word."""
-    from mxfp8_ep import symm_kernels, symm_reference
+    from mxfp8_ep.exchange import symm_kernels, symm_reference
 
     world, experts = 3, 6
     tables = {}
@@ -355,9 +355,9 @@ def check_push_tokens(device) -> int:
       against its own expert row, before the score multiplies it.
 
     Returns the cases checked."""
-    from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.mxfp8 import quantize_reference
-    from mxfp8_ep.staging import (
+    from mxfp8_ep.exchange import symm_kernels, symm_reference
+    from mxfp8_ep.format.mxfp8 import quantize_reference
+    from mxfp8_ep.exchange.staging import (
         decode_rows,
         row_weights,
         staging_buffer_nbytes,
@@ -521,10 +521,10 @@ def check_push_partials(device) -> int:
     buffer at row ``rank * max_tokens + token``; ``sent`` counts them; rows that stay, padding
     and tokens without rows here send nothing. Every other case is weighted (combine's forward):
     each row times its fp32 weight. Returns the cases checked."""
-    from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.mxfp8 import quantize_reference
-    from mxfp8_ep.staging import staging_nbytes, staging_views
-    from mxfp8_ep.symm_reference import partial_slots
+    from mxfp8_ep.exchange import symm_kernels, symm_reference
+    from mxfp8_ep.format.mxfp8 import quantize_reference
+    from mxfp8_ep.exchange.staging import staging_nbytes, staging_views
+    from mxfp8_ep.exchange.symm_reference import partial_slots
 
     g = torch.Generator().manual_seed(23)
     checked = 0
@@ -582,7 +582,7 @@ def test_push_partials_sends_one_sum_per_token_and_rank():
 
 
 def test_partial_stage_rows_name_each_owner_once_per_token():
-    from mxfp8_ep.symm_reference import partial_stage_rows
+    from mxfp8_ep.exchange.symm_reference import partial_stage_rows
 
     # 3 tokens x top-4 on rank 1 of 3; max_tokens 5. Sorted row n = slot n here (sorted_row = identity).
     owner = torch.tensor([[0, 2, 0, 1], [1, 1, 1, 1], [2, 2, 0, 2]])
@@ -599,9 +599,9 @@ def check_partial_round_trip(device) -> int:
     rank weights its rows (``push_partials(weight=...)``), the token's rank only the rows it
     kept (``reduce_slots(weigh_staged=False)``), against the fp64 sum of score times row.
     Returns the cases checked."""
-    from mxfp8_ep import symm_kernels, symm_reference
-    from mxfp8_ep.staging import staging_nbytes
-    from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows
+    from mxfp8_ep.exchange import symm_kernels, symm_reference
+    from mxfp8_ep.exchange.staging import staging_nbytes
+    from mxfp8_ep.exchange.symm_reference import partial_slots, partial_stage_rows
 
     g = torch.Generator().manual_seed(29)
     checked = 0

@@ -43,7 +43,8 @@ def _run_model(family, preset, tokens, ep_mesh):
     device = tokens.device
     from torchtitan.models.llama4.infra.parallelize import apply_moe_ep_tp
 
-    from mxfp8_ep import A2AConfig, wire_stats
+    from mxfp8_ep import A2AConfig
+    from mxfp8_ep.telemetry import wire_stats
     from mxfp8_ep.titan022 import install_expert_parallel, uninstall_expert_parallel
 
     model, args = _build(family, seed=0)

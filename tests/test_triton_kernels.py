@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
-from mxfp8_ep.quantize import dequantize, quantize
-from mxfp8_ep.triton_kernels import dequantize_triton, quantize_triton
+from mxfp8_ep.format.mxfp8 import dequantize_reference, quantize_reference
+from mxfp8_ep.kernels.quantize import dequantize, quantize
+from mxfp8_ep.kernels.triton_kernels import dequantize_triton, quantize_triton
 from tests.test_mxfp8 import assert_bits_equal, edge_blocks, random_input
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,8 +56,8 @@ def test_quantize_runs_the_kernel_it_picks_and_the_kernels_agree(monkeypatch):
     """``kernel="auto"`` is Triton on CUDA and the torch reference elsewhere; ``triton`` and
     ``torch`` run what they name (seen through spies on both implementations), and the two
     give the same bits."""
-    import mxfp8_ep.quantize as quantize_module
-    import mxfp8_ep.triton_kernels as triton_module
+    import mxfp8_ep.kernels.quantize as quantize_module
+    import mxfp8_ep.kernels.triton_kernels as triton_module
 
     ran = []
     for module, name, tag in ((triton_module, "quantize_triton", "triton"),

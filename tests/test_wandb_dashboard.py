@@ -19,7 +19,7 @@ from launch.run.run_summary import RECIPE_CONFIG, imbalance_metric, parse_numeri
 from launch.titan.metrics import RecipeMetricsProcessor, RunHistory
 from launch.tools import wandb_dashboard as board
 from launch.tools.compare_runs import main as compare_main
-from mxfp8_ep import wire_stats
+from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.config import LEGS, NUMERICS_STATS
 from tests.figures import saved_figures
 from tests.hydra_compose import compose_cfg

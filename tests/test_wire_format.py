@@ -1,4 +1,4 @@
-"""The wire-format seam (``mxfp8_ep.wire_format``): every format's facts agree with the staging
+"""The wire-format seam (``mxfp8_ep.format.wire_format``): every format's facts agree with the staging
 layout and its reference codec, and the format module is the only code in the library, the
 recipe and the benchmarks that tells formats apart by name or member, and (with the format's
 own codec and kernels) that holds a format's constants (``tests.seam_scan``)."""
@@ -8,19 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mxfp8_ep.launch_shapes import KernelShapes
-from mxfp8_ep.staging import decode_rows, encode_rows, staged_row_nbytes, staging_views, store_rows
-from mxfp8_ep.wire_format import WireFormat, wire_format
+from mxfp8_ep.kernels.launch_shapes import KernelShapes
+from mxfp8_ep.exchange.staging import decode_rows, encode_rows, staged_row_nbytes, staging_views, store_rows
+from mxfp8_ep.format.wire_format import WireFormat, wire_format
 from tests.seam_scan import ROOT, FORMAT_MODULES, format_branches, format_constants, found_in, scanned_files
 
-FORMAT_MODULE = ROOT / "mxfp8_ep" / "wire_format.py"
+FORMAT_MODULE = ROOT / "mxfp8_ep" / "format" / "wire_format.py"
 
 
 def test_only_the_format_module_branches_on_formats():
     """The library, the recipe (launch/) and the benchmarks ask ``WireFormat``, never compare
     with a format's name or member, nor list the format names by hand."""
     found = found_in(scanned_files(FORMAT_MODULE), format_branches)
-    assert found == {}, f"format branches outside mxfp8_ep/wire_format.py (ask WireFormat): {found}"
+    assert found == {}, f"format branches outside mxfp8_ep/format/wire_format.py (ask WireFormat): {found}"
 
 
 def test_the_format_scan_finds_each_kind_of_branch():
@@ -40,11 +40,11 @@ def test_format_constants_come_from_the_format():
     files = scanned_files(FORMAT_MODULE)
     found = found_in({p: s for p, s in files.items() if p not in FORMAT_MODULES}, format_constants)
     assert found == {}, f"format constants outside the format's modules (ask WireFormat): {found}"
-    assert set(FORMAT_MODULES) <= {*files, "mxfp8_ep/wire_format.py"}, "a format module moved: update the list"
+    assert set(FORMAT_MODULES) <= {*files, "mxfp8_ep/format/wire_format.py"}, "a format module moved: update the list"
 
 
 def test_the_constant_scan_finds_each_kind():
-    assert format_constants("from mxfp8_ep.mxfp8 import BLOCK_SIZE, E4M3_MAX\n") == [1]
+    assert format_constants("from mxfp8_ep.format.mxfp8 import BLOCK_SIZE, E4M3_MAX\n") == [1]
     assert format_constants("E8M0_BIAS = 127\n") == [1]
     assert format_constants("x = q.abs() == 448.0\n") == [1]
     assert format_constants("block = WireFormat.MXFP8.block_size\n") == []

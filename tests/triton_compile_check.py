@@ -14,12 +14,12 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mxfp8_ep import check_kernels as ck  # noqa: E402
-from mxfp8_ep import grouped_experts as ge  # noqa: E402
-from mxfp8_ep import symm_kernels as sk  # noqa: E402
-from mxfp8_ep import triton_kernels as tk  # noqa: E402
-from mxfp8_ep.launch_shapes import KernelShapes  # noqa: E402
-from mxfp8_ep.wire_format import WireFormat  # noqa: E402
+from mxfp8_ep.kernels import check_kernels as ck  # noqa: E402
+from mxfp8_ep.kernels import expert_kernels as ge  # noqa: E402
+from mxfp8_ep.exchange import symm_kernels as sk  # noqa: E402
+from mxfp8_ep.kernels import triton_kernels as tk  # noqa: E402
+from mxfp8_ep.kernels.launch_shapes import KernelShapes  # noqa: E402
+from mxfp8_ep.format.wire_format import WireFormat  # noqa: E402
 
 QUANT = {"x_ptr": None, "data_ptr": "*u8", "scale_ptr": "*u8", "M": "i32", "K": "i32",
          "IN_BF16": "constexpr", "ROUNDING": "constexpr", "BLOCK_M": "constexpr", "BLOCK_K": "constexpr"}

@@ -21,7 +21,7 @@ Per process (rank):
   all MoE layers together (a rank's rows summed over the layers, far closer to balanced than
   its busiest layer's), kept like the rest of the layer under the checkpointing, less the last
   such layer (``activation_pool_size.pooled_layers``); only one layer's expert-side tensors
-  live at its capacity (``mxfp8_ep.capacity``: ``a2a.capacity_factor x top_k`` rows per token
+  live at its capacity (``mxfp8_ep.exchange.capacity``: ``a2a.capacity_factor x top_k`` rows per token
   plus padding, ``EP x top_k`` at the worst case): the layer being computed, or the last one,
   kept as it is for its backward. At ``capacity_factor=None`` (nothing grows, nothing reruns) every
   layer's tensors hold the worst case. The all-to-all (nccl) keeps the rows received, ``top_k``
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launch.config.model_facts import ModelFacts
-from mxfp8_ep import activation_pool_size
-from mxfp8_ep.capacity import expert_major_capacity, symm_staging_bytes
+from mxfp8_ep.pool import activation_pool_size
+from mxfp8_ep.exchange.capacity import expert_major_capacity, symm_staging_bytes
 from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_FACTOR)
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
 
@@ -96,7 +96,7 @@ def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
 
 
 def symm_capacity(m: ModelFacts, tokens: int, ep: int, capacity_factor: float | None) -> int:
-    """Rows of the symm transport's expert-major tensors (``mxfp8_ep.capacity``)."""
+    """Rows of the symm transport's expert-major tensors (``mxfp8_ep.exchange.capacity``)."""
     return expert_major_capacity(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN, capacity_factor)
 
 
@@ -110,7 +110,7 @@ def expert_row_bytes(m: ModelFacts) -> int:
 
 def pool_rows(m: ModelFacts, tokens: int, ep: int, pool_factor: float) -> int:
     """Rows the symm transport's activation pool holds per rank and step
-    (``mxfp8_ep.activation_pool_size.pool_rows``): ``pool_factor`` times one layer's balanced
+    (``mxfp8_ep.pool.activation_pool_size.pool_rows``): ``pool_factor`` times one layer's balanced
     rows (``tokens x top_k``, plus each local expert's padding), summed over the MoE layers."""
     return activation_pool_size.pool_rows(tokens, m.top_k, ep, m.num_experts // ep, EXPERT_ALIGN, m.n_moe_layers,
                                           pool_factor)
@@ -118,7 +118,7 @@ def pool_rows(m: ModelFacts, tokens: int, ep: int, pool_factor: float) -> int:
 
 def pooled_row_bytes(m: ModelFacts, combine_partial_sums: bool) -> int:
     """Bytes the pool holds per routed row of one MoE layer
-    (``mxfp8_ep.activation_pool_size.pooled_row_bytes``, bf16)."""
+    (``mxfp8_ep.pool.activation_pool_size.pooled_row_bytes``, bf16)."""
     return activation_pool_size.pooled_row_bytes(m.dim, m.moe_hidden_dim, BF16, m.top_k > 1 and combine_partial_sums)
 
 

@@ -35,7 +35,7 @@ from launch.run.console import format_eta
 from launch.titan.data import check_data
 from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
 from mxfp8_ep.transport import Transport
-from mxfp8_ep.wire_format import WireFormat, quantized_formats
+from mxfp8_ep.format.wire_format import WireFormat, quantized_formats
 
 WANDB_MODES = ("offline", "online", "disabled")
 ACTIVATION_CHECKPOINT = ("none", "full", "selective")

@@ -1,4 +1,4 @@
-"""The recipe's side of the quantization telemetry (``mxfp8_ep.numerics``): which steps it
+"""The recipe's side of the quantization telemetry (``mxfp8_ep.telemetry.numerics``): which steps it
 samples, its wandb metrics, and its console line.
 
 ``logging.numerics_every=N`` (0: off) arms the library's probe for every N-th training step
@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from launch.run.run_summary import numerics_metric
 from mxfp8_ep.config import LEGS, NUMERICS_STATS
-from mxfp8_ep.numerics import PROBE, reduce_over_ranks
+from mxfp8_ep.telemetry.numerics import PROBE, reduce_over_ranks
 
 # Statistics whose model-wide value is the mean over layers (the others: the range's ends).
 MEAN_STATS = ("rel_l2_err", "saturated_block_frac", "flushed_frac")

@@ -53,7 +53,7 @@ BASELINE = "bf16"
 RECIPE_CONFIG = "recipe"
 
 # MXFP8 numerics telemetry (logging.numerics_every, launch.run.numerics_log): per MoE layer, all-to-all
-# leg (mxfp8_ep.config.LEGS) and statistic (NUMERICS_STATS, defined in mxfp8_ep.numerics),
+# leg (mxfp8_ep.config.LEGS) and statistic (NUMERICS_STATS, defined in mxfp8_ep.telemetry.numerics),
 # "numerics/layer<i>/<leg>/<stat>" (i: torchtitan's block index), and model-wide
 # "numerics/<leg>/<stat>". RunSummary keeps summary statistics of each (numerics); compare_runs
 # sums them up per run.

@@ -11,7 +11,7 @@ ranks of such a run therefore (``join_one_gpu``, before torchtitan's ``Trainer``
 * reduce FSDP's gradients with SUM and scale them apart (gloo has no AVG or PREMUL_SUM:
   ``launch.titan.cpu_compat.force_sum_reduction``, applied by the runner to any gloo run);
 * exchange the EP rows through the symm transport's peer buffers, opened over CUDA IPC, with
-  a barrier over interprocess CUDA events (``mxfp8_ep.peer_memory.share_one_device``).
+  a barrier over interprocess CUDA events (``mxfp8_ep.exchange.peer_memory.share_one_device``).
 
 torch's functional all-gather crashes on CUDA tensors over gloo (torch 2.11), and the nccl
 transport's MXFP8 path exchanges its counts with one, so ``launch/preflight/validate.py`` requires the
@@ -42,7 +42,7 @@ def join_one_gpu(timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
 
-    from mxfp8_ep import peer_memory
+    from mxfp8_ep.exchange import peer_memory
 
     os.environ["LOCAL_RANK"] = "0"
     torch.cuda.set_device(0)

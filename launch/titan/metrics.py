@@ -7,7 +7,7 @@ dashboards match stock torchtitan runs; the names are ``launch.run.run_summary``
 * ``throughput/global_tps``: tokens/s over all ranks (torchtitan's ``throughput(tps)`` is per
   device),
 * ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
-  from ``mxfp8_ep.wire_stats`` (the MXFP8 core records every exchange there),
+  from ``mxfp8_ep.telemetry.wire_stats`` (the MXFP8 core records every exchange there),
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
 * ``a2a/capacity_rows``, ``a2a/replays`` and ``a2a/spills`` (symm transport): the largest
   expert-major capacity, the steps run again after a capacity overflow so far, and those of
@@ -49,7 +49,8 @@ from launch.run import run_summary as names
 from launch.run.console import format_eta, progress_line, validation_line
 from launch.titan.routing_telemetry import RoutingTelemetry
 from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings, start_wandb
-from mxfp8_ep import elastic, wire_stats
+from mxfp8_ep import elastic
+from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.config import LEGS
 
 __all__ = ["RecipeMetrics", "RecipeMetricsProcessor", "RunHistory"]

@@ -218,7 +218,7 @@ def _routing_study_deepseek_v3() -> Any:
 def _routing_study_full_deepseek_v3() -> Any:
     """``routing_study`` at DeepSeek-V3 16B's depth: a dense first layer and 26 MoE layers (the
     16B's 27), at the same reduced width: how a rank's rows summed over every MoE layer of a
-    step compare with its busiest layer's (the activation pool's size, ``mxfp8_ep.activation_pool``)."""
+    step compare with its busiest layer's (the activation pool's size, ``mxfp8_ep.pool.activation_pool``)."""
     return dataclasses.replace(_routing_study_deepseek_v3(), n_layers=27)
 
 

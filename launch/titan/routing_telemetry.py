@@ -1,5 +1,5 @@
 """The recipe's routing telemetry: how many rows the busiest rank would receive, over the
-balanced count, at EP 2, 4, 8 and the run's own EP (``mxfp8_ep.routing_stats``), per training
+balanced count, at EP 2, 4, 8 and the run's own EP (``mxfp8_ep.telemetry.routing_stats``), per training
 step and MoE layer, from the per-expert counts torchtitan's MoE layers already keep on the
 device (``tokens_per_expert`` on torchtitan 0.2.2, ``tokens_per_expert_E`` on 0.3.0:
 ``mxfp8_ep.elastic.LOAD_BALANCE_BUFFERS``). What a user reads to choose ``a2a.capacity_factor``
@@ -40,7 +40,7 @@ import torch.nn as nn
 from launch.run.run_dir import ROUTING_LOG
 from launch.run.run_summary import imbalance_metric
 from mxfp8_ep.elastic import LOAD_BALANCE_BUFFERS
-from mxfp8_ep.routing_stats import busiest_rank_load, imbalance_degrees
+from mxfp8_ep.telemetry.routing_stats import busiest_rank_load, imbalance_degrees
 
 __all__ = ["RoutingTelemetry"]
 

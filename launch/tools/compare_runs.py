@@ -67,7 +67,7 @@ from launch.run.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, Run
                                     parse_numerics_metric, ratio_of_sums)
 from launch.run.shared_gpu import SHARED_GPU_NOTE
 from launch.run.wandb_offline import OfflineRun, read_runs
-from mxfp8_ep.wire_format import quantized_formats
+from mxfp8_ep.format.wire_format import quantized_formats
 
 # An arm is at parity when its end loss lies within the bound of the bf16 reference
 # (``bf16_reference``): with n bf16 seeds of its sweep point,

@@ -21,7 +21,7 @@ travels in the format ``A2AConfig`` gives it. Two transports, one API:
     (dispatch) and into the fp32 top-k reduction (combine). Same kernels, same rows, same
     reduction order as symm: the same bits.
 * ``SymmTokenDispatcher`` (``transport="symm"``): Triton kernels push rows straight into
-  their owner's staging buffer through peer memory (``peer_memory.PeerBuffer``); MXFP8 legs
+  their owner's staging buffer through peer memory (``exchange.peer_memory.PeerBuffer``); MXFP8 legs
   quantize inside that push and dequantize inside the receiving pass, which writes the
   expert-major rows. With top-k > 1 an expert-bound leg (dispatch's forward, combine's
   backward) sends each token once per rank that owns one of its experts, not once per expert;
@@ -39,6 +39,9 @@ autograd), ``symm`` (peer memory) and ``fused_nccl`` (quantized legs over all-to
 transport is one file that registers its class (``register_transport``), imported below so
 that it is registered whenever the package is; its name is a member of
 ``mxfp8_ep.transport.Transport``.
+
+May import ``exchange``, ``telemetry``, ``kernels``, ``config``, ``format`` and ``transport``;
+``pool``, ``elastic`` and the torchtitan integrations above import it (``mxfp8_ep.LAYERS``).
 """
 
 from mxfp8_ep.dispatcher.base import (

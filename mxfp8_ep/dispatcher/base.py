@@ -15,13 +15,13 @@ from typing import Self
 import torch
 import torch.distributed as dist
 
-from mxfp8_ep import numerics
+from mxfp8_ep.telemetry import numerics
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import checks
-from mxfp8_ep.launch_shapes import KernelShapes, kernel_shapes
-from mxfp8_ep.quantize import resolve_kernel
+from mxfp8_ep.kernels.launch_shapes import KernelShapes, kernel_shapes
+from mxfp8_ep.kernels.quantize import resolve_kernel
 from mxfp8_ep.transport import Transport, resolve
-from mxfp8_ep.wire_format import WIRE_FORMATS
+from mxfp8_ep.format.wire_format import WIRE_FORMATS
 
 _TRANSPORTS: dict[Transport, list[type[TokenDispatcher]]] = {}
 
@@ -243,7 +243,7 @@ class TokenDispatcher:
         return checks.host_fault_routing(cfg.num_experts, fault.fault, x_TD.device), fault
 
     def _observing(self, leg: str) -> bool:
-        """Whether the numerics telemetry (``mxfp8_ep.numerics``) takes ``leg`` now: it is armed
+        """Whether the numerics telemetry (``mxfp8_ep.telemetry.numerics``) takes ``leg`` now: it is armed
         and the leg is MXFP8. Host state only."""
         return numerics.PROBE.armed and self.config.a2a.wire_format(leg).quantized
 

@@ -16,7 +16,7 @@ Three kinds, by where they can be decided:
   its own error; the peers raise ``DispatchInputError`` naming it.
 * **Device checks** (``check_routing``): expert ids in ``[0, E)``, counts equal to the ids'
   histogram (so they sum to ``T x top_k``). Two Triton launches on CUDA
-  (``mxfp8_ep.check_kernels``), torch ops elsewhere, no host sync; the routing they return
+  (``mxfp8_ep.kernels.check_kernels``), torch ops elsewhere, no host sync; the routing they return
   is safe to index with whatever the input was (the dispatcher routes by it), so no kernel
   reads or writes out of bounds. Their fault bits travel with the token
   counts each transport exchanges anyway, and every rank checks every rank's bits where it
@@ -232,11 +232,11 @@ def check_routing(topk_expert_ids_TK: torch.Tensor, num_tokens_per_expert_E: tor
     the histogram of the ids in range (what torchtitan's ``histc`` counts); the returned
     counts, the histogram of the returned ids, agree with those ids by construction, so
     routing by them keeps every kernel in bounds. ``kernel="triton"``: the same in two Triton
-    launches (``mxfp8_ep.check_kernels``), of which this torch code is the twin."""
+    launches (``mxfp8_ep.kernels.check_kernels``), of which this torch code is the twin."""
     ids = topk_expert_ids_TK.reshape(-1).to(torch.int64)
     counts = num_tokens_per_expert_E.to(device=ids.device, dtype=torch.int64)
     if kernel == "triton":
-        from mxfp8_ep import check_kernels
+        from mxfp8_ep.kernels import check_kernels
 
         bits = {f.name: int(f) for f in (Fault.EXPERT_ID, Fault.COUNTS, Fault.COUNTS_SUM)}
         safe, routed, fault = check_kernels.check_routing(ids.contiguous(), counts.contiguous(), num_experts, bits)

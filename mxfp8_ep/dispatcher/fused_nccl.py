@@ -7,13 +7,14 @@ from __future__ import annotations
 import torch
 import torch.distributed._functional_collectives as funcol
 
-from mxfp8_ep import routing, wire_stats
+from mxfp8_ep.exchange import routing
+from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import register_transport
 from mxfp8_ep.dispatcher.nccl import HostCopy
 from mxfp8_ep.dispatcher.push import ExchangeSplits, ExpertRowRouting, PushTokenDispatcher
-from mxfp8_ep.peer_memory import LocalBuffer
-from mxfp8_ep.staging import staged_row_nbytes
+from mxfp8_ep.exchange.peer_memory import LocalBuffer
+from mxfp8_ep.exchange.staging import staged_row_nbytes
 from mxfp8_ep.transport import Transport
 
 # torch 2.13 renamed funcol.all_gather_tensor to all_gather_single (the old name warns); the GPU

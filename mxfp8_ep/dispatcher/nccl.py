@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed._functional_collectives as funcol
 
-from mxfp8_ep import routing
-from mxfp8_ep.all_to_all import all_to_all_v
+from mxfp8_ep.exchange import routing
+from mxfp8_ep.exchange.all_to_all import all_to_all_v
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 from mxfp8_ep.transport import Transport

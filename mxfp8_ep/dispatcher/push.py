@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from mxfp8_ep.dispatcher.base import TokenDispatcher
-from mxfp8_ep.quantize import resolve_kernel
-from mxfp8_ep.staging import StagedLeg
+from mxfp8_ep.kernels.quantize import resolve_kernel
+from mxfp8_ep.exchange.staging import StagedLeg
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,9 @@ class PushTokenDispatcher(TokenDispatcher):
 
     def kernels(self, device: torch.device):
         if resolve_kernel(self.config.a2a.kernel, device) == "triton":
-            from mxfp8_ep import symm_kernels as kernels
+            from mxfp8_ep.exchange import symm_kernels as kernels
         else:
-            from mxfp8_ep import symm_reference as kernels
+            from mxfp8_ep.exchange import symm_reference as kernels
         return kernels
 
     def _routing(self, x_TD, checked, fault):  # noqa: N803

@@ -47,14 +47,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mxfp8_ep import wire_stats
-from mxfp8_ep.capacity import expert_major_capacity, next_capacity, staging_rows, worst_case_capacity
+from mxfp8_ep.telemetry import wire_stats
+from mxfp8_ep.exchange.capacity import expert_major_capacity, next_capacity, staging_rows, worst_case_capacity
 from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
-from mxfp8_ep.peer_memory import PeerBuffer, int64_tensor
-from mxfp8_ep.staging import staging_buffer_nbytes, staging_nbytes, token_map_offset
-from mxfp8_ep.symm_reference import partial_slots, partial_stage_rows, partial_sums
+from mxfp8_ep.exchange.peer_memory import PeerBuffer, int64_tensor
+from mxfp8_ep.exchange.staging import staging_buffer_nbytes, staging_nbytes, token_map_offset
+from mxfp8_ep.exchange.symm_reference import partial_slots, partial_stage_rows, partial_sums
 from mxfp8_ep.transport import Transport
 
 _log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class ReplayScope:
 
     def count_overflow(self, over: torch.Tensor) -> None:
         """Something other than a dispatch's capacity overflowed where ``over`` ((1,) bool or
-        int, on the device) is set (the activation pool: ``mxfp8_ep.activation_pool``): the
+        int, on the device) is set (the activation pool: ``mxfp8_ep.pool.activation_pool``): the
         scope's overflow count rises, its dispatches' rows stay trusted. Device ops only."""
         state = self._state_on(over.device)
         state[0:1].add_(over.to(torch.int64))

@@ -70,7 +70,7 @@ def test_an_overflowed_step_replays_to_the_worst_case_bit_for_bit(tmp_path):
 
 def _pooled(rank: int, world: int, out_dir) -> None:
     """Three layers at the worst case, and at a capacity and activation pool of their own."""
-    from mxfp8_ep import activation_pool
+    from mxfp8_ep.pool import activation_pool
 
     mesh = setup_rank(world)
     activation_pool._FILL = float("nan")  # a backward that read a row past a layer's count shows

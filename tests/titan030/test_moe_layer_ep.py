@@ -33,7 +33,7 @@ titan030 = pytest.importorskip("mxfp8_ep.titan030", exc_type=ImportError)
 import torch  # noqa: E402
 
 from mxfp8_ep.config import A2AConfig  # noqa: E402
-from mxfp8_ep.mxfp8 import BLOCK_SIZE, dequantize_reference, quantize_reference, scale_to_fp32  # noqa: E402
+from mxfp8_ep.format.mxfp8 import BLOCK_SIZE, dequantize_reference, quantize_reference, scale_to_fp32  # noqa: E402
 from tests.moe_harness import rel_err, run_forked  # noqa: E402
 from tests.titan030.moe_layer import MoESpec, reference_config, run_arm, segments, setup_rank  # noqa: E402
 

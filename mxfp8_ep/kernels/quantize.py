@@ -8,7 +8,7 @@ import os
 import torch
 
 from mxfp8_ep.config import KERNELS
-from mxfp8_ep.mxfp8 import (
+from mxfp8_ep.format.mxfp8 import (
     BLOCK_SIZE,
     MXFP8Tensor,
     check_quantizable,
@@ -16,7 +16,7 @@ from mxfp8_ep.mxfp8 import (
     dequantize_reference,
     quantize_reference,
 )
-from mxfp8_ep.wire_format import ELEMENT_E4M3, SCALE_E8M0, WireFormat
+from mxfp8_ep.format.wire_format import ELEMENT_E4M3, SCALE_E8M0, WireFormat
 
 
 def encodes(fmt: WireFormat) -> bool:
@@ -43,7 +43,7 @@ def resolve_kernel(kernel: str, device: torch.device) -> str:
 @torch.library.custom_op("mxfp8_ep::quantize", mutates_args=())
 def _quantize_op(x: torch.Tensor, rounding: str, kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
     if resolve_kernel(kernel, x.device) == "triton":
-        from mxfp8_ep.triton_kernels import quantize_triton
+        from mxfp8_ep.kernels.triton_kernels import quantize_triton
 
         q = quantize_triton(x, rounding)
     else:
@@ -64,7 +64,7 @@ def _dequantize_op(
 ) -> torch.Tensor:
     q = MXFP8Tensor(data, scale)
     if resolve_kernel(kernel, data.device) == "triton":
-        from mxfp8_ep.triton_kernels import dequantize_triton
+        from mxfp8_ep.kernels.triton_kernels import dequantize_triton
 
         return dequantize_triton(q, dtype)
     return dequantize_reference(q, dtype)

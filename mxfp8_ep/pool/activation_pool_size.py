@@ -1,4 +1,4 @@
-"""How large the symm transport's activation pool is (``mxfp8_ep.activation_pool``), as plain
+"""How large the symm transport's activation pool is (``mxfp8_ep.pool.activation_pool``), as plain
 arithmetic (no torch): the pool allocates these rows and the recipe's memory estimate before
 launch (``launch/config/memory.py``) can read the same numbers.
 
@@ -13,13 +13,13 @@ gradients.
 
 from __future__ import annotations
 
-from mxfp8_ep.capacity import expert_major_capacity, worst_case_capacity
+from mxfp8_ep.exchange.capacity import expert_major_capacity, worst_case_capacity
 
 
 def pooled_row_bytes(dim: int, moe_hidden_dim: int, activation_bytes: int = 2,
                      combine_keeps_expert_rows: bool = True) -> int:
     """Bytes the pool holds per routed row of one MoE layer (grouped SwiGLU experts,
-    ``mxfp8_ep.grouped_experts``): the routed input (``dim``), ``h1``, ``h3`` and their product
+    ``mxfp8_ep.kernels.expert_kernels``): the routed input (``dim``), ``h1``, ``h3`` and their product
     (``moe_hidden_dim`` each) and, with ``combine_keeps_expert_rows``, the expert outputs
     (``dim``), each in the activation dtype (``activation_bytes``: 2 for bf16)."""
     return activation_bytes * (dim * (2 if combine_keeps_expert_rows else 1) + 3 * moe_hidden_dim)
@@ -28,7 +28,7 @@ def pooled_row_bytes(dim: int, moe_hidden_dim: int, activation_bytes: int = 2,
 def pooled_layers(keeping_layers: float) -> float:
     """MoE layers whose rows the pool holds, of ``keeping_layers`` that keep their expert-side
     tensors for the backward: all but the last of the forward, whose backward runs first and
-    reads its tensors as they are (``mxfp8_ep.activation_pool``)."""
+    reads its tensors as they are (``mxfp8_ep.pool.activation_pool``)."""
     return max(0.0, keeping_layers - 1)
 
 

@@ -4,7 +4,7 @@ The dispatchers report each MXFP8 leg's rows to the process's probe (``PROBE``) 
 per leg (``NumericsProbe.observe``). Unarmed, that call returns at once: no device work, no
 host sync. Armed (a training loop arms it for the steps it samples), it takes a fixed number
 of rows (``SAMPLE_ROWS``, spread evenly over the leg's rows), quantizes them with the format's
-torch reference (``mxfp8_ep.mxfp8``, the run's scale rounding: the same bits as the kernels)
+torch reference (``mxfp8_ep.format.mxfp8``, the run's scale rounding: the same bits as the kernels)
 and adds their statistics to device tensors (``LegStats``), still without a host sync. The
 loop then takes them (``collect``), sums them over ranks (``reduce_over_ranks``) and reads
 them on the host (``LegStats.summary``): the one sync, once per sampled step.
@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep.config import NUMERICS_STATS
-from mxfp8_ep.mxfp8 import dequantize_reference, quantize_reference
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.format.mxfp8 import dequantize_reference, quantize_reference
+from mxfp8_ep.format.wire_format import WireFormat
 
 # The format the statistics describe (its torch reference quantizes the samples); its block
 # size, largest element and scale encoding come from it.

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.launch_shapes import column_tile
-from mxfp8_ep.triton_kernels import _load_fp32, _round_to_activation, _store_fp32
+from mxfp8_ep.kernels.launch_shapes import column_tile
+from mxfp8_ep.kernels.triton_kernels import _load_fp32, _round_to_activation, _store_fp32
 
 
 def grouped_swiglu(x, w1, w2, w3, tokens_per_expert):

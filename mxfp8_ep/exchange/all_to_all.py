@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from mxfp8_ep import wire_stats
-from mxfp8_ep.mxfp8 import MXFP8Tensor, check_quantizable
-from mxfp8_ep.quantize import dequantize, encodes, quantize
-from mxfp8_ep.wire_format import wire_format
+from mxfp8_ep.telemetry import wire_stats
+from mxfp8_ep.format.mxfp8 import MXFP8Tensor, check_quantizable
+from mxfp8_ep.kernels.quantize import dequantize, encodes, quantize
+from mxfp8_ep.format.wire_format import wire_format
 
 
 def _check_splits(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> None:
@@ -60,7 +60,7 @@ def exchange(
     _check_splits(x, output_splits, input_splits, group)
     wire = wire_format(fmt)
     if wire.quantized and not encodes(wire):
-        raise ValueError(f"all_to_all_v quantizes with mxfp8_ep.quantize (e4m3 elements, e8m0 scales), which "
+        raise ValueError(f"all_to_all_v quantizes with mxfp8_ep.kernels.quantize (e4m3 elements, e8m0 scales), which "
                          f"does not encode {wire}")
     if wire.quantized:
         # Fail on every rank before any collective starts: no rank is left waiting.

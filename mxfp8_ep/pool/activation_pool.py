@@ -3,7 +3,7 @@ rows, kept at the rows its routing filled, in one pool shared by every MoE layer
 
 The symm dispatcher hands the experts a tensor of a fixed capacity whose valid rows are a
 prefix (each local expert's rows padded, from row 0; their count is on the device). Autograd
-keeps the experts' input, ``h1``, ``h3`` and their SwiGLU product (``grouped_experts``), and
+keeps the experts' input, ``h1``, ``h3`` and their SwiGLU product (``expert_kernels``), and
 combine's expert outputs when it goes by partial sums, at that capacity. Inside a replay scope
 (``dispatcher.symm.replay_scope``) a layer run through ``pooled_layer`` keeps each of them
 (``torch.autograd.graph.saved_tensors_hooks``) as it is until the next MoE layer's forward
@@ -63,8 +63,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mxfp8_ep.activation_pool_size import pool_rows
-from mxfp8_ep.capacity import POOL_GROWTH_HEADROOM, next_capacity
+from mxfp8_ep.pool.activation_pool_size import pool_rows
+from mxfp8_ep.exchange.capacity import POOL_GROWTH_HEADROOM, next_capacity
 from mxfp8_ep.dispatcher import symm
 
 __all__ = ["NOT_POOLED", "ActivationPool", "combine_keeps_expert_rows", "compact_pending", "needed_rows",
@@ -342,7 +342,7 @@ def _unpack(saved):
         return packed.tensor
     if packed.layer.stale:
         raise RuntimeError("activation pool: this graph's saved rows were given up when a later replay attempt "
-                           "began (mxfp8_ep.activation_pool); run each backward inside the attempt of its forward")
+                           "began (mxfp8_ep.pool.activation_pool); run each backward inside the attempt of its forward")
     if packed.unpacked is None:
         if packed.plane is None:
             out = packed.rows.new_empty(packed.shape)

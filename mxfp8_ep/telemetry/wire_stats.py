@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.format.wire_format import WireFormat
 
 _lock = threading.Lock()
 _bytes: Counter[str] = Counter()

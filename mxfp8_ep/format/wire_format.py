@@ -60,9 +60,9 @@ class WireFormat(StrEnum):
     BF16 = ("bf16", ELEMENT_ACTIVATION, SCALE_NONE, 0, None,
             """Rows travel in the activation's own dtype (bf16 or fp32), unquantized: what torchtitan
             sends.""")
-    MXFP8 = ("mxfp8", ELEMENT_E4M3, SCALE_E8M0, 32, "mxfp8_ep.mxfp8",
+    MXFP8 = ("mxfp8", ELEMENT_E4M3, SCALE_E8M0, 32, "mxfp8_ep.format.mxfp8",
              """OCP microscaling FP8: e4m3 elements with one e8m0 scale byte per 32 consecutive
-             elements of a row (``mxfp8_ep.mxfp8``: the arithmetic, scale rounding ``rceil`` or
+             elements of a row (``mxfp8_ep.format.mxfp8``: the arithmetic, scale rounding ``rceil`` or
              ``floor``). A row of ``D`` elements takes ``D + D / 32`` bytes, about half of bf16's.
              The row width must be a multiple of 32.""")
 

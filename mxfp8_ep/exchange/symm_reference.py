@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from mxfp8_ep import routing
-from mxfp8_ep.staging import StagedLeg, decode_rows, encode_rows, round_trip_rows, store_rows
+from mxfp8_ep.exchange import routing
+from mxfp8_ep.exchange.staging import StagedLeg, decode_rows, encode_rows, round_trip_rows, store_rows
 
 
 # Which rows a push stores (``push_rows(pushed=...)``): all, those that stay on this rank, or

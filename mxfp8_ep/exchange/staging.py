@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mxfp8_ep.capacity import staging_buffer_bytes, token_map_byte_offset
-from mxfp8_ep.launch_shapes import KernelShapes, LaunchShape
-from mxfp8_ep.wire_format import WireFormat, wire_format
+from mxfp8_ep.exchange.capacity import staging_buffer_bytes, token_map_byte_offset
+from mxfp8_ep.kernels.launch_shapes import KernelShapes, LaunchShape
+from mxfp8_ep.format.wire_format import WireFormat, wire_format
 
 if TYPE_CHECKING:
-    from mxfp8_ep.peer_memory import LocalBuffer, PeerBuffer
+    from mxfp8_ep.exchange.peer_memory import LocalBuffer, PeerBuffer
 
 
 @dataclass(frozen=True)

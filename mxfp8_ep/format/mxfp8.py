@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.format.wire_format import WireFormat
 
 BLOCK_SIZE = WireFormat.MXFP8.block_size
 E4M3_MAX = WireFormat.MXFP8.element_max

@@ -40,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.launch_shapes import LaunchShape
-from mxfp8_ep.routing import RoutingTables
-from mxfp8_ep.staging import StagedLeg
-from mxfp8_ep.symm_reference import pushed_rows_index
-from mxfp8_ep.triton_kernels import (
+from mxfp8_ep.kernels.launch_shapes import LaunchShape
+from mxfp8_ep.exchange.routing import RoutingTables
+from mxfp8_ep.exchange.staging import StagedLeg
+from mxfp8_ep.exchange.symm_reference import pushed_rows_index
+from mxfp8_ep.kernels.triton_kernels import (
     _decode_groups,
     _encode_groups,
     _load_decoded,
@@ -55,7 +55,7 @@ from mxfp8_ep.triton_kernels import (
     _store_fp32,
     rounding_code,
 )
-from mxfp8_ep.wire_format import ELEMENT_ACTIVATION, WireFormat
+from mxfp8_ep.format.wire_format import ELEMENT_ACTIVATION, WireFormat
 
 # A leg whose rows travel as they are (``WireFormat.kernel_constants``' ELEMENT).
 _ACTIVATION = tl.constexpr(ELEMENT_ACTIVATION)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from mxfp8_ep.wire_format import WireFormat, wire_format
+from mxfp8_ep.format.wire_format import WireFormat, wire_format
 
 
 def column_tile(dim: int, widest: int = 512, group: int = 32) -> int:

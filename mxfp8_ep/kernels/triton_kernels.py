@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mxfp8_ep.mxfp8 import BLOCK_SIZE, MXFP8Tensor, check_quantizable, check_rounding
-from mxfp8_ep.wire_format import ELEMENT_E4M3, SCALE_E8M0
+from mxfp8_ep.format.mxfp8 import BLOCK_SIZE, MXFP8Tensor, check_quantizable, check_rounding
+from mxfp8_ep.format.wire_format import ELEMENT_E4M3, SCALE_E8M0
 
 _RCEIL = 0
 _FLOOR = 1
