@@ -22,7 +22,8 @@ import threading
 
 import torch
 
-from mxfp8_ep import activation_pool, elastic
+from mxfp8_ep import elastic
+from mxfp8_ep.pool import activation_pool
 from mxfp8_ep.dispatcher import release_peer_buffers, symm
 from tests.moe_harness import bits
 

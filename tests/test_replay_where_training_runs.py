@@ -28,8 +28,9 @@ import weakref
 import pytest
 import torch
 
-from mxfp8_ep import activation_pool, elastic
-from mxfp8_ep.activation_pool_size import pool_rows
+from mxfp8_ep import elastic
+from mxfp8_ep.pool import activation_pool
+from mxfp8_ep.pool.activation_pool_size import pool_rows
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import release_peer_buffers, symm
 from tests.moe_harness import preload, run_forked, setup_rank
