@@ -27,7 +27,9 @@ from launch.config.stack import installed
 from launch.run.heartbeat import StepHeartbeat, append_line, stage
 from launch.run.numerics_log import arm_for_step
 from launch.run.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging, remove_incomplete_checkpoints
-from launch.run.run_summary import RECIPE_CONFIG, RunSummary, earlier_record, series_stats, steady_numbers
+from launch.run.provenance import host_name, utc_now
+from launch.run.run_summary import (RECIPE_CONFIG, RunSummary, earlier_record, recipe_provenance, series_stats,
+                                    steady_numbers)
 from launch.run.shared_gpu import gpu_shared
 from launch.run.stop import StopSignals, signal_name
 from launch.run.wandb_offline import find_runs
@@ -78,6 +80,7 @@ class RecipeTrainerMixin:
     routing: Optional[RoutingTelemetry] = None
 
     def __init__(self, job_config: Any, cfg: DictConfig, run_dir: str, stop: StopSignals) -> None:
+        self.started_at = utc_now()
         self.cfg = cfg
         self.run_dir = run_dir
         self.stop = stop
@@ -98,6 +101,10 @@ class RecipeTrainerMixin:
         self._checkpoints_whole()
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self.hosts = _every_rank_host(self._stop_group)
+        # A rank waits this long for the others at a step boundary (then names the missing ones).
+        comm = job_config.comm
+        self._agreement_timeout_s = float(max(comm.init_timeout_seconds, comm.train_timeout_seconds))
         every_s = float(cfg.logging.heartbeat_s)
         self._heartbeat = (StepHeartbeat(append_line(os.path.join(run_dir, CONSOLE_LOG)),
                                          int(cfg.training.steps), every_s)
@@ -200,7 +207,7 @@ class RecipeTrainerMixin:
             return False
         if self.step > self.start_step:
             self.stop.trained()  # a stop now saves what was trained
-        self.stopped_by = self.stop.agreed(self._stop_group)
+        self.stopped_by = self.stop.agreed(self._stop_group, self._agreement_timeout_s)
         if self.stopped_by is None:
             return True
         ckpt = self.checkpoint_config
@@ -279,6 +286,13 @@ class RecipeTrainerMixin:
             else str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
             stack=installed().to_dict(),
+            **recipe_provenance(),
+            started_at=self.started_at,
+            ended_at=utc_now(),
+            hosts=self.hosts,
+            gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            gpu_count=(1 if gpu_shared(cfg.parallelism.share_gpu, self.device.type, self.parallel_dims.world_size)
+                       else self.parallel_dims.world_size),
         )
 
     def finish(self) -> Optional[RunSummary]:
@@ -297,6 +311,13 @@ class RecipeTrainerMixin:
             summary.wandb_dirs = find_runs(os.path.join(self.run_dir, "wandb"))
             summary.write(self.run_dir)
         return summary
+
+
+def _every_rank_host(group: Any) -> list[str]:
+    """The hosts the ranks run on, each once, in rank order (collective)."""
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, host_name(), group=group)
+    return list(dict.fromkeys(hosts))
 
 
 def _continue(earlier_steps: list[int], earlier_values: list[float], start: int,
