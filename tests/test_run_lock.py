@@ -140,3 +140,27 @@ def test_a_hold_that_cannot_be_checked_counts_as_live(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no squeue
     with pytest.raises(ConfigError, match=r"SLURM job 7 \(state unknown: SLURM cannot be asked from here\)"):
         run_lock.check_free(run)
+
+
+def test_finishing_a_sweep_leaves_points_being_trained_alone(tmp_path, live_pid, squeue):
+    """A sweep finished while point #0's process trains it and point #1's SLURM job is queued:
+    both are left alone (not moved to <sweep>.cut/, not launched again) and the line says so."""
+    sweep = tmp_path / "sweep"
+    args = ["--multirun", "a2a=bf16,mxfp8", RECORDER, "training.steps=4", f"hydra.sweep.dir={sweep}"]
+    first = run_train(tmp_path, *args, timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    points = sorted(sweep.glob("[0-9]_*"))
+    hold(points[0], pid=live_pid)
+    hold(points[1], job_id="33")
+    squeue("PENDING")
+    before = {p: sorted(f.name for f in p.iterdir()) for p in points}
+    logs = {p: (p / "console.log").read_text() for p in points}
+
+    again = run_train(tmp_path, *args, timeout=120, PATH=os.environ["PATH"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines()[0] == (
+        f"[mxfp8ep] finishing the sweep in {sweep}: #0 (a2a=bf16) being trained by pid {live_pid} on "
+        f"{this_host()} (running): left alone; #1 (a2a=mxfp8) being trained by SLURM job 33 (queued): left alone")
+    assert not Path(f"{sweep}.cut").exists()
+    assert {p: sorted(f.name for f in p.iterdir()) for p in points} == before
+    assert {p: (p / "console.log").read_text() for p in points} == logs  # nothing launched again
