@@ -102,9 +102,7 @@ class RecipeTrainerMixin:
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
         self.hosts = _every_rank_host(self._stop_group)
-        # A rank waits this long for the others at a step boundary (then names the missing ones).
-        comm = job_config.comm
-        self._agreement_timeout_s = float(max(comm.init_timeout_seconds, comm.train_timeout_seconds))
+        self._comm = job_config.comm
         every_s = float(cfg.logging.heartbeat_s)
         self._heartbeat = (StepHeartbeat(append_line(os.path.join(run_dir, CONSOLE_LOG)),
                                          int(cfg.training.steps), every_s)
@@ -207,13 +205,21 @@ class RecipeTrainerMixin:
             return False
         if self.step > self.start_step:
             self.stop.trained()  # a stop now saves what was trained
-        self.stopped_by = self.stop.agreed(self._stop_group, self._agreement_timeout_s)
+        self.stopped_by = self.stop.agreed(self._stop_group, self._agreement_timeout_s())
         if self.stopped_by is None:
             return True
         ckpt = self.checkpoint_config
         if ckpt.enable and self.step > self.start_step and self.step % ckpt.interval:
             self.checkpointer.save(self.step, last_step=True)
         return False
+
+    def _agreement_timeout_s(self) -> float:
+        """How long a rank waits for the others at a step boundary before it names the missing
+        ones: torchtitan's collective timeout at this point (its start-up one, and its training
+        one once step 1 is trained: torchtitan shortens it there, not in a resumed launch), so the
+        agreement's message comes first."""
+        shortened = self.start_step == 0 and self.step >= 1
+        return float(self._comm.train_timeout_seconds if shortened else self._comm.init_timeout_seconds)
 
     def _set_input_checks(self) -> None:
         """The dispatcher's input checks that need a host sync per dispatch
