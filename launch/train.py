@@ -88,7 +88,7 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
             shutil.rmtree(resume_folder(run_dir, number), ignore_errors=True)
         reject(e)
     if took_over:
-        print(took_over, file=sys.stderr, flush=True)
+        print(took_over, flush=True)
     try:
         return _launch(cfg, run_dir, resume, before)
     finally:
@@ -97,6 +97,7 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
 
 def _launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
             before: RunDirBefore) -> Optional[RunSummary]:
+    """:func:`launch` once the run dir is held."""
     number = resume.number if resume is not None else None
     try:
         claim_run_config(run_dir, OmegaConf.to_yaml(cfg, resolve=True), number)

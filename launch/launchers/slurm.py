@@ -281,23 +281,24 @@ class SlurmTrainJob:
         return True
 
     def _record_end(self, rank: int, how: str) -> None:
-        """Rank 0, as the job ends: how it ended goes into ``summary.json`` (``ended`` and
-        ``ended_at``; a job that failed before rank 0 wrote a summary gets one from its config),
-        and at the end of ``console.log`` when no launcher waits for the job to say so
-        (``launcher.wait=false``); the job's hold on the run dir goes (``launch.run.run_lock``)."""
+        """Rank 0, as the job ends: how it ended goes at the end of ``console.log`` when no
+        launcher waits for the job to say so (``launcher.wait=false``), and into ``summary.json``
+        (``ended`` and ``ended_at``; a job that failed before rank 0 wrote a summary gets one from
+        its config); then the job's hold on the run dir goes (``launch.run.run_lock``). Quick: after
+        ``scancel`` SLURM kills what is left of the job ``KillWait`` seconds later."""
         from launch.config.schema import config_from_yaml
 
         if rank != 0:
             return
         cfg = config_from_yaml(self.cfg_yaml)
+        if not cfg.launcher.wait:
+            console.record_end(self.run_dir, how)
         summary = RunSummary.read(self.run_dir)
         if summary is None and how.startswith("failed"):
             summary = RunSummary.before_training(cfg, self.run_dir, _resumed_from(self.run_dir, cfg))
         if summary is not None:
             summary.record_end(how)
             summary.write(self.run_dir)
-        if not cfg.launcher.wait:
-            console.record_end(self.run_dir, how)
         job_id = os.environ.get("SLURM_JOB_ID")
         if job_id:
             run_lock.release_job(self.run_dir, job_id)

@@ -86,8 +86,8 @@ def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
                 run_dir_given: bool = False, dry_run: bool = False) -> tuple[DictConfig, list[str], Optional[Resume]]:
     """A single run: the launch config, the warnings and what ``training.resume`` continues
     (None without it; its ``line`` says what it does). A run folder another launch is training is
-refused (``launch.run.run_lock``). ``composed``: Hydra's config without its
-    own node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line;
+    refused (``launch.run.run_lock``). ``composed``: Hydra's config without its own node;
+    ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line;
     ``dry_run``: nothing will start here (``--cfg job``), so a config that names the node it is
     meant for (``meant_for``) is checked on that node, not on this machine."""
     asked = composed.training.resume
