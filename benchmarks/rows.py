@@ -6,12 +6,10 @@ measured (commit, date, machine, versions, the exact command) beside the benchma
 ``<date>_<commit7>_<machine>_<bench>.jsonl`` (``2026-12-02_70c5beb_h200x2_layer.jsonl``), so a
 folder of them sorts by date and says at a glance what ran where.
 
-The commit is ``$MXFP8EP_COMMIT`` when set (a copied working tree on a GPU machine: set it to
-the commit that was copied), else ``git rev-parse HEAD`` of the checkout.
-``"dirty": true`` records a tree whose tracked files differ from that commit: in a checkout, its
-uncommitted changes; in a copied tree, its files against ``$MXFP8EP_COMMIT`` where the copy has a
-git history holding that commit, else ``$MXFP8EP_DIRTY`` (``true``/``false``, from whoever copied
-it). When none of these can tell, the row says ``"dirty": null`` and why in ``"dirty_reason"``.
+The commit and ``"dirty"`` come from ``launch.run.provenance.git_commit`` (run summaries record
+the same): ``$MXFP8EP_COMMIT`` when set, else the checkout's HEAD; ``"dirty": true`` for a tree
+whose tracked files differ from it. When that cannot be told, the row says ``"dirty": null`` and
+why in ``"dirty_reason"``.
 
 Rows migrated from before this format carry ``"commit_source"``: ``"recorded"`` when the commit
 came with the data, ``"inferred"`` when it was read from git history (the parent of the commit
@@ -31,15 +29,14 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from launch.run.provenance import COMMIT_ENV, DIRTY_ENV, git_commit  # noqa: F401  (COMMIT_ENV, DIRTY_ENV: the rows' too)
+
 REPO = Path(__file__).resolve().parent.parent
-COMMIT_ENV = "MXFP8EP_COMMIT"
-DIRTY_ENV = "MXFP8EP_DIRTY"
 # Keys every row carries; a benchmark's own fields may not reuse them.
 PROVENANCE_KEYS = ("bench", "commit", "dirty", "date", "machine", "versions", "command")
 # commit_source: migrated rows only; dirty_reason: rows whose dirty is null (see the module docstring)
@@ -63,52 +60,6 @@ class Machine:
         # the model number ("NVIDIA H100 80GB HBM3" -> h100), else the name's last word
         model = re.search(r"\b[A-Za-z]{1,3}\d{2,4}\b", self.gpu.removeprefix("NVIDIA "))
         return f"{(model.group(0) if model else self.gpu.split()[-1]).lower()}x{self.count}"
-
-
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-    except OSError:
-        return None
-
-
-def _dirty_env() -> bool | None:
-    value = os.environ.get(DIRTY_ENV, "").strip().lower()
-    if value in ("", "unknown"):
-        return None
-    if value in ("1", "true", "yes"):
-        return True
-    if value in ("0", "false", "no"):
-        return False
-    raise ValueError(f"${DIRTY_ENV}={value!r}: expected true or false")
-
-
-def git_commit(repo: Path = REPO) -> tuple[str, bool | None, str | None]:
-    """(commit, dirty, why dirty is unknown) of the tree at ``repo`` (module docstring).
-    ``$MXFP8EP_COMMIT`` wins when set: a copied tree can carry a ``.git`` of another commit than
-    the files that were copied, so its files are compared with the named commit."""
-    env = os.environ.get(COMMIT_ENV)
-    if env:
-        if not re.fullmatch(r"[0-9a-f]{40}", env):
-            raise ValueError(f"${COMMIT_ENV}={env!r}: set it to the copied commit's full 40-character id "
-                             f"($(git rev-parse HEAD)), which every row records")
-        known = _git(repo, "cat-file", "-e", f"{env}^{{commit}}")
-        if known is not None and known.returncode == 0:
-            diff = _git(repo, "diff", "--quiet", env, "--")
-            if diff is not None and diff.returncode in (0, 1):
-                return env, diff.returncode == 1, None
-        dirty = _dirty_env()
-        if dirty is not None:
-            return env, dirty, None
-        return env, None, (f"copied tree without a git history holding {env[:7]} to compare its files "
-                           f"with, and ${DIRTY_ENV} unset")
-    head = _git(repo, "rev-parse", "HEAD")
-    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
-    if head is None or status is None or head.returncode or status.returncode:
-        raise RuntimeError(
-            f"cannot tell which commit is measured: {repo} is not a git checkout and ${COMMIT_ENV} "
-            f"is unset; set {COMMIT_ENV}=$(git rev-parse HEAD) for the copied tree")
-    return head.stdout.strip(), bool(status.stdout.strip()), None
 
 
 def _version(dist: str) -> str | None:

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import traceback
@@ -55,10 +56,10 @@ from launch.launchers.launcher import RunFailed, RunRefused, RunStopped, launche
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
 from launch.preflight import prepare, sweep_finish
 from launch.preflight.show_config import is_sweep, job_config_text, overrides_of, sweep_job_configs, wants_job_config
-from launch.run import console
+from launch.run import console, run_lock
 from launch.run.resume import Resume, with_the_runs_options
 from launch.run.run_dir import (RUN_CONFIG, RunDirBefore, claim_resume, claim_run_config,
-                                 remove_incomplete_checkpoints, trained_nothing)
+                                 remove_incomplete_checkpoints, resume_folder, trained_nothing)
 from launch.run.run_summary import RunSummary
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -75,8 +76,28 @@ def launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
            before: RunDirBefore) -> Optional[RunSummary]:
     """Write the launch's config and hand it to its launcher; map how it ended to an exit code.
     ``resume``: what it continues (None: a new run, whose folder must not hold a run yet);
-    ``before``: what the run dir held before, restored when the launcher refuses the run."""
+    ``before``: what the run dir held before, restored when the launcher refuses the run. The
+    launch holds the run dir while it lasts (``launch.run.run_lock``; a SLURM launch hands its
+    hold to the job)."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    number = resume.number if resume is not None else None
+    try:
+        took_over = run_lock.take(run_dir)
+    except ConfigError as e:  # another launch holds it since the check before launch
+        if number is not None:
+            shutil.rmtree(resume_folder(run_dir, number), ignore_errors=True)
+        reject(e)
+    if took_over:
+        print(took_over, flush=True)
+    try:
+        return _launch(cfg, run_dir, resume, before)
+    finally:
+        run_lock.release(run_dir)
+
+
+def _launch(cfg: DictConfig, run_dir: str, resume: Optional[Resume],
+            before: RunDirBefore) -> Optional[RunSummary]:
+    """:func:`launch` once the run dir is held."""
     number = resume.number if resume is not None else None
     try:
         claim_run_config(run_dir, OmegaConf.to_yaml(cfg, resolve=True), number)
@@ -133,7 +154,7 @@ def ended(cfg: DictConfig, run_dir: str, how: str, failed_at: Optional[int] = No
     if summary is None and failed_at is not None:
         summary = RunSummary.before_training(cfg, run_dir, failed_at)
     if summary is not None:
-        summary.ended = how
+        summary.record_end(how)
         summary.write(run_dir)
     removed = remove_incomplete_checkpoints(run_dir, cfg.training.checkpoint_folder)
     if removed:
@@ -160,6 +181,9 @@ def _sweep_job(cfg: DictConfig, point: Path, overrides: list[str]) -> Optional[R
     if state == sweep_finish.DONE:
         print(f"[mxfp8ep] {point} completed step {step} already: not run again", flush=True)
         return RunSummary.read(point)
+    if state == sweep_finish.HELD:
+        print(f"[mxfp8ep] {point} is being trained by {step}: left alone", flush=True)
+        return None
     resume = None
     try:
         if state == sweep_finish.RESUME:

@@ -704,3 +704,68 @@ def test_failed_and_empty_runs_are_marked_rows_not_compared(tmp_path, capsys):
         "a2a=bf16,x=1": None, "a2a=mxfp8,x=1": "no step", "a2a=mxfp8_dense,x=1": "failed"}
     assert [s["run"] for s in result["plots"]["loss"]["panels"]["train"]["series"]] == ["a2a=bf16,x=1"]
     assert result["verdicts"] == [] and result["unjudged"] == []
+
+
+def _fake_squeue(tmp_path: Path, monkeypatch, states: dict[str, str]) -> None:
+    """``squeue -h -j <id> -o %T`` on PATH answering from ``states`` (job id -> state)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cases = "".join(f'  {jid}) echo {state};;\n' for jid, state in states.items())
+    (bin_dir / "squeue").write_text(f'#!/bin/sh\ncase "$3" in\n{cases}  *) echo "Invalid job id specified" >&2; '
+                                    f'exit 1;;\nesac\n')
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def _queued_point(folder: Path, a2a: str, job_id: str) -> None:
+    """A sweep point whose SLURM job was submitted: its config and the job's hold, nothing else."""
+    folder.mkdir(parents=True)
+    (folder / "train_config.yaml").write_text(
+        f"a2a: {{name: {a2a}}}\nmodel: {{name: tiny_llama4}}\n"
+        f"parallelism: {{name: ep2, nodes: 1, procs_per_node: 2, ep: 2}}\ntraining: {{steps: 5}}\n"
+        f"logging: {{run_name: 'a2a={a2a},x=1'}}\n")
+    (folder / ".training").write_text(json.dumps({"host": "n1", "pid": None, "job_id": job_id}))
+
+
+def test_a_sweep_still_queued_and_running_is_not_compared(tmp_path, monkeypatch, capsys):
+    """Every point's job queued or running: no comparison, no plot; what stands where is said."""
+    sweep = tmp_path / "sweep"
+    _queued_point(sweep / "0_a2a=bf16", "bf16", "33")
+    _queued_point(sweep / "1_a2a=mxfp8", "mxfp8", "34")
+    _fake_squeue(tmp_path, monkeypatch, {"33": "RUNNING", "34": "PENDING"})
+    assert compare_main([str(sweep)]) == 1
+    err = capsys.readouterr().err
+    assert "2 runs: 1 queued, 1 running, 0 done, 0 stopped, 0 failed" in err
+    assert f"left out: a2a=bf16,x=1: running (SLURM job 33), still training ({sweep / '0_a2a=bf16'})" in err
+    assert f"left out: a2a=mxfp8,x=1: queued (SLURM job 34), not started yet ({sweep / '1_a2a=mxfp8'})" in err
+    assert "no finished run to compare yet: nothing was written" in err
+    assert sorted(p.name for p in sweep.iterdir()) == ["0_a2a=bf16", "1_a2a=mxfp8"]  # no comparison.*
+
+
+def test_a_sweep_partly_finished_compares_the_finished_runs_with_their_provenance(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "sweep"
+    for name, a2a in (("0_a2a=bf16", "bf16"), ("1_a2a=mxfp8", "mxfp8")):
+        s = RunSummary(run_name=f"a2a={a2a},x=1", experiment="e", a2a=a2a, a2a_legs={}, model="tiny_llama4",
+                       model_flavor="llama4/tiny", parallelism="ep2", world_size=2, ep=2, launcher="slurm",
+                       device="cpu", run_dir=str(sweep / name), steps=5, target_steps=5,
+                       logged_steps=[1, 2, 3, 4, 5], losses=[6.0, 5.0, 4.0, 3.5, 3.0], final_loss=3.0,
+                       commit="a" * 40, dirty=False, started_at="2026-12-07T04:00:00Z",
+                       ended_at="2026-12-07T04:01:00Z", hosts=["n1", "n2"], gpu="cpu", gpu_count=2,
+                       stack={"torchtitan": "0.2.2", "torch": "2.13"})
+        (sweep / name).mkdir(parents=True)
+        s.write(sweep / name)
+    _queued_point(sweep / "2_a2a=mxfp8_dense", "mxfp8_dense", "35")
+    _fake_squeue(tmp_path, monkeypatch, {"35": "PENDING"})
+    assert compare_main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs: 1 queued, 0 running, 2 done, 0 stopped, 0 failed" in out
+    assert "left out: a2a=mxfp8_dense,x=1: queued (SLURM job 35), not started yet" in out
+    result = json.loads((sweep / "comparison.json").read_text())
+    assert result["left_out"] == [{"run_name": "a2a=mxfp8_dense,x=1", "path": str(sweep / "2_a2a=mxfp8_dense"),
+                                   "status": "queued", "holder": "SLURM job 35"}]
+    assert [s["run"] for s in result["plots"]["loss"]["panels"]["train"]["series"]] == ["a2a=bf16,x=1",
+                                                                                         "a2a=mxfp8,x=1"]
+    done = [r for r in result["runs"] if r["status"] == "done"]
+    assert [(r["commit"], r["dirty"], r["started_at"], r["ended_at"], r["hosts"], r["gpu"], r["gpu_count"],
+             r["stack"]["torchtitan"]) for r in done] == [
+        ("a" * 40, False, "2026-12-07T04:00:00Z", "2026-12-07T04:01:00Z", ["n1", "n2"], "cpu", 2, "0.2.2")] * 2

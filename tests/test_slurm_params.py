@@ -507,3 +507,31 @@ def test_every_task_of_a_job_listens_and_connects_on_one_port_below_the_ephemera
     assert min(ports) >= 20000 and max(ports) < 32768
     assert len(ports) > 350  # jobs sharing a first node draw different ports
     assert task_env("160", 0, MASTER_PORT="29511")["port"] == 29511
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_the_job_itself_records_how_it_ended(tmp_path, monkeypatch, wait):
+    """Rank 0 of a SLURM job writes ``ended`` (and when) into summary.json, whether or not a
+    launcher waits for the job, and gives up the job's hold on the run dir; a job that failed
+    before rank 0 wrote a summary gets one from its config."""
+    from launch.run import run_lock
+    from launch.run.run_summary import RunSummary
+
+    cfg = compose_cfg("launcher=slurm", f"launcher.wait={str(wait).lower()}")
+    job = SlurmTrainJob(config_to_yaml(cfg), str(tmp_path))
+    RunSummary.before_training(cfg, tmp_path).write(tmp_path)
+    (tmp_path / run_lock.HOLD).write_text('{"host": "n1", "job_id": "41"}')
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    job._record_end(1, "completed step 3/3")  # not rank 0: nothing
+    assert RunSummary.read(tmp_path).ended is None
+    job._record_end(0, "completed step 3/3")
+    s = RunSummary.read(tmp_path)
+    assert s.ended == "completed step 3/3" and s.ended_at is not None
+    assert not (tmp_path / run_lock.HOLD).exists()
+    ending = "==== ended" in (tmp_path / "console.log").read_text() if (tmp_path / "console.log").exists() else False
+    assert ending is not wait  # a waiting launcher writes console.log's line itself
+
+    (tmp_path / "summary.json").unlink()
+    job._record_end(0, "failed on rank 0: ValueError: x")
+    s = RunSummary.read(tmp_path)
+    assert s.ended == "failed on rank 0: ValueError: x" and s.steps == 0 and s.launcher == "slurm"

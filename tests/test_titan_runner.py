@@ -154,6 +154,15 @@ def test_llama4_ep2_trains_and_logs_offline_wandb(tmp_path: Path) -> None:
     assert summary["device"] == "cpu" and summary["ep"] == 2 and summary["world_size"] == WORLD
     # MFU / TFLOPS need an accelerator's peak FLOPS: not on CPU (not the A100 fallback)
     assert summary["tflops"] is None and summary["mfu_pct"] is None
+    # where the numbers come from: the recipe's commit, when, where, on what
+    from launch.run.provenance import git_commit, host_name
+
+    assert (summary["commit"], summary["dirty"]) == git_commit()[:2]
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+    assert re.fullmatch(stamp, summary["started_at"]) and re.fullmatch(stamp, summary["ended_at"])
+    assert summary["started_at"] <= summary["ended_at"]
+    assert summary["hosts"] == [host_name()] and (summary["gpu"], summary["gpu_count"]) == ("cpu", WORLD)
+    assert summary["stack"]["torchtitan"] and summary["stack"]["torch"]
 
     runs = find_runs(str(run_dir))
     assert len(runs) == 1, runs

@@ -29,8 +29,8 @@ from typing import Any, Iterator, Optional
 from launch.launchers import slurm_cluster
 from launch.launchers.launcher import LauncherConfig, RunFailed, RunRefused, RunStopped, Target
 from launch.launchers.machine import GIB, Machine
-from launch.run import console
-from launch.run.run_dir import CONSOLE_LOG, SUMMARY
+from launch.run import console, run_lock, slurm_jobs
+from launch.run.run_dir import CONSOLE_LOG, SUMMARY, checkpoint_steps
 from launch.run.run_summary import RunSummary
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ class SlurmTrainJob:
         if summary is not None:
             self._say(env.rank, console.format_summary(summary))
         if stopped_by == signal.SIGUSR2 and self._requeue():
-            return summary
+            return summary  # the requeued job keeps the run dir's hold
         if stopped_by is not None:  # the line with the command that continues the run
             resume = console.resume_command(os.path.abspath(self.run_dir), self.script)
             self._say(env.rank, console.stop_line(stopped_by, summary, self.run_dir, resume))
@@ -281,12 +281,27 @@ class SlurmTrainJob:
         return True
 
     def _record_end(self, rank: int, how: str) -> None:
-        """How the job ended, at the end of ``console.log`` (rank 0), when no launcher waits
-        for it to say so (``launcher.wait=false``)."""
+        """Rank 0, as the job ends: how it ended goes at the end of ``console.log`` when no
+        launcher waits for the job to say so (``launcher.wait=false``), and into ``summary.json``
+        (``ended`` and ``ended_at``; a job that failed before rank 0 wrote a summary gets one from
+        its config); then the job's hold on the run dir goes (``launch.run.run_lock``). Quick: after
+        ``scancel`` SLURM kills what is left of the job ``KillWait`` seconds later."""
         from launch.config.schema import config_from_yaml
 
-        if rank == 0 and not config_from_yaml(self.cfg_yaml).launcher.wait:
+        if rank != 0:
+            return
+        cfg = config_from_yaml(self.cfg_yaml)
+        if not cfg.launcher.wait:
             console.record_end(self.run_dir, how)
+        summary = RunSummary.read(self.run_dir)
+        if summary is None and how.startswith("failed"):
+            summary = RunSummary.before_training(cfg, self.run_dir, _resumed_from(self.run_dir, cfg))
+        if summary is not None:
+            summary.record_end(how)
+            summary.write(self.run_dir)
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if job_id:
+            run_lock.release_job(self.run_dir, job_id)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Called by submitit on preemption / time limit: resubmit the same run. torchtitan
@@ -297,6 +312,14 @@ class SlurmTrainJob:
         return submitit.helpers.DelayedSubmission(
             SlurmTrainJob(self.cfg_yaml, self.run_dir, self.requeues + 1, self.script)
         )
+
+
+def _resumed_from(run_dir: str, cfg: Any) -> int:
+    """The step a launch into ``run_dir`` starts from: its newest complete checkpoint, else 0."""
+    if not cfg.training.checkpoint_enable:
+        return 0
+    steps = checkpoint_steps(run_dir, cfg.training.checkpoint_folder)
+    return steps[-1] if steps else 0
 
 
 @dataclass
@@ -340,6 +363,7 @@ def submit(cfg: Any, run_dir: str) -> SlurmSubmission:
         raise KeyboardInterrupt
     sub = SlurmSubmission(job_id=str(job.job_id), log_path=str(job.paths.stdout), folder=folder,
                           submitted_at=submitted_at)
+    run_lock.hand_to_job(run_dir, sub.job_id)  # the job trains the run dir now, however long it queues
     log.info("submitted SLURM job %s; task 0's log: %s", sub.job_id, sub.log_path)
     print(f"[mxfp8ep] submitted SLURM job {sub.job_id}\n"
           f"[mxfp8ep]   log (task 0): {sub.log_path}\n"
@@ -448,8 +472,7 @@ def _run(args: list[str]) -> Optional[str]:
 def _job_active(job_id: str) -> bool:
     """Whether SLURM lists a process of the job (``squeue``: RUNNING, then COMPLETING while the
     last ones end), or the job is still to start."""
-    listed = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    return listed is not None and bool(set(listed.split()) & _ACTIVE)
+    return slurm_jobs.is_active(slurm_jobs.queue_state(job_id))
 
 
 def _wait_until_gone(job_id: str, timeout_s: float = 300.0) -> None:
@@ -457,11 +480,6 @@ def _wait_until_gone(job_id: str, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while _job_active(job_id) and time.monotonic() < deadline:
         time.sleep(1.0)
-
-
-# squeue states of a job with processes that may still write into the run dir (or about to).
-_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
-           "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 
 
 def failed_line(sub: SlurmSubmission) -> str:

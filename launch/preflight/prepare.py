@@ -26,6 +26,7 @@ from launch.launchers.machine import Machine
 from launch.preflight.validate import resolved_ceiling, validate
 from launch.run.resume import AUTO, Resume, check_new_run_dir, check_resumable, resumed_config
 from launch.run.run_dir import RunDirBefore, run_name
+from launch.run.run_lock import check_free
 
 # The run dir PrepareRun prepared the config for (train.py does not prepare it again), what
 # the launch resumes (None: a new run) and what the run dir held before.
@@ -84,13 +85,16 @@ def prepare_run(composed: DictConfig, overrides: list[str], run_dir: str,
                 compose: Callable[[list[str]], DictConfig],
                 run_dir_given: bool = False, dry_run: bool = False) -> tuple[DictConfig, list[str], Optional[Resume]]:
     """A single run: the launch config, the warnings and what ``training.resume`` continues
-    (None without it; its ``line`` says what it does). ``composed``: Hydra's config without its
-    own node; ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line;
+    (None without it; its ``line`` says what it does). A run folder another launch is training is
+    refused (``launch.run.run_lock``). ``composed``: Hydra's config without its own node;
+    ``run_dir``: ``hydra.run.dir`` resolved; ``run_dir_given``: set on the command line;
     ``dry_run``: nothing will start here (``--cfg job``), so a config that names the node it is
     meant for (``meant_for``) is checked on that node, not on this machine."""
     asked = composed.training.resume
     resume = None
     cfg = composed
+    if not dry_run:
+        check_free(run_dir)  # one launch per run folder (launch.run.run_lock)
     if asked is None:
         check_new_run_dir(run_dir, composed.training.checkpoint_folder)
     else:

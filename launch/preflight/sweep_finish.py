@@ -8,7 +8,9 @@ a folder that holds the sweep's runs, each point is one of (:func:`point_state`)
 * ``resume``: its run was cut with a checkpoint; it resumes from it (``training.resume``);
 * ``again``: its run was cut before a checkpoint (or failed); that run moves to
   ``<sweep dir>.cut/`` (kept, not overwritten) and the point starts anew;
-* ``new``: it has no run yet; it starts.
+* ``new``: it has no run yet; it starts;
+* ``held``: another launch is training its run (a SLURM job queued or running, a live process:
+  ``launch.run.run_lock``); it is left alone: not moved, not resumed, not submitted again.
 
 Hydra's basic launcher runs the points one after another in this process: the callback
 ``launch.preflight.callbacks.CheckEverySweepPoint`` records the sweep (:func:`begin`) and each job
@@ -25,9 +27,10 @@ from pathlib import Path
 from typing import Optional
 
 from launch.run.run_dir import RUN_CONFIG, checkpoint_steps, free_folder
+from launch.run.run_lock import live_hold
 from launch.run.run_summary import RunSummary
 
-DONE, RESUME, AGAIN, NEW = "done", "resume", "again", "new"
+DONE, RESUME, AGAIN, NEW, HELD = "done", "resume", "again", "new", "held"
 
 
 @dataclass
@@ -58,8 +61,13 @@ def begin(sweep: Sweep) -> None:
     _current = sweep
 
 
-def point_state(folder: Path, checkpoint_folder: str) -> tuple[str, Optional[int]]:
-    """What the folder of a sweep point holds: (state, the step it reached or resumes from)."""
+def point_state(folder: Path, checkpoint_folder: str) -> tuple[str, Optional[int | str]]:
+    """What the folder of a sweep point holds: (state, the step it reached or resumes from; for
+    ``held``, who trains it and how: "SLURM job 33 (queued)")."""
+    live = live_hold(folder) if folder.is_dir() else None
+    if live is not None:
+        hold, how = live
+        return HELD, f"{hold.who} ({how})"
     if not (folder / RUN_CONFIG).is_file():
         return NEW, None
     s = RunSummary.read(folder)
@@ -71,10 +79,10 @@ def point_state(folder: Path, checkpoint_folder: str) -> tuple[str, Optional[int
     return AGAIN, s.steps if s is not None else None
 
 
-def _described(state: str, step: Optional[int]) -> str:
+def _described(state: str, step: Optional[int | str]) -> str:
     return {DONE: f"done (step {step})", RESUME: f"resumes from its checkpoint of step {step}",
             AGAIN: "cut before a checkpoint: starts anew (the cut run moves to <sweep dir>.cut/)",
-            NEW: "starts"}[state]
+            NEW: "starts", HELD: f"being trained by {step}: left alone"}[state]
 
 
 def prepare_folder(sweep: Sweep) -> list[str]:
@@ -110,7 +118,7 @@ def unfinished(num: int) -> Optional[str]:
         if state == DONE:
             continue
         how = {RESUME: f"cut at a checkpoint of step {step}", AGAIN: "cut before a checkpoint",
-               NEW: "not started"}[state]
+               NEW: "not started", HELD: f"being trained by {step}"}[state]
         left.append(f"#{p.num} ({p.shown}, {how})")
     return (f"[mxfp8ep] the sweep stopped: {len(left)} of its {len(s.points)} points did not run: "
             f"{', '.join(left)}\n[mxfp8ep] finish it (done points are kept, cut ones resumed where "

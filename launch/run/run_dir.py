@@ -9,7 +9,8 @@ log), ``worker_logs/`` (local) or ``slurm/`` (SLURM) with every process's full o
 ``wandb/`` and the torchtitan checkpoints. ``training.resume=<run dir>`` continues it
 (launch/run/resume.py); each resume adds ``resumes/<n>/`` with its own ``train_config.yaml`` and
 ``.hydra/`` (its command line in ``overrides.yaml``), and a line to ``console.log`` that
-separates its lines from the earlier launches'. Its folder name says what the run trains
+separates its lines from the earlier launches'. While a launch trains it, ``.training`` names
+the launch (``launch.run.run_lock``). Its folder name says what the run trains
 (:func:`folder_name`).
 """
 

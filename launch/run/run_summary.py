@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from launch.run.provenance import recipe_commit, utc_now
 from launch.run.run_dir import SUMMARY
 from launch.run.shared_gpu import gpu_shared
 from mxfp8_ep.config import LEGS, NUMERICS_STATS  # noqa: F401  (NUMERICS_STATS: read by compare_runs)
@@ -194,6 +195,12 @@ def windows_from_history(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return windows
 
 
+def recipe_provenance() -> dict[str, Any]:
+    """RunSummary's ``commit``, ``dirty`` and ``dirty_reason`` of the recipe this process runs."""
+    commit, dirty, why = recipe_commit()
+    return {"commit": commit, "dirty": dirty, "dirty_reason": why}
+
+
 @dataclass
 class RunSummary:
     # what ran
@@ -258,10 +265,27 @@ class RunSummary:
     wandb_mode: str = "disabled"
     wandb_run_id: Optional[str] = None
     wandb_dirs: list[str] = field(default_factory=list)
-    # how the run's latest launch ended, in the launching process's words ("completed step 20/20",
-    # "stopped by SIGINT at step 7/20 (checkpoint step-7)", "failed: rank 1 failed: ..."); None
-    # when no launching process said (a SLURM job nobody waited for that was killed)
+    # how the run's latest launch ended, in the launching process's or the SLURM job's words
+    # ("completed step 20/20", "stopped by SIGINT at step 7/20 (checkpoint step-7)", "failed: rank
+    # 1 failed: ..."); None when nobody could say (a job killed outright)
     ended: Optional[str] = None
+    # where the numbers come from (launch.run.provenance), this launch's: the recipe's commit and
+    # whether its tracked files differed from it (None: it could not be told, dirty_reason says
+    # why), when it started and ended (UTC), the hosts its ranks ran on, the GPU model ("cpu"
+    # without one) and the GPUs (or CPU processes) it used
+    commit: Optional[str] = None
+    dirty: Optional[bool] = None
+    dirty_reason: Optional[str] = None
+    started_at: Optional[str] = None
+    ended_at: Optional[str] = None
+    hosts: list[str] = field(default_factory=list)
+    gpu: Optional[str] = None
+    gpu_count: Optional[int] = None
+
+    def record_end(self, how: str) -> None:
+        """How the launch ended (``ended``) and when (``ended_at``)."""
+        self.ended = how
+        self.ended_at = utc_now()
 
     # ------------------------------------------------------------------------------ files
     def write(self, run_dir: str | Path) -> Path:
@@ -298,7 +322,8 @@ class RunSummary:
                    ep=int(p.ep), launcher=str(cfg.launcher.name), device="unknown",
                    run_dir=os.path.abspath(run_dir), steps=start_step, target_steps=int(cfg.training.steps),
                    start_step=start_step, seed=int(cfg.training.seed),
-                   wandb_mode=str(cfg.logging.wandb_mode), wandb_run_id=cfg.logging.run_id)
+                   wandb_mode=str(cfg.logging.wandb_mode), wandb_run_id=cfg.logging.run_id,
+                   **recipe_provenance())
 
     def wandb_summary(self) -> dict[str, float]:
         """The headline numbers under their wandb metric names (for the wandb run summary)."""

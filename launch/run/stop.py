@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from datetime import timedelta
 from typing import Any, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
@@ -34,6 +35,7 @@ class StopSignals:
         self.exit_before_training = exit_before_training
         self._previous: dict[int, Any] = {}
         self._nested = False
+        self._agreements = 0  # agreements this process took part in (the same count on every rank)
 
     def __enter__(self) -> "StopSignals":
         global _active
@@ -70,16 +72,31 @@ class StopSignals:
                 signal.signal(sig, self._note)
         self.exit_before_training = False
 
-    def agreed(self, group: Any = None) -> Optional[int]:
+    def agreed(self, group: Any = None, timeout_s: Optional[float] = None) -> Optional[int]:
         """The stop signal if any rank of ``group`` got one, else None (collective: every rank
-        calls it at the same point; without a process group, this process's own)."""
+        calls it at the same point; without a process group, this process's own). With
+        ``timeout_s`` (``group`` a gloo group, or the default one on gloo), a rank still waiting
+        for the others after that long raises ``launch.run.rank_meeting.RanksMissing`` naming the
+        ranks that did not arrive and where they are."""
         import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return self.received
         flag = torch.tensor([self.received or 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if timeout_s is None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            return int(flag.item()) or None
+        from launch.run import rank_meeting
+
+        self._agreements += 1
+        meeting = f"the stop agreement of step boundary {self._agreements}"
+        rank_meeting.arrive(meeting)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        try:
+            work.wait(timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as e:
+            raise rank_meeting.missing(meeting, timeout_s) from e
         return int(flag.item()) or None
 
 

@@ -27,7 +27,9 @@ from launch.config.stack import installed
 from launch.run.heartbeat import StepHeartbeat, append_line, stage
 from launch.run.numerics_log import arm_for_step
 from launch.run.run_dir import CONSOLE_LOG, checkpoint_steps, earlier_logging, remove_incomplete_checkpoints
-from launch.run.run_summary import RECIPE_CONFIG, RunSummary, earlier_record, series_stats, steady_numbers
+from launch.run.provenance import host_name, utc_now
+from launch.run.run_summary import (RECIPE_CONFIG, RunSummary, earlier_record, recipe_provenance, series_stats,
+                                    steady_numbers)
 from launch.run.shared_gpu import gpu_shared
 from launch.run.stop import StopSignals, signal_name
 from launch.run.wandb_offline import find_runs
@@ -78,6 +80,7 @@ class RecipeTrainerMixin:
     routing: Optional[RoutingTelemetry] = None
 
     def __init__(self, job_config: Any, cfg: DictConfig, run_dir: str, stop: StopSignals) -> None:
+        self.started_at = utc_now()
         self.cfg = cfg
         self.run_dir = run_dir
         self.stop = stop
@@ -98,6 +101,8 @@ class RecipeTrainerMixin:
         self._checkpoints_whole()
         # The stop flag is agreed on the host: a gloo group even when training uses NCCL.
         self._stop_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self.hosts = _every_rank_host(self._stop_group)
+        self._comm = job_config.comm
         every_s = float(cfg.logging.heartbeat_s)
         self._heartbeat = (StepHeartbeat(append_line(os.path.join(run_dir, CONSOLE_LOG)),
                                          int(cfg.training.steps), every_s)
@@ -200,13 +205,21 @@ class RecipeTrainerMixin:
             return False
         if self.step > self.start_step:
             self.stop.trained()  # a stop now saves what was trained
-        self.stopped_by = self.stop.agreed(self._stop_group)
+        self.stopped_by = self.stop.agreed(self._stop_group, self._agreement_timeout_s())
         if self.stopped_by is None:
             return True
         ckpt = self.checkpoint_config
         if ckpt.enable and self.step > self.start_step and self.step % ckpt.interval:
             self.checkpointer.save(self.step, last_step=True)
         return False
+
+    def _agreement_timeout_s(self) -> float:
+        """How long a rank waits for the others at a step boundary before it names the missing
+        ones: torchtitan's collective timeout at this point (its start-up one, and its training
+        one once step 1 is trained: torchtitan shortens it there, not in a resumed launch), so the
+        agreement's message comes first."""
+        shortened = self.start_step == 0 and self.step >= 1
+        return float(self._comm.train_timeout_seconds if shortened else self._comm.init_timeout_seconds)
 
     def _set_input_checks(self) -> None:
         """The dispatcher's input checks that need a host sync per dispatch
@@ -279,6 +292,13 @@ class RecipeTrainerMixin:
             else str(cfg.logging.wandb_mode),
             wandb_run_id=self.metrics_processor.wandb.run.id if self.metrics_processor.wandb else None,
             stack=installed().to_dict(),
+            **recipe_provenance(),
+            started_at=self.started_at,
+            ended_at=utc_now(),
+            hosts=self.hosts,
+            gpu=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            gpu_count=(1 if gpu_shared(cfg.parallelism.share_gpu, self.device.type, self.parallel_dims.world_size)
+                       else self.parallel_dims.world_size),
         )
 
     def finish(self) -> Optional[RunSummary]:
@@ -297,6 +317,13 @@ class RecipeTrainerMixin:
             summary.wandb_dirs = find_runs(os.path.join(self.run_dir, "wandb"))
             summary.write(self.run_dir)
         return summary
+
+
+def _every_rank_host(group: Any) -> list[str]:
+    """The hosts the ranks run on, each once, in rank order (collective)."""
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, host_name(), group=group)
+    return list(dict.fromkeys(hosts))
 
 
 def _continue(earlier_steps: list[int], earlier_values: list[float], start: int,

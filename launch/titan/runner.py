@@ -47,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from launch.config.stack import installed, installed_torchtitan
 from launch.run.heartbeat import append_line
 from launch.run.run_dir import CONSOLE_LOG, STACK
+from launch.run.rank_meeting import meet
 from launch.run.run_summary import RunSummary
 from launch.run.shared_gpu import join_one_gpu
 from launch.run.stop import Stopped, StopSignals
@@ -56,6 +57,9 @@ from launch.titan.recipe_trainer import CHECKED_STEPS, wandb_settings
 __all__ = ["CHECKED_STEPS", "a2a_config", "capacity_ceiling_here", "capacity_line", "run_training", "stack_adapter",
            "wandb_settings"]
 
+# How long the ranks wait for each other at the end of a run: rank 0 finishes wandb (an upload,
+# when online) while the others wait.
+END_TIMEOUT_S = 600
 # The module of each torchtitan release's trainer and job config.
 ADAPTERS = {"0.2.2": "launch.titan.titan022", "0.3.0": "launch.titan.titan030.trainer"}
 # What this module names from the installed stack's adapter (``runner.RecipeTrainer``, ...).
@@ -135,7 +139,9 @@ def run_training(cfg: Any, run_dir: str) -> Optional[RunSummary]:
             summary = trainer.finish()
             if owns_process_group:
                 # The ranks leave together (torchtitan's rank 0 alone sleeps 2 s at the end of
-                # train()), so no rank tears its groups down while a peer is still connected.
+                # train()), so no rank tears its groups down while a peer is still connected; a
+                # rank that never comes is named instead of waited for.
+                meet("the end of the run", END_TIMEOUT_S)
                 dist.barrier()
         except BaseException:
             _finish_wandb(trainer, exit_code=1)  # mark the wandb run failed (flushes what was logged)

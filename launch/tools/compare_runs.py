@@ -43,9 +43,16 @@ validation loss and its difference when the runs have one) and ``comparison_thro
 behind every panel (``plots``), the verdicts and, when runs logged MXFP8 numerics telemetry
 (``numerics/...``), its worst layer per leg and statistic.
 
-A run that failed (its ``console.log`` ends "failed", or its wandb run exited non-zero) or
-trained no step (a run folder with nothing logged) is a marked row of the table, and left
-out of the verdicts and the plots.
+A run still queued or running (its SLURM job as ``squeue`` lists it, or a live process:
+``launch.run.run_lock``), one that failed (its ``console.log`` ends "failed", its wandb run exited
+non-zero, or ``sacct`` says its job failed) or one that trained no step (a run folder with nothing
+logged) is a marked row of the table, left out of the verdicts and the plots; the command says
+where every run stands (queued, running, done, stopped, failed) and which it left out, and
+``comparison.json`` lists them (``left_out``). With no finished run there is nothing to compare:
+it writes nothing and exits 1.
+
+Each run's row in ``comparison.json`` carries its provenance (``RunSummary``: the recipe's commit
+and dirty flag, start and end times, hosts, GPU model and count, the stack).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch.config.stack import Stack
+from launch.run import run_lock, slurm_jobs
 from launch.run.run_dir import CONSOLE_LOG, RESUMES, RUN_CONFIG, SUMMARY
 from launch.run.run_summary import (BASELINE, NUMERICS_STATS, RECIPE_CONFIG, RunSummary, numerics_from_wandb,
                                     parse_numerics_metric, ratio_of_sums)
@@ -88,8 +96,8 @@ CPU_NOTE = "CPU run: throughput is not a speed claim"
 THROUGHPUT_RULE = ("faster (slower) only when every run of the arm is faster (slower) than every "
                    "baseline run; otherwise the ratio is inside the run-to-run spread")
 # The table's note on its marked rows.
-NOT_COMPARED = ("the run failed (its console.log's last line) or trained no step: not compared, "
-                "no verdict and no plot")
+NOT_COMPARED = ("the run is queued or still running, failed (its console.log's last line) or trained no "
+                "step: not compared, no verdict and no plot")
 # Smoothing of the loss-difference panels: a trailing mean over this share of the points.
 SMOOTH_SHARE = 1 / 30
 # How the worst layer is picked for each numerics statistic: (stat of a layer's samples, worst).
@@ -115,8 +123,10 @@ class Compared:
     # bf16 runs of this run's sweep point with other seeds than the baseline's
     seed_replicas: list["Compared"] = field(default_factory=list, repr=False)
     show_seed: bool = False  # the sweep point has runs of this a2a with several seeds
-    # "failed" / "no step" for a run that is not compared (``ending``); None for one that is
+    # "queued" / "running" / "failed" / "no step" for a run that is not compared (``ending``);
+    # None for one that is
     mark: Optional[str] = None
+    holder: Optional[str] = None  # who trains a queued or running run ("SLURM job 33")
 
     @property
     def group_key(self) -> tuple:
@@ -177,12 +187,59 @@ def _last_ending(run_folder: Path) -> str:
 
 
 def ending(c: Compared, exit_code: Optional[int] = None) -> Optional[str]:
-    """"failed" when the run's last launch failed (its summary or ``console.log`` says so, or its
-    wandb run exited with ``exit_code`` != 0), "no step" when it logged no training step; else None."""
-    how = getattr(c.run, "ended", None) or _last_ending(run_folder(c))
-    if how.startswith("failed") or exit_code not in (None, 0):
+    """"queued" / "running" while a launch trains the run (its SLURM job is queued or running, as
+    ``squeue`` lists it, or its process is alive: ``launch.run.run_lock``); "failed" when its last
+    launch failed (its summary or ``console.log`` says so, its wandb run exited with ``exit_code``
+    != 0, or ``sacct`` says its job failed); "no step" when it logged no training step; else None."""
+    folder = run_folder(c)
+    live = run_lock.live_hold(folder) if folder.is_dir() else None
+    if live is not None:
+        hold, how = live
+        c.holder = hold.who
+        return "queued" if how == "queued" else "running"
+    how = getattr(c.run, "ended", None) or _last_ending(folder)
+    if how.startswith("failed") or exit_code not in (None, 0) or _job_failed(folder):
         return "failed"
     return None if c.run.logged_steps else "no step"
+
+
+def _job_failed(folder: Path) -> bool:
+    """Whether the run's SLURM job ended without a word in the run dir (killed outright: its
+    hold is still there) in a state ``sacct`` calls a failure."""
+    hold = run_lock.read(folder)
+    return bool(hold and hold.job_id and (slurm_jobs.final_state(hold.job_id) or "") in JOB_FAILED)
+
+
+# sacct's states of a job that failed.
+JOB_FAILED = ("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "TIMEOUT", "DEADLINE")
+
+
+def status(c: Compared) -> str:
+    """Where the run stands: queued, running, done, stopped, failed (also a run that ended
+    having trained no step)."""
+    if c.mark in ("queued", "running", "failed"):
+        return c.mark
+    if c.mark == "no step":
+        return "failed"
+    return "stopped" if c.run.stopped_by else "done"
+
+
+STATUSES = ("queued", "running", "done", "stopped", "failed")
+
+
+def status_lines(runs: list[Compared]) -> list[str]:
+    """Where every run stands, and which are left out of the comparison (none when all are in)."""
+    left_out = [c for c in ordered(runs) if c.mark]
+    if not left_out:
+        return []
+    counts = {s: sum(status(c) == s for c in runs) for s in STATUSES}
+    lines = [f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    for c in left_out:
+        who = f" ({c.holder})" if c.holder else ""
+        why = {"queued": "not started yet", "running": "still training", "failed": "failed",
+               "no step": "trained no step"}[c.mark]
+        lines.append(f"left out: {c.run.run_name}: {status(c)}{who}, {why} ({run_folder(c)})")
+    return lines
 
 
 def _unrecorded(folder: Path) -> Compared:
@@ -828,7 +885,9 @@ def to_json(runs: list[Compared], verdict_list: Optional[list[dict[str, Any]]] =
         "unjudged": unjudged(runs),
         "throughput_rule": THROUGHPUT_RULE,
         "throughput_verdicts": throughput_verdicts(runs),
-        "runs": [{"path": c.path, "source": c.source, "mark": c.mark, "vs_baseline": c.vs_baseline,
+        "left_out": [{"run_name": c.run.run_name, "path": c.path, "status": status(c), "holder": c.holder}
+                     for c in ordered(runs) if c.mark],
+        "runs": [{"path": c.path, "source": c.source, "mark": c.mark, "status": status(c), "vs_baseline": c.vs_baseline,
                   "numerics_worst": numerics_summary(c.run), **dataclasses.asdict(c.run)}
                  for c in ordered(runs)],
         "plots": plots or {},
@@ -937,8 +996,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return _refuse(f"cannot create {out.parent}: {e.strerror}")
+    standing = status_lines(runs)
+    if not compared(runs):
+        print(format_table(runs))
+        print("\n" + "\n".join(standing), file=sys.stderr)
+        print("compare_runs: no finished run to compare yet: nothing was written; run it again once "
+              "the runs have finished", file=sys.stderr)
+        return 1
     verdict_list = verdicts(runs)
     print(format_table(runs))
+    if standing:
+        print("\n" + "\n".join(standing))
     lines = [v["text"] for v in verdict_list] + unjudged(runs)
     if lines:
         print("\n" + "\n".join(lines))

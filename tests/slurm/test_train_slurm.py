@@ -554,3 +554,57 @@ def test_ctrl_c_while_submitting_leaves_no_job_and_no_run(slurm_cluster, tmp_pat
     assert _next_job_id() == next_id + 1  # the job was submitted ...
     assert _wait_terminal(str(next_id), 60) == "CANCELLED"  # ... and cancelled before it ran
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------ one launch per run folder
+def test_finishing_a_sweep_and_resuming_leave_running_and_queued_jobs_alone(train, slurm_cluster, tmp_path):
+    """A two-point sweep whose first job runs and whose second is queued behind it (each job
+    takes every CPU of both nodes): finishing the sweep leaves both points alone (no folder
+    moved, nothing submitted), compare_runs says where they stand and writes nothing, and a
+    second resume of either point is refused naming its job. The job stopped by scancel writes
+    how it ended into summary.json itself (no launcher waits for it) and gives up its hold."""
+    sweep = tmp_path / "sweep"
+    args = ["--multirun", "a2a=bf16,mxfp8", *STOPPABLE, "logging=none", "training.steps=200",
+            "launcher.cpus_per_task=2", f"hydra.sweep.dir={sweep}"]
+    slow = _fault_env(MXFP8EP_TEST_STEP_SLEEP="0.7")
+    proc, out = train(args, timeout=180, extra_env=slow)
+    assert proc.returncode == 0, out[-3000:]
+    running, queued = train.jobs
+    points = sorted(p for p in sweep.iterdir() if p.is_dir())
+    wait_until(lambda: _steps_logged(points[0]) >= 2, 180, "step 2 of the first point")
+    assert _sh("squeue", "-h", "-j", queued, "-o", "%T").split() == ["PENDING"]
+    listing = sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*") if "slurm" not in p.parts)
+    next_id = _next_job_id()
+
+    proc, out = train(args, timeout=180, extra_env=slow)  # the printed "finish the sweep" command
+    assert proc.returncode == 0, out[-3000:]
+    assert (f"#0 (a2a=bf16) being trained by SLURM job {running} (running): left alone; #1 (a2a=mxfp8) being "
+            f"trained by SLURM job {queued} (queued): left alone") in out, out[-3000:]
+    assert "submitted SLURM job" not in out and _next_job_id() == next_id
+    assert not Path(f"{sweep}.cut").exists()
+
+    compared = subprocess.run(train_cmd()[:1] + [str(TRAIN.parent / "compare_runs.py"), str(sweep)], cwd=tmp_path,
+                              env=train_env(**slurm_cluster.env), capture_output=True, text=True, timeout=120)
+    assert compared.returncode == 1, compared.stderr[-3000:]
+    assert "2 runs: 1 queued, 1 running, 0 done, 0 stopped, 0 failed" in compared.stderr
+    assert not (sweep / "comparison.json").exists()
+
+    for point, job, how in ((points[0], running, "running"), (points[1], queued, "queued")):
+        proc, out = train([f"training.resume={point}", "training.steps=300", "training.lr_schedule_steps=300"],
+                          timeout=120, extra_env=slow)
+        assert proc.returncode == 2, out[-3000:]
+        assert f"{point} is being trained by SLURM job {job} ({how}); nothing was started" in proc.stderr
+    assert _next_job_id() == next_id  # nothing was submitted: no run is trained twice
+    assert sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*") if "slurm" not in p.parts
+                  and "checkpoint" not in p.parts and p.name not in ("console.log",)) == [
+        p for p in listing if "checkpoint" not in p and not p.endswith("console.log")]
+
+    subprocess.run(["scancel", queued], check=True, timeout=10)
+    subprocess.run(["scancel", running], check=True, timeout=10)
+    assert _wait_terminal(running, 120) == "CANCELLED"
+    wait_until(lambda: not _sh("squeue", "-h", "-j", running).strip(), 60, "the job's processes to end")
+    s = RunSummary.read(points[0])
+    assert s.stopped_by == "SIGTERM" and s.ended == f"stopped by SIGTERM at step {s.steps}/200 (checkpoint " \
+                                                    f"step-{s.steps})" and s.ended_at
+    assert not (points[0] / ".training").exists()  # the job gave up its hold as it ended
+    assert {p.name.split("_")[0] for p in sweep.glob("*/slurm/*_0_log.out")} == {running}
