@@ -121,13 +121,20 @@ def _routers(job_config) -> list[tuple]:
 def test_node_limited_routing_reaches_torchtitans_routers(groups, limited, tmp_path: Path):
     from launch.titan.runner import build_job_config
 
+    if installed_torchtitan() == "0.2.2":
+        from launch.titan.models import flavors_in_torchtitan
+    else:
+        from launch.titan.titan030.models import flavors_in_torchtitan
+
     def value(v):
         return "null" if v is None else str(v)
 
+    flavors = sorted(flavors_in_torchtitan())
     cfg = compose_cfg("model=tiny_dsv3", f"model.num_expert_groups={value(groups)}",
                       f"model.num_limited_groups={value(limited)}")
     routers = _routers(build_job_config(cfg, str(tmp_path)))
     assert routers and set(routers) == {(groups, limited)}, routers
+    assert sorted(flavors_in_torchtitan()) == flavors  # the model facts table's flavors stay torchtitan's
     # the flavor torchtitan ships stays as it was
     routers = _routers(build_job_config(compose_cfg("model=tiny_dsv3"), str(tmp_path)))
     assert set(routers) == {(None, None)}, routers

@@ -267,9 +267,12 @@ def model_args(family: str, flavor: str) -> Any:
 
 
 def flavors_in_torchtitan() -> list[tuple[str, str]]:
-    """Every (family, flavor) torchtitan 0.2.2 ships for our families, plus our tiny ones."""
+    """Every (family, flavor) torchtitan 0.2.2 ships for our families, plus our tiny ones (not
+    the node-limited variants of them a job config adds, ``launch.titan.node_limited``)."""
+    from launch.titan.node_limited import VARIANT
+
     register_tiny_flavors()
-    return [(family, flavor) for family in FAMILIES for flavor in _flavor_dict(family)]
+    return [(family, flavor) for family in FAMILIES for flavor in _flavor_dict(family) if VARIANT not in flavor]
 
 
 def facts_from_torchtitan(family: str, flavor: str) -> ModelFacts:

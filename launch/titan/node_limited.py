@@ -12,12 +12,15 @@ import copy
 import dataclasses
 from typing import Any, Optional
 
-__all__ = ["flavor_with_groups", "model_config_with_groups", "variant_name"]
+__all__ = ["VARIANT", "flavor_with_groups", "model_config_with_groups", "variant_name"]
+
+# In a flavor name: a variant :func:`flavor_with_groups` added (no flavor of its own).
+VARIANT = ":groups="
 
 
 def variant_name(flavor: str, groups: Optional[int], limited: Optional[int]) -> str:
     """The name under which torchtitan 0.2.2 finds ``flavor`` with these groups."""
-    return f"{flavor}:groups=off" if groups is None else f"{flavor}:groups={groups},limited={limited}"
+    return f"{flavor}{VARIANT}off" if groups is None else f"{flavor}{VARIANT}{groups},limited={limited}"
 
 
 def flavor_with_groups(family: str, flavor: str, groups: Optional[int], limited: Optional[int]) -> str:
