@@ -13,8 +13,10 @@ torchtitan's init for that layer (``0.02 / sqrt(2 (layer + 1))``, seed ``--seed`
 ``--tokens`` synthetic tokens: each a token type drawn from a Zipf law over ``TOKEN_TYPES``
 types (a text's word frequencies), its type's fixed random direction plus a per-token random
 context of the same size, RMS-normalised (the router reads the block's RMSNorm output). No trained
-weights: an untrained router spreads a token's experts about uniformly over the nodes, which is
-what the flat and the deduplicated counts differ most on. Node-limited routing: the same gates
+weights: an untrained router spreads a token's experts about uniformly over the nodes. The flat
+counts do not depend on that (a token's top-k pairs leave its node (N - 1) / N of the time on N
+nodes, whatever the routing); the deduplicated ones would fall with a router that learned to keep
+a token's experts on fewer nodes. Node-limited routing: the same gates
 with torchtitan's ``num_expert_groups`` = the nodes and ``num_limited_groups`` = half of them
 (the DeepSeek-V3 paper's 4 of 8), ``node_limited`` in the rows.
 
@@ -66,6 +68,7 @@ ZIPF_EXPONENT = 1.0
 SENDS = ("flat", "dedup")
 ARMS = tuple(f"{send}_{preset}" for send in SENDS for preset in PRESETS)
 BASELINE = "flat_bf16"
+MOE_LAYERS = 26  # deepseek_v3/16B: 27 layers, the first dense
 ACTIVATION_BYTES = 2  # bf16 activations
 
 
@@ -272,9 +275,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the rows file")
     p.add_argument("--tokens", type=int, default=16384, help="synthetic tokens routed (a multiple of 64)")
-    p.add_argument("--layers", type=int, default=26, help="MoE layers of the 16B routed (its 26: all)")
+    p.add_argument("--layers", type=int, default=MOE_LAYERS, help="MoE layers of the 16B routed (default: all)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    ranks = max(NODES) * GPUS_PER_NODE
+    if args.tokens <= 0 or args.tokens % ranks:
+        p.error(f"--tokens {args.tokens}: a positive multiple of {ranks} (each of the {ranks} ranks of "
+                f"{max(NODES)} nodes holds an equal block)")
+    if not 1 <= args.layers <= MOE_LAYERS:
+        p.error(f"--layers {args.layers}: 1 to {MOE_LAYERS} (the MoE layers of {MODEL[0]}/{MODEL[1]})")
     results = ResultsFile("internode_bytes", args.out, machine=this_machine(count=1, link="none"))
     for row in measure(args.tokens, args.layers, args.seed):
         results.write(**row)

@@ -98,3 +98,12 @@ def test_a_run_writes_one_row_per_nodes_arm_and_node_limit(tmp_path):
             assert by[n, "dedup_bf16", m]["bytes_per_token"] < by[n, "flat_bf16", m]["bytes_per_token"]
     # without a limit a token's six experts leave its node more often than with one
     assert by[2, "dedup_bf16", 1]["inter_rows_per_token"] < by[2, "dedup_bf16", None]["inter_rows_per_token"]
+
+
+@pytest.mark.parametrize("args,expected", [(["--tokens", "100"], "a positive multiple of 64"),
+                                           (["--layers", "27"], "1 to 26")])
+def test_bad_options_are_refused_before_anything_runs(args, expected, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        ib.main(["--out", str(tmp_path / "out"), *args])
+    assert e.value.code == 2 and expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
