@@ -154,3 +154,32 @@ def test_off_turns_off_a_flavor_that_has_it(tmp_path: Path):
     assert (moe.num_expert_groups, moe.num_limited_groups) == (None, None)
     jc = build_job_config(compose_cfg("model=dsv3_671b"), str(tmp_path))
     assert jc.model.flavor == "671B"
+
+
+def test_the_routers_torchtitan_builds_keep_each_token_on_its_limited_groups(tmp_path: Path):
+    """The tiny DeepSeek-V3's routers (8 experts, top-2) with 4 groups of 2, 1 limited: each
+    token's two experts are one group's two."""
+    if installed_torchtitan() != "0.2.2":
+        pytest.skip("the router's call is 0.2.2's here")
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from launch.titan.cpu_compat import apply_cpu_compat
+    from launch.titan.runner import build_job_config
+
+    apply_cpu_compat()  # the router's histc of its expert ids on CPU
+    cfg = compose_cfg("model=tiny_dsv3", "model.num_expert_groups=4", "model.num_limited_groups=1")
+    jc = build_job_config(cfg, str(tmp_path))
+    spec = get_train_spec(jc.model.name)
+    args = copy.deepcopy(spec.model_args[jc.model.flavor])
+    args.update_from_config(jc)
+    torch.manual_seed(0)
+    model = spec.model_cls(args)
+    with torch.no_grad():
+        model.init_weights()
+    routers = [m for m in model.modules() if type(m).__name__ == "TokenChoiceTopKRouter"]
+    x = torch.randn(256, args.dim)
+    for router in routers:
+        with torch.no_grad():
+            _, expert_ids, _ = router(x)
+        groups = expert_ids // 2  # 8 experts in 4 groups of 2
+        assert (groups == groups[:, :1]).all()
