@@ -12,10 +12,10 @@ import copy
 import dataclasses
 from typing import Any, Optional
 
-__all__ = ["VARIANT", "flavor_with_groups", "model_config_with_groups", "variant_name"]
+from launch.titan.models import NODE_LIMITED_VARIANT as VARIANT
+from launch.titan.models import _flavor_dict, register_tiny_flavors
 
-# In a flavor name: a variant :func:`flavor_with_groups` added (no flavor of its own).
-VARIANT = ":groups="
+__all__ = ["flavor_with_groups", "model_config_with_groups", "variant_name"]
 
 
 def variant_name(flavor: str, groups: Optional[int], limited: Optional[int]) -> str:
@@ -28,8 +28,6 @@ def flavor_with_groups(family: str, flavor: str, groups: Optional[int], limited:
     ``groups`` / ``limited``: ``flavor`` itself when its MoE args have them, else a variant of
     its args added to torchtitan's flavor dict (``variant_name``). ``family`` and ``flavor`` are
     torchtitan's names (``launch.titan.models.resolve``)."""
-    from launch.titan.models import _flavor_dict, register_tiny_flavors
-
     register_tiny_flavors()
     flavors = _flavor_dict(family)
     moe = flavors[flavor].moe_args
