@@ -148,6 +148,21 @@ BENCHES = {
                             group=("kind", "ep"), key="reruns_per_1000",
                             hide=("telemetry_sha256", "start_rows", "end_rows", "peak_rows", "worst_rows",
                                   "pool_start_rows", "pool_end_rows", "pool_peak_rows")),
+    "internode_bytes": Bench("Inter-node bytes per token and MoE layer of the four exchange legs (dispatch and "
+                             "combine, forward and backward) on nodes of 8 GPUs, EP over all of them: `flat_*` one "
+                             "row per (token, expert) on another node (torchtitan's all-to-all, the `nccl` "
+                             "transport), `dedup_*` one row per (token, other node holding its experts), each leg in "
+                             "its a2a preset's wire format; `node_limited`: torchtitan's node-limited routing to that "
+                             "many of the nodes (null: off). A byte count from a CPU run of torchtitan's router at "
+                             "DeepSeek-V3 16B's shape on synthetic tokens (`routing`), not a measurement; "
+                             "`modelled_ms`: the speed model's time of the four legs per GPU at 50 GB/s per GPU "
+                             "between nodes and NVLink inside (`time_model`), a model",
+                             paths=("mxfp8_ep/config.py", "mxfp8_ep/wire_format.py", "launch/titan/models.py",
+                                    "launch/titan/cpu_compat.py", "launch/config/node_limited.py",
+                                    "benchmarks/internode_bytes.py", "benchmarks/speed_model.py",
+                                    "benchmarks/capacity_study.py", "recipes/dsv3_16b_2nodes_sweep.yaml"),
+                             group=("nodes", "node_limited"), baselines=("flat_bf16",), key="bytes_per_token",
+                             hide=("leg_bytes_per_token", "time_model", "routing")),
     "titan030": Bench("torchtitan 0.3.0's MoE layer with its dispatchers and ours, ms",
                       paths=LIBRARY + ("benchmarks/titan030.py",) + TIMED, group=("shape", "pass"),
                       baselines=("alltoall", "minimal_async_ep"),
@@ -173,6 +188,7 @@ RERUN = {
     "capacity_replays": "bash benchmarks/run.sh capacity_1gpu OUT",
     "capacity_study": ("python -m benchmarks.capacity_study "
                        "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz --out OUT"),
+    "internode_bytes": "bash benchmarks/run.sh internode_bytes OUT",
     "titan030": "bash benchmarks/run.sh titan030 OUT",
 }
 HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)

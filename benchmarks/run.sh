@@ -2,7 +2,7 @@
 # The benchmarks and the GPU test suites, one suite per call:
 #     bash benchmarks/run.sh SUITE OUT
 # Results rows (JSON Lines, benchmarks/rows.py) and a log per suite go to OUT. Each suite ends
-# within 10 minutes on a 2-GPU H200 machine; suites marked "1 GPU" need only one.
+# within 10 minutes on a 2-GPU H200 machine; suites marked "1 GPU" need only one, "CPU" none.
 # BENCH_ARGS is appended to every benchmark script's options (e.g. "--iters 4 --rounds 1");
 # STEPS sets the training suites' steps (default 50).
 # Without a git checkout (a copied working tree) set MXFP8EP_COMMIT to the copied commit.
@@ -23,6 +23,7 @@ numerics        1 GPU   numerics telemetry: step time at logging.numerics_every=
 profile         2 GPUs  kernels over NVLink with bandwidths; layer and leg timelines (torch.profiler)
 power           2 GPUs  SM clock, power and energy per pass of the DSV3-like layer's arms
 titan030        2 GPUs  torchtitan 0.3.0 MoE layer: AllToAll / MinimalAsyncEP vs ours (TITAN030_SITE)
+internode_bytes CPU     inter-node bytes per token, flat vs node-deduplicated, DSV3 16B routing at 2/4/8 nodes (+ modelled time)
 capacity_1gpu   1 GPU   elastic capacity, ranks on one GPU: GPU tests, layer memory EP 2/4, parity_dsv3 EP=4 1,000 steps
 checkpoint_1gpu 1 GPU   activation checkpointing in guarded steps, ranks on one GPU: GPU tests; parity_dsv3 EP=4 full and selective vs the worst case
 memory_1gpu     1 GPU   parity_dsv3 EP=4 200 steps, ranks on one GPU: peak memory with the activation pool and without it
@@ -178,6 +179,7 @@ titan030)
   fi
   bench 2 titan030
   ;;
+internode_bytes) run python3 -m benchmarks.internode_bytes --out "$out" "${extra[@]}" ;;
 capacity_1gpu)
   tests tests_1gpu_capacity -k sharing_one_gpu tests/test_elastic_capacity.py
   bench 2 memory --layer

@@ -14,7 +14,7 @@ from tests.needs_git import git_checkout
 REPO = Path(__file__).resolve().parents[1]
 SUITES = {"layer", "layer_rank", "legs", "links", "train", "train_shm", "train_debug", "step_profile", "kernels",
           "profile", "power", "titan030", "capacity_1gpu", "checkpoint_1gpu", "memory_1gpu", "tests_1gpu",
-          "tests_1gpu_fuzz", "tests_2gpu", "numerics"}
+          "tests_1gpu_fuzz", "tests_2gpu", "numerics", "internode_bytes"}
 
 
 # run.sh calls `python3`: this Python's, also when its venv is not activated.
@@ -116,3 +116,15 @@ def test_the_numerics_suite_writes_its_rows_through_benchmarks_train(tmp_path):
     assert all(r["command"].startswith("python3 -m benchmarks.train --numerics-every 50 --repeats 2 --out ")
                for r in rows)
     assert "launched model=dsv3_debugmodel" in (out / "numerics.log").read_text()
+
+
+@git_checkout
+def test_the_internode_bytes_suite_runs_on_cpu_and_its_rows_name_their_command(tmp_path):
+    proc = run_sh("internode_bytes", str(tmp_path), BENCH_ARGS="--tokens 512 --layers 1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*_cpux1_internode_bytes.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {r["arm"] for r in rows} == {"flat_bf16", "flat_mxfp8", "flat_mxfp8_all", "dedup_bf16", "dedup_mxfp8",
+                                        "dedup_mxfp8_all"}
+    assert all(r["command"] == f"python3 -m benchmarks.internode_bytes --out {tmp_path} --tokens 512 --layers 1"
+               for r in rows)

@@ -24,6 +24,14 @@ class ModelConfig:
     family: str = MISSING
     # torchtitan flavor inside that family ("debugmodel", "17bx16e", ...) or one of ours ("tiny").
     flavor: str = MISSING
+    # Node-limited routing (DeepSeek-V3's group-limited routing; torchtitan's router fields of the
+    # same names): the routed experts split into num_expert_groups groups, one per node the EP
+    # group spans, and a token picks its top-k among the experts of its num_limited_groups best
+    # groups: its rows cross to at most that many nodes. Checked against parallelism before launch
+    # (launch/config/node_limited.py). null (both): off, also for flavors whose torchtitan args
+    # set them (236B, 671B).
+    num_expert_groups: Optional[int] = None
+    num_limited_groups: Optional[int] = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launch.config import model_facts
 from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, run_estimate, runs_symm
 from launch.config.model_facts import ModelFacts
+from launch.config.node_limited import node_limited_problems
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
 from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig, TrainingConfig
@@ -328,6 +329,13 @@ def _check_model_vs_parallelism(cfg: Any, r: Report, facts: ModelFacts, quantize
                 f"(the {fmt.value} block size), so its tokens cannot be sent as {fmt.value}; use a2a=bf16 "
                 f"or a model with dim % {fmt.block_size} == 0"
             )
+    errors, warnings = node_limited_problems(cfg.model.num_expert_groups, cfg.model.num_limited_groups,
+                                             num_experts=facts.num_experts, top_k=facts.top_k, ep=p.ep,
+                                             procs_per_node=p.procs_per_node, model=cfg.model.name)
+    for e in errors:
+        r.error(e)
+    for w in warnings:
+        r.warn(w)
     if p.tp > 1:
         for name, heads in (("n_heads", facts.n_heads), ("n_kv_heads", facts.n_kv_heads)):
             if heads % p.tp:

@@ -40,6 +40,9 @@ __all__ = [
     "resolve",
 ]
 
+# In a flavor name: a variant of a flavor with other node-limited routing, which
+# launch.titan.node_limited adds to torchtitan's flavor dict for a job config.
+NODE_LIMITED_VARIANT = ":groups="
 # The tokenizer in launch/titan/assets/tokenizer has at most this many ids (build_tiny_assets.py).
 TINY_VOCAB_SIZE = 512
 # The tokenizer scripts/build_corpus.py trains by default has this many ids.
@@ -267,9 +270,11 @@ def model_args(family: str, flavor: str) -> Any:
 
 
 def flavors_in_torchtitan() -> list[tuple[str, str]]:
-    """Every (family, flavor) torchtitan 0.2.2 ships for our families, plus our tiny ones."""
+    """Every (family, flavor) torchtitan 0.2.2 ships for our families, plus our tiny ones (not
+    the node-limited variants of them a job config adds, ``launch.titan.node_limited``)."""
     register_tiny_flavors()
-    return [(family, flavor) for family in FAMILIES for flavor in _flavor_dict(family)]
+    return [(family, flavor) for family in FAMILIES for flavor in _flavor_dict(family)
+            if NODE_LIMITED_VARIANT not in flavor]
 
 
 def facts_from_torchtitan(family: str, flavor: str) -> ModelFacts:

@@ -75,6 +75,7 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
 
     from launch.titan.data import data_source
     from launch.titan.models import resolve
+    from launch.titan.node_limited import flavor_with_groups
 
     t, p = cfg.training, cfg.parallelism
     cpu = not torch.cuda.is_available()
@@ -85,6 +86,9 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
     jc.job.description = f"mxfp8-ep {cfg.experiment}: {cfg.model.family}/{cfg.model.flavor}, a2a={cfg.a2a.name}"
 
     jc.model.name, jc.model.flavor = resolve(cfg.model.family, cfg.model.flavor)
+    # The flavor with the config's node-limited routing (torchtitan's own, or a variant of it).
+    jc.model.flavor = flavor_with_groups(jc.model.name, jc.model.flavor, cfg.model.num_expert_groups,
+                                         cfg.model.num_limited_groups)
     jc.model.hf_assets_path = str(data.tokenizer)
 
     jc.training.dataset = t.dataset

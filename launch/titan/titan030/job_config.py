@@ -4,7 +4,8 @@ fills the fields a torchtitan config file or ``--module/--config`` would).
 What it sets beside the recipe's numbers, where it differs from torchtitan's defaults:
 
 * the model: ``launch.titan.titan030.models.model_spec`` (torchtitan's flavor, or ours), its
-  parallelize function switching FSDP to SUM on gloo (``cpu_compat.with_sum_reduction``);
+  parallelize function switching FSDP to SUM on gloo (``cpu_compat.with_sum_reduction``), its
+  routers with the config's node-limited routing (``launch.titan.node_limited``);
 * the EP exchange: the library's override, ``("mxfp8_ep.titan030.token_dispatcher", {preset
   and legs of cfg.a2a, max_tokens_per_rank})`` in ``override.imports``, the same entry
   ``--override.imports`` makes of a plain torchtitan run's command line; with EP = 1 none (the
@@ -71,6 +72,7 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
     from torchtitan.trainer import Trainer
 
     from launch.titan.data import data_source
+    from launch.titan.node_limited import model_config_with_groups
     from launch.titan.titan030.cpu_compat import with_sum_reduction
     from launch.titan.titan030.metrics import RecipeMetricsProcessor
     from launch.titan.titan030.models import model_spec
@@ -79,6 +81,8 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
     t, p = cfg.training, cfg.parallelism
     data = data_source(t.dataset, t.dataset_path, t.tokenizer_path)
     spec = model_spec(cfg.model.family, cfg.model.flavor)
+    spec = dataclasses.replace(spec, model=model_config_with_groups(spec.model, cfg.model.num_expert_groups,
+                                                                    cfg.model.num_limited_groups))
     spec = dataclasses.replace(spec, parallelize_fn=with_sum_reduction(spec.parallelize_fn))
     profile = int(t.profile_freq) > 0
 
