@@ -57,7 +57,7 @@ import torch
 from benchmarks.rows import ResultsFile, this_machine
 from benchmarks.speed_model import GB, IB50, NVLINK, NVLINK_SYMM, LinkParams
 from mxfp8_ep.config import LEGS, PRESETS
-from mxfp8_ep.wire_format import WireFormat
+from mxfp8_ep.format.wire_format import WireFormat
 
 NODES = (2, 4, 8)
 GPUS_PER_NODE = 8

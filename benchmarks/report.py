@@ -157,7 +157,7 @@ BENCHES = {
                              "DeepSeek-V3 16B's shape on synthetic tokens (`routing`), not a measurement; "
                              "`modelled_ms`: the speed model's time of the four legs per GPU at 50 GB/s per GPU "
                              "between nodes and NVLink inside (`time_model`), a model",
-                             paths=("mxfp8_ep/config.py", "mxfp8_ep/wire_format.py", "launch/titan/models.py",
+                             paths=("mxfp8_ep/config.py", "mxfp8_ep/format/wire_format.py", "launch/titan/models.py",
                                     "launch/titan/cpu_compat.py", "launch/config/node_limited.py",
                                     "benchmarks/internode_bytes.py", "benchmarks/speed_model.py",
                                     "benchmarks/capacity_study.py", "recipes/dsv3_16b_2nodes_sweep.yaml"),
