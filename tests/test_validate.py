@@ -125,13 +125,23 @@ def test_tp_must_divide_world_size():
 
 def test_tp_must_divide_heads():
     # tiny_llama4: 4 heads, 2 kv heads
-    msg = one_problem("parallelism.procs_per_node=4", "parallelism.tp=4", "parallelism.ep=4")
+    msg = one_problem("parallelism.procs_per_node=4", "parallelism.tp=4", "parallelism.ep=1")
     assert "parallelism.tp=4 must divide n_kv_heads=2" in msg
 
 
 @pytest.mark.parametrize("key", ["nodes", "procs_per_node", "ep", "tp"])
 def test_degrees_at_least_one(key):
     assert f"parallelism.{key}=0 must be >= 1" in problems(f"parallelism.{key}=0")[0]
+
+
+def test_ep_with_tp_leaving_fsdp_one_is_refused_with_the_layouts_that_run():
+    """torchtitan builds no FSDP mesh of degree 1 and an EP run's parallelize asks for one."""
+    msg = one_problem("parallelism.tp=2")
+    assert "parallelism.ep=2 with parallelism.tp=2 leaves an FSDP degree of 1" in msg
+    for fix in ("parallelism.tp=1", "parallelism.procs_per_node=4", "parallelism.ep=1"):
+        assert fix in msg
+    check("parallelism.tp=2", "parallelism.procs_per_node=4", machine=GPU_BOX)
+    check("parallelism.tp=2", "parallelism.ep=1", machine=GPU_BOX)
 
 
 def test_fsdp_zero():
@@ -165,7 +175,8 @@ def test_quantize_local_rows_needs_an_mxfp8_leg_and_whole_experts():
     assert "a2a.quantize_local_rows=true" in msg and "a2a=bf16 quantizes none" in msg and "a2a=mxfp8" in msg
     msg = one_problem("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.ep=1", "parallelism.tp=2")
     assert "parallelism.tp=2 shards them" in msg
-    check("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.tp=2")  # EP 2: the dispatcher's own layers
+    check("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.tp=2",  # EP 2: the dispatcher's own layers
+          "parallelism.procs_per_node=4")
 
 
 def test_numerics_telemetry_warns_where_it_would_log_nothing():
@@ -329,6 +340,22 @@ def test_cpu_processes_share_the_ram():
 def test_capacity_factor_of_zero_or_less_is_refused(value):
     assert f"a2a.capacity_factor={float(value) if '.' in value else int(value)!r}" in one_problem(
         f"a2a.capacity_factor={value}")
+
+
+@pytest.mark.parametrize("key", ["activation_pool_factor", "activation_pool_ceiling"])
+@pytest.mark.parametrize("value", ["0", "-1.5"])
+def test_pool_factor_or_ceiling_of_zero_or_less_is_refused_with_the_default(key, value):
+    msg = one_problem(f"a2a.{key}={value}")
+    assert msg.startswith(f"a2a.{key}={float(value)!r}: expected a finite number > 0") and "or null" in msg
+    assert f"the default is a2a.{key}=" in msg
+
+
+def test_pool_ceiling_below_its_factor_is_refused_naming_the_fix():
+    msg = one_problem("a2a.activation_pool_factor=3", "a2a.activation_pool_ceiling=2")
+    assert "a2a.activation_pool_ceiling=2.0 is below a2a.activation_pool_factor=3.0" in msg
+    assert "use a2a.activation_pool_ceiling >= 3.0 or null" in msg
+    check("a2a.activation_pool_factor=3", "a2a.activation_pool_ceiling=null")
+    check("a2a.activation_pool_factor=null", "a2a.activation_pool_ceiling=0.5")  # no pool: no ceiling to hold
 
 
 def test_symm_memory_is_a_factor_of_the_balanced_case():

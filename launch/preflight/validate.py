@@ -33,7 +33,8 @@ from launch.launchers.launcher import Launcher, Target, launcher_class, typed_la
 from launch.launchers.machine import GIB, Machine
 from launch.run.console import format_eta
 from launch.titan.data import check_data
-from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
+from mxfp8_ep.config import (DEFAULT_POOL_CEILING, DEFAULT_POOL_FACTOR, FIELD_CHOICES, LEGS, PRESETS,
+                             capacity_factor_error, pool_ceiling_error)
 from mxfp8_ep.transport import Transport
 from mxfp8_ep.wire_format import WireFormat, quantized_formats
 
@@ -217,6 +218,13 @@ def _check_parallelism(cfg: Any, r: Report) -> Optional[int]:
             f"the {where}; set parallelism.fsdp=-1 to use the rest, or parallelism.fsdp="
             f"{world // p.tp}"
         )
+    elif p.ep > 1 and p.tp > 1 and fsdp == 1:
+        r.error(
+            f"parallelism.ep={p.ep} with parallelism.tp={p.tp} leaves an FSDP degree of 1 (the world size "
+            f"{world} / parallelism.tp), but torchtitan shards the weights of an EP run over an FSDP mesh of "
+            f"degree >= 2 (it stops building the model: \"Mesh 'fsdp' is not available\"); use parallelism.tp=1, "
+            f"parallelism.procs_per_node={2 * p.procs_per_node} (FSDP 2 × TP {p.tp}) or parallelism.ep=1"
+        )
     if world % p.ep:
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         r.error(
@@ -258,6 +266,7 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
         elif _ceiling_below_start(a):
             r.error(f"a2a.capacity_ceiling={a.capacity_ceiling!r} is below where the capacity starts "
                     f"(a2a.capacity_factor={a.capacity_factor!r}): use a ceiling >= the factor, {AUTO_CEILING} or null")
+    _check_pool(a, r)
     formats = quantized_formats(a[leg] for leg in LEGS)
     if a.quantize_local_rows and not formats:
         r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
@@ -271,6 +280,22 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
                 f"labelled a2a={a.name} – set a2a.name={CUSTOM_A2A} to make that visible"
             )
     return formats
+
+
+def _check_pool(a: Any, r: Report) -> None:
+    """``a2a.activation_pool_factor`` and ``a2a.activation_pool_ceiling``, which the library
+    refuses too (``A2AConfig.problems``), said with the recipe's keys and the value to use."""
+    for key, default, null in (("activation_pool_factor", DEFAULT_POOL_FACTOR, "no pool"),
+                               ("activation_pool_ceiling", DEFAULT_POOL_CEILING, "every layer's worst case")):
+        if capacity_factor_error(a[key]) is not None:
+            r.error(f"a2a.{key}={a[key]!r}: expected a finite number > 0 (the pool's rows as a multiple of the "
+                    f"balanced case's, summed over the MoE layers) or null ({null}); the default is "
+                    f"a2a.{key}={default}")
+    if pool_ceiling_error(a.activation_pool_factor, a.activation_pool_ceiling) is not None:
+        r.error(f"a2a.activation_pool_ceiling={a.activation_pool_ceiling!r} is below a2a.activation_pool_factor="
+                f"{a.activation_pool_factor!r}, where the pool starts: use a2a.activation_pool_ceiling >= "
+                f"{a.activation_pool_factor!r} or null (every layer's worst case), or a smaller "
+                f"a2a.activation_pool_factor")
 
 
 # ------------------------------------------------------------------------------ model
