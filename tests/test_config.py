@@ -230,6 +230,13 @@ def test_recipes_exist():
     assert (CONF / "recipe").resolve() == (REPO / "recipes").resolve()
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipes_parallelism_is_an_option_its_messages_can_name(recipe):
+    """The checks name ``parallelism=<name>`` (a SLURM partition's GPUs, this machine's): an option
+    a user can type."""
+    assert compose_cfg(f"+recipe={recipe}").parallelism.name in options("parallelism")
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A stand-in for data/corpus (scripts/build_corpus.py), for the recipes that read it."""

@@ -700,8 +700,8 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
         ("a2a=mxfp9", "a2a=mxfp9: no such option; did you mean a2a=mxfp8? a2a has bf16, mxfp8"),
         # as close to ep2 (the default) as to ep4 and ep8: all three named, none picked
         ("parallelism=ep3", "parallelism=ep3: no such option; did you mean parallelism=ep2, parallelism=ep4 or "
-                            "parallelism=ep8? parallelism has 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, "
-                            "ep8, single"),
+                            "parallelism=ep8? parallelism has 2nodes_8gpus, 4nodes_8gpus, ep2, ep2_shared_gpu, ep4, "
+                            "ep4_shared_gpu, ep8, single"),
         ("training.seq_len=0", "training.seq_len=0 must be > 0 (the default: training.seq_len=64)"),
         ("training.steps=abc", "training.steps=abc: expected a whole number"),
         ("+training.steps=3", "training.steps already exists, so drop the + (training.steps=3)"),
@@ -814,10 +814,24 @@ def test_cfg_job_checks_an_8_gpu_recipe_for_its_gpus_from_any_machine(tmp_path):
 
     from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
 
+    from launch.config.memory import estimate, gib
+
     proc = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    header, where, text = proc.stdout.split("\n", 2)
+    header, where, memory, ceilings, nccl, text = proc.stdout.split("\n", 5)
     assert where == "# checked for 8 GPU(s) of 79.6 GiB per node (validate.gpu_mem_gib), not this machine"
+    # the estimate it checked: the total and its parts, then the parts that differ at the ceilings and on nccl
+    m = MODELS["deepseek_v3", "16B"]
+    kw = dict(world=8, ep=8, tp=1, local_batch_size=2, seq_len=4096, activation_checkpoint="selective",
+              device="cuda")
+    symm, other = estimate(m, **kw, symm=True), estimate(m, **kw)
+    top = estimate(m, **kw, symm=True, capacity_factor=6.0, pool_factor=2.0)
+    assert memory == (f"# memory (launch/config/memory.py) per process, against each GPU's memory (the smallest of 8) "
+                      f"of 79.6 GiB: {gib(symm.total)} GiB ({symm.breakdown()})"), memory
+    assert ceilings.startswith(f"#   at a2a.capacity_ceiling=6.0 and a2a.activation_pool_ceiling=2.0: "
+                               f"{gib(top.total)} GiB (symm activation pool {gib(top.activation_pool)}, "), ceilings
+    assert nccl == (f"#   with a2a.transport=nccl: {gib(other.total)} GiB (activations {gib(other.activations)}, "
+                    f"no symm activation pool, no one layer's symm expert rows, no symm peer buffers)"), nccl
     cfg = OmegaConf.create(text)
     assert cfg.model.name == "dsv3_16b" and cfg.parallelism.procs_per_node == 8
     assert cfg.a2a.capacity_ceiling == DEFAULT_CAPACITY_CEILING  # auto, for an 80 GB GPU

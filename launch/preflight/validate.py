@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import model_facts
-from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, run_estimate, runs_symm
+from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, gib, run_estimate, runs_symm
 from launch.config.model_facts import ModelFacts
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
@@ -459,6 +459,48 @@ def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
     return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor, at_ceiling=not start)
 
 
+def memory_report(cfg: Any, machine: Machine) -> list[str]:
+    """The memory estimate the check holds ``cfg`` to on ``machine`` (the launch config,
+    ``capacity_ceiling`` resolved), as ``--cfg job`` prints it: one process's total and parts
+    where it starts; with the symm transport at an elastic capacity, the parts that differ at
+    its ceilings; where the EP layers run symm, the parts that differ with ``a2a.transport=nccl``.
+    Empty where the memory or the model is unknown."""
+    import copy
+
+    target = launcher_class(cfg)().target(cfg, machine)
+    try:
+        facts = model_facts.facts(cfg.model.family, cfg.model.flavor, installed_torchtitan())
+    except (model_facts.UnknownModelError, StackError):
+        return []
+    if target.memory_bytes is None:
+        return []
+    start = memory_estimate(cfg, target, facts)
+    procs = _processes_per_memory(cfg, target)
+    shared = f" × {procs} processes" if procs > 1 else ""
+    lines = [f"memory (launch/config/memory.py) per process{shared}, against {target.memory_name} of "
+             f"{gib(target.memory_bytes)} GiB: {gib(start.total)} GiB ({start.breakdown()})"]
+
+    def differing(est: MemoryEstimate) -> str:
+        before = dict(start.parts())
+        return ", ".join(f"{label} {gib(n)}" for label, n in est.parts() if before.get(label) != n) + \
+            "".join(f", no {label}" for label in before if label not in dict(est.parts()))
+
+    a = cfg.a2a
+    if elastic_symm(cfg, target) and capacity_factor_error(a.capacity_ceiling) is None:
+        top = memory_estimate(cfg, target, facts, a.capacity_ceiling)
+        shown = "null" if a.capacity_ceiling is None else a.capacity_ceiling
+        lines.append(f"  at a2a.capacity_ceiling={shown} and a2a.activation_pool_ceiling="
+                     f"{'null' if a.activation_pool_ceiling is None else a.activation_pool_ceiling}: "
+                     f"{gib(top.total)} GiB ({differing(top)})")
+    if runs_symm(cfg, target.device):
+        nccl = copy.deepcopy(cfg)
+        with open_dict(nccl):
+            nccl.a2a.transport = Transport.NCCL.value
+        other = memory_estimate(nccl, target, facts)
+        lines.append(f"  with a2a.transport=nccl: {gib(other.total)} GiB ({differing(other)})")
+    return lines
+
+
 def _processes_per_memory(cfg: Any, target: Target) -> int:
     """Processes sharing one ``target.memory_bytes``: one per GPU, or every process of a node
     (its RAM, or one GPU shared by them)."""
@@ -492,16 +534,7 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
         _check_ceiling_memory(cfg, r, target, facts)
         return
 
-    def gib(x: float) -> str:
-        return f"{x / GIB:,.1f}"
-
-    per = (f"parameters {gib(est.parameters)}, gradients {gib(est.gradients)}, optimizer state "
-           f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
-           f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
-           f"runtime {gib(est.runtime)}"
-           + (f", symm activation pool {gib(est.activation_pool)}" if est.activation_pool else "")
-           + (f", one layer's symm expert rows {gib(est.layer_transient)}" if est.layer_transient else "")
-           + (f", symm peer buffers {gib(est.peer_buffers)}" if est.peer_buffers else "") + ")")
+    per = est.breakdown(f"at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}") + ")"
     times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
     msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
            f"process ({per}{times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
