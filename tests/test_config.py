@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import dataclasses
+import re
 
 from launch.launchers.launcher import LauncherConfig, with_typed_launcher
 from launch.launchers.local import LocalLauncher, LocalLauncherConfig
@@ -219,6 +220,25 @@ def test_hydra_settings():
     assert {"recipe", "launcher", "logging", "validate", "training.resume"} <= set(NOT_IN_RUN_NAME)
     assert not any(k.startswith(("training.steps", "a2a", "model", "parallelism"))
                    for k in NOT_IN_RUN_NAME)
+
+
+def test_the_default_model_is_the_installed_stacks_tiny_model():
+    """conf/train.yaml's ``model: default``: tiny Llama4 on torchtitan 0.2.2, tiny DeepSeek-V3 on
+    0.3.0 (which has no Llama4), so a plain ``python launch/train.py`` trains on either."""
+    from launch.config.stack import DEFAULT_MODEL, FAMILIES_BY_STACK, installed_torchtitan
+
+    assert DEFAULT_MODEL == {"0.2.2": "tiny_llama4", "0.3.0": "tiny_dsv3"}
+    for stack, model in DEFAULT_MODEL.items():
+        assert OmegaConf.load(CONF / "model" / f"{model}.yaml").family in FAMILIES_BY_STACK[stack]
+    assert compose_cfg().model == OmegaConf.load(CONF / "model" / f"{DEFAULT_MODEL[installed_torchtitan()]}.yaml")
+
+
+def test_configuration_md_lists_every_model():
+    """docs/configuration.md's model group names every conf/model option, and the default."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    models = text.split("**`model`**:", 1)[1].split("Fields:", 1)[0]
+    listed = set(re.findall(r"`([a-z0-9_]+)`", models))
+    assert set(options("model")) | {"default"} <= listed, sorted(set(options("model")) - listed)
 
 
 # ----------------------------------------------------------------------------- recipes
