@@ -171,7 +171,8 @@ RERUN = {
     "layer_memory": "bash benchmarks/run.sh capacity_1gpu OUT",
     "capacity_replays": "bash benchmarks/run.sh capacity_1gpu OUT",
     "capacity_study": ("python -m benchmarks.capacity_study "
-                       "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz --out OUT"),
+                       "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz "
+                       "--model routing_study_full_dsv3 --out OUT"),
     "titan030": "bash benchmarks/run.sh titan030 OUT",
 }
 HIDDEN = set(PROVENANCE_KEYS + OPTIONAL_PROVENANCE_KEYS)
