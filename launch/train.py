@@ -251,8 +251,7 @@ def cli() -> None:
         print("[mxfp8ep] interrupted (SIGINT) before anything was started", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     except Exception as e:  # noqa: BLE001 - translated when it is a config mistake
-        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
-        error = explain(e, overrides, _launcher_fields)
+        error = explain(e, overrides_of(sys.argv[1:]), _launcher_fields)
         if error is None:
             raise
         reject(error)

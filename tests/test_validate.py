@@ -726,6 +726,24 @@ def test_cli_rejects_before_starting_anything(tmp_path, override, text):
     print(f"{override}: rejected in {elapsed:.2f}s")
 
 
+@pytest.mark.parametrize("args,text", [
+    (["recipe=tiny_cpu_smoke"], "recipe=tiny_cpu_smoke: a recipe is added to the config, not swapped in the defaults "
+                                "list: write +recipe=tiny_cpu_smoke (python launch/train.py +recipe=tiny_cpu_smoke"),
+    (["training.dataset=debian_docs", "training.dataset_path=~/corpus"],
+     "training.dataset_path=~/corpus: Hydra's override grammar cannot read ~ in a value"),
+    (["a2a=bf16,mxfp8", "training.steps=50"], "add --multirun before the overrides (python launch/train.py --multirun "
+                                              "a2a=bf16,mxfp8 training.steps=50)"),
+], ids=["recipe without +", "~ in a path", "a sweep without --multirun"])
+def test_cli_names_the_command_that_fixes_a_hydra_mistake(tmp_path, args, text):
+    import os
+
+    proc = run_train(tmp_path, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and text in proc.stderr, proc.stderr[-2000:]
+    if "~" in args[-1]:  # the path written out, as the shell would have expanded it
+        assert f"training.dataset_path={os.path.expanduser('~/corpus')} " in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_reports_all_problems_and_exits_2(tmp_path):
     proc = run_train(tmp_path, "parallelism.ep=4", "training.steps=0",
                      f"hydra.run.dir={tmp_path / 'run'}")

@@ -10,6 +10,7 @@ same way, with exit code 2.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable, Optional
 
@@ -49,10 +50,16 @@ def explain(exc: BaseException, overrides: list[str],
         return ConfigError([_unreadable(str(top))])
     m = re.search(r"Ambiguous value for argument '([^']+)'", str(top))
     if m:  # a sweep's comma list in a single run
-        return ConfigError([_comma_list(m.group(1))])
+        return ConfigError([_comma_list(m.group(1), overrides)])
     if not isinstance(top, ConfigCompositionException):
         return None
     text = str(top)
+    m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
+    if m:  # a group the defaults list does not hold (recipe): added with +
+        given = _override_for(m.group(1), overrides) or f"{m.group(1)}=..."
+        what = "a recipe is added to the config" if m.group(1) == "recipe" else f"{m.group(1)} is added to the config"
+        return ConfigError([f"{given}: {what}, not swapped in the defaults list: write +{given.lstrip('+')} "
+                            f"(python launch/train.py +{given.lstrip('+')} ...)"])
     m = re.search(r"An item is already at '([^']+)'", text)
     if m:
         key = m.group(1)
@@ -90,13 +97,20 @@ def _unreadable(text: str) -> str:
     if m and "missing EQUAL" in text:
         return (f"{m.group(1)}: an override is key=value or group=option (e.g. "
                 f"{m.group(1)}=<value>)")
+    tilde = re.search(r"Exception: ([^\s=]+)=(\S*~\S*)", text)
+    if tilde:  # ~ is Hydra's delete prefix; the shell expands ~ only at a word's start
+        key, value = tilde.groups()
+        return (f"{key}={value}: Hydra's override grammar cannot read ~ in a value, and the shell expands it only "
+                f"at the start of a word; write the path out: {key}={os.path.expanduser(value)} "
+                f"(or {key}=$HOME{value.removeprefix('~')}, which the shell expands)")
     return f"could not read an override ({said}): overrides are key=value or group=option"
 
 
-def _comma_list(override: str) -> str:
+def _comma_list(override: str, overrides: list[str]) -> str:
     key, _, value = override.partition("=")
+    given = [o for o in overrides if not o.startswith("hydra.")] or [override]
     return (f"{override}: a comma list is a sweep, one run per value: add --multirun before the "
-            f"overrides (python launch/train.py --multirun {override}); for one value holding "
+            f"overrides (python launch/train.py --multirun {' '.join(given)}); for one value holding "
             f"commas, quote it ({key}='{value}')")
 
 
