@@ -181,6 +181,9 @@ def test_quantize_local_rows_needs_an_mxfp8_leg_and_whole_experts():
 
 def test_numerics_telemetry_warns_where_it_would_log_nothing():
     assert "logging.numerics_every=-1: 0 (off)" in one_problem("logging.numerics_every=-1")
+    msg = one_problem("a2a=mxfp8", "logging.numerics_every=50")  # the default 20 steps: no step sampled
+    assert msg.startswith("logging.numerics_every=50 > training.steps=20: ") and "logging.numerics_every <= 20" in msg
+    check("a2a=mxfp8", "logging.numerics_every=50", "training.steps=50")
     assert any("has none: nothing will be logged" in w for w in check("logging.numerics_every=5"))
     single = check("a2a=mxfp8", "parallelism=single", "logging.numerics_every=5")
     assert any("add a2a.quantize_local_rows=true" in w for w in single)

@@ -386,6 +386,11 @@ def _check_logging(cfg: Any, r: Report) -> None:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
     if lg.numerics_every < 0:
         r.error(f"logging.numerics_every={lg.numerics_every}: 0 (off) or the steps between samples (e.g. 50)")
+    elif lg.numerics_every > cfg.training.steps > 0:
+        r.error(f"logging.numerics_every={lg.numerics_every} > training.steps={cfg.training.steps}: it samples every "
+                f"{lg.numerics_every}th step, so this run would sample none and log nothing under numerics/; use "
+                f"logging.numerics_every <= {cfg.training.steps} (e.g. {max(1, cfg.training.steps // 2)}) or more "
+                f"training.steps")
     elif lg.numerics_every and not quantized_formats(cfg.a2a[leg] for leg in LEGS):
         r.warn(f"logging.numerics_every={lg.numerics_every} measures the MXFP8 legs, but a2a={cfg.a2a.name} "
                f"has none: nothing will be logged under numerics/")
