@@ -174,7 +174,7 @@ def _sweep_job(cfg: DictConfig, point: Path, overrides: list[str]) -> Optional[R
     except ConfigError as e:
         reject(e)
     for w in warnings:
-        console.warn(w)
+        console.warn(w, once=True)  # once per sweep (the SLURM requeue warning of every point alike)
     if resume is not None:
         print(resume.line, flush=True)
         resume.number = claim_resume(point)
