@@ -26,22 +26,18 @@ from pathlib import Path
 from typing import Optional
 
 
-def _this_python_has_the_recipe() -> None:
-    """One line, exit 2, instead of an ImportError traceback when this interpreter lacks the
-    recipe's packages: a venv that is not active, or a Python nothing was installed into."""
-    import importlib.util
+try:  # the package, or where it cannot be imported, the file beside this one
+    from launch.recipe_python import require_recipe_python
+except ImportError:
+    import importlib.util as _util
 
-    missing = [name for name in ("hydra", "launch") if importlib.util.find_spec(name) is None]
-    if missing:
-        venv = Path(__file__).resolve().parent.parent / ".venv"
-        fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
-               else "activate the venv you installed into, or install with `bash scripts/install.sh`")
-        print(f"[mxfp8ep] {sys.executable} cannot import {' or '.join(missing)}, which the recipe needs: "
-              f"{fix}, then run the command again", file=sys.stderr)
-        raise SystemExit(2)
+    _spec = _util.spec_from_file_location("recipe_python", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                         "recipe_python.py"))
+    _module = _util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(_module)  # type: ignore[union-attr]
+    require_recipe_python = _module.require_recipe_python
 
-
-_this_python_has_the_recipe()
+require_recipe_python(("hydra", "launch"))
 
 from launch.launchers import spawned_worker  # noqa: F401  (first: a spawned worker's SIGINT while it imports)
 
