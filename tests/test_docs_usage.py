@@ -114,3 +114,14 @@ def test_the_capacity_line_shown_is_the_one_its_command_prints():
     command = train_commands(before.rsplit("```bash\n", 1)[1].split("```")[0].join(["```bash\n", "```"]))[-1]
     cfg = compose_cfg(*command)
     assert "a2a capacity  starts at " + quoted.split("\n", 1)[0] == capacity_line(cfg, a2a_config(cfg))
+
+
+def test_slurm_md_says_what_launcher_wait_does_to_a_sweep():
+    """``launcher.wait=true`` with ``--multirun`` runs the points' jobs one after another (each
+    point's launch waits for its job): the page says so where it introduces the field."""
+    from launch.launchers.slurm import SlurmLauncherConfig
+
+    intro = (REPO / "docs" / "slurm.md").read_text().split("\n## ", 1)[0].replace("\n", " ")
+    assert SlurmLauncherConfig.wait is False and "(the default, `false`)" in intro
+    assert "With `--multirun`, `launcher.wait=true` waits for each point's job to end before it submits the next" \
+        in intro and "one at a time" in intro
