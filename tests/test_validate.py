@@ -860,6 +860,21 @@ def test_cfg_job_checks_an_8_gpu_recipe_for_its_gpus_from_any_machine(tmp_path):
     assert here.returncode == 2 and "flex attention" in here.stderr and "this machine's RAM" in here.stderr
 
 
+def test_a_cpu_launch_of_a_recipe_for_gpus_gives_the_breakdown_its_check_gives():
+    """Launched on a machine without GPUs, the 8-GPU recipe is refused for this machine's RAM, and
+    the message gives, after this machine's figure, the estimate on the GPUs it names: the
+    total and parts `--cfg job` prints."""
+    from launch.preflight.prepare import meant_for
+    from launch.preflight.validate import memory_report
+
+    found = problems(EP8_RECIPE, "a2a=mxfp8", machine=CPU_BOX)
+    (memory,) = [p for p in found if "needs about" in p]
+    cfg = compose_cfg(EP8_RECIPE, "a2a=mxfp8")
+    checked = memory_report(cfg, meant_for(cfg))[0].split(" GiB: ", 1)[1]
+    assert memory.endswith(f"On the GPUs it names (validate.gpu_mem_gib=79.6, 8 per node), as `--cfg job` checks "
+                           f"it from here: {checked.replace(' GiB (', ' GiB per process (')}"), memory
+
+
 def test_a_recipe_that_does_not_fit_its_gpus_is_refused_with_the_one_estimate():
     """Checked for the GPUs it names, the recipe at local batch 4 does not fit: the refusal
     quotes the estimate benchmarks.memory gives for that GPU run (the symm transport on CUDA),

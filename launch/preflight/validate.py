@@ -545,8 +545,21 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
            f"process ({per}{times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
            f"Use a smaller model, more GPUs or nodes to shard it over, a smaller "
            f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
-           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway")
+           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway"
+           + _on_its_gpus(cfg, target, facts))
     (r.warn if cfg.validate.memory == "warn" else r.error)(msg)
+
+
+def _on_its_gpus(cfg: Any, target: Target, facts: ModelFacts) -> str:
+    """Where a config that names its GPUs (``validate.gpu_mem_gib``) is refused on a machine
+    without GPUs: the estimate on those GPUs, the breakdown ``--cfg job`` prints; else ""."""
+    gpu_mem, p = cfg.validate.gpu_mem_gib, cfg.parallelism
+    if gpu_mem is None or gpu_mem <= 0 or target.device == "cuda":
+        return ""
+    node = Machine.with_gpus(1 if p.share_gpu else p.procs_per_node, gpu_mem)
+    on_gpus = memory_estimate(cfg, launcher_class(cfg)().target(cfg, node), facts)
+    return (f". On the GPUs it names (validate.gpu_mem_gib={gpu_mem:g}, {node.gpus} per node), as `--cfg job` "
+            f"checks it from here: {gib(on_gpus.total)} GiB per process ({on_gpus.breakdown()})")
 
 
 def _ceiling_below_start(a: Any) -> bool:
