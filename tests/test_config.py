@@ -231,6 +231,9 @@ def test_the_default_model_is_the_installed_stacks_tiny_model():
     for stack, model in DEFAULT_MODEL.items():
         assert OmegaConf.load(CONF / "model" / f"{model}.yaml").family in FAMILIES_BY_STACK[stack]
     assert compose_cfg().model == OmegaConf.load(CONF / "model" / f"{DEFAULT_MODEL[installed_torchtitan()]}.yaml")
+    row = f"| the model `python launch/train.py` trains (`model=default`) | `{DEFAULT_MODEL['0.2.2']}` | " \
+          f"`{DEFAULT_MODEL['0.3.0']}` |"
+    assert row in (REPO / "docs" / "torchtitan_030.md").read_text()
 
 
 def test_configuration_md_lists_every_model():
