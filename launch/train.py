@@ -229,11 +229,14 @@ def literal_paths(args: list[str]) -> list[str]:
 def cli() -> None:
     """``python launch/train.py``: Hydra's app, with every config mistake Hydra finds while
     composing reported as ours (launch/preflight/hydra_errors.py) and exit code 2."""
-    from launch.preflight.hydra_errors import explain
+    from launch.preflight.hydra_errors import explain, split_overrides
 
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
     # Hydra prints its own errors and exits 1 unless HYDRA_FULL_ERROR is set: then they come here.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    split = None if wants_job_config(sys.argv[1:]) else split_overrides(sys.argv[1:])  # --cfg job: read here
+    if split is not None:
+        reject(ConfigError([split]))
     sys.argv[1:] = with_the_runs_options(literal_paths(sys.argv[1:]), CONF)
     try:
         if wants_job_config(sys.argv[1:]):  # --cfg job: the launch's config, checked; nothing started

@@ -736,7 +736,10 @@ def test_cli_rejects_before_starting_anything(tmp_path, override, text):
      "training.dataset_path=~/corpus: Hydra's override grammar cannot read ~ in a value"),
     (["a2a=bf16,mxfp8", "training.steps=50"], "add --multirun before the overrides (python launch/train.py --multirun "
                                               "a2a=bf16,mxfp8 training.steps=50)"),
-], ids=["recipe without +", "~ in a path", "a sweep without --multirun"])
+    (["a2a=bf16,mxfp8", "--multirun", "training.steps=50"],
+     "the overrides stand on both sides of --multirun, and Hydra reads them as one list: put the flags first "
+     "(python launch/train.py --multirun a2a=bf16,mxfp8 training.steps=50 hydra.run.dir="),
+], ids=["recipe without +", "~ in a path", "a sweep without --multirun", "overrides on both sides of --multirun"])
 def test_cli_names_the_command_that_fixes_a_hydra_mistake(tmp_path, args, text):
     import os
 

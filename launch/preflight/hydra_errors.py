@@ -125,3 +125,32 @@ def _other_launchers(field: str, launcher_fields: Callable[[], dict[str, list[st
     if not owners:
         return ""
     return f" (launcher.{field} is a field of {' and '.join(f'launcher={o}' for o in owners)})"
+
+
+# Hydra's flags that take a value (the next word); ``--info`` takes one only when one follows.
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp", "--config-dir",
+                "-cd", "--experimental-rerun"}
+
+
+def split_overrides(args: list[str]) -> Optional[str]:
+    """The problem, naming the command that works, where overrides stand on both sides of a
+    flag (``a2a=bf16,mxfp8 --multirun training.steps=50``): Hydra's argument parser reads the
+    overrides as one list and stops at "unrecognized arguments". None where they are together."""
+    flags, overrides, where, skip = [], [], [], False
+    for i, a in enumerate(args):
+        if skip:
+            flags.append(a)
+            skip = False
+        elif a.startswith("-"):
+            flags.append(a)
+            skip = a in _VALUE_FLAGS
+        else:
+            overrides.append(a)
+            where.append(i)
+    if not where or where[-1] - where[0] + 1 == len(where):
+        return None
+    command = " ".join(["python launch/train.py", *flags, *overrides])
+    between = ", ".join(f for f in flags if f.startswith("-"))
+    return (f"{' '.join(args)}: the overrides stand on both sides of {between}, and Hydra reads them as one "
+            f"list: put the flags first ({command})")
+
