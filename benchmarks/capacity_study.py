@@ -1,8 +1,17 @@
 """How the symm transport's activation pool and elastic capacity would behave over a measured
 routing, at EP 2, 4, 8, as rows (bench ``capacity_study``).
 
-    python -m benchmarks.capacity_study ROUTING.jsonl[.gz] --out benchmarks/results \\
-        [--save-telemetry benchmarks/results/telemetry/NAME.routing.jsonl.gz] [--source "COMMAND"]
+    python -m benchmarks.capacity_study ROUTING.jsonl[.gz] --out benchmarks/results [--model MODEL] \\
+        [--save-telemetry benchmarks/results/telemetry/NAME.routing.jsonl.gz] [--source "COMMAND"] [--extrapolate]
+
+The study first prints what its input is: the steps, the MoE layers, the experts and top-k, and
+the model they came from (the conf/model option of the run, from the ``train_config.yaml``
+beside a run's ``routing.jsonl``, or ``--model`` for a copy elsewhere). Its verdict is on the
+target (DeepSeek-V3 16B at EP=8), so it refuses, before writing anything, an input of fewer than
+``MIN_VERDICT_STEPS`` steps (the capacity grows and the routing drifts over the first hundreds),
+of an unknown model, of another model family than the target's, or whose layers and experts are
+not its model's; ``--extrapolate`` writes the rows and the verdict anyway, saying why they are an
+extrapolation.
 
 The input is a run's routing telemetry (``<run dir>/routing.jsonl``, written by
 ``launch.titan.routing_telemetry``; ``recipes/routing_study_full_cpu.yaml`` makes one): per
@@ -59,6 +68,8 @@ from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, 
                              DEFAULT_POOL_FACTOR)
 
 TARGET_RECIPE = "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"
+# The fewest steps of an input whose verdict on the target is given without --extrapolate.
+MIN_VERDICT_STEPS = 1000
 EP_DEGREES = (2, 4, 8)
 
 
@@ -325,6 +336,70 @@ def verdict(rows: list[dict]) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class Source:
+    """What a telemetry's steps came from: its steps and their range, its MoE layers and experts
+    (the lines'), the model (a conf/model option; None where not known) and where that was read."""
+
+    steps: int
+    first_step: int
+    last_step: int
+    moe_layers: int
+    experts: int
+    model: str | None = None
+    family: str | None = None
+    flavor: str | None = None
+    facts: ModelFacts | None = None
+    where: str = ""
+
+    @property
+    def top_k(self) -> int | None:
+        return self.facts.top_k if self.facts is not None else None
+
+    def line(self) -> str:
+        """``input: 1,500 steps (1-1500) of model=... (deepseek_v3/..., 26 MoE layers, 64 experts, top-6; ...)``."""
+        model = (f"model={self.model} ({self.family}/{self.flavor}, {self.moe_layers} MoE layers, "
+                 f"{self.experts} experts, top-{self.top_k}; {self.where})" if self.model else
+                 f"an unknown model ({self.moe_layers} MoE layers, {self.experts} experts, top-k unknown: no "
+                 f"train_config.yaml beside the telemetry and no --model)")
+        return f"input: {self.steps:,} steps ({self.first_step}-{self.last_step}) of {model}"
+
+
+def source_of(telemetry: Path, steps: list[dict], model: str | None = None) -> Source:
+    """The ``Source`` of ``steps`` read from ``telemetry``: the model ``--model`` names, else the
+    one in the ``train_config.yaml`` of the run folder the telemetry is in."""
+    where = "--model"
+    if model is None:
+        config = telemetry.parent / "train_config.yaml"
+        if config.is_file():
+            model, where = (yaml.safe_load(config.read_text()) or {}).get("model", {}).get("name"), str(config)
+    base = dict(steps=len(steps), first_step=steps[0]["step"], last_step=steps[-1]["step"],
+                moe_layers=len(steps[0]["layers"]), experts=len(steps[0]["counts"][0]) if "counts" in steps[0] else 0)
+    if model is None:
+        return Source(**base)
+    spec = _config("model", model)
+    return Source(**base, model=model, family=spec["family"], flavor=spec["flavor"],
+                  facts=MODELS.get((spec["family"], spec["flavor"])), where=where)
+
+
+def extrapolation(src: Source, t: Target) -> list[str]:
+    """Why a verdict on the target from ``src`` would be an extrapolation (empty: it is not)."""
+    family = t.model.split("/")[0]
+    found = []
+    if src.steps < MIN_VERDICT_STEPS:
+        found.append(f"{src.steps:,} steps, fewer than the {MIN_VERDICT_STEPS:,} a verdict takes (the capacity "
+                     f"grows and the routing drifts over the first hundreds)")
+    if src.model is None:
+        found.append("the model is unknown (pass --model <the conf/model option the run trained>)")
+    elif src.family != family:
+        found.append(f"model={src.model} is {src.family}, not the target's family ({family}: {t.model})")
+    elif src.facts is not None and (src.facts.n_moe_layers, src.facts.num_experts) != (
+            src.moe_layers, src.experts or src.facts.num_experts):
+        found.append(f"its {src.moe_layers} MoE layers and {src.experts} experts are not model={src.model}'s "
+                     f"({src.facts.n_moe_layers}, {src.facts.num_experts})")
+    return found
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("telemetry", type=Path, help="a run's routing.jsonl (or .jsonl.gz)")
@@ -333,24 +408,40 @@ def main(argv=None) -> None:
                         help="write the telemetry read, gzipped, here (commit it beside the rows)")
     parser.add_argument("--source", default=None,
                         help="how the telemetry was made (the training command), kept in every row")
+    models = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+    parser.add_argument("--model", default=None, choices=models, metavar="MODEL",
+                        help="the conf/model option the telemetry's run trained (default: the one in the "
+                             "train_config.yaml beside it)")
+    parser.add_argument("--extrapolate", action="store_true",
+                        help=f"write rows and a verdict on the target from fewer than {MIN_VERDICT_STEPS:,} steps, "
+                             f"an unknown model or another family's")
     args = parser.parse_args(argv)
     steps = read_telemetry(args.telemetry)
     if not steps:
         parser.error(f"{args.telemetry}: no steps")
+    t = target()
+    src = source_of(args.telemetry, steps, args.model)
+    print(src.line())
+    why = extrapolation(src, t)
+    if why and not args.extrapolate:
+        parser.error(f"a verdict on {t.model} at EP={TARGET_EP} from this input would be an extrapolation: "
+                     f"{'; '.join(why)}. Use a longer run of a {t.model.split('/')[0]} model "
+                     f"(recipes/routing_study_full_cpu.yaml), or --extrapolate to write it anyway")
     data = "".join(json.dumps(s) + "\n" for s in steps).encode()
     if args.save_telemetry is not None:
         args.save_telemetry.parent.mkdir(parents=True, exist_ok=True)
         args.save_telemetry.write_bytes(gzip.compress(data, mtime=0))
-    t = target()
     telemetry = {"telemetry": str(args.save_telemetry or args.telemetry),
                  "telemetry_sha256": hashlib.sha256(data).hexdigest(),
                  "telemetry_source": args.source, "study_picks_per_layer": steps[0]["picks"][0],
-                 "study_moe_layers": len(steps[0]["layers"])}
+                 "study_moe_layers": len(steps[0]["layers"]), "study_model": src.model, "study_top_k": src.top_k}
     results = ResultsFile("capacity_study", args.out, machine=this_machine(count=1, link="none"))
     rows = study_rows(steps, t)
     for row in rows:
         results.write(**row, **telemetry)
     print(f"wrote {results.path}")
+    if why:
+        print(f"extrapolated (--extrapolate): {'; '.join(why)}")
     print("\n".join(verdict(rows)))
 
 

@@ -187,7 +187,8 @@ RERUN = {
     "layer_memory": "bash benchmarks/run.sh capacity_1gpu OUT",
     "capacity_replays": "bash benchmarks/run.sh capacity_1gpu OUT",
     "capacity_study": ("python -m benchmarks.capacity_study "
-                       "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz --out OUT"),
+                       "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz "
+                       "--model routing_study_full_dsv3 --out OUT"),
     "internode_bytes": "bash benchmarks/run.sh internode_bytes OUT",
     "titan030": "bash benchmarks/run.sh titan030 OUT",
 }

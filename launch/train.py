@@ -27,22 +27,18 @@ from pathlib import Path
 from typing import Optional
 
 
-def _this_python_has_the_recipe() -> None:
-    """One line, exit 2, instead of an ImportError traceback when this interpreter lacks the
-    recipe's packages: a venv that is not active, or a Python nothing was installed into."""
-    import importlib.util
+try:  # the package, or where it cannot be imported, the file beside this one
+    from launch.recipe_python import require_recipe_python
+except ImportError:
+    import importlib.util as _util
 
-    missing = [name for name in ("hydra", "launch") if importlib.util.find_spec(name) is None]
-    if missing:
-        venv = Path(__file__).resolve().parent.parent / ".venv"
-        fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
-               else "activate the venv you installed into, or install with `bash scripts/install.sh`")
-        print(f"[mxfp8ep] {sys.executable} cannot import {' or '.join(missing)}, which the recipe needs: "
-              f"{fix}, then run the command again", file=sys.stderr)
-        raise SystemExit(2)
+    _spec = _util.spec_from_file_location("recipe_python", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                         "recipe_python.py"))
+    _module = _util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(_module)  # type: ignore[union-attr]
+    require_recipe_python = _module.require_recipe_python
 
-
-_this_python_has_the_recipe()
+require_recipe_python(("hydra", "launch"))
 
 from launch.launchers import spawned_worker  # noqa: F401  (first: a spawned worker's SIGINT while it imports)
 
@@ -198,7 +194,7 @@ def _sweep_job(cfg: DictConfig, point: Path, overrides: list[str]) -> Optional[R
     except ConfigError as e:
         reject(e)
     for w in warnings:
-        console.warn(w)
+        console.warn(w, once=True)  # once per sweep (the SLURM requeue warning of every point alike)
     if resume is not None:
         print(resume.line, flush=True)
         resume.number = claim_resume(point)
@@ -257,11 +253,14 @@ def literal_paths(args: list[str]) -> list[str]:
 def cli() -> None:
     """``python launch/train.py``: Hydra's app, with every config mistake Hydra finds while
     composing reported as ours (launch/preflight/hydra_errors.py) and exit code 2."""
-    from launch.preflight.hydra_errors import explain
+    from launch.preflight.hydra_errors import explain, split_overrides
 
     sys.stdout.reconfigure(line_buffering=True)  # progress lines appear as they come
     # Hydra prints its own errors and exits 1 unless HYDRA_FULL_ERROR is set: then they come here.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    split = None if wants_job_config(sys.argv[1:]) else split_overrides(sys.argv[1:])  # --cfg job: read here
+    if split is not None:
+        reject(ConfigError([split]))
     sys.argv[1:] = with_the_runs_options(literal_paths(sys.argv[1:]), CONF)
     try:
         if wants_job_config(sys.argv[1:]):  # --cfg job: the launch's config, checked; nothing started
@@ -275,8 +274,7 @@ def cli() -> None:
         print("[mxfp8ep] interrupted (SIGINT) before anything was started", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     except Exception as e:  # noqa: BLE001 - translated when it is a config mistake
-        overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
-        error = explain(e, overrides, _launcher_fields)
+        error = explain(e, overrides_of(sys.argv[1:]), _launcher_fields)
         if error is None:
             raise
         reject(error)

@@ -94,8 +94,8 @@ class A2AConfig:
     # capacity, which never overflows a pool).
     activation_pool_factor: float | None = DEFAULT_POOL_FACTOR
     # symm: the most rows the pool grows to, as the same multiple (at least
-    # ``activation_pool_factor``); a step that needs more spills (runs again keeping exactly its
-    # routed rows). None: no ceiling below every layer's worst case.
+    # ``activation_pool_factor``: a lower one is a problem); a step that needs more spills (runs
+    # again keeping exactly its routed rows). None: no ceiling below every layer's worst case.
     activation_pool_ceiling: float | None = DEFAULT_POOL_CEILING
 
     def problems(self) -> list[str]:
@@ -112,6 +112,9 @@ class A2AConfig:
             error = capacity_factor_error(getattr(self, name))
             if error is not None:
                 found.append(f"A2AConfig.{name}={getattr(self, name)!r}: {error}")
+        if pool_ceiling_error(self.activation_pool_factor, self.activation_pool_ceiling) is not None:
+            found.append(f"A2AConfig.activation_pool_ceiling={self.activation_pool_ceiling!r}: "
+                         f"{pool_ceiling_error(self.activation_pool_factor, self.activation_pool_ceiling)}")
         if self.quantize_local_rows is True and not quantized_formats(getattr(self, leg) for leg in LEGS):
             found.append(
                 "A2AConfig.quantize_local_rows=True quantizes the rows that stay on their rank on the "
@@ -162,6 +165,17 @@ def capacity_factor_error(factor) -> str | None:
     return ("expected a finite number > 0 (the expert rows as a multiple of the balanced case's; below 1 the "
             "first steps replay until the capacity has grown to what the routing needs) or None / null (the "
             "worst case, EP x tokens x top_k rows)")
+
+
+def pool_ceiling_error(factor, ceiling) -> str | None:
+    """Why ``ceiling`` is no ``A2AConfig.activation_pool_ceiling`` for the pool starting at
+    ``factor`` (both valid numbers, the ceiling below the start: the pool could never hold what
+    it starts with), or None."""
+    if (factor is None or ceiling is None or capacity_factor_error(factor) is not None
+            or capacity_factor_error(ceiling) is not None or ceiling >= factor):
+        return None
+    return (f"below activation_pool_factor={factor!r}, where the pool starts: use a ceiling >= the factor "
+            f"(e.g. {factor!r}) or None / null (every layer's worst case), or a smaller activation_pool_factor")
 
 
 _BF16 = {leg: "bf16" for leg in LEGS}

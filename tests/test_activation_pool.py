@@ -52,6 +52,14 @@ def test_a_pool_factor_or_ceiling_that_cannot_be_is_refused(name, value):
     A2AConfig(**{name: 1.5}).check()
 
 
+def test_a_pool_ceiling_below_where_the_pool_starts_is_refused():
+    with pytest.raises(ValueError, match="A2AConfig.activation_pool_ceiling=2.0: below activation_pool_factor=3.0"):
+        A2AConfig(activation_pool_factor=3.0, activation_pool_ceiling=2.0).check()
+    A2AConfig(activation_pool_factor=3.0, activation_pool_ceiling=3.0).check()
+    A2AConfig(activation_pool_factor=3.0, activation_pool_ceiling=None).check()
+    A2AConfig(activation_pool_factor=None, activation_pool_ceiling=0.5).check()
+
+
 ROUTINGS = ("balanced", "skewed", "balanced")
 POOLED = dict(transport="symm", capacity_ceiling=None, activation_pool_factor=1.0, activation_pool_ceiling=None)
 

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
+
+import pytest
 
 from benchmarks.capacity_study import (
     DEFAULTS,
     GRID,
+    MIN_VERDICT_STEPS,
     Policy,
     StepLoads,
+    extrapolation,
     main,
     read_telemetry,
     sampling_floor,
     simulate,
+    source_of,
     step_loads,
     target,
 )
@@ -35,6 +41,49 @@ def _steps(loads_ep8: list[float]) -> list[dict]:
         lines.append({"step": i + 1, "layers": [1, 2], "picks": [6144, 6144],
                       "load": {"2": [1.0, 1.0], "4": [1.0, 1.0], "8": [1.0, load]}, "counts": [[96] * 64, second]})
     return lines
+
+
+def _run_dir(tmp_path, model: str, steps: int):
+    """A run folder as a training run leaves it: its routing.jsonl and train_config.yaml."""
+    run = tmp_path / model
+    run.mkdir()
+    (run / "routing.jsonl").write_text("".join(json.dumps(line) + "\n" for line in _steps([1.25] * steps)))
+    (run / "train_config.yaml").write_text(f"model:\n  name: {model}\n")
+    return run / "routing.jsonl"
+
+
+@pytest.mark.parametrize("model,why", [
+    ("dsv3_debugmodel", ["50 steps, fewer than the 1,000 a verdict takes",
+                         "its 2 MoE layers and 64 experts are not model=dsv3_debugmodel's"]),
+    ("tiny_llama4", ["50 steps, fewer than the 1,000", "model=tiny_llama4 is llama4, not the target's family "
+                     "(deepseek_v3: deepseek_v3/16B)"]),
+])
+def test_a_verdict_from_a_short_run_or_another_model_is_refused_naming_the_input(tmp_path, capsys, model, why):
+    """A 50-step run of a debug model (or of a Llama4): the study says what its input is, then
+    refuses the verdict on DeepSeek-V3 16B at EP=8 before writing any row, naming --extrapolate."""
+    path = _run_dir(tmp_path, model, 50)
+    with pytest.raises(SystemExit) as e:
+        main([str(path), "--out", str(tmp_path / "rows")])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    facts = MODELS[("deepseek_v3", "debugmodel") if model == "dsv3_debugmodel" else ("llama4", "tiny")]
+    assert out.startswith(f"input: 50 steps (1-50) of model={model} (") and f"top-{facts.top_k}" in out
+    assert str(path.parent / "train_config.yaml") in out
+    assert all(w in err for w in why) and "--extrapolate" in err and MIN_VERDICT_STEPS == 1000
+    assert not (tmp_path / "rows").exists()
+    usage = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    assert f"refuses a verdict on\nthat target from fewer than {MIN_VERDICT_STEPS:,} steps" in usage
+
+
+def test_a_long_run_of_the_targets_family_with_its_own_layers_is_no_extrapolation():
+    src = source_of(Path("routing.jsonl"), _steps([1.0] * MIN_VERDICT_STEPS), "routing_study_full_dsv3")
+    assert src.top_k == 6 and extrapolation(src, target()) == [
+        "its 2 MoE layers and 64 experts are not model=routing_study_full_dsv3's (26, 64)"]
+    shaped = [{**s, "layers": list(range(1, 27)), "counts": s["counts"] * 13} for s in _steps([1.0] * 1000)]
+    assert extrapolation(source_of(Path("routing.jsonl"), shaped, "routing_study_full_dsv3"), target()) == []
+    assert extrapolation(source_of(Path("routing.jsonl"), shaped[:999], "routing_study_full_dsv3"), target()) == [
+        "999 steps, fewer than the 1,000 a verdict takes (the capacity grows and the routing drifts over the "
+        "first hundreds)"]
 
 
 def test_the_target_is_the_16b_recipe():
@@ -94,7 +143,8 @@ def test_rows_from_telemetry_and_again_from_the_saved_copy(tmp_path, capsys):
     assert [max(s["load"]["8"]) for s in read_telemetry(path)] == [1.125, 1.875, 1.25]
 
     saved = tmp_path / "telemetry" / "study.routing.jsonl.gz"
-    main([str(path), "--out", str(tmp_path / "rows"), "--save-telemetry", str(saved), "--source", "python x"])
+    main([str(path), "--out", str(tmp_path / "rows"), "--save-telemetry", str(saved), "--source", "python x",
+          "--extrapolate"])
     assert [json.loads(line) for line in gzip.decompress(saved.read_bytes()).decode().splitlines()] == \
         read_telemetry(path)
     rows = read_rows(tmp_path / "rows")
@@ -118,8 +168,10 @@ def test_rows_from_telemetry_and_again_from_the_saved_copy(tmp_path, capsys):
     assert all(r["reruns"] == 1 for r in policies if r["ep"] == 2)
     out = capsys.readouterr().out
     assert "EP=8 defaults: " in out and "EP=8 target (<= 10 reruns per 1,000 steps" in out
+    assert out.startswith("input: 3 steps (1-3) of an unknown model (2 MoE layers, 64 experts, top-k unknown")
+    assert "extrapolated (--extrapolate): 3 steps, fewer than the 1,000 a verdict takes" in out
 
-    main([str(saved), "--out", str(tmp_path / "again")])
+    main([str(saved), "--out", str(tmp_path / "again"), "--extrapolate"])
     strip = ("date", "command", "telemetry", "telemetry_source")
     assert [{k: v for k, v in r.items() if k not in strip} for r in read_rows(tmp_path / "again")] == \
         [{k: v for k, v in r.items() if k not in strip} for r in rows]

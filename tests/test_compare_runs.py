@@ -769,3 +769,38 @@ def test_a_sweep_partly_finished_compares_the_finished_runs_with_their_provenanc
     assert [(r["commit"], r["dirty"], r["started_at"], r["ended_at"], r["hosts"], r["gpu"], r["gpu_count"],
              r["stack"]["torchtitan"]) for r in done] == [
         ("a" * 40, False, "2026-12-07T04:00:00Z", "2026-12-07T04:01:00Z", ["n1", "n2"], "cpu", 2, "0.2.2")] * 2
+
+
+def test_a_last_step_delta_of_the_other_sign_than_the_verdict_is_explained(tmp_path, study):
+    """Δloss is one step's, the verdict the final validation loss: where the two disagree in sign
+    the table says which runs and why; where they agree (the study) it says nothing."""
+    steps = list(range(10, 201, 10))
+    write_summary(tmp_path, "bf16", "bf16", steps=steps, val_every=100)
+    write_summary(tmp_path, "mxfp8", "mxfp8", offset=0.002, steps=steps, val_every=100)
+    mx = RunSummary.read(tmp_path / "mxfp8")
+    mx.losses[-1] = mx.final_loss = RunSummary.read(tmp_path / "bf16").final_loss - 0.05  # a lucky last step
+    mx.write(tmp_path / "mxfp8")
+    table = format_table(compare(collect([str(tmp_path)])))
+    (note,) = [line for line in table.splitlines() if "differ in sign" in line]
+    assert note.startswith("* Δloss is the last logged step's training loss minus its bf16 run's; the verdicts "
+                           "below compare the final val loss with the bf16 reference, and for mxfp8 the two differ")
+    assert "differ in sign" not in study[1]["printed"]
+
+
+def test_long_verdicts_are_wrapped_inside_the_loss_figure(study, tmp_path):
+    """A verdict line longer than the figure is wide is wrapped, its words all drawn, none past
+    the figure's right edge."""
+    from launch.tools.compare_runs import plot_loss
+
+    root, _ = study
+    long = ["mxfp8: " + " ".join(f"word{i}" for i in range(60))]
+    with saved_figures() as figs:
+        shown = plot_loss(compare(collect([str(root)])), tmp_path / "loss.png", long)
+    assert shown["texts"] == long and len(shown["drawn"]) > 1
+    assert " ".join(piece.strip() for piece in shown["drawn"]).split() == long[0].split()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs["loss.png"]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    (text,) = [t for t in fig.texts if "word0" in t.get_text()]
+    assert text.get_window_extent(renderer).x1 <= fig.bbox.x1

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import dataclasses
+import re
 
 from launch.launchers.launcher import LauncherConfig, with_typed_launcher
 from launch.launchers.local import LocalLauncher, LocalLauncherConfig
@@ -221,6 +222,28 @@ def test_hydra_settings():
                    for k in NOT_IN_RUN_NAME)
 
 
+def test_the_default_model_is_the_installed_stacks_tiny_model():
+    """conf/train.yaml's ``model: default``: tiny Llama4 on torchtitan 0.2.2, tiny DeepSeek-V3 on
+    0.3.0 (which has no Llama4), so a plain ``python launch/train.py`` trains on either."""
+    from launch.config.stack import DEFAULT_MODEL, FAMILIES_BY_STACK, installed_torchtitan
+
+    assert DEFAULT_MODEL == {"0.2.2": "tiny_llama4", "0.3.0": "tiny_dsv3"}
+    for stack, model in DEFAULT_MODEL.items():
+        assert OmegaConf.load(CONF / "model" / f"{model}.yaml").family in FAMILIES_BY_STACK[stack]
+    assert compose_cfg().model == OmegaConf.load(CONF / "model" / f"{DEFAULT_MODEL[installed_torchtitan()]}.yaml")
+    row = f"| the model `python launch/train.py` trains (`model=default`) | `{DEFAULT_MODEL['0.2.2']}` | " \
+          f"`{DEFAULT_MODEL['0.3.0']}` |"
+    assert row in (REPO / "docs" / "torchtitan_030.md").read_text()
+
+
+def test_configuration_md_lists_every_model():
+    """docs/configuration.md's model group names every conf/model option, and the default."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    models = text.split("**`model`**:", 1)[1].split("Fields:", 1)[0]
+    listed = set(re.findall(r"`([a-z0-9_]+)`", models))
+    assert set(options("model")) | {"default"} <= listed, sorted(set(options("model")) - listed)
+
+
 # ----------------------------------------------------------------------------- recipes
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 
@@ -228,6 +251,13 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 def test_recipes_exist():
     assert {"tiny_cpu_smoke", "llama4_ep8_bf16_vs_mxfp8", "dsv3_16b_2nodes_sweep"} <= set(RECIPES)
     assert (CONF / "recipe").resolve() == (REPO / "recipes").resolve()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipes_parallelism_is_an_option_its_messages_can_name(recipe):
+    """The checks name ``parallelism=<name>`` (a SLURM partition's GPUs, this machine's): an option
+    a user can type."""
+    assert compose_cfg(f"+recipe={recipe}").parallelism.name in options("parallelism")
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,13 @@ def test_a_resumed_runs_banner_names_the_resume_beside_the_runs_name(tmp_path):
     assert format_summary(s, resume).splitlines()[0] == (
         "==== mxfp8ep run a2a=bf16,training.steps=300, resume 1: training.steps=110 ====")
     assert format_summary(s).splitlines()[0] == "==== mxfp8ep run a2a=bf16,training.steps=300 ===="
+
+
+def test_a_sweep_says_a_warning_its_points_share_once(tmp_path):
+    """Every point of the sweep warns alike (here the warm-up; on SLURM without checkpoints, the
+    requeue that starts again from step 0): the sweep says it once, not once per point."""
+    proc = run_train(tmp_path, "--multirun", "a2a=bf16,mxfp8,mxfp8_all", "training.steps=3", "training.warmup_steps=3",
+                     "logging=none", f"hydra.sweep.dir={tmp_path / 'sweep'}", MXFP8EP_RUNNER=STAND_IN, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("stand-in step 3/3") == 3
+    assert proc.stderr.count("training.warmup_steps=3 >= training.steps=3") == 1, proc.stderr

@@ -102,3 +102,26 @@ def test_where_the_flags_go_is_said_once_and_holds_for_hydra():
     assert parser.parse_args(["a2a=bf16,mxfp8", "--multirun"]).overrides == ["a2a=bf16,mxfp8"]
     with pytest.raises(SystemExit):
         parser.parse_args(["a2a=bf16,mxfp8", "--multirun", "training.steps=50"])
+
+
+def test_the_capacity_line_shown_is_the_one_its_command_prints():
+    """The console's capacity line quoted under the symm capacity's command is what the code
+    prints for that command's config (a ceiling past the worst case named as the worst case, with
+    its own multiple, and each end's own memory figure)."""
+    from launch.titan.a2a import a2a_config, capacity_line
+
+    before, quoted = USAGE.split("\na2a capacity  starts at ", 1)
+    command = train_commands(before.rsplit("```bash\n", 1)[1].split("```")[0].join(["```bash\n", "```"]))[-1]
+    cfg = compose_cfg(*command)
+    assert "a2a capacity  starts at " + quoted.split("\n", 1)[0] == capacity_line(cfg, a2a_config(cfg))
+
+
+def test_slurm_md_says_what_launcher_wait_does_to_a_sweep():
+    """``launcher.wait=true`` with ``--multirun`` runs the points' jobs one after another (each
+    point's launch waits for its job): the page says so where it introduces the field."""
+    from launch.launchers.slurm import SlurmLauncherConfig
+
+    intro = (REPO / "docs" / "slurm.md").read_text().split("\n## ", 1)[0].replace("\n", " ")
+    assert SlurmLauncherConfig.wait is False and "(the default, `false`)" in intro
+    assert "With `--multirun`, `launcher.wait=true` waits for each point's job to end before it submits the next" \
+        in intro and "one at a time" in intro

@@ -655,8 +655,9 @@ def test_every_run_says_the_command_that_runs_it_now_and_that_command_runs():
                                env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
         assert usage.returncode == 0, usage.stderr[-2000:]
         rest = words[1 + len(target):]
-        for word in rest:
+        for before, word in zip([""] + rest, rest):
             if word.startswith("--"):
                 assert re.search(rf"{re.escape(word)}\b", usage.stdout), (command, word)
-            elif word != "OUT":
-                assert (REPO / word).exists(), (command, word)
+            elif word != "OUT":  # a path, or an option of the conf group the flag names (--model <conf/model>)
+                group = REPO / "conf" / before.removeprefix("--")
+                assert (REPO / word).exists() or (before and (group / f"{word}.yaml").is_file()), (command, word)

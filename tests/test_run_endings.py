@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from tests.hydra_compose import REPO
 from tests.train_cli import run_train
 
@@ -51,20 +53,21 @@ def test_a_dataset_the_loader_cannot_read_is_refused_before_launch(tmp_path):
     assert not (tmp_path / "outputs").exists()  # refused by the checks: no run folder, no worker
 
 
-def test_a_python_without_the_recipe_is_one_line(tmp_path):
+@pytest.mark.parametrize("script,needs", [("train.py", "hydra or launch"), ("compare_runs.py", "omegaconf or launch")])
+def test_a_python_without_the_recipe_is_one_line(tmp_path, script, needs):
     """A venv that is not active: the interpreter has none of the recipe's packages (``-S``: no
-    site-packages, ``-I``: no PYTHONPATH), so the entry point says so in one line."""
+    site-packages, ``-I``: no PYTHONPATH), so each command says so in one line."""
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-S", "-I", str(REPO / "launch" / "train.py")], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-S", "-I", str(REPO / "launch" / script), str(tmp_path)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     venv = REPO / ".venv"
     fix = (f"activate its venv (`. {venv}/bin/activate`)" if (venv / "bin" / "python").exists()
            else "activate the venv you installed into, or install with `bash scripts/install.sh`")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        f"[mxfp8ep] {sys.executable} cannot import hydra or launch, which the recipe needs: {fix}, then run the "
+        f"[mxfp8ep] {sys.executable} cannot import {needs}, which the recipe needs: {fix}, then run the "
         f"command again"]
 
 

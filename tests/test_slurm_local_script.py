@@ -70,3 +70,19 @@ def test_another_user_without_sudo_is_told_to_be_root(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("[slurm_local] ERROR: must run as root (daemons run as root/munge/mysql), "
                                    "and there is no sudo here: run it as root")
+
+
+def test_the_docs_give_the_live_slurm_tests_count_pytest_collects():
+    """One count of the live SLURM tests, docs/slurm_local.md's, and it is tests/slurm's: no
+    other page states one."""
+    import subprocess
+    import sys
+
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/slurm"], cwd=REPO,
+                               capture_output=True, text=True, timeout=120).stdout
+    count = int(re.search(r"^(\d+) tests? collected", collected, flags=re.M).group(1))
+    page = (REPO / "docs" / "slurm_local.md").read_text()
+    assert re.search(r"python -m pytest tests/slurm +# as root; (\d+) tests,", page).group(1) == str(count)
+    for doc in [*(REPO / "docs").glob("*.md"), REPO / "README.md"]:
+        if doc.name != "slurm_local.md":
+            assert not re.search(r"\d+ (live )?SLURM tests", doc.read_text()), doc.name

@@ -306,8 +306,8 @@ def test_help_lists_groups_options_and_examples(tmp_path):
     text = proc.stdout
     assert text.startswith("mxfp8ep: train torchtitan 0.2.2's MoE models")
     assert "a2a: bf16, mxfp8, mxfp8_all" in text
-    assert "launcher: local, slurm" in text and "model: dsv3_16b," in text
-    assert "parallelism: 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, ep8, single" in text
+    assert "launcher: local, slurm" in text and "model: default, dsv3_16b," in text  # default: the stack's tiny model
+    assert "parallelism: 2nodes_8gpus, 4nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, ep8, single" in text
     examples = text.split("== Examples ==")[1]
     assert examples.count("python launch/train.py") == 6 and "a2a.capacity_factor=" in examples
     assert "python launch/train.py                                      # tiny Llama4, EP 2, 20 steps" in examples

@@ -125,13 +125,23 @@ def test_tp_must_divide_world_size():
 
 def test_tp_must_divide_heads():
     # tiny_llama4: 4 heads, 2 kv heads
-    msg = one_problem("parallelism.procs_per_node=4", "parallelism.tp=4", "parallelism.ep=4")
+    msg = one_problem("parallelism.procs_per_node=4", "parallelism.tp=4", "parallelism.ep=1")
     assert "parallelism.tp=4 must divide n_kv_heads=2" in msg
 
 
 @pytest.mark.parametrize("key", ["nodes", "procs_per_node", "ep", "tp"])
 def test_degrees_at_least_one(key):
     assert f"parallelism.{key}=0 must be >= 1" in problems(f"parallelism.{key}=0")[0]
+
+
+def test_ep_with_tp_leaving_fsdp_one_is_refused_with_the_layouts_that_run():
+    """torchtitan builds no FSDP mesh of degree 1 and an EP run's parallelize asks for one."""
+    msg = one_problem("parallelism.tp=2")
+    assert "parallelism.ep=2 with parallelism.tp=2 leaves an FSDP degree of 1" in msg
+    for fix in ("parallelism.tp=1", "parallelism.procs_per_node=4", "parallelism.ep=1"):
+        assert fix in msg
+    check("parallelism.tp=2", "parallelism.procs_per_node=4", machine=GPU_BOX)
+    check("parallelism.tp=2", "parallelism.ep=1", machine=GPU_BOX)
 
 
 def test_fsdp_zero():
@@ -165,11 +175,15 @@ def test_quantize_local_rows_needs_an_mxfp8_leg_and_whole_experts():
     assert "a2a.quantize_local_rows=true" in msg and "a2a=bf16 quantizes none" in msg and "a2a=mxfp8" in msg
     msg = one_problem("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.ep=1", "parallelism.tp=2")
     assert "parallelism.tp=2 shards them" in msg
-    check("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.tp=2")  # EP 2: the dispatcher's own layers
+    check("a2a=mxfp8", "a2a.quantize_local_rows=true", "parallelism.tp=2",  # EP 2: the dispatcher's own layers
+          "parallelism.procs_per_node=4")
 
 
 def test_numerics_telemetry_warns_where_it_would_log_nothing():
     assert "logging.numerics_every=-1: 0 (off)" in one_problem("logging.numerics_every=-1")
+    msg = one_problem("a2a=mxfp8", "logging.numerics_every=50")  # the default 20 steps: no step sampled
+    assert msg.startswith("logging.numerics_every=50 > training.steps=20: ") and "logging.numerics_every <= 20" in msg
+    check("a2a=mxfp8", "logging.numerics_every=50", "training.steps=50")
     assert any("has none: nothing will be logged" in w for w in check("logging.numerics_every=5"))
     single = check("a2a=mxfp8", "parallelism=single", "logging.numerics_every=5")
     assert any("add a2a.quantize_local_rows=true" in w for w in single)
@@ -329,6 +343,22 @@ def test_cpu_processes_share_the_ram():
 def test_capacity_factor_of_zero_or_less_is_refused(value):
     assert f"a2a.capacity_factor={float(value) if '.' in value else int(value)!r}" in one_problem(
         f"a2a.capacity_factor={value}")
+
+
+@pytest.mark.parametrize("key", ["activation_pool_factor", "activation_pool_ceiling"])
+@pytest.mark.parametrize("value", ["0", "-1.5"])
+def test_pool_factor_or_ceiling_of_zero_or_less_is_refused_with_the_default(key, value):
+    msg = one_problem(f"a2a.{key}={value}")
+    assert msg.startswith(f"a2a.{key}={float(value)!r}: expected a finite number > 0") and "or null" in msg
+    assert f"the default is a2a.{key}=" in msg
+
+
+def test_pool_ceiling_below_its_factor_is_refused_naming_the_fix():
+    msg = one_problem("a2a.activation_pool_factor=3", "a2a.activation_pool_ceiling=2")
+    assert "a2a.activation_pool_ceiling=2.0 is below a2a.activation_pool_factor=3.0" in msg
+    assert "use a2a.activation_pool_ceiling >= 3.0 or null" in msg
+    check("a2a.activation_pool_factor=3", "a2a.activation_pool_ceiling=null")
+    check("a2a.activation_pool_factor=null", "a2a.activation_pool_ceiling=0.5")  # no pool: no ceiling to hold
 
 
 def test_symm_memory_is_a_factor_of_the_balanced_case():
@@ -673,8 +703,8 @@ def test_validation_imports_neither_torch_nor_torchtitan_and_is_fast():
         ("a2a=mxfp9", "a2a=mxfp9: no such option; did you mean a2a=mxfp8? a2a has bf16, mxfp8"),
         # as close to ep2 (the default) as to ep4 and ep8: all three named, none picked
         ("parallelism=ep3", "parallelism=ep3: no such option; did you mean parallelism=ep2, parallelism=ep4 or "
-                            "parallelism=ep8? parallelism has 2nodes_8gpus, ep2, ep2_shared_gpu, ep4, ep4_shared_gpu, "
-                            "ep8, single"),
+                            "parallelism=ep8? parallelism has 2nodes_8gpus, 4nodes_8gpus, ep2, ep2_shared_gpu, ep4, "
+                            "ep4_shared_gpu, ep8, single"),
         ("training.seq_len=0", "training.seq_len=0 must be > 0 (the default: training.seq_len=64)"),
         ("training.steps=abc", "training.steps=abc: expected a whole number"),
         ("+training.steps=3", "training.steps already exists, so drop the + (training.steps=3)"),
@@ -697,6 +727,27 @@ def test_cli_rejects_before_starting_anything(tmp_path, override, text):
     assert not (tmp_path / "run").exists()  # rejected before Hydra made the run dir
     assert elapsed < 10, f"validation took {elapsed:.1f}s"  # ~1 s; slack for a busy CI box
     print(f"{override}: rejected in {elapsed:.2f}s")
+
+
+@pytest.mark.parametrize("args,text", [
+    (["recipe=tiny_cpu_smoke"], "recipe=tiny_cpu_smoke: a recipe is added to the config, not swapped in the defaults "
+                                "list: write +recipe=tiny_cpu_smoke (python launch/train.py +recipe=tiny_cpu_smoke"),
+    (["training.dataset=debian_docs", "training.dataset_path=~/corpus"],
+     "training.dataset_path=~/corpus: Hydra's override grammar cannot read ~ in a value"),
+    (["a2a=bf16,mxfp8", "training.steps=50"], "add --multirun before the overrides (python launch/train.py --multirun "
+                                              "a2a=bf16,mxfp8 training.steps=50)"),
+    (["a2a=bf16,mxfp8", "--multirun", "training.steps=50"],
+     "the overrides stand on both sides of --multirun, and Hydra reads them as one list: put the flags first "
+     "(python launch/train.py --multirun a2a=bf16,mxfp8 training.steps=50 hydra.run.dir="),
+], ids=["recipe without +", "~ in a path", "a sweep without --multirun", "overrides on both sides of --multirun"])
+def test_cli_names_the_command_that_fixes_a_hydra_mistake(tmp_path, args, text):
+    import os
+
+    proc = run_train(tmp_path, *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and text in proc.stderr, proc.stderr[-2000:]
+    if "~" in args[-1]:  # the path written out, as the shell would have expanded it
+        assert f"training.dataset_path={os.path.expanduser('~/corpus')} " in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_cli_reports_all_problems_and_exits_2(tmp_path):
@@ -787,15 +838,44 @@ def test_cfg_job_checks_an_8_gpu_recipe_for_its_gpus_from_any_machine(tmp_path):
 
     from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
 
+    from launch.config.memory import estimate, gib
+
     proc = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    header, where, text = proc.stdout.split("\n", 2)
+    header, where, memory, ceilings, nccl, text = proc.stdout.split("\n", 5)
     assert where == "# checked for 8 GPU(s) of 79.6 GiB per node (validate.gpu_mem_gib), not this machine"
+    # the estimate it checked: the total and its parts, then the parts that differ at the ceilings and on nccl
+    m = MODELS["deepseek_v3", "16B"]
+    kw = dict(world=8, ep=8, tp=1, local_batch_size=2, seq_len=4096, activation_checkpoint="selective",
+              device="cuda")
+    symm, other = estimate(m, **kw, symm=True), estimate(m, **kw)
+    top = estimate(m, **kw, symm=True, capacity_factor=6.0, pool_factor=2.0)
+    assert memory == (f"# memory (launch/config/memory.py) per process, against each GPU's memory (the smallest of 8) "
+                      f"of 79.6 GiB: {gib(symm.total)} GiB ({symm.breakdown()})"), memory
+    assert ceilings.startswith(f"#   at a2a.capacity_ceiling=6.0 and a2a.activation_pool_ceiling=2.0: "
+                               f"{gib(top.total)} GiB (symm activation pool {gib(top.activation_pool)}, "), ceilings
+    assert nccl == (f"#   with a2a.transport=nccl: {gib(other.total)} GiB (activations {gib(other.activations)}, "
+                    f"no symm activation pool, no one layer's symm expert rows, no symm peer buffers)"), nccl
     cfg = OmegaConf.create(text)
     assert cfg.model.name == "dsv3_16b" and cfg.parallelism.procs_per_node == 8
     assert cfg.a2a.capacity_ceiling == DEFAULT_CAPACITY_CEILING  # auto, for an 80 GB GPU
     here = run_train(tmp_path, EP8_RECIPE, "--cfg", "job", "validate.gpu_mem_gib=null", timeout=120)
     assert here.returncode == 2 and "flex attention" in here.stderr and "this machine's RAM" in here.stderr
+
+
+def test_a_cpu_launch_of_a_recipe_for_gpus_gives_the_breakdown_its_check_gives():
+    """Launched on a machine without GPUs, the 8-GPU recipe is refused for this machine's RAM, and
+    the message gives, after this machine's figure, the estimate on the GPUs it names: the
+    total and parts `--cfg job` prints."""
+    from launch.preflight.prepare import meant_for
+    from launch.preflight.validate import memory_report
+
+    found = problems(EP8_RECIPE, "a2a=mxfp8", machine=CPU_BOX)
+    (memory,) = [p for p in found if "needs about" in p]
+    cfg = compose_cfg(EP8_RECIPE, "a2a=mxfp8")
+    checked = memory_report(cfg, meant_for(cfg))[0].split(" GiB: ", 1)[1]
+    assert memory.endswith(f"On the GPUs it names (validate.gpu_mem_gib=79.6, 8 per node), as `--cfg job` checks "
+                           f"it from here: {checked.replace(' GiB (', ' GiB per process (')}"), memory
 
 
 def test_a_recipe_that_does_not_fit_its_gpus_is_refused_with_the_one_estimate():

@@ -4,6 +4,8 @@ record offline in the run dir and says so (launch/titan/wandb_run.py's ``start_w
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from launch.run.wandb_offline import read_runs
@@ -53,3 +55,41 @@ def test_a_failed_online_start_keeps_the_record_offline_and_says_so(tmp_path, mo
     assert f"written offline instead, in {tmp_path / 'wandb'}" in line and "wandb sync" in line
     (run,) = read_runs(str(tmp_path / "wandb"))
     assert run.run_id == "run1" and [row["_step"] for row in run.history] == [1, 2]
+
+
+def test_an_online_start_waits_a_bounded_time_and_says_so(tmp_path, monkeypatch):
+    """wandb waits 90 s for its server by default, saying nothing: the run waits
+    ONLINE_INIT_TIMEOUT_S (or $WANDB_INIT_TIMEOUT), and its start-up line says for how long and
+    what follows."""
+    from launch.titan import wandb_run
+
+    monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.example:8080")
+    assert wandb_run.init_timeout_s() == wandb_run.ONLINE_INIT_TIMEOUT_S < 90
+    usage = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text().replace("\n", " ")
+    assert f"waits for the server at most {wandb_run.ONLINE_INIT_TIMEOUT_S:g} s (`WANDB_INIT_TIMEOUT`" in usage
+    assert wandb_run.start_line("online") == (
+        f"start-up: wandb (online): connecting to http://wandb.example:8080; without an answer in "
+        f"{wandb_run.ONLINE_INIT_TIMEOUT_S:g} s the run's record is written offline instead")
+    assert wandb_run.start_line("offline") == "start-up: wandb (offline)"
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    assert wandb_run.init_timeout_s() == 5.0
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def init(**kw):
+        seen.update(kw)
+        raise Stop
+
+    import wandb
+
+    monkeypatch.setattr(wandb, "init", init)
+    settings = WandbSettings(mode="online", project="p", run_id="r", name=None, group=None, entity=None, tags=(),
+                             dir=str(tmp_path))
+    with pytest.raises(Stop):
+        wandb_run.RecipeWandBLogger(settings, {})
+    assert seen["settings"].init_timeout == 5.0
+

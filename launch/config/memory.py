@@ -77,6 +77,31 @@ class MemoryEstimate:
                 + self.activations + self.runtime + self.peer_buffers + self.activation_pool
                 + self.layer_transient)
 
+    def parts(self) -> list[tuple[str, int]]:
+        """(label, bytes) of each part the estimate holds, in the order the messages give them
+        (the symm transport's only where it runs)."""
+        return [(label, getattr(self, name)) for name, label in PART_LABELS
+                if getattr(self, name) or name not in SYMM_PARTS]
+
+    def breakdown(self, activations_note: str = "") -> str:
+        """``parameters 7.3, gradients 7.3, ..., symm peer buffers 0.4`` (GiB, one decimal),
+        ``activations_note`` after the activations' figure."""
+        return ", ".join(f"{label} {gib(n)}" + (f" {activations_note}" if label == "activations" and activations_note
+                                                else "") for label, n in self.parts())
+
+
+# The parts of a MemoryEstimate as the messages name them; SYMM_PARTS are the symm transport's.
+PART_LABELS = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+               ("working_copies", "FSDP working copies"), ("activations", "activations"), ("runtime", "runtime"),
+               ("activation_pool", "symm activation pool"), ("layer_transient", "one layer's symm expert rows"),
+               ("peer_buffers", "symm peer buffers"))
+SYMM_PARTS = ("activation_pool", "layer_transient", "peer_buffers")
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB with one decimal (``59.3``), as every memory message gives them."""
+    return f"{n / 1024**3:,.1f}"
+
 
 def activation_bytes_per_token(m: ModelFacts, routed_rows: float | None = None,
                                kept_rows: float | None = None) -> tuple[float, float]:

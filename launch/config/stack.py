@@ -15,8 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["CPU_MODELS", "FAMILIES_BY_STACK", "INSTALL", "STACKS", "Stack", "StackError", "family_problem",
-           "help_first_example", "help_stack", "installed", "installed_torchtitan"]
+__all__ = ["CPU_MODELS", "DEFAULT_MODEL", "FAMILIES_BY_STACK", "INSTALL", "STACKS", "Stack", "StackError",
+           "default_model", "family_problem", "help_first_example", "help_stack", "installed", "installed_torchtitan"]
 
 # The torchtitan releases the recipe runs, and the model families it trains on each.
 STACKS = ("0.2.2", "0.3.0")
@@ -28,6 +28,9 @@ FAMILIES_BY_STACK = {
 INSTALL = {"0.2.2": "bash scripts/install.sh", "0.3.0": "bash scripts/install.sh --torchtitan 0.3.0"}
 # Each family's tiny CPU model: what a refused family's message offers instead.
 TINY_MODEL = {"llama4": "tiny_llama4", "deepseek_v3": "tiny_dsv3", "qwen3": "tiny_qwen3"}
+# The model a launch trains without model=...: the tiny model of the stack's first family
+# (conf/train.yaml's ``model: default``, registered by launch/preflight/config_store.py).
+DEFAULT_MODEL = {stack: TINY_MODEL[families[0]] for stack, families in FAMILIES_BY_STACK.items()}
 # The models with sdpa attention (torch has no flex-attention backward on CPU) of each stack.
 CPU_MODELS = {"0.2.2": "tiny_llama4, tiny_dsv3, llama4_debugmodel, dsv3_debugmodel",
               "0.3.0": "tiny_dsv3, tiny_qwen3, parity_tiny_dsv3"}
@@ -39,6 +42,12 @@ def _installed_or_default() -> str:
         return installed_torchtitan()
     except StackError:
         return STACKS[0]
+
+
+def default_model() -> str:
+    """The conf/model option a launch on this stack trains by default (``tiny_dsv3`` on 0.3.0,
+    which has no Llama4); 0.2.2's where no stack is installed (the checks then say so)."""
+    return DEFAULT_MODEL[_installed_or_default()]
 
 
 def help_stack() -> str:

@@ -10,6 +10,7 @@ same way, with exit code 2.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable, Optional
 
@@ -49,10 +50,16 @@ def explain(exc: BaseException, overrides: list[str],
         return ConfigError([_unreadable(str(top))])
     m = re.search(r"Ambiguous value for argument '([^']+)'", str(top))
     if m:  # a sweep's comma list in a single run
-        return ConfigError([_comma_list(m.group(1))])
+        return ConfigError([_comma_list(m.group(1), overrides)])
     if not isinstance(top, ConfigCompositionException):
         return None
     text = str(top)
+    m = re.search(r"Could not override '([^']+)'\. No match in the defaults list", text)
+    if m:  # a group the defaults list does not hold (recipe): added with +
+        given = _override_for(m.group(1), overrides) or f"{m.group(1)}=..."
+        what = "a recipe is added to the config" if m.group(1) == "recipe" else f"{m.group(1)} is added to the config"
+        return ConfigError([f"{given}: {what}, not swapped in the defaults list: write +{given.lstrip('+')} "
+                            f"(python launch/train.py +{given.lstrip('+')} ...)"])
     m = re.search(r"An item is already at '([^']+)'", text)
     if m:
         key = m.group(1)
@@ -90,13 +97,20 @@ def _unreadable(text: str) -> str:
     if m and "missing EQUAL" in text:
         return (f"{m.group(1)}: an override is key=value or group=option (e.g. "
                 f"{m.group(1)}=<value>)")
+    tilde = re.search(r"Exception: ([^\s=]+)=(\S*~\S*)", text)
+    if tilde:  # ~ is Hydra's delete prefix; the shell expands ~ only at a word's start
+        key, value = tilde.groups()
+        return (f"{key}={value}: Hydra's override grammar cannot read ~ in a value, and the shell expands it only "
+                f"at the start of a word; write the path out: {key}={os.path.expanduser(value)} "
+                f"(or {key}=$HOME{value.removeprefix('~')}, which the shell expands)")
     return f"could not read an override ({said}): overrides are key=value or group=option"
 
 
-def _comma_list(override: str) -> str:
+def _comma_list(override: str, overrides: list[str]) -> str:
     key, _, value = override.partition("=")
+    given = [o for o in overrides if not o.startswith("hydra.")] or [override]
     return (f"{override}: a comma list is a sweep, one run per value: add --multirun before the "
-            f"overrides (python launch/train.py --multirun {override}); for one value holding "
+            f"overrides (python launch/train.py --multirun {' '.join(given)}); for one value holding "
             f"commas, quote it ({key}='{value}')")
 
 
@@ -111,3 +125,32 @@ def _other_launchers(field: str, launcher_fields: Callable[[], dict[str, list[st
     if not owners:
         return ""
     return f" (launcher.{field} is a field of {' and '.join(f'launcher={o}' for o in owners)})"
+
+
+# Hydra's flags that take a value (the next word); ``--info`` takes one only when one follows.
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp", "--config-dir",
+                "-cd", "--experimental-rerun"}
+
+
+def split_overrides(args: list[str]) -> Optional[str]:
+    """The problem, naming the command that works, where overrides stand on both sides of a
+    flag (``a2a=bf16,mxfp8 --multirun training.steps=50``): Hydra's argument parser reads the
+    overrides as one list and stops at "unrecognized arguments". None where they are together."""
+    flags, overrides, where, skip = [], [], [], False
+    for i, a in enumerate(args):
+        if skip:
+            flags.append(a)
+            skip = False
+        elif a.startswith("-"):
+            flags.append(a)
+            skip = a in _VALUE_FLAGS
+        else:
+            overrides.append(a)
+            where.append(i)
+    if not where or where[-1] - where[0] + 1 == len(where):
+        return None
+    command = " ".join(["python launch/train.py", *flags, *overrides])
+    between = ", ".join(f for f in flags if f.startswith("-"))
+    return (f"{' '.join(args)}: the overrides stand on both sides of {between}, and Hydra reads them as one "
+            f"list: put the flags first ({command})")
+

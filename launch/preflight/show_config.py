@@ -19,7 +19,9 @@ from pathlib import Path
 from omegaconf import OmegaConf, open_dict
 
 from launch.preflight import config_store  # noqa: F401  (registers the schemas and resolvers)
+from launch.launchers.machine import Machine
 from launch.preflight.prepare import meant_for, prepare_run, task_config
+from launch.preflight.validate import memory_report
 
 # What ``--cfg job`` prints above the config.
 HEADER = "# the config this command line launches with (checked; logging.run_id: a new one at each launch)"
@@ -44,7 +46,8 @@ def job_config_text(conf: Path, overrides: list[str]) -> str:
     node = meant_for(cfg)
     where = (f"\n# checked for {node.gpus} GPU(s) of {cfg.validate.gpu_mem_gib:g} GiB per node (validate.gpu_mem_gib), "
              f"not this machine" if node is not None else "")
-    return f"{HEADER}{where}\n{OmegaConf.to_yaml(cfg, resolve=True)}"
+    memory = "".join(f"\n# {line}" for line in memory_report(cfg, node or Machine.probe()))
+    return f"{HEADER}{where}{memory}\n{OmegaConf.to_yaml(cfg, resolve=True)}"
 
 
 def sweep_job_configs(conf: Path, overrides: list[str]) -> str:

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import model_facts
-from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, run_estimate, runs_symm
+from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, gib, run_estimate, runs_symm
 from launch.config.model_facts import ModelFacts
 from launch.config.node_limited import node_limited_problems
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
@@ -34,7 +34,8 @@ from launch.launchers.launcher import Launcher, Target, launcher_class, typed_la
 from launch.launchers.machine import GIB, Machine
 from launch.run.console import format_eta
 from launch.titan.data import check_data
-from mxfp8_ep.config import FIELD_CHOICES, LEGS, PRESETS, capacity_factor_error
+from mxfp8_ep.config import (DEFAULT_POOL_CEILING, DEFAULT_POOL_FACTOR, FIELD_CHOICES, LEGS, PRESETS,
+                             capacity_factor_error, pool_ceiling_error)
 from mxfp8_ep.transport import Transport
 from mxfp8_ep.format.wire_format import WireFormat, quantized_formats
 
@@ -218,6 +219,13 @@ def _check_parallelism(cfg: Any, r: Report) -> Optional[int]:
             f"the {where}; set parallelism.fsdp=-1 to use the rest, or parallelism.fsdp="
             f"{world // p.tp}"
         )
+    elif p.ep > 1 and p.tp > 1 and fsdp == 1:
+        r.error(
+            f"parallelism.ep={p.ep} with parallelism.tp={p.tp} leaves an FSDP degree of 1 (the world size "
+            f"{world} / parallelism.tp), but torchtitan shards the weights of an EP run over an FSDP mesh of "
+            f"degree >= 2 (it stops building the model: \"Mesh 'fsdp' is not available\"); use parallelism.tp=1, "
+            f"parallelism.procs_per_node={2 * p.procs_per_node} (FSDP 2 × TP {p.tp}) or parallelism.ep=1"
+        )
     if world % p.ep:
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         r.error(
@@ -259,6 +267,7 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
         elif _ceiling_below_start(a):
             r.error(f"a2a.capacity_ceiling={a.capacity_ceiling!r} is below where the capacity starts "
                     f"(a2a.capacity_factor={a.capacity_factor!r}): use a ceiling >= the factor, {AUTO_CEILING} or null")
+    _check_pool(a, r)
     formats = quantized_formats(a[leg] for leg in LEGS)
     if a.quantize_local_rows and not formats:
         r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
@@ -272,6 +281,22 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
                 f"labelled a2a={a.name} – set a2a.name={CUSTOM_A2A} to make that visible"
             )
     return formats
+
+
+def _check_pool(a: Any, r: Report) -> None:
+    """``a2a.activation_pool_factor`` and ``a2a.activation_pool_ceiling``, which the library
+    refuses too (``A2AConfig.problems``), said with the recipe's keys and the value to use."""
+    for key, default, null in (("activation_pool_factor", DEFAULT_POOL_FACTOR, "no pool"),
+                               ("activation_pool_ceiling", DEFAULT_POOL_CEILING, "every layer's worst case")):
+        if capacity_factor_error(a[key]) is not None:
+            r.error(f"a2a.{key}={a[key]!r}: expected a finite number > 0 (the pool's rows as a multiple of the "
+                    f"balanced case's, summed over the MoE layers) or null ({null}); the default is "
+                    f"a2a.{key}={default}")
+    if pool_ceiling_error(a.activation_pool_factor, a.activation_pool_ceiling) is not None:
+        r.error(f"a2a.activation_pool_ceiling={a.activation_pool_ceiling!r} is below a2a.activation_pool_factor="
+                f"{a.activation_pool_factor!r}, where the pool starts: use a2a.activation_pool_ceiling >= "
+                f"{a.activation_pool_factor!r} or null (every layer's worst case), or a smaller "
+                f"a2a.activation_pool_factor")
 
 
 # ------------------------------------------------------------------------------ model
@@ -369,6 +394,11 @@ def _check_logging(cfg: Any, r: Report) -> None:
         r.error(f"logging.log_freq={lg.log_freq} must be >= 1")
     if lg.numerics_every < 0:
         r.error(f"logging.numerics_every={lg.numerics_every}: 0 (off) or the steps between samples (e.g. 50)")
+    elif lg.numerics_every > cfg.training.steps > 0:
+        r.error(f"logging.numerics_every={lg.numerics_every} > training.steps={cfg.training.steps}: it samples every "
+                f"{lg.numerics_every}th step, so this run would sample none and log nothing under numerics/; use "
+                f"logging.numerics_every <= {cfg.training.steps} (e.g. {max(1, cfg.training.steps // 2)}) or more "
+                f"training.steps")
     elif lg.numerics_every and not quantized_formats(cfg.a2a[leg] for leg in LEGS):
         r.warn(f"logging.numerics_every={lg.numerics_every} measures the MXFP8 legs, but a2a={cfg.a2a.name} "
                f"has none: nothing will be logged under numerics/")
@@ -442,6 +472,48 @@ def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
     return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor, at_ceiling=not start)
 
 
+def memory_report(cfg: Any, machine: Machine) -> list[str]:
+    """The memory estimate the check holds ``cfg`` to on ``machine`` (the launch config,
+    ``capacity_ceiling`` resolved), as ``--cfg job`` prints it: one process's total and parts
+    where it starts; with the symm transport at an elastic capacity, the parts that differ at
+    its ceilings; where the EP layers run symm, the parts that differ with ``a2a.transport=nccl``.
+    Empty where the memory or the model is unknown."""
+    import copy
+
+    target = launcher_class(cfg)().target(cfg, machine)
+    try:
+        facts = model_facts.facts(cfg.model.family, cfg.model.flavor, installed_torchtitan())
+    except (model_facts.UnknownModelError, StackError):
+        return []
+    if target.memory_bytes is None:
+        return []
+    start = memory_estimate(cfg, target, facts)
+    procs = _processes_per_memory(cfg, target)
+    shared = f" × {procs} processes" if procs > 1 else ""
+    lines = [f"memory (launch/config/memory.py) per process{shared}, against {target.memory_name} of "
+             f"{gib(target.memory_bytes)} GiB: {gib(start.total)} GiB ({start.breakdown()})"]
+
+    def differing(est: MemoryEstimate) -> str:
+        before = dict(start.parts())
+        return ", ".join(f"{label} {gib(n)}" for label, n in est.parts() if before.get(label) != n) + \
+            "".join(f", no {label}" for label in before if label not in dict(est.parts()))
+
+    a = cfg.a2a
+    if elastic_symm(cfg, target) and capacity_factor_error(a.capacity_ceiling) is None:
+        top = memory_estimate(cfg, target, facts, a.capacity_ceiling)
+        shown = "null" if a.capacity_ceiling is None else a.capacity_ceiling
+        lines.append(f"  at a2a.capacity_ceiling={shown} and a2a.activation_pool_ceiling="
+                     f"{'null' if a.activation_pool_ceiling is None else a.activation_pool_ceiling}: "
+                     f"{gib(top.total)} GiB ({differing(top)})")
+    if runs_symm(cfg, target.device):
+        nccl = copy.deepcopy(cfg)
+        with open_dict(nccl):
+            nccl.a2a.transport = Transport.NCCL.value
+        other = memory_estimate(nccl, target, facts)
+        lines.append(f"  with a2a.transport=nccl: {gib(other.total)} GiB ({differing(other)})")
+    return lines
+
+
 def _processes_per_memory(cfg: Any, target: Target) -> int:
     """Processes sharing one ``target.memory_bytes``: one per GPU, or every process of a node
     (its RAM, or one GPU shared by them)."""
@@ -475,23 +547,27 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
         _check_ceiling_memory(cfg, r, target, facts)
         return
 
-    def gib(x: float) -> str:
-        return f"{x / GIB:,.1f}"
-
-    per = (f"parameters {gib(est.parameters)}, gradients {gib(est.gradients)}, optimizer state "
-           f"{gib(est.optimizer)}, FSDP working copies {gib(est.working_copies)}, activations "
-           f"{gib(est.activations)} at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}, "
-           f"runtime {gib(est.runtime)}"
-           + (f", symm activation pool {gib(est.activation_pool)}" if est.activation_pool else "")
-           + (f", one layer's symm expert rows {gib(est.layer_transient)}" if est.layer_transient else "")
-           + (f", symm peer buffers {gib(est.peer_buffers)}" if est.peer_buffers else "") + ")")
+    per = est.breakdown(f"at local_batch_size={t.local_batch_size} × seq_len={t.seq_len}") + ")"
     times = f" × {procs} processes = {gib(need)} GiB" if procs > 1 else ""
     msg = (f"model={cfg.model.name} with parallelism={p.name} needs about {gib(est.total)} GiB per "
            f"process ({per}{times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
            f"Use a smaller model, more GPUs or nodes to shard it over, a smaller "
            f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
-           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway")
+           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway"
+           + _on_its_gpus(cfg, target, facts))
     (r.warn if cfg.validate.memory == "warn" else r.error)(msg)
+
+
+def _on_its_gpus(cfg: Any, target: Target, facts: ModelFacts) -> str:
+    """Where a config that names its GPUs (``validate.gpu_mem_gib``) is refused on a machine
+    without GPUs: the estimate on those GPUs, the breakdown ``--cfg job`` prints; else ""."""
+    gpu_mem, p = cfg.validate.gpu_mem_gib, cfg.parallelism
+    if gpu_mem is None or gpu_mem <= 0 or target.device == "cuda":
+        return ""
+    node = Machine.with_gpus(1 if p.share_gpu else p.procs_per_node, gpu_mem)
+    on_gpus = memory_estimate(cfg, launcher_class(cfg)().target(cfg, node), facts)
+    return (f". On the GPUs it names (validate.gpu_mem_gib={gpu_mem:g}, {node.gpus} per node), as `--cfg job` "
+            f"checks it from here: {gib(on_gpus.total)} GiB per process ({on_gpus.breakdown()})")
 
 
 def _ceiling_below_start(a: Any) -> bool:

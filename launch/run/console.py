@@ -221,7 +221,16 @@ def show(run_dir: str, text: str, *, err: bool = False) -> None:
         f.write(text + "\n")
 
 
-def warn(message: str) -> None:
+# The warnings ``warn(..., once=True)`` printed in this process (a sweep's points share them).
+_WARNED: set[str] = set()
+
+
+def warn(message: str, once: bool = False) -> None:
+    """Print ``message`` as a warning; with ``once``, only where this process has not yet (a
+    sweep's points, checked one after another, say their common warnings once)."""
+    if once and message in _WARNED:
+        return
+    _WARNED.add(message)
     print(f"[mxfp8ep] warning: {message}", file=sys.stderr, flush=True)
 
 

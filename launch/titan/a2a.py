@@ -50,22 +50,41 @@ def capacity_ceiling_here(cfg: DictConfig) -> float | None:
 
 def capacity_line(cfg: DictConfig, a2a: Any) -> str | None:
     """What the symm transport's elastic capacity holds, as the console's header states it:
-    the rows it starts at and the most it grows to, each with the memory estimate of one
-    process there (``launch.config.memory``); None where no symm dispatch runs at an elastic
-    capacity."""
+    the rows it starts at and the most it grows to, each as the multiple of the balanced case
+    it is (a factor past the worst case is the worst case: that one is named, with its own
+    multiple), and the memory estimate of one process there (``launch.config.memory``: at the
+    ceiling with the activation pool at its own), in a unit that tells the two apart; None
+    where no symm dispatch runs at an elastic capacity."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not runs_symm(cfg, device) or a2a.capacity_factor is None:
         return None
     m = facts(cfg.model.family, cfg.model.flavor)
     tokens = int(cfg.training.local_batch_size) * int(cfg.training.seq_len)
     ep = int(cfg.parallelism.ep)
-
-    def at(factor: float | None, at_ceiling: bool) -> str:
-        rows = symm_capacity(m, tokens, ep, factor)
-        gib = run_estimate(cfg, m, device, True, factor, at_ceiling).total / 2**30
-        times = "the worst case" if factor is None else f"{factor:g}x balanced"
-        return f"{rows:,} expert rows ({times}; est. {gib:,.1f} GiB per process)"
-
+    worst, balanced = symm_capacity(m, tokens, ep, None), tokens * m.top_k
     ceiling = a2a.capacity_ceiling
-    return (f"a2a capacity  starts at {at(a2a.capacity_factor, False)}, grows up to {at(ceiling, True)}; a step "
-            f"that needs more runs once at exactly its rows")
+    points = ((a2a.capacity_factor, False), (ceiling, True))
+    memory = distinct_sizes([run_estimate(cfg, m, device, True, factor, at_ceiling).total
+                             for factor, at_ceiling in points])
+
+    def at(factor: float | None, size: str) -> str:
+        rows = symm_capacity(m, tokens, ep, factor)
+        if rows < worst:
+            times = f"{factor:g}x balanced"
+        else:
+            capped = "" if factor is None else f", which caps {factor:g}x"
+            times = f"the worst case, {worst / balanced:.2f}x balanced{capped}"
+        return f"{rows:,} expert rows ({times}; est. {size} per process)"
+
+    return (f"a2a capacity  starts at {at(a2a.capacity_factor, memory[0])}, grows up to "
+            f"{at(ceiling, memory[1])}; a step that needs more runs once at exactly its rows")
+
+
+def distinct_sizes(sizes: list[int]) -> list[str]:
+    """``sizes`` (bytes) as ``0.6 GiB``, or in the first of MiB and KiB that tells apart sizes
+    that differ."""
+    for unit, scale, decimals in (("GiB", 2**30, 1), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
+        shown = [f"{n / scale:,.{decimals}f} {unit}" for n in sizes]
+        if len(set(shown)) == len(set(sizes)):
+            break
+    return shown

@@ -48,7 +48,7 @@ from launch.run import numerics_log
 from launch.run import run_summary as names
 from launch.run.console import format_eta, progress_line, validation_line
 from launch.titan.routing_telemetry import RoutingTelemetry
-from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings, start_wandb
+from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings, start_line, start_wandb
 from mxfp8_ep import elastic
 from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.config import LEGS
@@ -112,7 +112,7 @@ class RecipeMetrics:
         self.routing: Optional[RoutingTelemetry] = None  # the trainer's, once its model exists
         if wandb_settings is not None and _rank() == 0:
             if self.console is not None:  # a start-up stage: wandb's own start takes seconds
-                self.console.write(f"start-up: wandb ({wandb_settings.mode})\n")
+                self.console.write(start_line(wandb_settings.mode) + "\n")
             container = LoggerContainer()
             container.add_logger(self.logger)
             self.wandb = start_wandb(wandb_settings, wandb_config or {}, self._say)

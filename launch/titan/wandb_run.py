@@ -31,7 +31,28 @@ from torchtitan.tools.logging import logger
 from launch.run import run_summary as names
 from launch.run.wandb_offline import OfflineRun, read_run
 
-__all__ = ["RecipeWandBLogger", "WandbSettings", "start_wandb"]
+__all__ = ["ONLINE_INIT_TIMEOUT_S", "RecipeWandBLogger", "WandbSettings", "init_timeout_s", "start_line",
+           "start_wandb"]
+
+# The longest an online run waits for wandb's server at its start before it writes its record
+# offline instead (wandb's own default: 90 s, in silence); WANDB_INIT_TIMEOUT overrides it.
+ONLINE_INIT_TIMEOUT_S = 30.0
+
+
+def init_timeout_s() -> float:
+    """How long ``wandb.init`` may wait for the server: ``$WANDB_INIT_TIMEOUT``, else
+    :data:`ONLINE_INIT_TIMEOUT_S`."""
+    return float(os.environ.get("WANDB_INIT_TIMEOUT") or ONLINE_INIT_TIMEOUT_S)
+
+
+def start_line(mode: str) -> str:
+    """The console's start-up line for wandb: an online run says how long it waits for the
+    server and what it does then."""
+    if mode != "online":
+        return f"start-up: wandb ({mode})"
+    base = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    return (f"start-up: wandb (online): connecting to {base}; without an answer in {init_timeout_s():g} s the "
+            f"run's record is written offline instead")
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,7 @@ class RecipeWandBLogger(BaseLogger):
                 # offline: nothing may try the network
                 disable_code=s.mode == "offline",
                 console="off",  # the worker's own log files already hold its output
+                init_timeout=init_timeout_s(),  # online: a bounded wait, then start_wandb goes offline
             ),
         )
         for metric in names.SUMMARY_METRICS:

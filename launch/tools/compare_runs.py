@@ -64,6 +64,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -630,6 +631,13 @@ def format_table(runs: list[Compared]) -> str:
     not_compared = sorted({c.mark for c in runs if c.mark})
     if not_compared:
         lines.append(f"* {' / '.join(f'[{e}]' for e in not_compared)}: {NOT_COMPARED}")
+    disagreeing = sign_disagreements(runs)
+    if disagreeing:
+        measures = sorted({measure for _, measure in disagreeing})
+        lines.append(f"* Δloss is the last logged step's training loss minus its bf16 run's; the verdicts below "
+                     f"compare the {' / '.join(measures)} with the bf16 reference, and for "
+                     f"{', '.join(label for label, _ in disagreeing)} the two differ in sign: one step's loss "
+                     f"moves more than the difference between the runs")
     if on_cpu(runs):
         lines.append(f"* {CPU_NOTE}: tokens/s and step times of CPU (gloo) runs say nothing about GPUs.")
     if on_shared_gpu(runs):
@@ -638,6 +646,19 @@ def format_table(runs: list[Compared]) -> str:
     if warning:
         lines.append(f"! {warning}")
     return "\n".join(lines)
+
+
+def sign_disagreements(runs: list[Compared]) -> list[tuple[str, str]]:
+    """(label, the verdict's measure) of each run whose table Δloss (its last step's) and verdict
+    (``end_loss``: the final validation loss, else the mean of the last steps) differ in sign."""
+    by_name = {c.run.run_name: c for c in runs}
+    out = []
+    for v in verdicts(runs):
+        c = by_name.get(v["run"])
+        table = c.vs_baseline.get("loss_delta") if c is not None and c.baseline is not None else None
+        if table is not None and table * v["delta"] < 0:
+            out.append((c.label, v["measure"]))
+    return out
 
 
 def _where(layer: Optional[int]) -> str:
@@ -762,6 +783,16 @@ _PANELS = {
 }
 
 
+# Characters of a verdict line that fit under one 7-inch panel of the loss figure (small monospace);
+# longer lines are wrapped there, their continuation indented.
+VERDICT_CHARS_PER_PANEL = 95
+
+
+def wrapped(lines: list[str], width: int) -> list[str]:
+    """``lines`` wrapped at ``width`` characters, each continuation indented."""
+    return [piece for line in lines for piece in textwrap.wrap(line, width, subsequent_indent="    ")]
+
+
 def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
@@ -773,8 +804,8 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
         + (["val_delta"] if has_val and has_base else [])
     ncols = 2 if len(names) > 1 else 1
     nrows = math.ceil(len(names) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4 * nrows + 0.3 * len(verdict_lines) + 0.4),
-                             squeeze=False)
+    lines = len(wrapped(verdict_lines, VERDICT_CHARS_PER_PANEL * ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4 * nrows + 0.3 * lines + 0.4), squeeze=False)
     panels = {}
     for ax, name in zip(axes.flat, names):
         data = _panel_series(runs, name)
@@ -808,14 +839,15 @@ def plot_loss(runs: list[Compared], path: Path, verdict_lines: list[str]) -> dic
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     texts = list(verdict_lines)
-    if texts:
-        fig.text(0.01, 0.01, "\n".join(texts), fontsize="small", family="monospace", va="bottom")
-    fig.tight_layout(rect=(0, 0.3 * len(texts) / (4 * nrows + 0.3 * len(texts) + 0.4) + 0.01, 1, 1))
+    drawn = wrapped(texts, VERDICT_CHARS_PER_PANEL * ncols)
+    if drawn:
+        fig.text(0.01, 0.01, "\n".join(drawn), fontsize="small", family="monospace", va="bottom")
+    fig.tight_layout(rect=(0, 0.3 * len(drawn) / (4 * nrows + 0.3 * len(drawn) + 0.4) + 0.01, 1, 1))
     fig.savefig(path, dpi=110, metadata={"Comment": "\n".join(texts)})
     for ax, name in zip(axes.flat, names):
         panels[name]["xticks"] = _shown_ticks(ax)
     plt.close(fig)
-    return {"file": path.name, "panels": panels, "texts": texts,
+    return {"file": path.name, "panels": panels, "texts": texts, "drawn": drawn,
             "styles": {k: {kk: (list(vv) if isinstance(vv, tuple) else vv) for kk, vv in v.items()}
                        for k, v in styles.items()}}
 
