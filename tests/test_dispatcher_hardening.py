@@ -323,11 +323,13 @@ def test_tokens_that_differ_across_ranks_fail_on_every_rank():
 # --------------------------------------------------------------------------------------------
 # configs that differ across ranks, or fail their checks on one
 
-# A second value for the config fields whose type gives none (``_second_value``).
+# A second value for the config fields whose type gives none, or whose doubled value is invalid
+# (the pool's factor past its ceiling) (``_second_value``).
 SECOND_VALUES = {
     "launch_shapes": {"mxfp8": replace(KernelShapes.default("mxfp8"),
                                        push_rows=LaunchShape(block=8, warps=4, stripes=8))},
     "check_inputs": True,
+    "a2a.activation_pool_factor": 1.5,
 }
 
 
@@ -347,17 +349,18 @@ def _field_paths(config, prefix: str = "") -> list[str]:
 
 
 def _second_value(path: str, value):
-    """A valid value of field ``path`` other than ``value``: another of its choices, the other
-    truth value, twice the number, or ``SECOND_VALUES``."""
+    """A valid value of field ``path`` other than ``value``: ``SECOND_VALUES``' where it names
+    one, else another of its choices, the other truth value or twice the number."""
     name = path.rsplit(".", 1)[-1]
+    if path in SECOND_VALUES:
+        return SECOND_VALUES[path]
     if path.startswith("a2a.") and name in FIELD_CHOICES:
         return next(c for c in FIELD_CHOICES[name] if c != value)
     if isinstance(value, bool):
         return not value
     if isinstance(value, (int, float)):
         return 2 * value
-    assert path in SECOND_VALUES, f"config field {path}: no second value to build a rank with; add one to SECOND_VALUES"
-    return SECOND_VALUES[path]
+    raise AssertionError(f"config field {path}: no second value to build a rank with; add one to SECOND_VALUES")
 
 
 def _with(config, path: str, value):
