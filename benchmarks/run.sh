@@ -113,6 +113,9 @@ runs=$(mktemp -d "${TMPDIR:-/tmp}/mxfp8ep_$suite.XXXXXX")
 trap 'rm -rf "$runs"' EXIT
 ep_bench=(model=dsv3_ep_bench training.seq_len=4096 training.local_batch_size=2)
 common=("${ep_bench[@]}" training.steps="$steps")
+# parity_dsv3 at EP=4, the four ranks sharing one GPU: the 1-GPU suites' training runs
+parity_ep4=(python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm
+            training.local_batch_size=2)
 
 case $suite in
 layer) bench 2 layer ;;
@@ -185,8 +188,7 @@ capacity_1gpu)
   bench 2 memory --layer
   # At EP=4 four ranks' worst-case peaks do not fit one 80 GB card: the default's arms only.
   bench 4 memory --layer --tokens 4096 --arms torchtitan,bf16/symm,mxfp8/symm
-  train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
-    training.local_batch_size=2 training.steps="${STEPS:-1000}" experiment=capacity_ep4 hydra.run.dir="$runs/mxfp8_ep4"
+  train "${parity_ep4[@]}" training.steps="${STEPS:-1000}" experiment=capacity_ep4 hydra.run.dir="$runs/mxfp8_ep4"
   replay_rows
   ;;
 checkpoint_1gpu)
@@ -195,8 +197,7 @@ checkpoint_1gpu)
     for arm in elastic worst; do
       worst=()
       [ "$arm" = elastic ] || worst=(a2a.capacity_factor=null a2a.activation_pool_factor=null)
-      train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
-        training.local_batch_size=2 training.activation_checkpoint="$ckpt" training.steps="${STEPS:-40}" "${worst[@]}" \
+      train "${parity_ep4[@]}" training.activation_checkpoint="$ckpt" training.steps="${STEPS:-40}" "${worst[@]}" \
         experiment=checkpoint_ep4 hydra.run.dir="$runs/${ckpt}_$arm"
     done
   done
@@ -206,8 +207,7 @@ memory_1gpu)
   for arm in pool no_pool; do
     pool=()
     [ "$arm" = pool ] || pool=(a2a.activation_pool_factor=null)
-    train python3 launch/train.py +recipe=parity_dsv3 parallelism=ep4_shared_gpu a2a=mxfp8 a2a.transport=symm \
-      training.local_batch_size=2 training.steps="${STEPS:-200}" "${pool[@]}" experiment=pool_memory_ep4 \
+    train "${parity_ep4[@]}" training.steps="${STEPS:-200}" "${pool[@]}" experiment=pool_memory_ep4 \
       hydra.run.dir="$runs/$arm"
   done
   replay_rows

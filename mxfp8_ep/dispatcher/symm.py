@@ -245,12 +245,6 @@ def in_replay_scope() -> bool:
     return bool(scopes) and not scopes[-1].exact
 
 
-def outermost_scope() -> ReplayScope | None:
-    """This thread's outermost open replay scope (one attempt of a step), or None."""
-    scopes = _scopes()
-    return scopes[0] if scopes else None
-
-
 def innermost_scope() -> ReplayScope | None:
     """This thread's innermost open replay scope, or None."""
     scopes = _scopes()

@@ -23,10 +23,10 @@ of it is released (its backward ran, or its graph was dropped): at the head when
 (a backward's order), at the tail when it is the oldest (a pipeline schedule's 1F1B, where the
 oldest microbatch runs its backward first), a layer between them once its neighbours go. So
 microbatches of one step reuse the rows, and a schedule's pool holds the layers it keeps at once
-(plus the holes inside that span), never more than keeping them at the capacity would. Its
+(plus the holes inside that span), whatever its number of microbatches. Its
 size (``A2AConfig.activation_pool_factor``): that multiple of one layer's balanced rows, summed
-over the pooled MoE layers (``activation_pool_size.pool_rows``): the deepest stack of layers
-moved into the pool a step has shown (layers under activation checkpointing keep nothing and
+over the pooled MoE layers (``activation_pool_size.pool_rows``): the most layers a step has
+held in the pool at once (layers under activation checkpointing keep nothing and
 never push; the last pooled layer stays out). A run's first step knows no depth yet and starts
 from one layer's rows: past two pooled layers it overflows the pool and runs its forward once
 more at the rows it showed it needs (plus headroom), so the pool is never sized for layers that
@@ -147,9 +147,9 @@ class ActivationPool:
 
     @property
     def layers(self) -> int:
-        """The layers the pool is sized for: the deepest stack of layers moved in a step has
-        shown (layers under activation checkpointing keep nothing and never push, and the last
-        pooled layer stays out); one before the first step (module docstring)."""
+        """The layers the pool is sized for: the most a step has held in it at once (layers
+        under activation checkpointing keep nothing and never push, and the last pooled layer
+        stays out); one before the first step (module docstring)."""
         return max(self.depth_seen, 1)
 
     def budget(self) -> tuple[int, int, int]:
@@ -206,9 +206,9 @@ class ActivationPool:
         end = self.head + layer.count
         self.head.copy_(end)
         self.demand_head.add_(layer.demand)
-        span = self.demand_head - self.demand_tail
+        over, span = end > limit, self.demand_head - self.demand_tail
         for scope in layer.scopes:
-            scope.count_overflow(end > limit)
+            scope.count_overflow(over)
             scope.need(self.need_key, span)
         self.live.append(layer)
         self.depth_seen = max(self.depth_seen, len(self.live))
@@ -312,8 +312,9 @@ class _LayerPack:
                 yield
         finally:
             # Views of one tensor are packed once within a block; past it the packed tensors
-            # are held by their saved-tensor handles alone, so each unpacked tensor lives only
-            # until the last node that saved it has run its backward.
+            # are held by their saved-tensor handles alone, so each unpacked copy lives until
+            # the last node that saved it has run its backward or another layer unpacks
+            # (``_keep_unpacked``).
             self.handle.packed = {}
 
     def _pack(self, t: torch.Tensor):
