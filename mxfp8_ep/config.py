@@ -97,6 +97,9 @@ class A2AConfig:
     # ``activation_pool_factor``: a lower one is a problem); a step that needs more spills (runs
     # again keeping exactly its routed rows). None: no ceiling below every layer's worst case.
     activation_pool_ceiling: float | None = DEFAULT_POOL_CEILING
+    # two_hop: the EP ranks of one node, ``ranks_per_node`` consecutive ranks per node (the
+    # layout torchrun and SLURM give). None: the ranks that share a host name.
+    ranks_per_node: int | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with this config, one line per field (empty: nothing). Not checked at
@@ -112,6 +115,11 @@ class A2AConfig:
             error = capacity_factor_error(getattr(self, name))
             if error is not None:
                 found.append(f"A2AConfig.{name}={getattr(self, name)!r}: {error}")
+        if self.ranks_per_node is not None and not (isinstance(self.ranks_per_node, int)
+                                                    and not isinstance(self.ranks_per_node, bool)
+                                                    and self.ranks_per_node >= 1):
+            found.append(f"A2AConfig.ranks_per_node={self.ranks_per_node!r}: expected an integer >= 1 or None "
+                         f"(the ranks that share a host name)")
         if pool_ceiling_error(self.activation_pool_factor, self.activation_pool_ceiling) is not None:
             found.append(f"A2AConfig.activation_pool_ceiling={self.activation_pool_ceiling!r}: "
                          f"{pool_ceiling_error(self.activation_pool_factor, self.activation_pool_ceiling)}")

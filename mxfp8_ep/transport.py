@@ -26,10 +26,14 @@ class Transport(StrEnum):
         member.__doc__ = inspect.cleandoc(doc)
         return member
 
-    AUTO = ("auto", """symm on one node with CUDA and >= 2 ranks, nccl otherwise (``resolve``).""")
+    AUTO = ("auto", """symm on one node with CUDA and >= 2 ranks, two_hop across nodes of >= 2 CUDA ranks
+            each, nccl otherwise (``resolve``).""")
     SYMM = ("symm", """One Triton kernel per leg pushes rows straight into peers' expert-major slots over
             CUDA symmetric memory (one node, >= 2 GPUs; no host sync).""")
     NCCL = ("nccl", """All-to-all through the process group: multi-node NCCL, and gloo (CPU).""")
+    TWO_HOP = ("two_hop", """Across nodes: each token goes once to each node that holds one of its experts, between
+               ranks of the same local index (NCCL; gloo on CPU), then fans out inside the node over
+               symmetric memory with the symm transport's kernels (no host sync).""")
 
     def __repr__(self) -> str:  # as the config spells it, in the messages that quote one
         return repr(self.value)
@@ -47,17 +51,21 @@ TRANSPORTS: tuple[str, ...] = tuple(t.value for t in Transport)
 def resolve(requested: str, *, cuda: bool, ranks: int, hosts: Callable[[], int]) -> Transport:
     """The transport ``requested`` (an ``A2AConfig.transport``) means for an EP group of ``ranks``
     ranks (``cuda``: on CUDA devices): ``auto`` is symm on one host with CUDA and >= 2 ranks,
-    nccl otherwise; an explicit symm across hosts is an error (peer memory does not span nodes).
-    ``hosts``: how many hosts the group spans, called only when that decides."""
+    two_hop across hosts with CUDA and >= 2 ranks on each, nccl otherwise; an explicit symm
+    across hosts is an error (peer memory does not span nodes). An explicit two_hop stays
+    (its dispatcher checks the node layout). ``hosts``: how many hosts the group spans, called
+    only when that decides."""
     transport = Transport(requested)
-    if transport is Transport.NCCL or (transport is Transport.AUTO and (not cuda or ranks < 2)):
+    if transport in (Transport.NCCL, Transport.TWO_HOP):
+        return transport
+    if transport is Transport.AUTO and (not cuda or ranks < 2):
         return Transport.NCCL
     spanned = hosts()
     if spanned > 1:
         if transport is Transport.SYMM:
             raise ValueError(
                 f"a2a.transport={Transport.SYMM} needs every EP rank on one node, but the EP group spans "
-                f"{spanned} hosts; use transport={Transport.NCCL} (or {Transport.AUTO}) for multi-node EP"
+                f"{spanned} hosts; use transport={Transport.TWO_HOP} (or {Transport.AUTO}) for multi-node EP"
             )
-        return Transport.NCCL
+        return Transport.TWO_HOP if ranks // spanned >= 2 else Transport.NCCL
     return Transport.SYMM

@@ -139,3 +139,40 @@ def symm_staging_bytes(ep: int, max_tokens: int, top_k: int, num_local_experts: 
     worst = worst_case_capacity(max_tokens, top_k, ep, num_local_experts, align)
     rows = symm_staging_rows(ep, max_tokens, top_k, num_local_experts, align, combine_partial_sums, row_nbytes)
     return 2 * staging_buffer_bytes(rows, row_nbytes, worst)
+
+
+# The two_hop transport's node hop (``mxfp8_ep.dispatcher.two_hop``): the rows a rank sends each
+# other node, one per token that has an expert there. Symbols as above, ``N`` nodes of ``G``
+# ranks each (``W = N x G``).
+
+
+def remote_node_share(num_experts: int, top_k: int, nodes: int) -> float:
+    """The share of a rank's tokens that go to one other node when every token picks ``top_k``
+    distinct experts uniformly (the balanced case): the chance that at least one of them lies
+    on that node, which holds ``num_experts / nodes`` of them."""
+    per_node = num_experts // nodes
+    miss = 1.0
+    for i in range(top_k):
+        miss *= max(0, num_experts - per_node - i) / (num_experts - i)
+    return 1.0 - miss
+
+
+def node_hop_capacity(max_tokens: int, share: float, factor: float | None = None) -> int:
+    """Rows a rank sends each other node per dispatch: ``factor`` times the balanced case
+    (``share x T``, ``remote_node_share``), rounded up, at least 1 and at most ``T`` (every
+    token, the worst case, which ``factor=None`` asks for)."""
+    if factor is None or factor * share * max_tokens >= max_tokens:
+        return max_tokens
+    return max(1, min(max_tokens, math.ceil(factor * share * max_tokens)))
+
+
+def node_hop_row_bytes(row_nbytes: int, top_k: int) -> int:
+    """Bytes of one node-hop row: the token in its wire format (``row_nbytes``), then its
+    ``top_k`` expert ids on the receiving node (int32) and router scores (fp32)."""
+    return row_nbytes + 8 * top_k
+
+
+def node_hop_bytes(nodes: int, rows: int, row_nbytes: int, top_k: int) -> int:
+    """Bytes of the node hop's send and receive buffers at ``rows`` rows per node pair
+    (``node_hop_capacity``; the buffers are allocated per dispatch by the caching allocator)."""
+    return 2 * nodes * rows * node_hop_row_bytes(row_nbytes, top_k)
