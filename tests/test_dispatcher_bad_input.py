@@ -117,7 +117,7 @@ def _hosts(rank, world):
     with mock.patch("socket.gethostname", return_value=f"node{rank}"):
         with pytest.raises(ValueError, match=rf"transport=symm needs every EP rank on one node.*spans {world} hosts"):
             resolve_transport("symm", cpu, group)
-        with pytest.raises(ValueError, match=rf"spans {world} hosts.*use transport=nccl"):
+        with pytest.raises(ValueError, match=rf"spans {world} hosts.*use transport=two_hop"):
             build_dispatcher("symm")
         assert resolve_transport("auto", cuda, group) == "nccl"  # multi-node: all-to-all
         assert type(build_dispatcher("nccl")) is NcclTokenDispatcher

@@ -324,12 +324,13 @@ def test_tokens_that_differ_across_ranks_fail_on_every_rank():
 # configs that differ across ranks, or fail their checks on one
 
 # A second value for the config fields whose type gives none, or whose doubled value is invalid
-# (the pool's factor past its ceiling) (``_second_value``).
+# (the pool's factor past its ceiling, the node size None) (``_second_value``).
 SECOND_VALUES = {
     "launch_shapes": {"mxfp8": replace(KernelShapes.default("mxfp8"),
                                        push_rows=LaunchShape(block=8, warps=4, stripes=8))},
     "check_inputs": True,
     "a2a.activation_pool_factor": 1.5,
+    "a2a.ranks_per_node": 1,
 }
 
 

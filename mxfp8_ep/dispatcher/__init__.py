@@ -55,6 +55,7 @@ from mxfp8_ep.dispatcher.fused_nccl import FusedNcclTokenDispatcher
 from mxfp8_ep.dispatcher.nccl import NcclTokenDispatcher
 from mxfp8_ep.dispatcher.push import PushDispatchMetadata, PushTokenDispatcher
 from mxfp8_ep.dispatcher.symm import SymmTokenDispatcher, peer_buffer_nbytes, release_peer_buffers
+from mxfp8_ep.dispatcher.two_hop import TwoHopTokenDispatcher
 
 __all__ = [
     "FusedNcclTokenDispatcher",
@@ -63,6 +64,7 @@ __all__ = [
     "PushTokenDispatcher",
     "SymmTokenDispatcher",
     "TokenDispatcher",
+    "TwoHopTokenDispatcher",
     "dispatcher_for",
     "peer_buffer_nbytes",
     "register_transport",

@@ -236,7 +236,7 @@ class PushTokenDispatcher(TokenDispatcher):
         rows = src[meta.slot // self.config.top_k]
         if weight is not None:
             rows = (rows.float() * weight[meta.slot].unsqueeze(1)).to(src.dtype)
-        return rows, self._crossing(meta.dst_rank != self.rank)
+        return rows, self._crossing((meta.dst_rank != self.rank) & (meta.dst_rank >= 0))
 
     def _wire_rows_to_tokens(self, src, meta, leg):  # noqa: ARG002 (symm's partial sums depend on it)
         """A token-bound leg (``push_rows``): ``(rows, valid)`` pairs, here one, the expert-major

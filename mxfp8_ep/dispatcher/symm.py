@@ -88,7 +88,7 @@ class _SymmBuffers:
 
 
 @dataclass
-class _Capacity:
+class ElasticCapacity:
     """A buffer set's rows across its re-allocations (``capacity.next_capacity``): the elastic
     capacity it holds from step to step, its ceiling and the worst case, for ``max_tokens``
     tokens per rank (which never shrinks)."""
@@ -101,7 +101,7 @@ class _Capacity:
 
 
 _BUFFERS: dict[tuple, _SymmBuffers] = {}
-_CAPACITY: dict[tuple, _Capacity] = {}
+_CAPACITY: dict[tuple, ElasticCapacity] = {}
 _THREAD = threading.local()  # ``scopes``: the replay scopes this thread opened, innermost last
 _ANNOUNCED: set[str] = set()  # what ``_announce_once`` said
 # A dispatch index past every real one: no dispatch of the scope overflowed.
@@ -252,12 +252,12 @@ def innermost_scope() -> ReplayScope | None:
 
 
 def needed_rows(scope: ReplayScope, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Per buffer set (in ``plan_overflowed``'s order), the rows ``scope``'s trustworthy
-    dispatches needed and its ceiling, as two int64 tensors on ``device`` (no host sync), or
-    None when this process holds no symm buffers."""
-    if not _BUFFERS:
+    """Per elastic capacity (``hold_capacity``, in ``plan_overflowed``'s order), the rows
+    ``scope``'s trustworthy dispatches needed and its ceiling, as two int64 tensors on
+    ``device`` (no host sync), or None when this process holds none."""
+    if not _CAPACITY:
         return None
-    keys = list(_BUFFERS)
+    keys = list(_CAPACITY)
     needed = torch.cat([scope.needed(key, device) for key in keys])
     return needed, int64_tensor([_CAPACITY[k].ceiling for k in keys], torch.device(device))
 
@@ -281,7 +281,7 @@ def plan_overflowed(needed: list[int]) -> CapacityPlan:
     scope takes the grown capacity; the peer buffers stay (they hold the worst case's map). The
     ranks of an EP group saw the same counts and decide alike."""
     plan = CapacityPlan()
-    for key, rows in zip(list(_BUFFERS), needed, strict=True):
+    for key, rows in zip(list(_CAPACITY), needed, strict=True):
         cap = _CAPACITY[key]
         if rows <= cap.rows:
             continue
@@ -295,14 +295,24 @@ def plan_overflowed(needed: list[int]) -> CapacityPlan:
 
 
 def capacities() -> list[int]:
-    """The elastic capacity of each buffer set this process holds (rows; a spill's or an
-    unscoped dispatch's exact size, which lasts one dispatch, is not one)."""
-    return [_CAPACITY[key].rows for key in _BUFFERS]
+    """Each elastic capacity this process holds (rows; a spill's or an unscoped dispatch's
+    exact size, which lasts one dispatch, is not one)."""
+    return [cap.rows for cap in _CAPACITY.values()]
 
 
 def ceilings() -> list[int]:
-    """The ceiling of each buffer set this process holds (rows)."""
-    return [_CAPACITY[key].ceiling for key in _BUFFERS]
+    """The ceiling of each elastic capacity this process holds (rows)."""
+    return [cap.ceiling for cap in _CAPACITY.values()]
+
+
+def hold_capacity(key: tuple, make) -> ElasticCapacity:
+    """The elastic capacity held under ``key`` (a buffer set's, or another sync-free exchange's:
+    the two_hop transport's node hop), made by ``make()`` the first time: every capacity held
+    here counts in ``needed_rows``, grows in ``plan_overflowed`` and is dropped by
+    ``release_peer_buffers``."""
+    if key not in _CAPACITY:
+        _CAPACITY[key] = make()
+    return _CAPACITY[key]
 
 
 def peer_buffer_nbytes() -> int:
@@ -325,6 +335,12 @@ def _announce_once(what: str, message: str) -> None:
     if what not in _ANNOUNCED:
         _ANNOUNCED.add(what)
         _log.warning(message)
+
+
+def announce_unguarded() -> None:
+    """Say once per process that sync-free dispatches run outside a replay scope
+    (``UNGUARDED_MESSAGE``)."""
+    _announce_once("unguarded", UNGUARDED_MESSAGE)
 
 
 UNGUARDED_MESSAGE = (
@@ -385,17 +401,23 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         return (id(self.group), device, dim, dtype, cfg.top_k, self.num_local_experts, cfg.pad_multiple,
                 cfg.combine_fwd_partial_sums, cfg.a2a.capacity_factor, cfg.a2a.capacity_ceiling)
 
-    def _capacity(self, max_tokens: int, earlier: _Capacity | None) -> _Capacity:
+    def _capacity(self, max_tokens: int, earlier: ElasticCapacity | None) -> ElasticCapacity:
         """The rows of a buffer set for ``max_tokens`` tokens per rank: its start
         (``capacity_factor``), ceiling (``capacity_ceiling``, at least the start) and worst
         case; a capacity the set grew to earlier is kept."""
         cfg = self.config
-        shape = (max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple)
+        shape = self._capacity_shape(max_tokens)
         start = expert_major_capacity(*shape, cfg.a2a.capacity_factor)
         ceiling = max(start, expert_major_capacity(*shape, cfg.a2a.capacity_ceiling))
         rows = min(ceiling, max(start, earlier.rows if earlier else 0))
-        return _Capacity(rows=rows, ceiling=ceiling, worst=worst_case_capacity(*shape), align=cfg.pad_multiple,
-                         max_tokens=max_tokens)
+        return ElasticCapacity(rows=rows, ceiling=ceiling, worst=worst_case_capacity(*shape), align=cfg.pad_multiple,
+                               max_tokens=max_tokens)
+
+    def _capacity_shape(self, max_tokens: int) -> tuple[int, int, int, int, int]:
+        """The arguments of ``capacity.expert_major_capacity`` (and ``worst_case_capacity``) for
+        ``max_tokens`` tokens per rank: tokens, top-k, ranks, local experts, alignment."""
+        cfg = self.config
+        return max_tokens, cfg.top_k, self.ep, self.num_local_experts, cfg.pad_multiple
 
     def _buffers(self, device: torch.device, dim: int, dtype: torch.dtype, tokens: int) -> _SymmBuffers:
         """The peer buffers for (group, device, ``dim``, ``dtype``), allocated at the first
@@ -499,14 +521,14 @@ class SymmTokenDispatcher(PushTokenDispatcher):
                                 scopes=tuple(scopes), own_rows=tables.seg_end[-1:])
         return tables, rows
 
-    def _exact_rows(self, cap: _Capacity, needed: torch.Tensor, scopes: list[ReplayScope]) -> int:
+    def _exact_rows(self, cap: ElasticCapacity, needed: torch.Tensor, scopes: list[ReplayScope]) -> int:
         """The rows of a dispatch outside a replay scope, or in an ``exact`` one (a spill's
         rerun; ``scopes``: those it counts in): exactly those its routing needs (``needed``, the
         same on every rank of the group; already a multiple of the alignment), read on the
         host: the one host read of such a dispatch. A recompute of the same routing gets the
         same rows."""
         if not scopes:
-            _announce_once("unguarded", UNGUARDED_MESSAGE)
+            announce_unguarded()
         rows = min(cap.worst, int(needed[0]))
         if rows > cap.ceiling:
             _log.info("symm dispatch: %d rows needed, more than the capacity's ceiling (%d): this dispatch runs at "
@@ -609,7 +631,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         n = meta.sorted_row[: dot_out.numel()]
         owner = meta.dst_rank[n]
         theirs = returned[owner.clamp(min=0) * capacity + meta.dst_row[n]]
-        dot_out.copy_(torch.where(owner != self.rank, theirs, dot_out))
+        dot_out.copy_(torch.where((owner != self.rank) & (owner >= 0), theirs, dot_out))
 
     def _push_to_tokens(self, src, meta, leg, fmt):
         """A token-bound leg whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
@@ -655,7 +677,8 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         if self.config.top_k == 1:
             return super()._wire_rows_to_experts(src, meta, weight)
         n = meta.sorted_row[: src.shape[0] * self.config.top_k].view(src.shape[0], self.config.top_k)
-        return src, self._crossing((meta.dst_rank[n] != self.rank).any(dim=1))
+        owner = meta.dst_rank[n]
+        return src, self._crossing(((owner != self.rank) & (owner >= 0)).any(dim=1))
 
     def _wire_rows_to_tokens(self, src, meta, leg):
         """After partial sums (``_sends_partials``) the leg sends one per token of another rank

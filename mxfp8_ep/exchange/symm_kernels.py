@@ -463,7 +463,7 @@ def _reduce_slots_kernel(
             n = tl.load(sorted_row_ptr + slot, mask=tok_ok, other=0)
             owner = tl.load(row_rank_ptr + n, mask=tok_ok, other=-1)
             is_local = tok_ok & (owner == rank)
-            is_remote = tok_ok & (owner != rank)
+            is_remote = tok_ok & (owner != rank) & (owner >= 0)  # -1: a masked slot adds nothing
             local_row = tl.load(local_row_ptr + n, mask=is_local, other=0)
             value = _load_tile(local_src_ptr, local_row, cols, _mask(is_local, cols, D, GROUP, BLOCK_D), D, IN_BF16)
             if QUANTIZE_LOCAL:  # a row that stayed, as a peer would have decoded it
@@ -497,14 +497,16 @@ def _reduce_slots_kernel(
 
 @triton.jit
 def _sorted_rows_kernel(slot_ptr, ids_ptr, dst_base_ptr, first_row_ptr, dst_rank_ptr, dst_row_ptr, sorted_row_ptr,
-                        N, last_row, L: tl.constexpr, BLOCK: tl.constexpr):
+                        N, last_row, E, L: tl.constexpr, BLOCK: tl.constexpr):
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = j < N
     slot = tl.load(slot_ptr + j, mask=ok, other=0)
     expert = tl.load(ids_ptr + slot, mask=ok, other=0)
-    tl.store(dst_rank_ptr + j, expert // L, mask=ok)
-    row = tl.load(dst_base_ptr + expert, mask=ok, other=0) + j - tl.load(first_row_ptr + expert, mask=ok, other=0)
-    tl.store(dst_row_ptr + j, tl.minimum(row, last_row), mask=ok)
+    routed = expert < E  # E: a masked slot (no expert), sorted after every routed one
+    tl.store(dst_rank_ptr + j, tl.where(routed, expert // L, -1), mask=ok)
+    row = (tl.load(dst_base_ptr + expert, mask=ok & routed, other=0) + j
+           - tl.load(first_row_ptr + expert, mask=ok & routed, other=0))
+    tl.store(dst_row_ptr + j, tl.where(routed, tl.minimum(row, last_row), 0), mask=ok)
     tl.store(sorted_row_ptr + slot, j.to(tl.int64), mask=ok)
 
 
@@ -700,7 +702,7 @@ def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     if num:
         _sorted_rows_kernel[(triton.cdiv(num, ROUTING_BLOCK),)](
             slot, expert_ids, tables.dst_base, tables.first_row, dst_rank, dst_row, sorted_row, num,
-            NO_ROW_LIMIT if tables.row_limit is None else tables.row_limit - 1,
+            NO_ROW_LIMIT if tables.row_limit is None else tables.row_limit - 1, tables.dst_base.numel(),
             L=num_local_experts, BLOCK=ROUTING_BLOCK,
         )
     return dst_rank, dst_row, sorted_row

@@ -223,13 +223,13 @@ def partial_stage_rows(sorted_row: torch.Tensor, dst_rank: torch.Tensor, rank: i
     """For ``reduce_slots`` after ``push_partials``: per sorted row ``n``, the staged row of its
     token's partial sum from the row's owner (``owner * max_tokens + token``) when ``n`` is the
     token's first slot (lowest ``k``) on that owner, else -1 (added already, or a row that
-    stays). Device ops only."""
+    stays, or a masked slot). Device ops only."""
     n = sorted_row.view(-1, top_k)
     owner = dst_rank[n]
     earlier = torch.ones(top_k, top_k, dtype=torch.bool, device=sorted_row.device).tril(-1)
     repeat = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).any(dim=2)
     token = torch.arange(n.shape[0], device=sorted_row.device).unsqueeze(1)
-    value = torch.where((owner != rank) & ~repeat, owner * max_tokens + token, -1)
+    value = torch.where((owner != rank) & (owner >= 0) & ~repeat, owner * max_tokens + token, -1)
     stage_row = torch.empty_like(sorted_row)
     stage_row[n.reshape(-1)] = value.reshape(-1)
     return stage_row
@@ -260,9 +260,10 @@ def reduce_slots(leg: StagedLeg, out, *, sorted_row, row_rank, local_row, local_
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank (with
     ``leg.quantize_local``: as a peer decodes it, ``round_trip_rows`` with ``leg.rounding``), else
     row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
-    ``stage_row[n]`` is -1. ``save[n] = v(n)``; ``dot_out[t*K+k] = <v(sorted_row[t*K+k]),
-    dot_with[t]>`` in fp32. ``weigh_staged=False``: a staged row is added as it is (a weighted
-    partial sum, ``push_partials(weight=...)``); the weights multiply the rows that stay."""
+    ``stage_row[n]`` is -1 or ``row_rank[n]`` is (a masked slot). ``save[n] = v(n)``;
+    ``dot_out[t*K+k] = <v(sorted_row[t*K+k]), dot_with[t]>`` in fp32. ``weigh_staged=False``: a
+    staged row is added as it is (a weighted partial sum, ``push_partials(weight=...)``); the
+    weights multiply the rows that stay."""
     num_tokens, dim = out.shape
     rank, fmt = leg.rank, leg.fmt
     views = leg.views(leg.staging.local, dim, out.dtype)
@@ -274,7 +275,9 @@ def reduce_slots(leg: StagedLeg, out, *, sorted_row, row_rank, local_row, local_
         v = local_src[torch.where(is_local, local_row[n], 0)]
         if leg.quantize_local:
             v = round_trip_rows(v, leg.rounding, fmt)
-        skipped = ~is_local & (stage_row[n] < 0) if stage_row is not None else torch.zeros_like(is_local)
+        skipped = row_rank[n] < 0  # a masked slot
+        if stage_row is not None:
+            skipped = skipped | (~is_local & (stage_row[n] < 0))
         v[skipped] = 0
         remote = torch.nonzero(~is_local & ~skipped).squeeze(1)
         v[remote] = decode_rows(views, n[remote] if stage_row is None else stage_row[n[remote]], out.dtype, fmt)
@@ -293,14 +296,20 @@ def reduce_slots(leg: StagedLeg, out, *, sorted_row, row_rank, local_row, local_
 def sorted_row_routing(tables, slot, expert_ids, num_local_experts):
     """Per expert-sorted row ``j`` (of ``N``), from ``routing.RoutingTables``: the rank owning
     its expert (``dst_rank``), its row there (``dst_row``; at most ``tables.row_limit - 1``),
-    and ``sorted_row[slot[j]] = j``."""
+    and ``sorted_row[slot[j]] = j``. A masked slot (expert id ``E``: the
+    two_hop transport's slots whose expert is on another node) sorts last and gets
+    ``dst_rank`` -1, ``dst_row`` 0: every push skips it and the top-k reduction adds nothing
+    for it."""
     num, L = slot.numel(), num_local_experts
     expert = expert_ids[slot]
+    routed = expert < tables.dst_base.numel()  # else a masked slot: no row anywhere
+    expert = torch.where(routed, expert, 0)
     j = torch.arange(num, device=slot.device)
-    dst_rank = expert // L
+    dst_rank = torch.where(routed, expert // L, -1)
     dst_row = tables.dst_base[expert] + j - tables.first_row[expert]
     if tables.row_limit is not None:
         dst_row = dst_row.clamp(max=tables.row_limit - 1)
+    dst_row = torch.where(routed, dst_row, 0)
     sorted_row = torch.empty_like(slot)
     sorted_row[slot] = j
     return dst_rank, dst_row, sorted_row
