@@ -297,9 +297,10 @@ def main(argv=None) -> None:
     telemetry = {"telemetry": str(args.telemetry), "telemetry_sha256": hashlib.sha256(data).hexdigest(),
                  "telemetry_source": args.source, "study_model": src.model, "seed": args.seed,
                  "routing_model": ROUTING_MODEL}
+    # The provenance (commit, a dirty tree) of the tree the rows start from.
+    results = ResultsFile("node_hop_capacity", args.out, machine=this_machine(count=1, link="none"))
     rows = study_rows(steps, t, source_ranks=args.source_ranks, seed=args.seed,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
-    results = ResultsFile("node_hop_capacity", args.out, machine=this_machine(count=1, link="none"))
     for row in rows:
         results.write(**row, **telemetry)
     print(f"wrote {results.path}")

@@ -148,6 +148,26 @@ BENCHES = {
                             group=("kind", "ep"), key="reruns_per_1000",
                             hide=("telemetry_sha256", "start_rows", "end_rows", "peak_rows", "worst_rows",
                                   "pool_start_rows", "pool_end_rows", "pool_peak_rows")),
+    "node_hop_capacity": Bench("The two_hop transport's node-hop capacity (`capacity.node_hop_capacity`, grown by "
+                               "`capacity.next_capacity`; one capacity for every MoE layer) over a measured routing "
+                               "at 2, 4 and 8 nodes of 8 GPUs, EP over all of them: each token's experts sampled from "
+                               "the per-expert counts of a CPU run's routing telemetry (`recipes/"
+                               "routing_study_full_cpu.yaml`, the counts in `telemetry`; `routing_model`), a rank of "
+                               "the DeepSeek-V3 16B recipe's tokens; per node count the need, the most tokens one "
+                               "rank sends one other node in any MoE layer, over the balanced rows (`kind: need`), "
+                               "and per policy (`kind: policy`: capacity factor and ceiling, null: every token) the "
+                               "steps run again (`replays`, `spills`, `reruns_per_1000`, the first steps included), "
+                               "where the capacity started and ended, and one leg's node-hop send and receive "
+                               "buffers at the ceiling per wire format (`ceiling_mib_*`). A model of the routing, "
+                               "not a measurement",
+                               paths=("mxfp8_ep/exchange/capacity.py", "mxfp8_ep/config.py",
+                                      "mxfp8_ep/dispatcher/two_hop.py", "mxfp8_ep/exchange/staging.py",
+                                      "mxfp8_ep/format/wire_format.py", "launch/config/model_facts.py",
+                                      "launch/titan/routing_telemetry.py", "benchmarks/node_hop_capacity.py",
+                                      "benchmarks/capacity_study.py", "benchmarks/internode_bytes.py",
+                                      "recipes/routing_study_full_cpu.yaml", "recipes/dsv3_16b_ep8_bf16_vs_mxfp8.yaml"),
+                               group=("kind", "nodes"), key="reruns_per_1000",
+                               hide=("telemetry_sha256", "peak_rows", "worst_rows")),
     "internode_bytes": Bench("Inter-node bytes per token and MoE layer of the four exchange legs (dispatch and "
                              "combine, forward and backward) on nodes of 8 GPUs, EP over all of them: `flat_*` one "
                              "row per (token, expert) on another node (torchtitan's all-to-all, the `nccl` "
@@ -189,6 +209,9 @@ RERUN = {
     "capacity_study": ("python -m benchmarks.capacity_study "
                        "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz "
                        "--model routing_study_full_dsv3 --out OUT"),
+    "node_hop_capacity": ("python -m benchmarks.node_hop_capacity "
+                          "benchmarks/results/telemetry/routing_study_full_cpu.routing.jsonl.gz "
+                          "--model routing_study_full_dsv3 --out OUT"),
     "internode_bytes": "bash benchmarks/run.sh internode_bytes OUT",
     "titan030": "bash benchmarks/run.sh titan030 OUT",
 }
