@@ -212,8 +212,8 @@ class TwoHopTokenDispatcher(TokenDispatcher):
         device = checked.counts.device
         if fault is None and tokens > self.max_tokens:
             fault = checks.HostFault(checks.Fault.TOKENS, ValueError(
-                f"two_hop dispatch: a rank got more tokens than the buffers hold ({self.max_tokens} per rank); raise "
-                f"TokenDispatcher.Config.max_tokens_per_rank (rank {self.rank} got {tokens})"))
+                f"two_hop dispatch: rank {self.rank} got {tokens} tokens, more than the buffers hold "
+                f"({self.max_tokens} per rank); raise TokenDispatcher.Config.max_tokens_per_rank"))
             checked = checks.host_fault_routing(cfg.num_experts, fault.fault, device)
         node_of = checked.expert_ids.view(-1, cfg.top_k) // self.experts_per_node
         bound = node_hop.node_bound(node_of, layout.nodes, layout.node)
