@@ -267,6 +267,39 @@ def test_fuzz_against_the_flat_nccl_transport():
 
 
 # ---------------------------------------------------------------------------------------------
+# the fan-out's Triton kernels, masked slots included
+
+SCORE_RTOL = 1e-5  # the kernels' score dot products sum in a tree (tl.sum), the twins in order
+
+
+def _kernels_equal_twins(rank, world):
+    setup_rank()
+    for preset, top_k in (("mxfp8_all", 3), ("bf16", 2)):
+        x, scores, ids, weights, grad_out = layer_inputs(rank, world, top_k, 40 + top_k, tokens=6)
+        runs = {}
+        for kernel in ("torch", "triton"):
+            config = layer_config(world, top_k, preset, "two_hop", ranks_per_node=RANKS_PER_NODE, kernel=kernel)
+            runs[kernel] = run_layer(config.build(dist.group.WORLD, "cpu"), x, scores, ids, weights, rank, grad_out)
+            symm.release_peer_buffers()
+        (out, x_grad, score_grad, expert_grad), want = runs["triton"], runs["torch"]
+        for got, ref, what in ((out, want[0], "output"), (x_grad, want[1], "x grad"),
+                               (expert_grad, want[3], "expert grad")):
+            assert torch.equal(bits(got), bits(ref)), f"{preset}: {what} differs from the twins'"
+        scale = float(want[2].abs().max())
+        assert torch.allclose(score_grad, want[2], rtol=SCORE_RTOL, atol=SCORE_RTOL * scale), preset
+
+
+def test_the_fan_outs_triton_kernels_equal_their_twins_with_masked_slots():
+    """The fan-out's kernels (under the Triton interpreter on CPU) take a token's picks on other
+    nodes as masked slots: the layer's output and gradients equal the torch twins' bit for bit
+    (the score gradients to ``SCORE_RTOL``)."""
+    import mxfp8_ep.exchange.symm_kernels  # noqa: F401  (Triton and the kernels, once, before the ranks fork)
+
+    preload(titan=False)
+    run_forked(WORLD, _kernels_equal_twins, timeout_s=300)
+
+
+# ---------------------------------------------------------------------------------------------
 # layout
 
 
