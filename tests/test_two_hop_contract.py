@@ -29,6 +29,7 @@ from mxfp8_ep import elastic
 from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.two_hop import node_layout
 from mxfp8_ep.transport import Transport, resolve
+from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
 from tests.two_hop_layer import LOCAL_EXPERTS, TOKENS, layer_config, layer_inputs, run_layer
 
@@ -42,7 +43,7 @@ ERROR_WITHIN_S = TIMEOUT_S / 2
 def _build(preset, top_k, factor=None, ceiling=None, score_before=False):
     config = layer_config(WORLD, top_k, preset, "two_hop", score_before, ranks_per_node=RANKS_PER_NODE,
                           capacity_factor=factor, capacity_ceiling=ceiling)
-    return config.build(dist.group.WORLD, "cpu")
+    return config.build(dist.group.WORLD, rank_device())
 
 
 def _same(got, want, where):
@@ -207,7 +208,7 @@ def _bad_input(rank, world):
             _fails_everywhere(lambda: dispatcher.dispatch(bx, bscores, bids, counts), match, rank)
         # Still in step: a valid batch goes there and back.
         got = run_layer(dispatcher, x, scores, ids, weights, rank, grad_out)
-        want = run_layer(layer_config(world, top_k, preset, "nccl").build(dist.group.WORLD, "cpu"),
+        want = run_layer(layer_config(world, top_k, preset, "nccl").build(dist.group.WORLD, rank_device()),
                          x, scores, ids, weights, rank, grad_out)
         assert rel_err(got[0], want[0]) < 1e-5, f"{preset}: out of step after a failed dispatch"
     symm.release_peer_buffers()
@@ -244,8 +245,8 @@ def _fuzz(rank, world, examples):
         for _ in guard.attempts():
             got = run_layer(dispatcher, *inputs)
         replays, empty = replays + guard.replays, empty + int((counts == 0).any())
-        want = run_layer(layer_config(world, top_k, preset, "nccl", score_before).build(dist.group.WORLD, "cpu"),
-                         *inputs)
+        flat = layer_config(world, top_k, preset, "nccl", score_before).build(dist.group.WORLD, rank_device())
+        want = run_layer(flat, *inputs)
         for a, b, what in zip(got, want, ("output", "x grad", "score grad", "expert grad"), strict=True):
             assert a.shape == b.shape, (what, where)
             if preset == "bf16" and b.numel():
@@ -279,7 +280,8 @@ def _kernels_equal_twins(rank, world):
         runs = {}
         for kernel in ("torch", "triton"):
             config = layer_config(world, top_k, preset, "two_hop", ranks_per_node=RANKS_PER_NODE, kernel=kernel)
-            runs[kernel] = run_layer(config.build(dist.group.WORLD, "cpu"), x, scores, ids, weights, rank, grad_out)
+            dispatcher = config.build(dist.group.WORLD, rank_device())
+            runs[kernel] = run_layer(dispatcher, x, scores, ids, weights, rank, grad_out)
             symm.release_peer_buffers()
         (out, x_grad, score_grad, expert_grad), want = runs["triton"], runs["torch"]
         for got, ref, what in ((out, want[0], "output"), (x_grad, want[1], "x grad"),
@@ -287,6 +289,9 @@ def _kernels_equal_twins(rank, world):
             assert torch.equal(bits(got), bits(ref)), f"{preset}: {what} differs from the twins'"
         scale = float(want[2].abs().max())
         assert torch.allclose(score_grad, want[2], rtol=SCORE_RTOL, atol=SCORE_RTOL * scale), preset
+
+
+needs_a_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the ranks share it)")
 
 
 def test_the_fan_outs_triton_kernels_equal_their_twins_with_masked_slots():
@@ -297,6 +302,15 @@ def test_the_fan_outs_triton_kernels_equal_their_twins_with_masked_slots():
 
     preload(titan=False)
     run_forked(WORLD, _kernels_equal_twins, timeout_s=300)
+
+
+@needs_a_gpu
+def test_on_one_gpu_the_compiled_kernels_equal_their_twins_and_replays_match_the_worst_case():
+    """2 nodes x 2 ranks sharing one GPU (``tests.shared_gpu``: gloo for the node hop and the
+    counts, CUDA IPC peers inside a node): the compiled kernels against the torch twins on CUDA,
+    and the replay and spill checks with the compiled kernels and CUDA counters."""
+    run_on_ranks(WORLD, _kernels_equal_twins, backend=SHARED_GPU, timeout_s=300)
+    run_on_ranks(WORLD, _replays_and_spills, backend=SHARED_GPU, timeout_s=300)
 
 
 # ---------------------------------------------------------------------------------------------

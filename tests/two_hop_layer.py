@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from mxfp8_ep.config import A2AConfig
 from mxfp8_ep.dispatcher import TokenDispatcher
+from tests.distributed import rank_device
 
 DIM = 64
 TOKENS = 12  # per rank
@@ -26,7 +27,7 @@ def layer_config(world, top_k, preset, transport, score_before=False, **a2a):
 def layer_inputs(rank, world, top_k, seed, tokens=TOKENS, to_node=None, ranks_per_node=2):
     """This rank's ``tokens`` tokens, distinct expert picks (uniform, or all on node ``to_node``
     of ``ranks_per_node`` ranks), softmax scores, every expert's matrix and the output's
-    gradient."""
+    gradient, on the rank's device (``tests.distributed.rank_device``)."""
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     E = LOCAL_EXPERTS * world
     on_node = LOCAL_EXPERTS * ranks_per_node
@@ -38,7 +39,8 @@ def layer_inputs(rank, world, top_k, seed, tokens=TOKENS, to_node=None, ranks_pe
     scores = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=1)
     weights = torch.randn(E, DIM, DIM, generator=torch.Generator().manual_seed(seed)) / DIM**0.5
     grad_out = torch.randn(tokens, DIM, generator=g)
-    return x, scores, ids, weights, grad_out
+    device = rank_device()
+    return tuple(t.to(device) for t in (x, scores, ids, weights, grad_out))
 
 
 def linear_experts(routed, per_expert, weights):
