@@ -1,6 +1,7 @@
 """The two_hop transport's contract beside its numbers (tests/test_two_hop.py), on a CPU world of
 2 nodes x 2 ranks (gloo for the node hop, the symm twins inside a node):
 
+* bytes: at the worst case each leg's node hop sends what ``capacity.node_hop_bytes`` counts;
 * replays and spills: at a cut capacity (the node hop's and the fan-out's) a guarded step that
   overflows reruns, and one past the ceiling spills; every output and gradient is bit for bit
   the worst case's (``capacity_factor=None``), and so is a dispatch outside any guard;
@@ -26,12 +27,16 @@ import torch
 import torch.distributed as dist
 
 from mxfp8_ep import elastic
+from mxfp8_ep.config import LEGS, A2AConfig
 from mxfp8_ep.dispatcher import symm
 from mxfp8_ep.dispatcher.two_hop import node_layout
+from mxfp8_ep.exchange.capacity import node_hop_bytes
+from mxfp8_ep.exchange.staging import staged_row_nbytes
+from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.transport import Transport, resolve
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
-from tests.two_hop_layer import LOCAL_EXPERTS, TOKENS, layer_config, layer_inputs, run_layer
+from tests.two_hop_layer import DIM, LOCAL_EXPERTS, TOKENS, layer_config, layer_inputs, run_layer
 
 NODES, RANKS_PER_NODE = 2, 2
 WORLD = NODES * RANKS_PER_NODE
@@ -63,7 +68,9 @@ def _replays_and_spills(rank, world):
             inputs = (x, scores, ids, weights, rank, grad_out)
             where = f"rank {rank} {preset} top-{top_k} to node {to_node}"
             symm.release_peer_buffers()
+            wire_stats.reset()
             want = run_layer(_build(preset, top_k, score_before=score_before), *inputs)
+            _sent_what_the_buffers_hold(wire_stats.snapshot(reset=True), preset, top_k, x.dtype)
             # A cut capacity: the step reruns at the grown one.
             symm.release_peer_buffers()
             dispatcher = _build(preset, top_k, CUT, score_before=score_before)
@@ -85,6 +92,16 @@ def _replays_and_spills(rank, world):
             # No guard: the dispatch reads its rows on the host and takes exactly those.
             _same(run_layer(dispatcher, *inputs), want, f"{where}, unguarded")
     symm.release_peer_buffers()
+
+
+def _sent_what_the_buffers_hold(sent, preset, top_k, dtype):
+    """At the worst case each leg's node hop sends a full block of ``TOKENS`` rows to each other
+    node, as ``capacity.node_hop_bytes`` (the memory estimate's) counts them."""
+    a2a = A2AConfig.preset(preset)
+    for leg in LEGS:
+        row = staged_row_nbytes(DIM, dtype, a2a.wire_format(leg))
+        want = node_hop_bytes(NODES, TOKENS, row, top_k, leg) // 2  # the send buffer
+        assert sent.get(wire_stats.inter_node_key(leg)) == want, (leg, sent)
 
 
 def test_replays_and_spills_match_the_worst_case_bit_for_bit():

@@ -12,7 +12,8 @@ dispatch's gradient rows.
 
 Each leg travels in its ``A2AConfig`` format on both hops: an MXFP8 token is quantized once for
 the node hop, and the fan-out's quantizing of the decoded row gives the same values again
-(MXFP8 is a fixed point of decode -> encode), so it crosses both hops as one MXFP8 row.
+(MXFP8 is a fixed point of decode -> encode; ``floor`` scale rounding excepts blocks under
+2**-118), so it crosses both hops as one MXFP8 row.
 
 Sync-free: the node hop's buffers hold ``capacity`` rows per node pair, an elastic capacity
 (``capacity.node_hop_capacity``: ``A2AConfig.capacity_factor`` times the balanced case,
