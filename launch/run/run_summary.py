@@ -238,6 +238,9 @@ class RunSummary:
     target_steps: int
     # the ranks shared one GPU (parallelism.share_gpu, launch.run.shared_gpu): no speed figure
     gpu_shared: bool = False
+    # the transport the EP layers ran (``a2a.transport`` as the dispatcher resolves it on the run's
+    # device and layout: ``auto`` named as what it picked); None: no EP exchange (EP 1), or not known
+    transport: Optional[str] = None
     start_step: int = 0  # the checkpoint step this launch resumed from
     stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "SIGUSR2" when stopped early
     checkpoint: Optional[str] = None  # newest checkpoint folder, when checkpointing is on
