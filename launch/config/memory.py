@@ -188,7 +188,9 @@ def two_hop_buffer_bytes(m: ModelFacts, tokens: int, ep: int, nodes: int, combin
     ``nodes`` nodes: the symm staging pair of its hop inside a node (``ep // nodes`` ranks,
     ``nodes x tokens`` tokens each), and the node hop's send and receive buffers at
     ``capacity_factor`` (None: every token) of the balanced rows per node pair, rows of
-    ``wire_row_bytes`` (the widest leg's)."""
+    ``wire_row_bytes``: the widest leg's, since each leg's buffers live only through its own
+    exchange, one leg after another, and the caching allocator hands the largest one's memory
+    to the others."""
     staging = symm_staging_bytes(ep // nodes, nodes * tokens, m.top_k, m.num_experts // ep, EXPERT_ALIGN,
                                  m.top_k > 1 and combine_partial_sums, m.dim * BF16)
     rows = node_hop_capacity(tokens, remote_node_share(m.num_experts, m.top_k, nodes), capacity_factor)
