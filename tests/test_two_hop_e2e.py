@@ -48,4 +48,5 @@ def test_two_hop_trains_as_the_flat_all_to_all_does(tmp_path):
     assert s.a2a_bytes_per_step == sum(legs[leg] for leg in LEGS)
     assert INTER_NODE not in flat.a2a_bytes_per_step_by_leg
     assert "  model tiny_dsv3  a2a bf16 over two_hop  parallelism" in proc.stdout
+    assert "a symm dispatch" not in proc.stdout  # a replay's line names two_hop
     assert f"a2a bytes/step  {s.a2a_bytes_per_step:,.0f}, {legs[INTER_NODE]:,.0f} of them between nodes" in proc.stdout

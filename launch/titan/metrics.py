@@ -274,9 +274,10 @@ class RecipeMetrics:
         self.device_memory_monitor.reset_peak_stats()
 
     def capacity_replay(self, step: int, overflow: elastic.Overflow, replays: int, spills: int,
-                        what: str = "step") -> None:
+                        what: str = "step", transport: str = "symm") -> None:
         """A step (or a validation batch: ``what``) runs again after a capacity overflow (every
-        rank calls it; rank 0 writes the console line)."""
+        rank calls it; rank 0 writes the console line). ``transport``: the EP layers' (two_hop
+        also grows its node hop's rows per node pair)."""
         self.capacity_replays, self.capacity_spills = replays, spills
         grown = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.grown)
         pool = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.pool_grown)
@@ -293,7 +294,8 @@ class RecipeMetrics:
                     f"({f'{pool} rows' if pool else elsewhere}), {what} run again ({names.A2A_REPLAYS} = {replays})")
         else:
             also = f", activation pool grown ({pool} rows)" if pool else ""
-            line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
+            rows = "rows (expert rows, or node-hop rows per node pair)" if transport == "two_hop" else "expert rows"
+            line = (f"step {step}: a {transport} dispatch needed more {rows} than its capacity; capacity grown "
                     f"({f'{grown} rows' if grown else elsewhere}){also}, {what} run again "
                     f"({names.A2A_REPLAYS} = {replays})")
         if _rank() == 0:

@@ -168,7 +168,7 @@ class RecipeTrainerMixin:
         if overflow.spill:
             self.capacity_spill_steps.append(self.step)
         self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays, self.capacity_spills,
-                                               what)
+                                               what, transport=self._transport() or Transport.SYMM.value)
 
     def train(self) -> None:
         """torchtitan's loop, its start and end said on the console."""
