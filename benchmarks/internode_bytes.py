@@ -29,6 +29,10 @@ MoE layer, rows crossing between nodes:
 * dedup (the node-deduplicated dispatch): one row per other node holding at least one of the
   token's experts (combine: one partial sum per (token, node) back).
 
+The dedup rows also give what the two_hop transport sends for them (``two_hop_*``,
+``two_hop_fields``): its node hop's fixed-size blocks at the starting capacity, every row padded
+and with its side columns, full or not, for the 2-node recipe's tokens per GPU.
+
 Each leg's backward carries its forward rows' gradients, so all four legs cross the same rows; a
 leg's bytes per row are its wire format's (``A2AConfig`` presets; ``WireFormat.row_bytes``:
 bf16 2 x dim, MXFP8 dim + dim / 32). ``bytes_per_token``: the four legs' inter-node bytes of one
@@ -56,7 +60,8 @@ import torch
 
 from benchmarks.rows import ResultsFile, this_machine
 from benchmarks.speed_model import GB, IB50, NVLINK, NVLINK_SYMM, LinkParams
-from mxfp8_ep.config import LEGS, PRESETS
+from mxfp8_ep.config import DEFAULT_CAPACITY_FACTOR, LEGS, PRESETS
+from mxfp8_ep.exchange.capacity import node_hop_capacity, node_hop_row_bytes, remote_node_share
 from mxfp8_ep.format.wire_format import WireFormat
 
 NODES = (2, 4, 8)
@@ -231,6 +236,22 @@ def time_model() -> str:
             f"combine_fwd); no HBM passes, no overlap")
 
 
+def two_hop_fields(preset: str, rows: Crossings, layout: Layout, dim: int, top_k: int, tokens_per_gpu: int,
+                   factor: float | None = DEFAULT_CAPACITY_FACTOR) -> dict:
+    """What the two_hop transport puts on the inter-node network per token: its node hop sends
+    fixed-size blocks of ``capacity`` rows to each other node, filled or not (``capacity``:
+    ``factor`` times the balanced case for ``tokens_per_gpu`` tokens per rank,
+    ``capacity.node_hop_capacity``; the default capacity factor unless told), each row padded
+    and with its side columns (``capacity.node_hop_row_bytes``). ``two_hop_fill``: the rows
+    this routing needs over the rows sent."""
+    T, N = tokens_per_gpu, layout.nodes
+    capacity = node_hop_capacity(T, remote_node_share(layout.num_experts, top_k, N), factor)
+    per_row = leg_row_bytes(preset, dim)
+    sent = {leg: (N - 1) * capacity * node_hop_row_bytes(b, top_k, leg) / T for leg, b in per_row.items()}
+    return {"two_hop_bytes_per_token": sum(sent.values()), "two_hop_capacity_rows": capacity,
+            "two_hop_capacity_factor": factor, "two_hop_fill": rows.inter / rows.tokens / ((N - 1) * capacity / T)}
+
+
 def measure(tokens: int, layers: int, seed: int, nodes: tuple = NODES) -> list[dict]:
     """Every row's fields: per node count, node-limited off and on, per arm."""
     from launch.config.node_limited import node_limited_problems
@@ -259,6 +280,11 @@ def measure(tokens: int, layers: int, seed: int, nodes: tuple = NODES) -> list[d
                       for send, cs in counted.items()}
             fields = {arm: arm_fields(arm, totals[split_arm(arm)[0]], args.dim, tokens_per_gpu) for arm in ARMS}
             base = fields[BASELINE]["bytes_per_token"]
+            for arm in ARMS:
+                send, preset = split_arm(arm)
+                if send == "dedup":
+                    built = two_hop_fields(preset, totals[send], layout, args.dim, moe.top_k, tokens_per_gpu)
+                    fields[arm] |= built | {"two_hop_of_flat_bf16": built["two_hop_bytes_per_token"] / base}
             for arm in ARMS:
                 out.append({"nodes": n, "gpus_per_node": GPUS_PER_NODE, "ep": layout.ranks, "arm": arm,
                             "node_limited": node_limited, "num_expert_groups": n if node_limited else None,

@@ -75,6 +75,20 @@ def test_bytes_per_token_are_each_legs_wire_bytes():
     assert dedup > flat
 
 
+def test_two_hop_sends_its_blocks_full_or_not():
+    """2 nodes x 2 GPUs, 8 experts, top-2, 100 tokens per GPU: a token reaches the other node
+    with chance 1 - (4/8)(3/7) = 11/14 (``remote_node_share``); at factor 1.0 a block holds
+    ceil(100 x 11/14) = 79 rows. mxfp8_all, dim 64: 66 wire bytes, 80 padded to 16; dispatch
+    forward adds 2 x 4 x 2 bytes of side columns, its backward 1 x 4 x 2."""
+    layout, rows = ib.Layout(2, 2, 8), ib.Crossings(inter=158, intra=0, tokens=200)
+    f = ib.two_hop_fields("mxfp8_all", rows, layout, dim=64, top_k=2, tokens_per_gpu=100, factor=1.0)
+    assert f["two_hop_capacity_rows"] == 79
+    assert f["two_hop_bytes_per_token"] == pytest.approx(79 * (4 * 80 + 16 + 8) / 100)
+    assert f["two_hop_fill"] == pytest.approx(0.79 / 0.79)
+    worst = ib.two_hop_fields("mxfp8_all", rows, layout, dim=64, top_k=2, tokens_per_gpu=100, factor=None)
+    assert worst["two_hop_capacity_rows"] == 100 and worst["two_hop_fill"] == pytest.approx(0.79)
+
+
 def test_a_run_writes_one_row_per_nodes_arm_and_node_limit(tmp_path):
     assert ib.main(["--out", str(tmp_path), "--tokens", "512", "--layers", "2"]) == 0
     (path,) = tmp_path.glob("*_cpux1_internode_bytes.jsonl")
@@ -89,6 +103,10 @@ def test_a_run_writes_one_row_per_nodes_arm_and_node_limit(tmp_path):
         assert r["num_expert_groups"] == (r["nodes"] if r["node_limited"] else None)
         if r["arm"] == ib.BASELINE:
             assert r["of_flat_bf16"] == 1
+        if r["arm"].startswith("dedup"):  # the transport sends at least the rows the routing needs
+            assert r["two_hop_bytes_per_token"] >= r["bytes_per_token"] and 0 < r["two_hop_fill"] <= 1
+        else:
+            assert "two_hop_bytes_per_token" not in r
         if r["node_limited"] and r["arm"].startswith("dedup"):
             # a token's experts on at most node_limited nodes: at most that many other nodes
             assert r["inter_rows_per_token"] <= r["node_limited"]

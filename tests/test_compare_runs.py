@@ -189,6 +189,24 @@ def test_pairs_by_sweep_point(tmp_path):
     assert list(line.get_ydata()) == pytest.approx([0.0, 0.0, 0.5])
 
 
+def test_each_transport_is_a_point_with_its_own_baseline(tmp_path):
+    """A sweep of a2a presets x a2a.transport (dsv3_16b_2nodes_sweep): each mxfp8 run against
+    the bf16 run on the same transport."""
+    for d, (a2a, transport, loss) in enumerate((("bf16", "two_hop", 5.0), ("bf16", "nccl", 4.0),
+                                                ("mxfp8", "two_hop", 5.5), ("mxfp8", "nccl", 4.25))):
+        name = f"a2a={a2a},a2a.transport={transport}"
+        (tmp_path / str(d)).mkdir()
+        RunSummary(run_name=name, experiment="e", a2a=a2a, a2a_legs={}, model="m", model_flavor="f/f",
+                   parallelism="2nodes_8gpus", world_size=16, ep=16, launcher="slurm", device="cuda",
+                   run_dir=str(tmp_path / str(d)), steps=3, target_steps=3, logged_steps=[1, 2, 3],
+                   losses=[6.0, 5.0, loss], final_loss=loss, transport=transport).write(tmp_path / str(d))
+    arms = {c.point: c for c in compare(collect([str(tmp_path)])) if c.run.a2a == "mxfp8"}
+    assert sorted(arms) == ["a2a.transport=nccl", "a2a.transport=two_hop"]
+    assert arms["a2a.transport=two_hop"].vs_baseline["baseline"] == "a2a=bf16,a2a.transport=two_hop"
+    assert arms["a2a.transport=two_hop"].vs_baseline["loss_delta"] == pytest.approx(0.5)
+    assert arms["a2a.transport=nccl"].vs_baseline["loss_delta"] == pytest.approx(0.25)
+
+
 def test_runs_of_different_stacks_are_named_in_a_warning(tmp_path):
     """The table and comparison.json warn when the runs trained on different torchtitan / torch /
     triton versions (RunSummary.stack), naming each stack's runs; runs of one stack get none."""

@@ -83,6 +83,19 @@ def test_a2a_options_are_the_library_presets(preset):
     assert a2a_config(cfg) == A2AConfig.preset(preset)
 
 
+def test_two_hop_runs_without_the_activation_pool():
+    """The pool holds the symm transport's kept rows; two_hop's fan-out takes none, so a worker
+    builds its A2AConfig without one (docs/configuration.md) and symm keeps its own."""
+    from launch.titan.runner import a2a_config
+
+    two_hop = compose_cfg("a2a.transport=two_hop", "parallelism.procs_per_node=4", "parallelism.ep=4",
+                          "a2a.ranks_per_node=2")
+    assert two_hop.a2a.activation_pool_factor is not None
+    built = a2a_config(two_hop)
+    assert built.activation_pool_factor is None and built.ranks_per_node == 2 and built.transport == "two_hop"
+    assert a2a_config(compose_cfg("a2a.transport=symm")).activation_pool_factor == two_hop.a2a.activation_pool_factor
+
+
 def test_block_size_is_the_formats():
     """The validator reads the block size from the torch-free WireFormat; the MXFP8 module's
     constant must not drift from it."""
@@ -290,7 +303,8 @@ def test_recipe_composes_validates_and_sweeps_a2a(recipe, corpus):
         validate(compose_cfg(f"+recipe={recipe}", f"a2a={value}", *data), machine=GPU_BOX)
 
 
-EP8_RECIPES = {"dsv3_16b_ep8_bf16_vs_mxfp8": [], "dsv3_16b_2nodes_sweep": ["parallelism.ep=8", "parallelism.ep=16"],
+EP8_RECIPES = {"dsv3_16b_ep8_bf16_vs_mxfp8": [],
+               "dsv3_16b_2nodes_sweep": ["a2a.transport=two_hop", "a2a.transport=nccl"],
                "llama4_ep8_bf16_vs_mxfp8": []}
 GPU_80GB = 80 * 10**9
 
@@ -333,10 +347,15 @@ def test_weights_kept_from_forward_to_backward_cost_every_blocks_bf16_copy():
     assert kept.total - resharded.total == kept.working_copies - resharded.working_copies
 
 
-def test_recipe_sweeps_ep_across_nodes():
-    cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "parallelism.ep=16")
-    assert cfg.parallelism.nodes * cfg.parallelism.procs_per_node == 16
-    validate(cfg, machine=GPU_BOX)
+def test_recipe_runs_ep_across_nodes_on_two_hop_and_flat_nccl():
+    """dsv3_16b_2nodes_sweep: EP 16 over both nodes, each a2a preset on two_hop and on the flat
+    nccl all-to-all (auto picks two_hop there too); EP 8 inside each node stays a valid point."""
+    cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", hydra_node=True)
+    assert cfg.parallelism.ep == cfg.parallelism.nodes * cfg.parallelism.procs_per_node == 16
+    assert cfg.hydra.sweeper.params["a2a.transport"].split(",") == ["two_hop", "nccl"]
+    for transport in ("two_hop", "nccl", "auto"):
+        validate(compose_cfg("+recipe=dsv3_16b_2nodes_sweep", f"a2a.transport={transport}"), machine=GPU_BOX)
+    validate(compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "parallelism.ep=8", "a2a.transport=auto"), machine=GPU_BOX)
 
 
 # -------------------------------------------------------------------- model flavors

@@ -73,6 +73,19 @@ def test_the_summary_names_each_long_path_once(tmp_path):
     assert online.count(run) == 1 and "wandb/run-20261202_132655-d3e5b708 (in the run dir)" in online
 
 
+def test_the_summary_names_the_transport_and_the_bytes_between_nodes(tmp_path):
+    """The transport the EP layers ran (``auto`` resolved) beside the a2a preset, and the part
+    of the bytes that crossed between nodes where a transport counted one (two_hop)."""
+    s = _summary(str(tmp_path), "disabled", [])
+    s.a2a_bytes_per_step = 1000.0
+    lines = format_summary(s).splitlines()
+    assert lines[1].startswith("  model tiny_llama4  a2a bf16  parallelism ep2") and "  a2a bytes/step  1,000" in lines
+    s.transport, s.a2a_bytes_per_step_by_leg = "two_hop", {"dispatch_fwd": 1000.0, "inter_node": 400.0}
+    lines = format_summary(s).splitlines()
+    assert lines[1].startswith("  model tiny_llama4  a2a bf16 over two_hop  parallelism ep2 (world 2, ep 2)"), lines
+    assert "  a2a bytes/step  1,000, 400 of them between nodes" in lines
+
+
 def test_the_heartbeat_says_which_step_still_runs(tmp_path):
     console = tmp_path / "console.log"
     console.write_text("step 1/20  loss 6.8\n")

@@ -14,7 +14,7 @@ from launch.config import model_facts
 from launch.config.memory import gib
 from launch.launchers.launcher import launcher_class, with_typed_launcher
 from launch.preflight.prepare import finalize, meant_for
-from launch.preflight.validate import elastic_symm, memory_estimate, resolved_ceiling
+from launch.preflight.validate import elastic_capacity, memory_estimate, resolved_ceiling
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 EST = re.compile(r"^#\s+est\. ([\d.,]+) GiB per GPU(?: \(([\d.,]+) at the ceilings\))?: (.*)$")
@@ -37,7 +37,7 @@ def computed(recipe: str, overrides: list[str]) -> tuple[str, str | None]:
     target = launcher_class(cfg)().target(cfg, meant_for(cfg))
     facts = model_facts.facts(cfg.model.family, cfg.model.flavor)
     start = memory_estimate(cfg, target, facts).total
-    if not elastic_symm(cfg, target) or start > target.memory_bytes:
+    if not elastic_capacity(cfg, target) or start > target.memory_bytes:
         return gib(start), None
     return gib(start), gib(memory_estimate(cfg, target, facts, resolved_ceiling(cfg, target, facts)).total)
 
@@ -54,3 +54,40 @@ def test_every_memory_figure_in_a_recipe_comment_is_the_codes(path):
     assert not stray, stray
     for figure, at_ceilings, overrides in quoted(path):
         assert (figure, at_ceilings) == computed(path.stem, overrides), (path.stem, overrides)
+
+
+def test_two_hop_holds_its_node_fan_out_and_its_node_hop_at_the_ceiling():
+    """dsv3_16b_2nodes_sweep on two_hop (2 nodes of 8 GPUs): symm's staging pair over the node's
+    8 ranks for 2 x T tokens each, no activation pool (every layer keeps its expert rows at the
+    capacity), and the node hop's buffers at the ceiling's rows per node pair, in the largest of
+    the legs' formats (the legs run one after another); on nccl none of them."""
+    from launch.config.memory import EXPERT_ALIGN, BF16
+    from mxfp8_ep.config import LEGS
+    from mxfp8_ep.exchange.capacity import node_hop_bytes, node_hop_capacity, remote_node_share, symm_staging_bytes
+    from mxfp8_ep.format.wire_format import WireFormat
+
+    def estimates(*overrides):
+        cfg = with_typed_launcher(finalize(compose_cfg("+recipe=dsv3_16b_2nodes_sweep", *overrides), overrides))
+        target = launcher_class(cfg)().target(cfg, meant_for(cfg))
+        m = model_facts.facts(cfg.model.family, cfg.model.flavor)
+        ceiling = resolved_ceiling(cfg, target, m)
+        return cfg, m, ceiling, memory_estimate(cfg, target, m), memory_estimate(cfg, target, m, ceiling)
+
+    node_hop = {}
+    for preset in ("bf16", "mxfp8_all"):
+        cfg, m, ceiling, start, top = estimates(f"a2a={preset}", "a2a.transport=two_hop")
+        T, nodes, per_node = 3 * 4096, 2, 8
+        assert isinstance(ceiling, float) and ceiling > cfg.a2a.capacity_factor
+        staging = symm_staging_bytes(per_node, nodes * T, m.top_k, m.num_experts // 16, EXPERT_ALIGN, True,
+                                     m.dim * BF16)
+        share = remote_node_share(m.num_experts, m.top_k, nodes)
+        for est, factor in ((start, cfg.a2a.capacity_factor), (top, ceiling)):
+            assert est.peer_buffers == staging and est.activation_pool == est.layer_transient == 0
+            rows = node_hop_capacity(T, share, factor)
+            assert est.node_hop == max(node_hop_bytes(nodes, rows, WireFormat(cfg.a2a[leg]).row_bytes(m.dim, BF16),
+                                                      m.top_k) for leg in LEGS) > 0
+        assert top.activations > start.activations and top.node_hop >= start.node_hop
+        node_hop[preset] = top.node_hop
+    assert node_hop["mxfp8_all"] < node_hop["bf16"]
+    *_, start, top = estimates("a2a.transport=nccl")
+    assert start.peer_buffers == start.node_hop == top.node_hop == 0

@@ -11,12 +11,18 @@ from mxfp8_ep.dispatcher.symm import NO_OVERFLOW
 from mxfp8_ep.elastic import Overflow
 
 
-def _line(overflow: Overflow) -> str:
+def _line(overflow: Overflow, **transport: str) -> str:
     console = io.StringIO()
     metrics = SimpleNamespace(console=console)
     metrics._say = RecipeMetrics._say.__get__(metrics)
-    RecipeMetrics.capacity_replay(metrics, 1, overflow, replays=1, spills=0)
+    RecipeMetrics.capacity_replay(metrics, 1, overflow, replays=1, spills=0, **transport)
     return console.getvalue()
+
+
+def test_a_two_hop_growth_names_the_transport_and_its_node_hop():
+    line = _line(Overflow(replay=True, grown=[(160, 256)]), transport="two_hop")
+    assert line.startswith("step 1: a two_hop dispatch needed more rows (expert rows, or node-hop rows per node "
+                           "pair) than its capacity; capacity grown (160 -> 256 rows), step run again"), line
 
 
 def test_a_pool_growth_is_named_as_the_pools_not_the_capacitys():

@@ -12,17 +12,12 @@ the oracle's; with MXFP8 legs it is within MXFP8's rounding of the oracle (``MXF
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.distributed as dist
 
-from mxfp8_ep.config import A2AConfig
-from mxfp8_ep.dispatcher import TokenDispatcher
 from mxfp8_ep.telemetry import wire_stats
-from tests.distributed import run_on_ranks
+from tests.moe_harness import preload, run_forked, setup_rank
+from tests.two_hop_layer import expert_grad_oracle, layer_config, layer_inputs, layer_oracle, run_layer
 
-DIM = 64
-TOKENS = 12  # per rank
-LOCAL_EXPERTS = 2
 ORDER_TOL = 1e-5  # relative: fp32 sums in another order
 # relative Frobenius error of MXFP8 legs against the oracle: e4m3 rounds each element to 2^-4 of
 # its binade; a value crosses up to three quantizations (dispatch, the fan-out's partial sum and
@@ -30,81 +25,22 @@ ORDER_TOL = 1e-5  # relative: fp32 sums in another order
 MXFP8_TOL = 3 * 2.0**-4
 
 
-def _config(world, top_k, preset, transport, score_before, **a2a):
-    return TokenDispatcher.Config(
-        num_experts=LOCAL_EXPERTS * world, top_k=top_k, max_tokens_per_rank=TOKENS, score_before_experts=score_before,
-        a2a=A2AConfig.preset(preset, transport=transport, **a2a),
-    )
-
-
-def _inputs(rank, world, top_k, seed):
-    """This rank's tokens, distinct expert picks, softmax scores, and every expert's matrix."""
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    E = LOCAL_EXPERTS * world
-    x = torch.randn(TOKENS, DIM, generator=g)
-    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(TOKENS)])
-    scores = torch.softmax(torch.randn(TOKENS, top_k, generator=g), dim=1)
-    weights = torch.randn(E, DIM, DIM, generator=torch.Generator().manual_seed(seed)) / DIM**0.5
-    return x, scores, ids, weights
-
-
-def _experts(routed, per_expert, weights):
-    """Expert ``e`` of this rank multiplies its segment of the expert-major rows by
-    ``weights[e]``; rows past the segments give zeros."""
-    outs, start = [], 0
-    for e, n in enumerate(per_expert.tolist()):
-        outs.append(routed[start : start + n] @ weights[e])
-        start += n
-    outs.append(torch.zeros_like(routed[start:]))
-    return torch.cat(outs)
-
-
-def _layer(dispatcher, x, scores, ids, weights, rank, grad_out):
-    """Forward and backward of the layer through ``dispatcher``: output, grads of x, scores and
-    this rank's expert matrices."""
-    x = x.clone().requires_grad_(True)
-    scores = scores.clone().requires_grad_(True)
-    local = weights[rank * LOCAL_EXPERTS : (rank + 1) * LOCAL_EXPERTS].clone().requires_grad_(True)
-    counts = torch.bincount(ids.reshape(-1), minlength=weights.shape[0])
-    routed, per_expert, meta = dispatcher.dispatch(x, scores, ids, counts)
-    out = dispatcher.combine(_experts(routed, per_expert, local), meta)
-    out.backward(grad_out)
-    return out.detach(), x.grad, scores.grad, local.grad
-
-
-def _oracle(x, scores, ids, weights, score_before, grad_out):
-    """The layer in float64 on this rank's tokens: output, grads of x and scores, and the grads
-    of every expert matrix from this rank's tokens."""
-    x, scores, weights = (t.double().requires_grad_(True) for t in (x, scores, weights))
-    rows = torch.einsum("td,tkde->tke", x, weights[ids]) if not score_before else None
-    if score_before:
-        rows = torch.einsum("td,tkde->tke", x, weights[ids]) * scores.unsqueeze(2)
-        out = rows.sum(dim=1)
-    else:
-        out = (rows * scores.unsqueeze(2)).sum(dim=1)
-    out.backward(grad_out.double())
-    return out.detach(), x.grad, scores.grad, weights.grad
-
-
 def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30))
 
 
 def _compare(rank, world, ranks_per_node, top_k, preset, score_before, seed):
-    x, scores, ids, weights = _inputs(rank, world, top_k, seed)
-    grad_out = torch.randn(TOKENS, DIM, generator=torch.Generator().manual_seed(seed + 7 * rank))
+    x, scores, ids, weights, grad_out = layer_inputs(rank, world, top_k, seed)
     group = dist.group.WORLD
-    two_hop = _config(world, top_k, preset, "two_hop", score_before, ranks_per_node=ranks_per_node).build(group, "cpu")
-    flat = _config(world, top_k, preset, "nccl", score_before).build(group, "cpu")
+    two_hop = layer_config(world, top_k, preset, "two_hop", score_before, ranks_per_node=ranks_per_node).build(
+        group, "cpu")
+    flat = layer_config(world, top_k, preset, "nccl", score_before).build(group, "cpu")
     wire_stats.reset()
-    got = _layer(two_hop, x, scores, ids, weights, rank, grad_out)
+    got = run_layer(two_hop, x, scores, ids, weights, rank, grad_out)
     bytes_two_hop = wire_stats.snapshot(reset=True)
-    want = _layer(flat, x, scores, ids, weights, rank, grad_out)
-    oracle = _oracle(x, scores, ids, weights, score_before, grad_out)
-    # the expert matrices' oracle gradient: every rank's tokens' share, summed
-    expert_grad = oracle[3].float()
-    dist.all_reduce(expert_grad)
-    oracle = (*oracle[:3], expert_grad[rank * LOCAL_EXPERTS : (rank + 1) * LOCAL_EXPERTS])
+    want = run_layer(flat, x, scores, ids, weights, rank, grad_out)
+    oracle = layer_oracle(x, scores, ids, weights, grad_out)
+    oracle = (*oracle[:3], expert_grad_oracle(oracle, rank))
     names = ("output", "x grad", "score grad", "expert grad")
     for name, g, w, o in zip(names, got, want, oracle, strict=True):
         if preset == "bf16":
@@ -123,10 +59,12 @@ CASES = (  # top-k, preset, scores before the experts, seed
 
 
 def _cases(rank, world):
+    setup_rank()
     for top_k, preset, score_before, seed in CASES:
         _compare(rank, world, 2, top_k, preset, score_before, seed)
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_two_hop_equals_flat_nccl_and_the_fp64_oracle(nodes):
-    run_on_ranks(2 * nodes, _cases, timeout_s=60)
+    preload(titan=False)
+    run_forked(2 * nodes, _cases, timeout_s=60)

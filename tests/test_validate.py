@@ -250,6 +250,45 @@ def test_symm_transport_needs_one_node_and_two_gpus():
           "model=llama4_debugmodel", "training.checkpoint_enable=true", machine=GPU_BOX)
 
 
+TWO_NODES = ("model=dsv3_16b", "parallelism=2nodes_8gpus", "launcher=slurm", "training.checkpoint_enable=true")
+
+
+def test_two_hop_splits_an_ep_group_into_nodes_of_a2a_ranks_per_node_on_one_host():
+    four = ("a2a.transport=two_hop", "parallelism.procs_per_node=4", "parallelism.ep=4")
+    assert check(*four, "a2a.ranks_per_node=2") == ["no GPU: 4 CPU worker processes on 2 cores will be slow"]
+    msg = one_problem("a2a.transport=two_hop")
+    assert msg.startswith("a2a.transport=two_hop splits the EP group into >= 2 nodes of equal size, but "
+                          "parallelism.nodes=1 puts the whole EP group of parallelism.ep=2 on one host: set "
+                          "a2a.ranks_per_node=<ranks>"), msg
+    assert "a2a.transport=nccl (the flat all-to-all)" in msg
+    for ranks, why in ((3, "it does not divide parallelism.ep=4"), (4, "that makes parallelism.ep=4 one node")):
+        msg = one_problem(*four, f"a2a.ranks_per_node={ranks}")
+        assert f"but a2a.ranks_per_node={ranks}: {why}; use a2a.ranks_per_node from [1, 2]" in msg, msg
+    assert "parallelism.ep=1 has no EP exchange" in one_problem("a2a.transport=two_hop", "parallelism.ep=1")
+    assert "a2a.ranks_per_node=0: the EP ranks of one node" in one_problem(*four, "a2a.ranks_per_node=0")
+
+
+def test_two_hop_across_hosts_takes_the_hosts_as_nodes():
+    """Asked for, or ``auto`` with CUDA across hosts: the EP group must span >= 2 hosts (or
+    ``a2a.ranks_per_node`` split it); a symm across hosts names two_hop."""
+    assert check(*TWO_NODES, "parallelism.ep=16", "a2a.transport=two_hop", machine=GPU_BOX) == []
+    msg = one_problem(*TWO_NODES, "a2a.transport=two_hop", machine=GPU_BOX)  # EP 8: one host
+    assert ("but parallelism.ep=8 on parallelism.procs_per_node=8 keeps the EP group inside one host; use "
+            "parallelism.ep=16 (the EP group over 2 hosts), a2a.ranks_per_node from [1, 2, 4]") in msg, msg
+    msg = one_problem(*TWO_NODES, "parallelism.ep=16", "a2a.ranks_per_node=16", machine=GPU_BOX)
+    assert msg.startswith("a2a.transport=auto runs two_hop here (CUDA, an EP group across nodes): "), msg
+    assert "that makes parallelism.ep=16 one node; use a2a.ranks_per_node from [1, 2, 4, 8], or " \
+           "a2a.transport=nccl (the flat all-to-all)" in msg
+    msg = one_problem(*TWO_NODES, "parallelism.ep=16", "a2a.transport=symm", machine=GPU_BOX)
+    assert "parallelism.ep=16 spans nodes of parallelism.procs_per_node=8" in msg and "a2a.transport=two_hop" in msg
+
+
+def test_ranks_per_node_without_two_hop_is_a_warning():
+    (warning,) = check("a2a.transport=nccl", "a2a.ranks_per_node=1")
+    assert warning.startswith("a2a.ranks_per_node=1 sets the nodes of the two_hop transport, but the EP layers run "
+                              "nccl"), warning
+
+
 def test_flex_attention_model_cannot_train_on_cpu():
     msg = one_problem("model=dsv3_debugmodel", "model.flavor=debugmodel_flex_attn")
     assert "flex attention" in msg and "cannot train on CPU" in msg
@@ -764,9 +803,9 @@ def test_sweep_points_like_the_basic_sweeper():
 
     cfg = compose_cfg("+recipe=dsv3_16b_2nodes_sweep", "training.steps=5", hydra_node=True)
     points = sweep_points(cfg)
-    assert len(points) == 6  # a2a × parallelism.ep from the recipe
+    assert len(points) == 6  # a2a × a2a.transport from the recipe
     assert {(p[0], p[1]) for p in points} == {
-        (f"a2a={a}", f"parallelism.ep={e}") for a in ("bf16", "mxfp8", "mxfp8_all") for e in (8, 16)
+        (f"a2a={a}", f"a2a.transport={t}") for a in ("bf16", "mxfp8", "mxfp8_all") for t in ("two_hop", "nccl")
     }
     assert all("training.steps=5" in p and "+recipe=dsv3_16b_2nodes_sweep" in p for p in points)
 

@@ -91,3 +91,30 @@ def test_every_format_has_kernel_constants_launch_shapes_and_a_codec(fmt):
             fmt.codec()
     with pytest.raises(ValueError, match="unknown wire format 'fp4'"):
         wire_format("fp4")
+
+
+@pytest.mark.parametrize("rounding", ["rceil", "floor"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantized_rows_decode_to_the_same_values_when_quantized_again(rounding, dtype):
+    """A row decoded from a quantized format and encoded again decodes to the same values (the
+    two_hop transport quantizes a token once for the node hop, and the fan-out's encode of the
+    decoded row must not round it a second time): blocks over a wide range of magnitudes, zeros,
+    subnormal-sized values and blocks whose largest value rounded down. The one exception is
+    torchao's floor rounding at e8m0's smallest scale (a block's max below 2**-118): it divides
+    by 2**-126 but records 2**-127, so each round trip halves such a block."""
+    g = torch.Generator().manual_seed(9)
+    rows, dim = 64, 256
+    magnitude = torch.exp2(torch.randint(-140, 120, (rows, dim // 32, 1), generator=g).float())
+    values = (torch.randn(rows, dim // 32, 32, generator=g) * magnitude).reshape(rows, dim)
+    values[0] = 0
+    values[1, :32] = 224.4  # rounds down to 224 under rceil's scale
+    values = values.to(dtype)
+    for fmt in (f for f in WireFormat if f.quantized):
+        elements, scales = encode_rows(values, rounding, fmt)
+        once = decode_rows((elements, scales), torch.arange(rows), dtype, fmt)
+        twice = decode_rows((*encode_rows(once, rounding, fmt),), torch.arange(rows), dtype, fmt)
+        moved = (once != twice).view(rows, -1, fmt.block_size).any(dim=-1)
+        bottom = scales.view(rows, -1) == 0
+        allowed = bottom if rounding == "floor" else torch.zeros_like(bottom)
+        assert not (moved & ~allowed).any(), f"{fmt} {rounding} {dtype}: a second quantization moved values"
+        assert bottom.any() and not torch.equal(once, values)  # the range reached the bottom; the first one rounded

@@ -29,6 +29,13 @@ Per process (rank):
   is above balanced), and a gathered copy for dispatch;
 * the symm transport's peer buffers (a staging pair per buffer set, once per process; a step
   above the capacity's ceiling reruns at exact rows on memory this estimate counts);
+* the two_hop transport (EP groups across ``N`` nodes of ``G`` ranks): inside each node a symm
+  dispatcher over its ``G`` ranks, each relaying up to ``N x T`` tokens (its own and up to ``T``
+  from each other node) into the flat EP group's expert-major capacity, so its expert rows are
+  symm's at the flat EP degree and its staging buffers symm's for ``ep=G, max_tokens=N x T``
+  (no activation pool: every layer keeps its rows at the capacity); plus the node hop's send
+  and receive buffers (``capacity.node_hop_bytes``), rows per node pair at the same capacity
+  factor of the balanced case (``capacity.node_hop_capacity``), rows of the widest leg's format;
 * the runtime: CUDA context and communication buffers on a GPU, the imported libraries of a
   CPU process.
 
@@ -43,9 +50,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from launch.config.model_facts import ModelFacts
+from launch.config.two_hop_layout import two_hop_nodes
 from mxfp8_ep.pool import activation_pool_size
-from mxfp8_ep.exchange.capacity import expert_major_capacity, symm_staging_bytes
-from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_FACTOR)
+from mxfp8_ep.exchange.capacity import (expert_major_capacity, node_hop_bytes, node_hop_capacity, remote_node_share,
+                                        symm_staging_bytes)
+from mxfp8_ep.config import (DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, DEFAULT_POOL_FACTOR, LEGS)
+from mxfp8_ep.format.wire_format import WIRE_FORMATS, WireFormat
 from mxfp8_ep.transport import TRANSPORTS, Transport, resolve
 
 BF16, FP32 = 2, 4
@@ -70,18 +80,20 @@ class MemoryEstimate:
     # tensors at their routed rows) and one layer's expert-side tensors at the capacity.
     activation_pool: int = 0
     layer_transient: int = 0
+    # two_hop: the node hop's send and receive buffers.
+    node_hop: int = 0
 
     @property
     def total(self) -> int:
         return (self.parameters + self.gradients + self.optimizer + self.working_copies
                 + self.activations + self.runtime + self.peer_buffers + self.activation_pool
-                + self.layer_transient)
+                + self.layer_transient + self.node_hop)
 
     def parts(self) -> list[tuple[str, int]]:
         """(label, bytes) of each part the estimate holds, in the order the messages give them
-        (the symm transport's only where it runs)."""
+        (the sync-free transports' only where they run)."""
         return [(label, getattr(self, name)) for name, label in PART_LABELS
-                if getattr(self, name) or name not in SYMM_PARTS]
+                if getattr(self, name) or name not in SYNC_FREE_PARTS]
 
     def breakdown(self, activations_note: str = "") -> str:
         """``parameters 7.3, gradients 7.3, ..., symm peer buffers 0.4`` (GiB, one decimal),
@@ -90,12 +102,16 @@ class MemoryEstimate:
                                                 else "") for label, n in self.parts())
 
 
-# The parts of a MemoryEstimate as the messages name them; SYMM_PARTS are the symm transport's.
+# The parts of a MemoryEstimate as the messages name them; SYNC_FREE_PARTS are the symm
+# transport's (two_hop's hop inside a node is a symm dispatcher) and two_hop's node hop.
 PART_LABELS = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
                ("working_copies", "FSDP working copies"), ("activations", "activations"), ("runtime", "runtime"),
                ("activation_pool", "symm activation pool"), ("layer_transient", "one layer's symm expert rows"),
-               ("peer_buffers", "symm peer buffers"))
-SYMM_PARTS = ("activation_pool", "layer_transient", "peer_buffers")
+               ("peer_buffers", "symm peer buffers"), ("node_hop", "two_hop node-hop buffers"))
+SYNC_FREE_PARTS = ("activation_pool", "layer_transient", "peer_buffers", "node_hop")
+# The transports that run on peer memory at an elastic capacity, their steps under the replay
+# guard (``mxfp8_ep.elastic``): symm, and two_hop, whose hop inside a node is a symm dispatcher.
+SYNC_FREE = (Transport.SYMM, Transport.TWO_HOP)
 
 
 def gib(n: float) -> str:
@@ -166,17 +182,41 @@ def symm_peer_buffer_bytes(m: ModelFacts, tokens: int, ep: int, combine_partial_
                               m.top_k > 1 and combine_partial_sums, m.dim * BF16)
 
 
+def two_hop_buffer_bytes(m: ModelFacts, tokens: int, ep: int, nodes: int, combine_partial_sums: bool,
+                         capacity_factor: float | None, wire_row_bytes: int) -> tuple[int, int]:
+    """The two_hop transport's (staging, node hop) bytes on an EP group of ``ep`` ranks over
+    ``nodes`` nodes: the symm staging pair of its hop inside a node (``ep // nodes`` ranks,
+    ``nodes x tokens`` tokens each), and the node hop's send and receive buffers at
+    ``capacity_factor`` (None: every token) of the balanced rows per node pair, rows of
+    ``wire_row_bytes``: the widest leg's, since each leg's buffers live only through its own
+    exchange, one leg after another, and the caching allocator hands the largest one's memory
+    to the others."""
+    staging = symm_staging_bytes(ep // nodes, nodes * tokens, m.top_k, m.num_experts // ep, EXPERT_ALIGN,
+                                 m.top_k > 1 and combine_partial_sums, m.dim * BF16)
+    rows = node_hop_capacity(tokens, remote_node_share(m.num_experts, m.top_k, nodes), capacity_factor)
+    return staging, node_hop_bytes(nodes, rows, wire_row_bytes, m.top_k)
+
+
+def widest_row_bytes(m: ModelFacts, formats: list[str]) -> int:
+    """Bytes of one row of the widest of the legs' wire ``formats`` (bf16 activations)."""
+    known = [WireFormat(f) for f in formats if f in WIRE_FORMATS]
+    return max((f.row_bytes(m.dim, BF16) for f in known), default=m.dim * BF16)
+
+
 def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: int, seq_len: int,
              activation_checkpoint: str, device: str, symm: bool = False,
              combine_partial_sums: bool = True,
              capacity_factor: float | None = DEFAULT_CAPACITY_FACTOR,
              pool_factor: float | None = DEFAULT_POOL_FACTOR,
-             reshard_after_forward: bool = True, routed_load: float = 1.0) -> MemoryEstimate:
+             reshard_after_forward: bool = True, routed_load: float = 1.0,
+             two_hop_nodes: int = 0, wire_row_bytes: int | None = None) -> MemoryEstimate:
     """Bytes one process of a ``world``-process run needs (``device``: "cpu" or "cuda";
     ``symm``: the EP layers run the symm transport, ``combine_partial_sums`` its setting,
     ``capacity_factor`` the capacity (None: the worst case) and ``pool_factor`` the activation
     pool's rows, each a multiple of the balanced case (``pool_factor=None``: no pool, every
     layer keeps its tensors at the capacity, as at ``a2a.capacity_factor=null``);
+    ``two_hop_nodes``: the EP layers run the two_hop transport over that many nodes instead
+    (no pool; ``wire_row_bytes``: the bytes of a row of its widest leg, default bf16);
     ``routed_load``: without symm, the rows a rank keeps over all MoE layers as a multiple of
     the balanced case; ``reshard_after_forward=False``: FSDP keeps every block's gathered bf16
     weights from forward to backward)."""
@@ -187,8 +227,9 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         block += m.expert_params / m.n_moe_layers / ep
 
     tokens = local_batch_size * seq_len
-    symm = symm and ep > 1 and m.n_moe_layers > 0
-    pooled = symm and pool_factor is not None
+    two_hop = two_hop_nodes >= 2 and ep > 1 and m.n_moe_layers > 0
+    symm = (symm or two_hop) and ep > 1 and m.n_moe_layers > 0
+    pooled = symm and not two_hop and pool_factor is not None
     if pooled:  # the routed experts' rows live in the pool and the one layer's transient
         rows: tuple[float | None, float | None] = (0, 0)
     elif symm:
@@ -201,7 +242,11 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
     else:
         kept = all_layers * _KEPT.get(activation_checkpoint, 1.0)
     logits = m.vocab_size * (BF16 + 2 * FP32)
-    pool = transient = 0
+    pool = transient = node_hop = 0
+    peers = symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums) if symm else 0
+    if two_hop:
+        peers, node_hop = two_hop_buffer_bytes(m, tokens, ep, two_hop_nodes, combine_partial_sums, capacity_factor,
+                                               m.dim * BF16 if wire_row_bytes is None else wire_row_bytes)
     if pooled:
         if activation_checkpoint != "full":  # full: only each layer's input is kept across layers
             layers = activation_pool_size.pooled_layers(m.n_moe_layers * _KEPT.get(activation_checkpoint, 1.0))
@@ -215,35 +260,56 @@ def estimate(m: ModelFacts, *, world: int, ep: int, tp: int, local_batch_size: i
         working_copies=int((2 if reshard_after_forward else m.n_layers) * block * BF16 + 2 * block * FP32),
         activations=int(tokens * (kept + logits) / tp),
         runtime=RUNTIME_BYTES.get(device, RUNTIME_BYTES["cuda"]),
-        peer_buffers=symm_peer_buffer_bytes(m, tokens, ep, combine_partial_sums) if symm else 0,
+        peer_buffers=peers,
         activation_pool=pool,
         layer_transient=transient,
+        node_hop=node_hop,
     )
 
 
-def runs_symm(cfg: Any, device: str) -> bool:
-    """Whether the EP layers of ``cfg`` on ``device`` ("cuda" or "cpu") will run the symm
-    transport (``mxfp8_ep.transport.resolve``, as the dispatcher resolves it): asked for, or
-    ``auto`` with CUDA and an EP group of >= 2 ranks inside one node (EP groups are consecutive
-    ranks, so one node holds them when they fit its processes). A symm asked for across nodes
-    counts as symm (the check before launch refuses it)."""
+def ep_transport(cfg: Any, device: str) -> Transport | None:
+    """The transport the EP layers of ``cfg`` on ``device`` ("cuda" or "cpu") will run
+    (``mxfp8_ep.transport.resolve``, as the dispatcher resolves it; None: ``a2a.transport``
+    names none). EP groups are consecutive ranks, so one node holds them when they fit its
+    processes, else they span ``parallelism.ep // procs_per_node`` nodes. A symm asked for
+    across nodes counts as symm (the check before launch refuses it)."""
     a, p = cfg.a2a, cfg.parallelism
     if a.transport not in TRANSPORTS:
-        return False
-    hosts = 1 if p.nodes == 1 or p.procs_per_node % p.ep == 0 else 2
+        return None
+    span = two_hop_nodes(ep=p.ep, nodes=p.nodes, procs_per_node=p.procs_per_node, ranks_per_node=None)
+    hosts = span if span else (1 if p.nodes == 1 or p.procs_per_node % p.ep == 0 else 2)
     try:
-        return resolve(a.transport, cuda=device == "cuda", ranks=p.ep, hosts=lambda: hosts) is Transport.SYMM
+        return resolve(a.transport, cuda=device == "cuda", ranks=p.ep, hosts=lambda: hosts)
     except ValueError:
-        return True
+        return Transport.SYMM
 
 
-def pool_factors(a2a: Any, ep: int) -> tuple[float | None, float | None]:
+def runs_sync_free(cfg: Any, device: str) -> bool:
+    """Whether the EP layers of ``cfg`` on ``device`` run a transport of ``SYNC_FREE``
+    (peer memory, an elastic capacity, the replay guard): symm or two_hop."""
+    return ep_transport(cfg, device) in SYNC_FREE
+
+
+def run_two_hop_nodes(cfg: Any, device: str) -> int:
+    """The nodes two_hop splits the EP group of ``cfg`` into where its EP layers run it on
+    ``device`` (``launch.config.two_hop_layout``; 2 where the layout is refused, the least it
+    takes), else 0."""
+    if ep_transport(cfg, device) is not Transport.TWO_HOP:
+        return 0
+    p = cfg.parallelism
+    nodes = two_hop_nodes(ep=p.ep, nodes=p.nodes, procs_per_node=p.procs_per_node,
+                          ranks_per_node=cfg.a2a.ranks_per_node)
+    return nodes or 2
+
+
+def pool_factors(a2a: Any, ep: int, two_hop: bool = False) -> tuple[float | None, float | None]:
     """The activation pool's (start, ceiling) factors of the ``a2a`` config
     (``activation_pool_factor``, ``activation_pool_ceiling``; a ceiling of None is every
-    layer's worst case, ``ep`` times the balanced rows); (None, None) without a pool, or at
-    ``capacity_factor=None``, which keeps every layer at the worst case."""
+    layer's worst case, ``ep`` times the balanced rows); (None, None) without a pool, at
+    ``capacity_factor=None``, which keeps every layer at the worst case, or on two_hop
+    (``two_hop``), which runs none."""
     start = a2a.activation_pool_factor
-    if a2a.capacity_factor is None or start is None:
+    if a2a.capacity_factor is None or start is None or two_hop:
         return None, None
     ceiling = a2a.activation_pool_ceiling
     return start, max(start, float(ep) if ceiling is None else ceiling)
@@ -252,15 +318,18 @@ def pool_factors(a2a: Any, ep: int) -> tuple[float | None, float | None]:
 def run_estimate(cfg: Any, facts: ModelFacts, device: str, symm: bool, capacity_factor: float | None,
                  at_ceiling: bool = False) -> MemoryEstimate:
     """``estimate`` of one process of the recipe config ``cfg`` (its parallelism, batch and
-    checkpointing) on ``device``, the EP layers on the symm transport when ``symm``, its
-    capacity at ``capacity_factor`` (the config's starting factor, or a ceiling) and its
+    checkpointing) on ``device``, the EP layers on a sync-free transport when ``symm`` (two_hop
+    where ``cfg`` resolves to it there, else symm), its capacity at ``capacity_factor`` (the
+    config's starting factor, or a ceiling; two_hop's node hop at the same factor) and its
     activation pool where it starts, or at its ceiling (``at_ceiling``)."""
     p, t = cfg.parallelism, cfg.training
-    pool = pool_factors(cfg.a2a, cfg.parallelism.ep)[1 if at_ceiling else 0]
+    nodes = run_two_hop_nodes(cfg, device) if symm else 0
+    pool = pool_factors(cfg.a2a, cfg.parallelism.ep, two_hop=bool(nodes))[1 if at_ceiling else 0]
     return estimate(facts, world=p.nodes * p.procs_per_node, ep=p.ep, tp=p.tp, local_batch_size=t.local_batch_size,
                     seq_len=t.seq_len, activation_checkpoint=t.activation_checkpoint, device=device, symm=symm,
                     combine_partial_sums=bool(cfg.a2a.symm_combine_partial_sums), capacity_factor=capacity_factor,
-                    pool_factor=pool, reshard_after_forward=p.fsdp_reshard_after_forward != "never")
+                    pool_factor=pool, reshard_after_forward=p.fsdp_reshard_after_forward != "never",
+                    two_hop_nodes=nodes, wire_row_bytes=widest_row_bytes(facts, [str(cfg.a2a[leg]) for leg in LEGS]))
 
 
 # ``a2a.capacity_ceiling`` in the recipe: the library's default ceiling where its estimate fits
@@ -276,7 +345,8 @@ def fitting_ceiling(cfg: Any, facts: ModelFacts, device: str, memory_bytes: int,
     ceiling; None: the worst case) where its estimate (the activation pool at its ceiling too),
     times ``procs`` processes sharing ``memory_bytes``, fits it, else the largest multiple of
     ``CEILING_STEP`` below it that fits; the starting factor when nothing above it does (the
-    check of the start itself reports that). The symm transport at an elastic capacity only."""
+    check of the start itself reports that). A sync-free transport (symm, two_hop) at an
+    elastic capacity only."""
     start = cfg.a2a.capacity_factor
     if start is None:
         return None

@@ -22,14 +22,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launch.config import model_facts
-from launch.config.memory import AUTO_CEILING, MemoryEstimate, fitting_ceiling, gib, run_estimate, runs_symm
+from launch.config.memory import (AUTO_CEILING, MemoryEstimate, ep_transport, fitting_ceiling, gib, run_estimate,
+                                  runs_sync_free)
 from launch.config.model_facts import ModelFacts
-from launch.config.node_limited import node_limited_problems
+from launch.config.node_limited import ep_nodes, node_limited_problems
 from launch.config.problems import (ConfigError, Report, choice_problem, did_you_mean, type_problem,
                                     unknown_key_problem)
 from launch.config.schema import PROFILER_WARMUP_STEPS, TrainConfig, TrainingConfig
 from launch.config.stack import CPU_MODELS, FAMILIES_BY_STACK, INSTALL, StackError, family_problem, installed_torchtitan
 from launch.config.step_time import CPU_FLOPS_PER_CORE, cpu_step_seconds, step_flops
+from launch.config.two_hop_layout import two_hop_problems
 from launch.launchers.launcher import Launcher, Target, launcher_class, typed_launcher
 from launch.launchers.machine import GIB, Machine
 from launch.run.console import format_eta
@@ -268,6 +270,9 @@ def _check_a2a(cfg: Any, r: Report) -> bool:
             r.error(f"a2a.capacity_ceiling={a.capacity_ceiling!r} is below where the capacity starts "
                     f"(a2a.capacity_factor={a.capacity_factor!r}): use a ceiling >= the factor, {AUTO_CEILING} or null")
     _check_pool(a, r)
+    if a.ranks_per_node is not None and a.ranks_per_node < 1:
+        r.error(f"a2a.ranks_per_node={a.ranks_per_node}: the EP ranks of one node of the two_hop transport, >= 1, "
+                f"or null (the ranks that share a host)")
     formats = quantized_formats(a[leg] for leg in LEGS)
     if a.quantize_local_rows and not formats:
         r.error(f"a2a.quantize_local_rows=true quantizes the rows that stay on their rank on the quantized "
@@ -432,26 +437,49 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
                 f"(Triton on GPUs, torch elsewhere) or a2a.kernel=torch")
     if a.transport == Transport.SYMM:
         why = []
+        across = p.nodes > 1 and ep_nodes(p.ep, p.procs_per_node) != 1
         if p.nodes > 1:
-            why.append(f"parallelism.nodes={p.nodes} (symmetric memory spans one node)")
+            why.append(f"parallelism.nodes={p.nodes} (symmetric memory spans one node"
+                       + (f", and parallelism.ep={p.ep} spans nodes of parallelism.procs_per_node="
+                          f"{p.procs_per_node})" if across else ")"))
         if target.device == "cpu":
             why.append(target.where)
         if p.procs_per_node < 2:
             why.append(f"parallelism.procs_per_node={p.procs_per_node} (it needs >= 2 GPUs)")
         if why:
-            r.error(f"a2a.transport=symm needs one node with CUDA and >= 2 GPUs, but "
-                    f"{'; '.join(why)}; use a2a.transport=auto (symm where it can, nccl elsewhere) "
-                    f"or a2a.transport=nccl")
-    if p.share_gpu and target.device == "cuda" and not runs_symm(cfg, target.device):
+            fix = (f"use a2a.transport={Transport.TWO_HOP.value} (each token once per node across the network, "
+                   f"symm inside each node) or a2a.transport=auto (which picks it across nodes with CUDA)" if across
+                   else "use a2a.transport=auto (symm where it can, nccl elsewhere) or a2a.transport=nccl")
+            r.error(f"a2a.transport=symm needs one node with CUDA and >= 2 GPUs, but {'; '.join(why)}; {fix}")
+    _check_two_hop(cfg, r, target)
+    if p.share_gpu and target.device == "cuda" and not runs_sync_free(cfg, target.device):
         r.error(f"parallelism.share_gpu=true: the ranks on one GPU talk over gloo, whose CUDA all-gather "
                 f"torch's functional collectives cannot run, so the EP exchange must be the symm transport "
-                f"(peer buffers over CUDA IPC), but a2a.transport={a.transport} with parallelism.ep={p.ep} "
-                f"does not run it; use parallelism.ep >= 2 with a2a.transport=symm or auto")
+                f"(peer buffers over CUDA IPC; or two_hop, symm inside each node), but a2a.transport={a.transport} "
+                f"with parallelism.ep={p.ep} does not run it; use parallelism.ep >= 2 with a2a.transport=symm or "
+                f"auto")
     if facts is not None and target.device == "cpu" and facts.attention == "flex":
         r.error(f"model={cfg.model.name} uses flex attention ({cfg.model.family}/"
                 f"{cfg.model.flavor}), which torch cannot train on CPU (no backward kernel), and "
                 f"{target.where}; use a model with sdpa attention ({CPU_MODELS[installed_torchtitan()]}) "
                 f"or GPUs")
+
+
+def _check_two_hop(cfg: Any, r: Report, target: Target) -> None:
+    """The two_hop transport's nodes (``launch.config.two_hop_layout``) where the EP layers run
+    it (asked for, or ``auto`` across nodes with CUDA); ``a2a.ranks_per_node`` set where they
+    do not: a warning."""
+    a, p = cfg.a2a, cfg.parallelism
+    transport = ep_transport(cfg, target.device)
+    if transport is Transport.TWO_HOP:
+        for problem in two_hop_problems(ep=p.ep, nodes=p.nodes, procs_per_node=p.procs_per_node,
+                                        ranks_per_node=a.ranks_per_node, requested=a.transport):
+            r.error(problem if a.transport == Transport.TWO_HOP else
+                    f"a2a.transport={a.transport} runs two_hop here (CUDA, an EP group across nodes): {problem}")
+    elif transport is not None and a.ranks_per_node is not None:
+        r.warn(f"a2a.ranks_per_node={a.ranks_per_node} sets the nodes of the two_hop transport, but the EP layers "
+               f"run {transport.value} (a2a.transport={a.transport}, parallelism.ep={p.ep}, {target.where}): it "
+               f"changes nothing; a2a.transport=two_hop splits the EP group into nodes of that many ranks")
 
 
 # ----------------------------------------------------------------------------- memory
@@ -460,6 +488,9 @@ def _check_device(cfg: Any, r: Report, target: Target, facts: Optional[ModelFact
 SYMM_MEMORY_HINT = (" (the symm transport keeps the MoE layers' expert rows in an activation pool a little above "
                     "the balanced case, and the layer being computed holds them at a2a.capacity_factor times it: a "
                     "smaller factor keeps fewer of them, a2a.transport=nccl none)")
+TWO_HOP_MEMORY_HINT = (" (the two_hop transport keeps every MoE layer's expert rows at a2a.capacity_factor times the "
+                       "balanced case, with no activation pool: a smaller factor keeps fewer of them, "
+                       "a2a.transport=nccl none)")
 
 
 def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
@@ -469,14 +500,15 @@ def memory_estimate(cfg: Any, target: Target, facts: ModelFacts,
     capacity at the factor given with the pool at its ceiling."""
     start = capacity_factor == "start"
     factor = cfg.a2a.capacity_factor if start else capacity_factor
-    return run_estimate(cfg, facts, target.device, runs_symm(cfg, target.device), factor, at_ceiling=not start)
+    return run_estimate(cfg, facts, target.device, runs_sync_free(cfg, target.device), factor, at_ceiling=not start)
 
 
 def memory_report(cfg: Any, machine: Machine) -> list[str]:
     """The memory estimate the check holds ``cfg`` to on ``machine`` (the launch config,
     ``capacity_ceiling`` resolved), as ``--cfg job`` prints it: one process's total and parts
-    where it starts; with the symm transport at an elastic capacity, the parts that differ at
-    its ceilings; where the EP layers run symm, the parts that differ with ``a2a.transport=nccl``.
+    where it starts; with a sync-free transport (symm, two_hop) at an elastic capacity, the parts
+    that differ at its ceilings; where the EP layers run one, the parts that differ with
+    ``a2a.transport=nccl``.
     Empty where the memory or the model is unknown."""
     import copy
 
@@ -499,13 +531,13 @@ def memory_report(cfg: Any, machine: Machine) -> list[str]:
             "".join(f", no {label}" for label in before if label not in dict(est.parts()))
 
     a = cfg.a2a
-    if elastic_symm(cfg, target) and capacity_factor_error(a.capacity_ceiling) is None:
+    if elastic_capacity(cfg, target) and capacity_factor_error(a.capacity_ceiling) is None:
         top = memory_estimate(cfg, target, facts, a.capacity_ceiling)
         shown = "null" if a.capacity_ceiling is None else a.capacity_ceiling
-        lines.append(f"  at a2a.capacity_ceiling={shown} and a2a.activation_pool_ceiling="
-                     f"{'null' if a.activation_pool_ceiling is None else a.activation_pool_ceiling}: "
-                     f"{gib(top.total)} GiB ({differing(top)})")
-    if runs_symm(cfg, target.device):
+        pool = ("" if ep_transport(cfg, target.device) is Transport.TWO_HOP else " and a2a.activation_pool_ceiling="
+                f"{'null' if a.activation_pool_ceiling is None else a.activation_pool_ceiling}")
+        lines.append(f"  at a2a.capacity_ceiling={shown}{pool}: {gib(top.total)} GiB ({differing(top)})")
+    if runs_sync_free(cfg, target.device):
         nccl = copy.deepcopy(cfg)
         with open_dict(nccl):
             nccl.a2a.transport = Transport.NCCL.value
@@ -520,18 +552,19 @@ def _processes_per_memory(cfg: Any, target: Target) -> int:
     return 1 if target.device == "cuda" and not cfg.parallelism.share_gpu else cfg.parallelism.procs_per_node
 
 
-def elastic_symm(cfg: Any, target: Target) -> bool:
-    """Whether the EP layers run the symm transport at an elastic capacity (one that grows)."""
-    return runs_symm(cfg, target.device) and cfg.a2a.capacity_factor is not None
+def elastic_capacity(cfg: Any, target: Target) -> bool:
+    """Whether the EP layers run a sync-free transport (symm, two_hop) at an elastic capacity
+    (one that grows)."""
+    return runs_sync_free(cfg, target.device) and cfg.a2a.capacity_factor is not None
 
 
 def resolved_ceiling(cfg: Any, target: Target, facts: ModelFacts) -> float | None | str:
     """``a2a.capacity_ceiling`` as the run will take it: ``auto`` becomes the library's ceiling,
     or the largest below it, whose estimate fits ``target``'s memory
-    (``launch.config.memory.fitting_ceiling``) where that memory is known and the symm transport
-    runs at an elastic capacity; otherwise as given."""
+    (``launch.config.memory.fitting_ceiling``) where that memory is known and a sync-free
+    transport runs at an elastic capacity; otherwise as given."""
     ceiling = cfg.a2a.capacity_ceiling
-    if ceiling != AUTO_CEILING or target.memory_bytes is None or not elastic_symm(cfg, target):
+    if ceiling != AUTO_CEILING or target.memory_bytes is None or not elastic_capacity(cfg, target):
         return ceiling
     return fitting_ceiling(cfg, facts, target.device, target.memory_bytes, _processes_per_memory(cfg, target))
 
@@ -553,7 +586,8 @@ def _check_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> Non
            f"process ({per}{times}, but {target.memory_name} is {gib(target.memory_bytes)} GiB. "
            f"Use a smaller model, more GPUs or nodes to shard it over, a smaller "
            f"training.local_batch_size or training.seq_len, or training.activation_checkpoint="
-           f"full" + (SYMM_MEMORY_HINT if est.peer_buffers else "") + "; validate.memory=warn launches anyway"
+           f"full" + (TWO_HOP_MEMORY_HINT if est.node_hop else SYMM_MEMORY_HINT if est.peer_buffers else "")
+           + "; validate.memory=warn launches anyway"
            + _on_its_gpus(cfg, target, facts))
     (r.warn if cfg.validate.memory == "warn" else r.error)(msg)
 
@@ -579,11 +613,11 @@ def _ceiling_below_start(a: Any) -> bool:
 
 def _check_ceiling_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts) -> None:
     """An ``a2a.capacity_ceiling`` given as a number (or null, the worst case) whose estimate
-    does not fit: the symm capacity may grow to it hours into a run. ``auto`` fits by
-    construction (``resolved_ceiling``)."""
+    does not fit: the capacity may grow to it hours into a run. ``auto`` fits by construction
+    (``resolved_ceiling``)."""
     a = cfg.a2a
-    if (not elastic_symm(cfg, target) or a.capacity_ceiling == AUTO_CEILING or capacity_factor_error(a.capacity_ceiling)
-            or _ceiling_below_start(a)):
+    if (not elastic_capacity(cfg, target) or a.capacity_ceiling == AUTO_CEILING
+            or capacity_factor_error(a.capacity_ceiling) or _ceiling_below_start(a)):
         return
     est = memory_estimate(cfg, target, facts, a.capacity_ceiling)
     procs = _processes_per_memory(cfg, target)
@@ -592,12 +626,15 @@ def _check_ceiling_memory(cfg: Any, r: Report, target: Target, facts: ModelFacts
     largest = fitting_ceiling(cfg, facts, target.device, target.memory_bytes, procs)
     grows = "the worst case" if a.capacity_ceiling is None else f"{a.capacity_ceiling} times the balanced case"
     times = f" × {procs} processes" if procs > 1 else ""
+    grown = (f"the two_hop transport's expert rows and node hop may grow to {grows}" if est.node_hop else
+             f"the symm transport's expert rows may grow to {grows} (its activation pool to its ceiling)")
+    parts = (f"node hop {est.node_hop / GIB:,.1f}" if est.node_hop else
+             f"activation pool {est.activation_pool / GIB:,.1f}, "
+             f"one layer's expert rows {est.layer_transient / GIB:,.1f}")
     (r.warn if cfg.validate.memory == "warn" else r.error)(
-        f"a2a.capacity_ceiling={a.capacity_ceiling if a.capacity_ceiling is not None else 'null'}: the symm "
-        f"transport's expert rows may grow to {grows} (its activation pool to its ceiling), where a process needs "
-        f"about {est.total / GIB:,.1f} GiB (activations {est.activations / GIB:,.1f}, activation pool "
-        f"{est.activation_pool / GIB:,.1f}, one layer's expert rows {est.layer_transient / GIB:,.1f}){times}, "
-        f"but {target.memory_name} is "
+        f"a2a.capacity_ceiling={a.capacity_ceiling if a.capacity_ceiling is not None else 'null'}: {grown}, "
+        f"where a process needs about {est.total / GIB:,.1f} GiB (activations {est.activations / GIB:,.1f}, "
+        f"{parts}){times}, but {target.memory_name} is "
         f"{target.memory_bytes / GIB:,.1f} GiB; the largest ceiling that fits is {largest} "
         f"(a2a.capacity_ceiling={AUTO_CEILING} picks it); validate.memory=warn launches anyway")
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from launch.config.stack import Stack
 from launch.run.run_dir import CONSOLE_LOG, resume_folder
-from launch.run.run_summary import RunSummary
+from launch.run.run_summary import INTER_NODE, RunSummary
 from launch.run.shared_gpu import SHARED_GPU_NOTE
 
 if TYPE_CHECKING:
@@ -139,6 +139,13 @@ def _wandb_lines(s: RunSummary) -> str:
     return text
 
 
+def _between_nodes(s: RunSummary) -> str:
+    """The part of the all-to-all bytes that crossed between nodes, where a transport counted it
+    (two_hop's node hop), after the bytes per step; else ""."""
+    inter = s.a2a_bytes_per_step_by_leg.get(INTER_NODE)
+    return f", {inter:,.0f} of them between nodes" if inter else ""
+
+
 def format_summary(s: RunSummary, resume: Optional["Resume"] = None) -> str:
     """The run's summary; ``resume``: what this launch continued (its number and changes go
     beside the run's name, which stays its first launch's: the wandb run's)."""
@@ -149,7 +156,8 @@ def format_summary(s: RunSummary, resume: Optional["Resume"] = None) -> str:
                    if resume is not None and resume.number else "")
     return (
         f"==== mxfp8ep run {s.run_name}{this_launch} ====\n"
-        f"  model {s.model}  a2a {s.a2a}  parallelism {s.parallelism} "
+        f"  model {s.model}  a2a {s.a2a}" + (f" over {s.transport}" if s.transport else "")
+        + f"  parallelism {s.parallelism} "
         f"(world {s.world_size}, ep {s.ep})\n"
         + (f"  stack           {Stack.from_dict(s.stack).label}\n" if s.stack else "")
         + f"  steps           {s.steps}/{s.target_steps}{resumed}{stopped}\n"
@@ -162,7 +170,7 @@ def format_summary(s: RunSummary, resume: Optional["Resume"] = None) -> str:
         f"  step time (s)   {_num(s.step_time_s, '.4f')}\n"
         f"  TFLOPS, MFU     {_num(s.tflops, ',.2f')}, {_num(s.mfu_pct, '.2f')}"
         f"{'%' if s.mfu_pct is not None else ''}\n"
-        f"  a2a bytes/step  {_num(s.a2a_bytes_per_step, ',.0f')}\n"
+        f"  a2a bytes/step  {_num(s.a2a_bytes_per_step, ',.0f')}{_between_nodes(s)}\n"
         + _capacity(s)
         + _routing(s)
         + f"  run dir         {s.run_dir}\n"

@@ -78,8 +78,25 @@ WINDOW_STEPS = "steps"  # a log window's number of steps, beside its metrics (st
 
 
 def a2a_leg_metric(leg: str) -> str:
-    """wandb metric of one all-to-all leg's bytes per step (``leg``: a LEGS name or "other")."""
+    """wandb metric of one all-to-all leg's bytes per step (``leg``: a ``WIRE_PARTS`` name)."""
     return f"a2a/{leg}_bytes_per_step"
+
+
+# The part of the bytes that crossed between nodes (the two_hop transport's node hop;
+# ``mxfp8_ep.telemetry.wire_stats.inter_node_key``): of each leg, ``inter_node_part(leg)``, and
+# of all of them, ``INTER_NODE``. Each is inside its leg's count and the total already.
+INTER_NODE = "inter_node"
+
+
+def inter_node_part(leg: str) -> str:
+    """The ``WIRE_PARTS`` name of ``leg``'s bytes that crossed between nodes."""
+    return f"{leg}_{INTER_NODE}"
+
+
+# The parts of the all-to-all bytes the metrics log (``a2a_leg_metric``) and RunSummary keeps
+# (``a2a_bytes_per_step_by_leg``): the legs, ``other`` (a leg the library may add), each leg's
+# inter-node part and their sum.
+WIRE_PARTS = LEGS + ("other",) + tuple(inter_node_part(leg) for leg in LEGS) + (INTER_NODE,)
 
 
 def imbalance_metric(ep: int) -> str:
@@ -107,7 +124,7 @@ def parse_numerics_metric(name: str) -> Optional[tuple[Optional[int], str, str]]
 
 # The metrics whose wandb run summary is RunSummary's number (set at the end of the run)
 # rather than wandb's default, the last logged value.
-LEG_METRICS = {leg: a2a_leg_metric(leg) for leg in LEGS + ("other",)}
+LEG_METRICS = {part: a2a_leg_metric(part) for part in WIRE_PARTS}
 SUMMARY_METRICS = tuple(PER_SECOND.values()) + tuple(PER_STEP.values()) + tuple(LEG_METRICS.values())
 
 
@@ -221,6 +238,9 @@ class RunSummary:
     target_steps: int
     # the ranks shared one GPU (parallelism.share_gpu, launch.run.shared_gpu): no speed figure
     gpu_shared: bool = False
+    # the transport the EP layers ran (``a2a.transport`` as the dispatcher resolves it on the run's
+    # device and layout: ``auto`` named as what it picked); None: no EP exchange (EP 1), or not known
+    transport: Optional[str] = None
     start_step: int = 0  # the checkpoint step this launch resumed from
     stopped_by: Optional[str] = None  # "SIGINT" / "SIGTERM" / "SIGUSR2" when stopped early
     checkpoint: Optional[str] = None  # newest checkpoint folder, when checkpointing is on
@@ -239,6 +259,8 @@ class RunSummary:
     tokens_per_s_global: Optional[float] = None
     step_time_s: Optional[float] = None
     a2a_bytes_per_step: Optional[float] = None
+    # per WIRE_PARTS name: each leg, other, each leg's inter-node part and their sum (parts of the
+    # legs' counts, never added to them)
     a2a_bytes_per_step_by_leg: dict[str, float] = field(default_factory=dict)
     tflops: Optional[float] = None
     mfu_pct: Optional[float] = None

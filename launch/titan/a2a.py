@@ -1,6 +1,7 @@
 """A run's EP all-to-all from its ``cfg.a2a``: the library's ``A2AConfig`` with
 ``capacity_ceiling=auto`` resolved on the node where it was not before launch, and the console
-line that states the symm transport's elastic capacity. The same on every torchtitan stack.
+line that states the elastic capacity of a sync-free transport (symm, two_hop). The two_hop transport
+runs without the activation pool. The same on every torchtitan stack.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from launch.config.memory import AUTO_CEILING, fitting_ceiling, run_estimate, runs_symm, symm_capacity
+from launch.config.memory import (AUTO_CEILING, ep_transport, fitting_ceiling, run_estimate, runs_sync_free,
+                                  symm_capacity)
+from mxfp8_ep.transport import Transport
 from launch.config.model_facts import facts
 
 __all__ = ["a2a_config", "capacity_ceiling_here", "capacity_line"]
@@ -20,24 +23,26 @@ __all__ = ["a2a_config", "capacity_ceiling_here", "capacity_line"]
 def a2a_config(cfg: DictConfig) -> Any:
     """The library's ``A2AConfig`` of ``cfg.a2a``; a ``capacity_ceiling`` still ``auto`` (the
     memory was not known before launch: a SLURM job) resolved here, on the node
-    (``capacity_ceiling_here``)."""
+    (``capacity_ceiling_here``); no activation pool where the EP layers run two_hop."""
     from mxfp8_ep.config import A2AConfig
 
     values = OmegaConf.to_container(cfg.a2a, resolve=True)
     if values["capacity_ceiling"] == AUTO_CEILING:  # type: ignore[index]
         values["capacity_ceiling"] = capacity_ceiling_here(cfg)  # type: ignore[index]
+    if ep_transport(cfg, "cuda" if torch.cuda.is_available() else "cpu") is Transport.TWO_HOP:
+        values["activation_pool_factor"] = None  # type: ignore[index]
     return A2AConfig.from_dict(values)  # type: ignore[arg-type]
 
 
 def capacity_ceiling_here(cfg: DictConfig) -> float | None:
     """``a2a.capacity_ceiling=auto`` for this node: the library's ceiling, or the largest below
     it, whose estimate fits this GPU's memory (the node's RAM on CPU), shared by the processes
-    that share it (``launch.config.memory.fitting_ceiling``); the library's default where no symm dispatch
-    runs at an elastic capacity (nothing grows, so no ceiling applies)."""
+    that share it (``launch.config.memory.fitting_ceiling``); the library's default where no sync-free
+    dispatch (symm, two_hop) runs at an elastic capacity (nothing grows, so no ceiling applies)."""
     from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not runs_symm(cfg, device) or cfg.a2a.capacity_factor is None:
+    if not runs_sync_free(cfg, device) or cfg.a2a.capacity_factor is None:
         return DEFAULT_CAPACITY_CEILING
     if device == "cuda":
         memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
@@ -49,14 +54,15 @@ def capacity_ceiling_here(cfg: DictConfig) -> float | None:
 
 
 def capacity_line(cfg: DictConfig, a2a: Any) -> str | None:
-    """What the symm transport's elastic capacity holds, as the console's header states it:
+    """What the elastic capacity of a sync-free transport (symm, two_hop) holds, as the
+    console's header states it:
     the rows it starts at and the most it grows to, each as the multiple of the balanced case
     it is (a factor past the worst case is the worst case: that one is named, with its own
     multiple), and the memory estimate of one process there (``launch.config.memory``: at the
     ceiling with the activation pool at its own), in a unit that tells the two apart; None
-    where no symm dispatch runs at an elastic capacity."""
+    where no sync-free dispatch runs at an elastic capacity."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not runs_symm(cfg, device) or a2a.capacity_factor is None:
+    if not runs_sync_free(cfg, device) or a2a.capacity_factor is None:
         return None
     m = facts(cfg.model.family, cfg.model.flavor)
     tokens = int(cfg.training.local_batch_size) * int(cfg.training.seq_len)

@@ -7,7 +7,10 @@ dashboards match stock torchtitan runs; the names are ``launch.run.run_summary``
 * ``throughput/global_tps``: tokens/s over all ranks (torchtitan's ``throughput(tps)`` is per
   device),
 * ``a2a/bytes_per_step`` (and per leg): bytes the EP all-to-alls sent, summed over ranks, read
-  from ``mxfp8_ep.telemetry.wire_stats`` (the MXFP8 core records every exchange there),
+  from ``mxfp8_ep.telemetry.wire_stats`` (the MXFP8 core records every exchange there); the part
+  of each leg that crossed between nodes (the two_hop transport's node hop) under its own name
+  (``a2a/dispatch_fwd_inter_node_bytes_per_step``, and their sum ``a2a/inter_node_bytes_per_step``),
+  not added to the total again,
 * ``a2a/mode``: the a2a preset name, in the log line and the wandb config,
 * ``a2a/capacity_rows``, ``a2a/replays`` and ``a2a/spills`` (symm transport): the largest
   expert-major capacity, the steps run again after a capacity overflow so far, and those of
@@ -55,7 +58,8 @@ from mxfp8_ep.config import LEGS
 
 __all__ = ["RecipeMetrics", "RecipeMetricsProcessor", "RunHistory"]
 
-_WIRE_KEYS = LEGS + ("other",)
+# wire_stats' keys of the legs' inter-node parts, in the order of their WIRE_PARTS names.
+_INTER_NODE_KEYS = tuple(wire_stats.inter_node_key(leg) for leg in LEGS)
 
 
 @dataclass
@@ -133,14 +137,21 @@ class RecipeMetrics:
         self.time_last_log = time.perf_counter()
 
     def _wire_bytes(self) -> dict[str, float]:
-        """Bytes sent since the last log by all ranks: per leg, ``other`` and ``total``.
+        """Bytes sent since the last log by all ranks: per ``names.WIRE_PARTS`` name (each leg,
+        ``other``, each leg's inter-node part and their sum) and ``total`` (the legs and
+        ``other``: an inter-node part is inside its leg's count already).
 
-        A fixed layout (the four legs + ``other`` for any key the core may add) keeps the
-        all-reduce identical on every rank.
+        A fixed layout (the four legs, ``other`` for any key the core may add, the inter-node
+        parts) keeps the all-reduce identical on every rank.
         """
         local = wire_stats.snapshot(reset=True)
+        total_inter = wire_stats.inter_node_key("total")
+        inter = {k: v for k, v in local.items() if k.endswith(f".{wire_stats.INTER_NODE}") and k != total_inter}
         values = [float(local.get(leg, 0)) for leg in LEGS]
-        values.append(float(sum(v for k, v in local.items() if k not in LEGS and k != "total")))
+        values.append(float(sum(v for k, v in local.items() if k not in LEGS and k not in inter
+                                and k not in ("total", total_inter))))
+        values += [float(local.get(key, 0)) for key in _INTER_NODE_KEYS]
+        values.append(float(sum(inter.values())))
         if dist.is_available() and dist.is_initialized():
             # On the trainer's device: NCCL cannot reduce host tensors (gloo reduces CPU ones).
             device = (
@@ -151,8 +162,8 @@ class RecipeMetrics:
             t = torch.tensor(values, dtype=torch.float64, device=device)
             dist.all_reduce(t)
             values = t.tolist()
-        totals = dict(zip(_WIRE_KEYS, values))
-        totals["total"] = sum(values)
+        totals = dict(zip(names.WIRE_PARTS, values))
+        totals["total"] = sum(values[:len(LEGS) + 1])
         return totals
 
     def log(
@@ -213,9 +224,9 @@ class RecipeMetrics:
             tflops = self.num_flops_per_token * tps / 1e12
             mfu = 100 * self.num_flops_per_token * tps / self.gpu_peak_flops
             metrics.update({names.TFLOPS: tflops, names.MFU: mfu})
-        for leg, value in wire.items():
-            if leg != "total" and (leg != "other" or value):
-                metrics[names.a2a_leg_metric(leg)] = value / steps_in_window
+        for part, value in wire.items():  # other and the inter-node parts where some were counted
+            if part != "total" and (part in LEGS or value):
+                metrics[names.a2a_leg_metric(part)] = value / steps_in_window
         capacity = elastic.capacity_rows()
         if capacity is not None:
             metrics.update({names.A2A_CAPACITY_ROWS: capacity, names.A2A_REPLAYS: self.capacity_replays,
@@ -263,9 +274,10 @@ class RecipeMetrics:
         self.device_memory_monitor.reset_peak_stats()
 
     def capacity_replay(self, step: int, overflow: elastic.Overflow, replays: int, spills: int,
-                        what: str = "step") -> None:
+                        what: str = "step", transport: str = "symm") -> None:
         """A step (or a validation batch: ``what``) runs again after a capacity overflow (every
-        rank calls it; rank 0 writes the console line)."""
+        rank calls it; rank 0 writes the console line). ``transport``: the EP layers' (two_hop
+        also grows its node hop's rows per node pair)."""
         self.capacity_replays, self.capacity_spills = replays, spills
         grown = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.grown)
         pool = ", ".join(f"{old:,} -> {new:,}" for old, new in overflow.pool_grown)
@@ -282,7 +294,8 @@ class RecipeMetrics:
                     f"({f'{pool} rows' if pool else elsewhere}), {what} run again ({names.A2A_REPLAYS} = {replays})")
         else:
             also = f", activation pool grown ({pool} rows)" if pool else ""
-            line = (f"step {step}: a symm dispatch needed more expert rows than its capacity; capacity grown "
+            rows = "rows (expert rows, or node-hop rows per node pair)" if transport == "two_hop" else "expert rows"
+            line = (f"step {step}: a {transport} dispatch needed more {rows} than its capacity; capacity grown "
                     f"({f'{grown} rows' if grown else elsewhere}){also}, {what} run again "
                     f"({names.A2A_REPLAYS} = {replays})")
         if _rank() == 0:

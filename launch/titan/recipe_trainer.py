@@ -23,6 +23,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torchtitan.tools.logging import logger
 
+from launch.config.memory import ep_transport
 from launch.config.stack import installed
 from launch.run.heartbeat import StepHeartbeat, append_line, stage
 from launch.run.numerics_log import arm_for_step
@@ -86,8 +87,9 @@ class RecipeTrainerMixin:
         self.stop = stop
         self.stopped_by: Optional[int] = None
         self.start_step = 0
-        # The elastic capacity's per-step check, where a symm dispatch may run at one (every rank
-        # has the same config): none for nccl, nor for symm at the worst case.
+        # The elastic capacity's per-step check, where a sync-free dispatch (symm, two_hop: the
+        # replay guard's) may run at one (every rank has the same config): none for nccl, nor at
+        # the worst case.
         self.checks_capacity = (Transport(cfg.a2a.transport) is not Transport.NCCL
                                 and cfg.a2a.capacity_factor is not None)
         self.capacity_replay_steps: list[int] = []  # this launch's
@@ -166,7 +168,7 @@ class RecipeTrainerMixin:
         if overflow.spill:
             self.capacity_spill_steps.append(self.step)
         self.metrics_processor.capacity_replay(self.step, overflow, self.capacity_replays, self.capacity_spills,
-                                               what)
+                                               what, transport=self._transport() or Transport.SYMM.value)
 
     def train(self) -> None:
         """torchtitan's loop, its start and end said on the console."""
@@ -196,6 +198,14 @@ class RecipeTrainerMixin:
         self.earlier_spill_steps = [s for s in (earlier.capacity_spill_steps if earlier else []) if s <= self.step]
         self.capacity_replays = self.metrics_processor.capacity_replays = len(self.earlier_replay_steps)
         self.capacity_spills = self.metrics_processor.capacity_spills = len(self.earlier_spill_steps)
+
+    def _transport(self) -> Optional[str]:
+        """The transport the EP layers run (``launch.config.memory.ep_transport``: ``a2a.transport``
+        resolved as the dispatcher resolves it on this device and layout); None at EP 1."""
+        if self.parallel_dims.ep < 2:
+            return None
+        transport = ep_transport(self.cfg, self.device.type)
+        return None if transport is None else transport.value
 
     def should_continue_training(self) -> bool:
         """Also asked at every step boundary, on every rank: did any rank get a stop signal?
@@ -263,6 +273,7 @@ class RecipeTrainerMixin:
             launcher=str(cfg.launcher.name),
             device=self.device.type,
             gpu_shared=gpu_shared(cfg.parallelism.share_gpu, self.device.type, self.parallel_dims.world_size),
+            transport=self._transport(),
             run_dir=os.path.abspath(self.run_dir),
             steps=self.step,
             target_steps=int(t.steps),

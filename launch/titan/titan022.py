@@ -146,7 +146,7 @@ def build_job_config(cfg: DictConfig, run_dir: str) -> Any:
 class RecipeTrainer(RecipeTrainerMixin, ReplayOverflowedSteps, Trainer):
     """torchtitan 0.2.2's ``Trainer`` with the recipe's metrics processor, validator and
     parallelize step (``RecipeTrainerMixin``: clean stops, counts, the summary), and steps run
-    again after a symm capacity overflow (``mxfp8_ep.elastic.ReplayOverflowedSteps``).
+    again after a capacity overflow of symm or two_hop (``mxfp8_ep.elastic.ReplayOverflowedSteps``).
 
     ``Trainer.__init__`` picks its metrics processor builder from the model's ``TrainSpec``.
     Rather than registering a modified TrainSpec globally, ``train_spec`` is a property here:

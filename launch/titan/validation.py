@@ -5,7 +5,7 @@ stopped, so consecutive evaluations score different tokens, and it counts its to
 training throughput. :class:`HeldOutLoss` instead scores the same batches every time
 (``launch.titan.data.validation_batches``, built once), leaves the training metrics and the
 MoE load-balancing counters as they were, and reports through
-``RecipeMetricsProcessor.log_validation``. Where a symm dispatch may run at an elastic
+``RecipeMetricsProcessor.log_validation``. Where a symm or two_hop dispatch may run at an elastic
 capacity (``trainer.checks_capacity``), each batch runs through a ``mxfp8_ep.elastic.ReplayGuard``:
 a batch whose routing overflows the capacity runs again at the grown one (counted and logged
 as the training steps' replays are), so no loss comes from cut rows.
@@ -88,8 +88,8 @@ class HeldOutLoss(BaseValidator):
         t.metrics_processor.log_validation(loss, step, seconds=time.perf_counter() - start)
 
     def _attempts(self, model: torch.nn.Module):
-        """One batch's forward passes: one, or through a ``ReplayGuard`` where a symm dispatch
-        may overflow (every rank validates alike, so every rank checks alike)."""
+        """One batch's forward passes: one, or through a ``ReplayGuard`` where a symm or two_hop
+        dispatch may overflow (every rank validates alike, so every rank checks alike)."""
         t = self.trainer
         if not getattr(t, "checks_capacity", False):
             return range(1)

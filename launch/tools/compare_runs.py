@@ -112,6 +112,12 @@ NUMERICS_WORST = {
 assert set(NUMERICS_WORST) == set(NUMERICS_STATS)
 
 
+# The a2a fields of a run name that make a sweep point rather than an arm of it: the transport
+# and its node size move the same rows another way (recipes/dsv3_16b_2nodes_sweep.yaml sweeps
+# a2a.transport beside the a2a presets).
+POINT_A2A_FIELDS = ("a2a.transport=", "a2a.ranks_per_node=")
+
+
 @dataclass
 class Compared:
     """A run, where it was read from, and its differences to its bf16 baseline."""
@@ -135,9 +141,11 @@ class Compared:
 
     @property
     def point(self) -> str:
-        """The run name without its a2a and seed parts: what the sweep point varies."""
+        """The run name without its a2a and seed parts: what the sweep point varies. The a2a
+        fields that say how the rows travel (``POINT_A2A_FIELDS``) stay: each transport is a
+        point with its own bf16 baseline."""
         return ",".join(t for t in self.run.run_name.split(",")
-                        if not t.startswith(("a2a=", "a2a.", "training.seed=")))
+                        if t.startswith(POINT_A2A_FIELDS) or not t.startswith(("a2a=", "a2a.", "training.seed=")))
 
     @property
     def pair_key(self) -> tuple:

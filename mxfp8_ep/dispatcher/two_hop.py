@@ -12,7 +12,8 @@ dispatch's gradient rows.
 
 Each leg travels in its ``A2AConfig`` format on both hops: an MXFP8 token is quantized once for
 the node hop, and the fan-out's quantizing of the decoded row gives the same values again
-(MXFP8 is a fixed point of decode -> encode), so it crosses both hops as one MXFP8 row.
+(MXFP8 is a fixed point of decode -> encode; ``floor`` scale rounding excepts blocks under
+2**-118), so it crosses both hops as one MXFP8 row.
 
 Sync-free: the node hop's buffers hold ``capacity`` rows per node pair, an elastic capacity
 (``capacity.node_hop_capacity``: ``A2AConfig.capacity_factor`` times the balanced case,
@@ -212,8 +213,8 @@ class TwoHopTokenDispatcher(TokenDispatcher):
         device = checked.counts.device
         if fault is None and tokens > self.max_tokens:
             fault = checks.HostFault(checks.Fault.TOKENS, ValueError(
-                f"two_hop dispatch: a rank got more tokens than the buffers hold ({self.max_tokens} per rank); raise "
-                f"TokenDispatcher.Config.max_tokens_per_rank (rank {self.rank} got {tokens})"))
+                f"two_hop dispatch: rank {self.rank} got {tokens} tokens, more than the buffers hold "
+                f"({self.max_tokens} per rank); raise TokenDispatcher.Config.max_tokens_per_rank"))
             checked = checks.host_fault_routing(cfg.num_experts, fault.fault, device)
         node_of = checked.expert_ids.view(-1, cfg.top_k) // self.experts_per_node
         bound = node_hop.node_bound(node_of, layout.nodes, layout.node)

@@ -166,13 +166,24 @@ def node_hop_capacity(max_tokens: int, share: float, factor: float | None = None
     return max(1, min(max_tokens, math.ceil(factor * share * max_tokens)))
 
 
-def node_hop_row_bytes(row_nbytes: int, top_k: int) -> int:
-    """Bytes of one node-hop row: the token in its wire format (``row_nbytes``), then its
-    ``top_k`` expert ids on the receiving node (int32) and router scores (fp32)."""
-    return row_nbytes + 8 * top_k
+# A node-hop row's stride: its wire bytes padded to this many, so the int32 side columns after
+# a block's rows stay aligned.
+NODE_HOP_ROW_ALIGN = 16
+# The int32 side columns a node-hop row carries per top-k pick, by leg: dispatch forward the
+# pick's expert id on the receiving node and its router score (fp32 bits), dispatch backward
+# the score's gradient; the combine legs none.
+NODE_HOP_SIDE_COLUMNS = {"dispatch_fwd": 2, "dispatch_bwd": 1, "combine_fwd": 0, "combine_bwd": 0}
 
 
-def node_hop_bytes(nodes: int, rows: int, row_nbytes: int, top_k: int) -> int:
-    """Bytes of the node hop's send and receive buffers at ``rows`` rows per node pair
-    (``node_hop_capacity``; the buffers are allocated per dispatch by the caching allocator)."""
-    return 2 * nodes * rows * node_hop_row_bytes(row_nbytes, top_k)
+def node_hop_row_bytes(row_nbytes: int, top_k: int, leg: str = "dispatch_fwd") -> int:
+    """Bytes of one node-hop row of ``leg``: the token in its wire format (``row_nbytes``)
+    padded to ``NODE_HOP_ROW_ALIGN``, then its side columns (``NODE_HOP_SIDE_COLUMNS``)."""
+    stride = -(-row_nbytes // NODE_HOP_ROW_ALIGN) * NODE_HOP_ROW_ALIGN
+    return stride + 4 * NODE_HOP_SIDE_COLUMNS[leg] * top_k
+
+
+def node_hop_bytes(nodes: int, rows: int, row_nbytes: int, top_k: int, leg: str = "dispatch_fwd") -> int:
+    """Bytes of the node hop's send and receive buffers of ``leg`` (dispatch forward, the
+    largest, unless told) at ``rows`` rows per node pair (``node_hop_capacity``): a block per
+    other node each (the buffers come from the caching allocator per dispatch)."""
+    return 2 * (nodes - 1) * rows * node_hop_row_bytes(row_nbytes, top_k, leg)

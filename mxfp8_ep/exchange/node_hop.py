@@ -4,8 +4,9 @@ capacity of rows per node pair, so that one all-to-all of fixed size moves them 
 reads a count.
 
 Layout of a rank's send (and receive) buffer: one block per other node, in node order; a block
-holds ``capacity`` rows in the leg's wire format (``WireFormat.row_bytes``, padded to 16 bytes),
-then per row ``side`` int32 columns (the dispatch's expert ids on that node and router scores as
+holds ``capacity`` rows in the leg's wire format (``WireFormat.row_bytes``, padded to
+``capacity.NODE_HOP_ROW_ALIGN`` bytes), then per row ``side`` int32 columns
+(``capacity.NODE_HOP_SIDE_COLUMNS``: the dispatch's expert ids on that node and router scores as
 fp32 bits; the score gradients on the way back). Token ``t``'s row for node ``n`` is row
 ``position[t, n]`` of block ``n`` (``NodeRows``), where ``position`` counts the tokens before
 ``t`` bound for ``n``; a token past the capacity is not sent (the dispatch counts that as an
@@ -19,11 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mxfp8_ep.exchange.capacity import NODE_HOP_ROW_ALIGN
 from mxfp8_ep.exchange.staging import decode_rows, encode_rows, staged_row_nbytes
 from mxfp8_ep.format.wire_format import WireFormat
 from mxfp8_ep.telemetry import wire_stats
 
-ROW_ALIGN = 16  # bytes: a wire row's stride in a block, so the int32 side columns stay aligned
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class _Layout:
 
     @property
     def stride(self) -> int:
-        return -(-self.wire // ROW_ALIGN) * ROW_ALIGN
+        return -(-self.wire // NODE_HOP_ROW_ALIGN) * NODE_HOP_ROW_ALIGN
 
     @property
     def block(self) -> int:

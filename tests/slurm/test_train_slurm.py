@@ -143,6 +143,31 @@ def test_two_nodes_two_procs_completes_with_metrics(train, tmp_path):
     assert [wl[s] for s in range(1, 7)] == pytest.approx(losses, rel=1e-6)
 
 
+def test_two_hop_across_two_nodes_trains_as_the_flat_all_to_all(train, tmp_path):
+    """EP 4 over both nodes (2 ranks each): two_hop, each token once per node across them and
+    fanned out inside the node, loses what the flat nccl all-to-all loses at each step, within
+    fp32 sums in another order (tests/test_two_hop_e2e.py's ``ORDER_TOL``), and its summary and
+    console name it. The fake nodes share one host name, so the nodes are given as
+    ``a2a.ranks_per_node=2`` (the ranks SLURM puts on each)."""
+    from tests.test_two_hop_e2e import ORDER_TOL
+
+    common = [*(o for o in SLURM_CPU if not o.startswith("parallelism.ep=")), "parallelism.procs_per_node=2",
+              "parallelism.ep=4", "model=tiny_dsv3", "training.steps=3", "launcher.wait=true", "logging=none"]
+    summaries, consoles = {}, {}
+    for transport, extra in (("two_hop", ["a2a.ranks_per_node=2"]), ("nccl", [])):
+        run_dir = tmp_path / transport
+        proc, out = train([*common, f"a2a.transport={transport}", *extra, f"hydra.run.dir={run_dir}"], timeout=300)
+        assert proc.returncode == 0, out[-4000:]
+        summaries[transport], consoles[transport] = RunSummary.read(run_dir), out
+    s, flat = summaries["two_hop"], summaries["nccl"]
+    assert s.launcher == "slurm" and s.world_size == s.ep == 4 and (s.transport, flat.transport) == ("two_hop", "nccl")
+    assert len(s.losses) == len(flat.losses) == 3
+    for step, (mine, theirs) in enumerate(zip(s.losses, flat.losses, strict=True), start=1):
+        assert abs(mine - theirs) <= ORDER_TOL * abs(theirs), f"step {step}: two_hop {mine} vs nccl {theirs}"
+    assert s.a2a_bytes_per_step_by_leg["inter_node"] > 0
+    assert "a2a bf16 over two_hop" in consoles["two_hop"] and "a2a bf16 over nccl" in consoles["nccl"]
+
+
 def test_multirun_submits_one_job_per_point(train, tmp_path):
     sweep = tmp_path / "multirun"
     proc, out = train(
