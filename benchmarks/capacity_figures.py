@@ -147,16 +147,16 @@ def node_hop_capacity(run: Any, mark: str) -> str:
         return f"- node_hop_capacity: {NOT_MEASURED} at the defaults."
     needs = {r["nodes"]: r for r in run.rows if r.get("kind") == "need"}
     first = rows[0]
-    formats = sorted(k.removeprefix("ceiling_mib_") for k in first if k.startswith("ceiling_mib_"))
+    presets = [k.removeprefix("ceiling_mib_") for k in first if k.startswith("ceiling_mib_")]
 
     def at(r: dict) -> str:
         need = needs.get(r["nodes"])
         seen = (f"need up to {need['max_need_factor']:.2f}× the balanced {need['balanced_rows']:,.0f} rows "
                 f"({need['max_need_factor_second_half']:.2f}× in the second half), " if need else "")
-        mib = " / ".join(f"{r[f'ceiling_mib_{fmt}']:g} MiB {fmt}" for fmt in formats)
+        mib = " / ".join(f"{r[f'ceiling_mib_{preset}']:g} MiB {preset}" for preset in presets)
         return (f"{r['nodes']} nodes: {seen}{r['reruns_per_1000']:g} reruns per 1,000 steps ({r['replays']} replays, "
                 f"{r['spills']} spills), capacity {r['start_rows']:,} → {r['end_rows']:,} rows of "
-                f"{r['tokens_per_rank']:,}, one leg's buffers at the ceiling {mib}")
+                f"{r['tokens_per_rank']:,}, the widest leg's buffers at the ceiling {mib}")
 
     ranks = f"{first['source_ranks']} sampled source rank{'s' if first['source_ranks'] > 1 else ''}"
     return (f"- The two_hop transport's node hop over the same routing (`benchmarks/node_hop_capacity.py`: "

@@ -39,8 +39,9 @@ largest need of a router that picks its experts uniformly at random, the samplin
 spread), and one ``policy`` row per node count and policy of ``GRID`` (``defaults``: the
 library's ``DEFAULT_CAPACITY_FACTOR`` and ``DEFAULT_CAPACITY_CEILING``) with its reruns, where
 the capacity started, ended and may grow to, and the node hop's send and receive buffers of
-one leg at the ceiling (``capacity.node_hop_bytes``) per wire format of the a2a presets
-(``ceiling_mib_<format>``; a preset's legs travel in its formats).
+one leg at the ceiling (``capacity.node_hop_bytes``), the widest of the four legs of each a2a
+preset (``ceiling_mib_<preset>``; the buffers come from the caching allocator per dispatch, one
+leg's at a time).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from benchmarks.capacity_study import (REPO, TARGET_RERUNS_PER_1000, Target, _pe
                                        read_telemetry, source_of, target)
 from benchmarks.internode_bytes import GPUS_PER_NODE, NODES
 from benchmarks.rows import ResultsFile, this_machine
-from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, PRESETS
+from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, LEGS, PRESETS
 from mxfp8_ep.exchange.capacity import (GROWTH_HEADROOM, next_capacity, node_hop_bytes, node_hop_capacity,
                                         remote_node_share)
 from mxfp8_ep.exchange.staging import staged_row_nbytes
@@ -70,8 +71,6 @@ SEED = 0
 UNIFORM_STEPS = 20
 ROUTING_MODEL = ("per step and MoE layer, each of a rank's tokens takes top-k distinct experts drawn without "
                  "replacement with chances proportional to the measured per-expert counts, independently")
-# The formats the a2a presets' legs travel in.
-WIRE_FORMATS = tuple(sorted({fmt for preset in PRESETS.values() for fmt in preset.values()}))
 MIB = 2**20
 
 
@@ -189,10 +188,13 @@ class NodeHop:
         """As ``TwoHopTokenDispatcher._node_capacity_held``: never below the start."""
         return max(self.rows(policy.factor), self.rows(policy.ceiling))
 
-    def mib(self, rows: int, fmt: str) -> float:
-        """One leg's send and receive buffers at ``rows`` rows per node pair, in ``fmt``."""
-        row = staged_row_nbytes(self.t.facts.dim, torch.bfloat16, fmt)
-        return round(node_hop_bytes(self.nodes, rows, row, self.t.facts.top_k) / MIB, 1)
+    def mib(self, rows: int, preset: str) -> float:
+        """The send and receive buffers of ``preset``'s widest leg at ``rows`` rows per node
+        pair, each leg in its wire format."""
+        dim, top_k = self.t.facts.dim, self.t.facts.top_k
+        widest = max(node_hop_bytes(self.nodes, rows, staged_row_nbytes(dim, torch.bfloat16, PRESETS[preset][leg]),
+                                    top_k, leg) for leg in LEGS)
+        return round(widest / MIB, 1)
 
 
 def need_row(hop: NodeHop, needs: list[int], step_ids: list[int], layers: int, source_ranks: int) -> dict:
@@ -221,11 +223,11 @@ def study_rows(steps: list[dict], t: Target, node_counts_: tuple[int, ...] = NOD
             ceiling = hop.ceiling(policy)
             sim = simulate(needs[nodes], step_ids, hop.rows(policy.factor), ceiling, t.tokens)
             rows.append({"kind": "policy", "target": t.model, "nodes": nodes, "gpus_per_node": GPUS_PER_NODE,
-                         "ep": nodes * GPUS_PER_NODE, "tokens_per_rank": t.tokens, "steps": len(needs),
+                         "ep": nodes * GPUS_PER_NODE, "tokens_per_rank": t.tokens, "steps": len(steps),
                          "source_ranks": source_ranks, "capacity_factor": policy.factor, "headroom": GROWTH_HEADROOM,
                          "capacity_ceiling": policy.ceiling, "defaults": policy == DEFAULTS, **sim,
                          "end_factor": round(sim["end_rows"] / hop.balanced, 4),
-                         **{f"ceiling_mib_{fmt}": hop.mib(ceiling, fmt) for fmt in WIRE_FORMATS}})
+                         **{f"ceiling_mib_{preset}": hop.mib(ceiling, preset) for preset in PRESETS}})
     return rows
 
 
@@ -244,8 +246,8 @@ def verdict(rows: list[dict]) -> list[str]:
                      f"({r['replays']} replays, {r['spills']} spills); need up to {need['max_need_factor']:.2f}x the "
                      f"balanced {need['balanced_rows']:,.0f} rows ({need['max_need']:,} of {r['tokens_per_rank']:,} "
                      f"tokens); capacity {r['start_rows']:,} -> {r['end_rows']:,} rows, ceiling "
-                     f"{r['ceiling_rows']:,}: " + ", ".join(f"{r[f'ceiling_mib_{fmt}']:g} MiB per {fmt} leg"
-                                                             for fmt in WIRE_FORMATS))
+                     f"{r['ceiling_rows']:,}; the widest leg's buffers there: "
+                     + ", ".join(f"{r[f'ceiling_mib_{preset}']:g} MiB a2a={preset}" for preset in PRESETS))
         lines.append(f"{r['nodes']} nodes target (<= {TARGET_RERUNS_PER_1000} reruns per 1,000 steps): "
                      f"{'met' if meets_target(r) else 'NOT met'} at the defaults")
         if not meets_target(r):

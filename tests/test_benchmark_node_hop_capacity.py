@@ -12,7 +12,7 @@ from benchmarks.node_hop_capacity import (DEFAULTS, GRID, NodeHop, main, node_co
                                           step_needs)
 from benchmarks.capacity_study import target
 from benchmarks.rows import read_rows
-from mxfp8_ep.exchange.capacity import node_hop_capacity, remote_node_share
+from mxfp8_ep.exchange.capacity import node_hop_bytes, node_hop_capacity, remote_node_share
 
 
 def _inclusion(p: torch.Tensor) -> torch.Tensor:
@@ -105,13 +105,13 @@ def _telemetry(tmp_path, steps: int, counts=True):
 
 
 def test_rows_and_verdict_from_a_telemetry(tmp_path, capsys):
-    main([str(_telemetry(tmp_path, 3)), "--out", str(tmp_path / "rows"), "--source", "python x", "--extrapolate"])
+    main([str(_telemetry(tmp_path, 4)), "--out", str(tmp_path / "rows"), "--source", "python x", "--extrapolate"])
     rows = read_rows(tmp_path / "rows")
     assert {r["bench"] for r in rows} == {"node_hop_capacity"}
     need = {r["nodes"]: r for r in rows if r["kind"] == "need"}
     policies = [r for r in rows if r["kind"] == "policy"]
     assert sorted(need) == [2, 4, 8] and len(policies) == 3 * len(GRID)
-    assert all(r["source_ranks"] == 1 and r["steps"] == 3 and r["routing_model"] for r in rows)
+    assert all(r["source_ranks"] == 1 and r["steps"] == 4 and r["routing_model"] for r in rows)
     t = target()
     for nodes, r in need.items():
         assert r["ep"] == 8 * nodes and r["balanced_rows"] == round(NodeHop(t, nodes).balanced, 1)
@@ -119,12 +119,16 @@ def test_rows_and_verdict_from_a_telemetry(tmp_path, capsys):
     (default,) = [r for r in policies if r["defaults"] and r["nodes"] == 8]
     assert (default["capacity_factor"], default["capacity_ceiling"]) == (DEFAULTS.factor, DEFAULTS.ceiling)
     assert default["start_rows"] == NodeHop(t, 8).rows(DEFAULTS.factor) and default["telemetry_source"] == "python x"
-    assert default["ceiling_mib_mxfp8"] < default["ceiling_mib_bf16"]
+    # a preset's widest leg: bf16's dispatch forward (its ids and scores beside each row); MXFP8 rows
+    # are about half as wide
+    bf16 = node_hop_bytes(8, default["ceiling_rows"], 2 * t.facts.dim, t.facts.top_k, "dispatch_fwd")
+    assert default["ceiling_mib_bf16"] == round(bf16 / 2**20, 1)
+    assert default["ceiling_mib_mxfp8_all"] < 0.6 * default["ceiling_mib_mxfp8"] < default["ceiling_mib_bf16"]
     # at 2 nodes the start holds every token: nothing to rerun
     assert all(r["reruns"] == 0 for r in policies if r["nodes"] == 2 and r["capacity_factor"] >= 1.25)
     out = capsys.readouterr().out
     assert "8 nodes (EP=64) defaults: " in out and "8 nodes target (<= 10 reruns per 1,000 steps): " in out
-    assert "extrapolated (--extrapolate): 3 steps, fewer than the 1,000 a verdict takes" in out
+    assert "extrapolated (--extrapolate): 4 steps, fewer than the 1,000 a verdict takes" in out
 
 
 @pytest.mark.parametrize("args,counts,error", [

@@ -638,7 +638,7 @@ def test_the_node_hop_figures_per_node_count_at_the_defaults(tmp_path):
                 "gpus_per_node": 8, "tokens_per_rank": 8192, "steps": 1500, "source_ranks": 1,
                 "capacity_factor": 1.25, "headroom": 0.25, "capacity_ceiling": 6.0, "defaults": defaults,
                 "replays": 2, "spills": 0, "reruns_per_1000": reruns, "start_rows": start, "end_rows": end,
-                "ceiling_mib_bf16": 518.0, "ceiling_mib_mxfp8": 270.0}
+                "ceiling_mib_bf16": 518.0, "ceiling_mib_mxfp8": 515.0, "ceiling_mib_mxfp8_all": 270.0}
 
     def need(nodes, factor, balanced):
         return {"bench": "node_hop_capacity", "kind": "need", "nodes": nodes, "max_need_factor": factor,
@@ -654,8 +654,8 @@ def test_the_node_hop_figures_per_node_count_at_the_defaults(tmp_path):
             "(1.25× the balanced rows per node pair growing +25% up to 6.0×, at most every token)") in line
     assert line.index("2 nodes: ") < line.index("8 nodes: ")
     assert ("8 nodes: need up to 1.76× the balanced 4,644 rows (1.10× in the second half), 1.33 reruns per 1,000 "
-            "steps (2 replays, 0 spills), capacity 5,806 → 8,192 rows of 8,192, one leg's buffers at the ceiling "
-            "518 MiB bf16 / 270 MiB mxfp8") in line
+            "steps (2 replays, 0 spills), capacity 5,806 → 8,192 rows of 8,192, the widest leg's buffers at the "
+            "ceiling 518 MiB bf16 / 515 MiB mxfp8 / 270 MiB mxfp8_all") in line
     assert "40 reruns" not in line and "4,645" not in line
 
 
