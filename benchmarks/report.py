@@ -157,9 +157,9 @@ BENCHES = {
                                "rank sends one other node in any MoE layer, over the balanced rows (`kind: need`), "
                                "and per policy (`kind: policy`: capacity factor and ceiling, null: every token) the "
                                "steps run again (`replays`, `spills`, `reruns_per_1000`, the first steps included), "
-                               "where the capacity started and ended, and one leg's node-hop send and receive "
-                               "buffers at the ceiling per wire format (`ceiling_mib_*`). A model of the routing, "
-                               "not a measurement",
+                               "where the capacity started and ended, and the node-hop send and receive buffers "
+                               "of each a2a preset's widest leg at the ceiling (`ceiling_mib_<preset>`). A model of "
+                               "the routing, not a measurement",
                                paths=("mxfp8_ep/exchange/capacity.py", "mxfp8_ep/config.py",
                                       "mxfp8_ep/dispatcher/two_hop.py", "mxfp8_ep/exchange/staging.py",
                                       "mxfp8_ep/format/wire_format.py", "launch/config/model_facts.py",
