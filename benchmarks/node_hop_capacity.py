@@ -28,15 +28,15 @@ ties one token's experts together: a router that puts a token's experts on fewer
 fewer rows than the model's. Every rank of a step routes alike in the model, so the tokens of
 ``--source-ranks`` ranks (``SOURCE_RANKS`` by default) are sampled per step and layer, each
 rank's count per node taken as a count to another node (every node has ranks on the others'
-rails). The counts of a step's ranks differ only by sampling (a binomial count: a spread of
-about ``sqrt(T)`` rows, under 1% of ``T`` at the target's 8,192 tokens), far less than the
-capacity's growth steps. Nodes of ``GPUS_PER_NODE`` GPUs, EP over all of them, experts on
+rails). The counts of a step's ranks differ only by sampling (a binomial count: a standard
+deviation of at most ``sqrt(T) / 2`` rows, under 1% of ``T`` at the target's 8,192 tokens), far
+less than the capacity's growth steps. Nodes of ``GPUS_PER_NODE`` GPUs, EP over all of them, experts on
 consecutive ranks: node ``n`` of ``N`` holds experts ``[n E / N, (n + 1) E / N)``.
 
 Rows: one ``need`` row per node count (the need over the balanced rows ``share x T``: its
-largest, 99th percentile and largest over the second half; ``uniform_need_factor``: the
-largest need of a router that picks its experts uniformly at random, the sampling's own
-spread), and one ``policy`` row per node count and policy of ``GRID`` (``defaults``: the
+largest, 99th percentile and largest over the second half; ``uniform_need_factor``: the same
+ratio for a router that picks its experts uniformly at random, the mean over ``UNIFORM_STEPS``
+steps, the sampling's own spread), and one ``policy`` row per node count and policy of ``GRID`` (``defaults``: the
 library's ``DEFAULT_CAPACITY_FACTOR`` and ``DEFAULT_CAPACITY_CEILING``) with its reruns, where
 the capacity started, ended and may grow to, and the node hop's send and receive buffers of
 one leg at the ceiling (``capacity.node_hop_bytes``), the widest of the four legs of each a2a
