@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import Optional
 
 from launch.config.node_limited import ep_nodes
+from mxfp8_ep.transport import Transport
 
 __all__ = ["two_hop_nodes", "two_hop_problems"]
 
 # What else to run, after a refused layout: for two_hop asked for, and for auto that picked it.
 OTHER_TRANSPORTS = {
-    "two_hop": ("or another transport: a2a.transport=nccl (the flat all-to-all) or auto (symm inside one host "
-                "with CUDA)"),
-    "auto": "or a2a.transport=nccl (the flat all-to-all)",
+    Transport.TWO_HOP: (f"or another transport: a2a.transport={Transport.NCCL.value} (the flat all-to-all) or "
+                        f"{Transport.AUTO.value} ({Transport.SYMM.value} inside one host with CUDA)"),
+    Transport.AUTO: f"or a2a.transport={Transport.NCCL.value} (the flat all-to-all)",
 }
 
 
@@ -46,7 +47,7 @@ def two_hop_problems(*, ep: int, nodes: int, procs_per_node: int, ranks_per_node
     what to set instead (``requested``: the ``a2a.transport`` that runs it, two_hop or auto)."""
     if two_hop_nodes(ep=ep, nodes=nodes, procs_per_node=procs_per_node, ranks_per_node=ranks_per_node) is not None:
         return []
-    others = OTHER_TRANSPORTS[str(requested)]
+    others = OTHER_TRANSPORTS[Transport(str(requested))]
     head = "a2a.transport=two_hop splits the EP group into >= 2 nodes of equal size"
     if ep < 2:
         return [f"{head}, but parallelism.ep={ep} has no EP exchange; use parallelism.ep >= 2, {others}"]

@@ -55,6 +55,7 @@ from launch.titan.wandb_run import RecipeWandBLogger, WandbSettings, start_line,
 from mxfp8_ep import elastic
 from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.config import LEGS
+from mxfp8_ep.transport import Transport
 
 __all__ = ["RecipeMetrics", "RecipeMetricsProcessor", "RunHistory"]
 
@@ -294,7 +295,8 @@ class RecipeMetrics:
                     f"({f'{pool} rows' if pool else elsewhere}), {what} run again ({names.A2A_REPLAYS} = {replays})")
         else:
             also = f", activation pool grown ({pool} rows)" if pool else ""
-            rows = "rows (expert rows, or node-hop rows per node pair)" if transport == "two_hop" else "expert rows"
+            rows = ("rows (expert rows, or node-hop rows per node pair)" if Transport(transport) is Transport.TWO_HOP
+                    else "expert rows")
             line = (f"step {step}: a {transport} dispatch needed more {rows} than its capacity; capacity grown "
                     f"({f'{grown} rows' if grown else elsewhere}){also}, {what} run again "
                     f"({names.A2A_REPLAYS} = {replays})")
