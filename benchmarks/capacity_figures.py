@@ -2,10 +2,10 @@
 peak memory per rank, whole and above its expert weights (bench ``layer_memory``), the memory
 estimate of a real model at the capacity's start, its ceiling and the worst case
 (``memory_estimate``), how often long runs replayed and where their capacity ended
-(``capacity_replays``), what the activation pool and the capacity do at EP 2, 4 and 8 over a
-measured routing (``capacity_study``), and what the two_hop transport's node-hop capacity does
-at 2, 4 and 8 nodes over the same routing (``node_hop_capacity``). Each from its newest run
-file by date (the layer and the replays: per EP degree), with the report's STALE marks;
+(``capacity_replays``), and what the activation pool and the capacity do at EP 2, 4 and 8 over a
+measured routing (``capacity_study``). Each from its newest run file by date (the layer and the replays:
+per EP degree), with the
+report's STALE marks;
 ``benchmarks/report.py`` writes it between ``BEGIN`` and ``END``.
 """
 
@@ -138,35 +138,6 @@ def capacity_study(run: Any, mark: str) -> str:
             f"({_link('capacity_study')}): {'; '.join(at(r) for r in rows)}.")
 
 
-def node_hop_capacity(run: Any, mark: str) -> str:
-    """What the two_hop transport's node-hop capacity does, at the defaults, over the sampled
-    routing, per node count: the need over the balanced rows, reruns per 1,000 steps, where the
-    capacity ended and one leg's buffers at the ceiling."""
-    rows = sorted((r for r in run.rows if r.get("kind") == "policy" and r.get("defaults")), key=lambda r: r["nodes"])
-    if not rows:
-        return f"- node_hop_capacity: {NOT_MEASURED} at the defaults."
-    needs = {r["nodes"]: r for r in run.rows if r.get("kind") == "need"}
-    first = rows[0]
-    presets = [k.removeprefix("ceiling_mib_") for k in first if k.startswith("ceiling_mib_")]
-
-    def at(r: dict) -> str:
-        need = needs.get(r["nodes"])
-        seen = (f"need up to {need['max_need_factor']:.2f}× the balanced {need['balanced_rows']:,.0f} rows "
-                f"({need['max_need_factor_second_half']:.2f}× in the second half), " if need else "")
-        mib = " / ".join(f"{r[f'ceiling_mib_{preset}']:g} MiB {preset}" for preset in presets)
-        return (f"{r['nodes']} nodes: {seen}{r['reruns_per_1000']:g} reruns per 1,000 steps ({r['replays']} replays, "
-                f"{r['spills']} spills), capacity {r['start_rows']:,} → {r['end_rows']:,} rows of "
-                f"{r['tokens_per_rank']:,}, the widest leg's buffers at the ceiling {mib}")
-
-    ranks = f"{first['source_ranks']} sampled source rank{'s' if first['source_ranks'] > 1 else ''}"
-    return (f"- The two_hop transport's node hop over the same routing (`benchmarks/node_hop_capacity.py`: "
-            f"{first['steps']:,} steps, each token's experts sampled from a step's per-expert counts, a model; "
-            f"{ranks} per step and layer; {first['target']}'s {first['tokens_per_rank']:,} tokens per rank on nodes "
-            f"of {first['gpus_per_node']} GPUs), at the defaults ({first['capacity_factor']}× the balanced rows per "
-            f"node pair growing +{100 * first['headroom']:g}% up to {_factor(first['capacity_ceiling'])}, at most "
-            f"every token), {_when(run, mark)} ({_link('node_hop_capacity')}): {'; '.join(at(r) for r in rows)}.")
-
-
 def newest_at(files: list[Any], ep: int) -> Any:
     """The newest of ``files`` (oldest first) with rows at EP ``ep``."""
     return next(run for run in reversed(files) if any(r["ep"] == ep for r in run.rows))
@@ -177,8 +148,7 @@ def render(runs: dict[str, Any], status: Callable[[Any], str], marks: dict[str, 
     rows says so); the STALE mark where the measured code changed since."""
     lines, used = [], set()
     for bench, line in (("layer_memory", layer_memory), ("memory_estimate", memory_estimate),
-                        ("capacity_replays", capacity_replays), ("capacity_study", capacity_study),
-                        ("node_hop_capacity", node_hop_capacity)):
+                        ("capacity_replays", capacity_replays), ("capacity_study", capacity_study)):
         files = sorted((run for run in runs.values() if run.first["bench"] == bench), key=lambda run: run.first["date"])
         if not files:
             lines.append(f"- {bench}: {NOT_MEASURED}.")

@@ -551,7 +551,6 @@ def test_the_capacity_figures_come_from_the_newest_rows(tmp_path):
            "layer at the worst case, against 60.0 on nccl" in block
     assert f"capacity_replays: {capacity_figures.NOT_MEASURED}" in block
     assert f"capacity_study: {capacity_figures.NOT_MEASURED}" in block
-    assert f"node_hop_capacity: {capacity_figures.NOT_MEASURED}" in block
     assert block.count("†") == 3  # two figures and the legend
     assert "†" not in capacity_figures.render(runs, lambda run: "current", report.MARKS)
 
@@ -626,37 +625,6 @@ def test_the_replay_figures_per_ep_degree_and_the_growth_study_at_the_defaults(t
             "second half), 2 reruns per 1,000 steps (2 replays, 1 spills), 66.0 GiB per GPU at the ceilings, 1.06× "
             "nccl's 62.0 on the same routing (60.0 balanced)") in block
     assert "EP=8: busiest layer up to 3.90" in block and "3 reruns per 1,000" in block and "30 reruns" not in block
-
-
-def test_the_node_hop_figures_per_node_count_at_the_defaults(tmp_path):
-    """The node-hop study's rows at the defaults, one part per node count in node order, with
-    its need over the balanced rows; other policies' rows are not shown."""
-    from benchmarks import capacity_figures
-
-    def policy(nodes, defaults, reruns, start, end):
-        return {"bench": "node_hop_capacity", "kind": "policy", "target": "deepseek_v3/16B", "nodes": nodes,
-                "gpus_per_node": 8, "tokens_per_rank": 8192, "steps": 1500, "source_ranks": 1,
-                "capacity_factor": 1.25, "headroom": 0.25, "capacity_ceiling": 6.0, "defaults": defaults,
-                "replays": 2, "spills": 0, "reruns_per_1000": reruns, "start_rows": start, "end_rows": end,
-                "ceiling_mib_bf16": 518.0, "ceiling_mib_mxfp8": 515.0, "ceiling_mib_mxfp8_all": 270.0}
-
-    def need(nodes, factor, balanced):
-        return {"bench": "node_hop_capacity", "kind": "need", "nodes": nodes, "max_need_factor": factor,
-                "max_need_factor_second_half": 1.1, "balanced_rows": balanced}
-
-    runs = _bench_runs(tmp_path, {"2026-01-04_abcdef0_cpux1_node_hop_capacity.jsonl": [
-        need(8, 1.76, 4644.4), need(2, 1.01, 8093.0), policy(8, False, 40.0, 4645, 8192),
-        policy(8, True, 1.33, 5806, 8192), policy(2, True, 0.0, 8192, 8192)]})
-    block = capacity_figures.render(runs, lambda run: "current", report.MARKS)
-    (line,) = (line for line in block.splitlines() if "node hop" in line)
-    assert ("1,500 steps, each token's experts sampled from a step's per-expert counts, a model; 1 sampled source "
-            "rank per step and layer; deepseek_v3/16B's 8,192 tokens per rank on nodes of 8 GPUs), at the defaults "
-            "(1.25× the balanced rows per node pair growing +25% up to 6.0×, at most every token)") in line
-    assert line.index("2 nodes: ") < line.index("8 nodes: ")
-    assert ("8 nodes: need up to 1.76× the balanced 4,644 rows (1.10× in the second half), 1.33 reruns per 1,000 "
-            "steps (2 replays, 0 spills), capacity 5,806 → 8,192 rows of 8,192, the widest leg's buffers at the "
-            "ceiling 518 MiB bf16 / 515 MiB mxfp8 / 270 MiB mxfp8_all") in line
-    assert "40 reruns" not in line and "4,645" not in line
 
 
 def test_every_run_says_the_command_that_runs_it_now_and_that_command_runs():
