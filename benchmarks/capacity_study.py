@@ -400,21 +400,50 @@ def extrapolation(src: Source, t: Target) -> list[str]:
     return found
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("telemetry", type=Path, help="a run's routing.jsonl (or .jsonl.gz)")
+def telemetry_arguments(parser: argparse.ArgumentParser, extrapolate_help: str) -> None:
+    """The options every study of a routing telemetry takes: its file, the rows' folder, how it
+    was made, its model, and leave to extrapolate."""
+    parser.add_argument("telemetry", type=Path, help="a run's routing.jsonl (or .jsonl.gz) with per-expert counts")
     parser.add_argument("--out", required=True, help="folder for the rows")
-    parser.add_argument("--save-telemetry", type=Path, default=None,
-                        help="write the telemetry read, gzipped, here (commit it beside the rows)")
     parser.add_argument("--source", default=None,
                         help="how the telemetry was made (the training command), kept in every row")
     models = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
     parser.add_argument("--model", default=None, choices=models, metavar="MODEL",
                         help="the conf/model option the telemetry's run trained (default: the one in the "
                              "train_config.yaml beside it)")
-    parser.add_argument("--extrapolate", action="store_true",
-                        help=f"write rows and a verdict on the target from fewer than {MIN_VERDICT_STEPS:,} steps, "
-                             f"an unknown model or another family's")
+    parser.add_argument("--extrapolate", action="store_true", help=extrapolate_help)
+
+
+def refuse_extrapolation(parser: argparse.ArgumentParser, why: list[str], subject: str, model: str) -> None:
+    """A parser error where a verdict on ``subject`` would be an extrapolation (``why``)."""
+    if why:
+        parser.error(f"a verdict on {subject} from this input would be an extrapolation: "
+                     f"{'; '.join(why)}. Use a longer run of a {model.split('/')[0]} model "
+                     f"(recipes/routing_study_full_cpu.yaml), or --extrapolate to write it anyway")
+
+
+def telemetry_bytes(steps: list[dict]) -> bytes:
+    """The telemetry as the rows' ``telemetry_sha256`` hashes it (one JSON line per step)."""
+    return "".join(json.dumps(s) + "\n" for s in steps).encode()
+
+
+def write_study(results: ResultsFile, rows: list[dict], telemetry: dict, why: list[str], lines: list[str]) -> None:
+    """Every row with the telemetry's fields, then where they went, the extrapolation if any and
+    the verdict ``lines``."""
+    for row in rows:
+        results.write(**row, **telemetry)
+    print(f"wrote {results.path}")
+    if why:
+        print(f"extrapolated (--extrapolate): {'; '.join(why)}")
+    print("\n".join(lines))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    telemetry_arguments(parser, f"write rows and a verdict on the target from fewer than {MIN_VERDICT_STEPS:,} "
+                                f"steps, an unknown model or another family's")
+    parser.add_argument("--save-telemetry", type=Path, default=None,
+                        help="write the telemetry read, gzipped, here (commit it beside the rows)")
     args = parser.parse_args(argv)
     steps = read_telemetry(args.telemetry)
     if not steps:
@@ -423,11 +452,9 @@ def main(argv=None) -> None:
     src = source_of(args.telemetry, steps, args.model)
     print(src.line())
     why = extrapolation(src, t)
-    if why and not args.extrapolate:
-        parser.error(f"a verdict on {t.model} at EP={TARGET_EP} from this input would be an extrapolation: "
-                     f"{'; '.join(why)}. Use a longer run of a {t.model.split('/')[0]} model "
-                     f"(recipes/routing_study_full_cpu.yaml), or --extrapolate to write it anyway")
-    data = "".join(json.dumps(s) + "\n" for s in steps).encode()
+    if not args.extrapolate:
+        refuse_extrapolation(parser, why, f"{t.model} at EP={TARGET_EP}", t.model)
+    data = telemetry_bytes(steps)
     if args.save_telemetry is not None:
         args.save_telemetry.parent.mkdir(parents=True, exist_ok=True)
         args.save_telemetry.write_bytes(gzip.compress(data, mtime=0))
@@ -437,12 +464,7 @@ def main(argv=None) -> None:
                  "study_moe_layers": len(steps[0]["layers"]), "study_model": src.model, "study_top_k": src.top_k}
     results = ResultsFile("capacity_study", args.out, machine=this_machine(count=1, link="none"))
     rows = study_rows(steps, t)
-    for row in rows:
-        results.write(**row, **telemetry)
-    print(f"wrote {results.path}")
-    if why:
-        print(f"extrapolated (--extrapolate): {'; '.join(why)}")
-    print("\n".join(verdict(rows)))
+    write_study(results, rows, telemetry, why, verdict(rows))
 
 
 if __name__ == "__main__":

@@ -48,15 +48,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from benchmarks.capacity_study import (REPO, TARGET_RERUNS_PER_1000, Target, _percentile, extrapolation,
-                                       read_telemetry, source_of, target)
+from benchmarks.capacity_study import (TARGET_RERUNS_PER_1000, Target, _percentile, extrapolation, read_telemetry,
+                                       refuse_extrapolation, source_of, target, telemetry_arguments, telemetry_bytes,
+                                       write_study)
 from benchmarks.internode_bytes import GPUS_PER_NODE, NODES
 from benchmarks.rows import ResultsFile, this_machine
 from mxfp8_ep.config import DEFAULT_CAPACITY_CEILING, DEFAULT_CAPACITY_FACTOR, LEGS, PRESETS
@@ -261,19 +260,10 @@ def verdict(rows: list[dict]) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("telemetry", type=Path, help="a run's routing.jsonl (or .jsonl.gz) with per-expert counts")
-    parser.add_argument("--out", required=True, help="folder for the rows")
-    parser.add_argument("--source", default=None,
-                        help="how the telemetry was made (the training command), kept in every row")
-    models = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
-    parser.add_argument("--model", default=None, choices=models, metavar="MODEL",
-                        help="the conf/model option the telemetry's run trained (default: the one in the "
-                             "train_config.yaml beside it)")
+    telemetry_arguments(parser, "write rows and a verdict from a short input, an unknown model or another family's")
     parser.add_argument("--source-ranks", type=int, default=SOURCE_RANKS,
                         help=f"ranks sampled per step and layer (default {SOURCE_RANKS})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"the sampling's seed (default {SEED})")
-    parser.add_argument("--extrapolate", action="store_true",
-                        help="write rows and a verdict from a short input, an unknown model or another family's")
     args = parser.parse_args(argv)
     if args.source_ranks < 1:
         parser.error(f"--source-ranks takes at least 1 rank, not {args.source_ranks}")
@@ -291,24 +281,17 @@ def main(argv=None) -> None:
     src = source_of(args.telemetry, steps, args.model)
     print(src.line())
     why = extrapolation(src, t)
-    if why and not args.extrapolate:
-        parser.error(f"a verdict on {t.model}'s node hop from this input would be an extrapolation: "
-                     f"{'; '.join(why)}. Use a longer run of a {t.model.split('/')[0]} model "
-                     f"(recipes/routing_study_full_cpu.yaml), or --extrapolate to write it anyway")
-    data = "".join(json.dumps(s) + "\n" for s in steps).encode()
-    telemetry = {"telemetry": str(args.telemetry), "telemetry_sha256": hashlib.sha256(data).hexdigest(),
+    if not args.extrapolate:
+        refuse_extrapolation(parser, why, f"{t.model}'s node hop", t.model)
+    telemetry = {"telemetry": str(args.telemetry),
+                 "telemetry_sha256": hashlib.sha256(telemetry_bytes(steps)).hexdigest(),
                  "telemetry_source": args.source, "study_model": src.model, "seed": args.seed,
                  "routing_model": ROUTING_MODEL}
     # The provenance (commit, a dirty tree) of the tree the rows start from.
     results = ResultsFile("node_hop_capacity", args.out, machine=this_machine(count=1, link="none"))
     rows = study_rows(steps, t, source_ranks=args.source_ranks, seed=args.seed,
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
-    for row in rows:
-        results.write(**row, **telemetry)
-    print(f"wrote {results.path}")
-    if why:
-        print(f"extrapolated (--extrapolate): {'; '.join(why)}")
-    print("\n".join(verdict(rows)))
+    write_study(results, rows, telemetry, why, verdict(rows))
 
 
 if __name__ == "__main__":
