@@ -18,6 +18,10 @@ from tests import shared_gpu
 from tests.distributed import rank_device
 
 MAX_TOKENS = 16  # per rank; TokenDispatcher.Config.max_tokens_per_rank of every test dispatcher
+# The gloo collective timeout of the bad-input checks (``run_forked(..., timeout_s=...)``): a rank
+# left waiting for a peer fails within it. Every rank has raised by half of it.
+TIMEOUT_S = 10
+ERROR_WITHIN_S = TIMEOUT_S / 2
 # The transports of one node's worth of ranks (two_hop takes a node layout: tests/test_two_hop*.py);
 # symm first: the fused nccl path is checked against it.
 TRANSPORTS = (Transport.SYMM, Transport.NCCL)
@@ -83,3 +87,16 @@ def timed_dispatch(dispatcher, x, scores, ids, counts):
     except Exception as e:  # noqa: BLE001  (which error, and how fast, is what callers check)
         raised = e
     return raised, time.monotonic() - start
+
+
+def fails_everywhere(dispatch, error, match: str, rank: int) -> None:
+    """``dispatch()`` raises ``error`` matching ``match`` on this rank within ``ERROR_WITHIN_S``,
+    and afterwards every rank meets in a barrier (none is still waiting for a peer)."""
+    import pytest
+
+    start = time.monotonic()
+    with pytest.raises(error, match=match):
+        dispatch()
+    took = time.monotonic() - start
+    assert took < ERROR_WITHIN_S, f"rank {rank} raised only after {took:.1f}s"
+    dist.barrier()

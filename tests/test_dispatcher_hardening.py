@@ -19,7 +19,6 @@ quickly instead of hanging it).
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import fields, is_dataclass, replace
 
 import pytest
@@ -31,12 +30,9 @@ from mxfp8_ep.dispatcher import TokenDispatcher, checks
 from mxfp8_ep.dispatcher.base import UNAGREED_FIELDS
 from mxfp8_ep.kernels.launch_shapes import KernelShapes, LaunchShape
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
-from tests.round_trips import MAX_TOKENS, TRANSPORTS, replayed, round_trip, timed_dispatch, to_next_rank
+from tests.round_trips import (ERROR_WITHIN_S, MAX_TOKENS, TIMEOUT_S, TRANSPORTS, fails_everywhere, replayed,
+                               round_trip, timed_dispatch, to_next_rank)
 
-# A rank that waits for a peer longer than this fails (gloo's collective timeout).
-TIMEOUT_S = 10
-# Every rank, the one whose input failed and its peers, has raised by then.
-ERROR_WITHIN_S = TIMEOUT_S / 2
 PRESETS = ("bf16", "mxfp8", "mxfp8_all")
 # Relative Frobenius error of an MXFP8 round trip against the exact answer (e4m3: 3 mantissa
 # bits, a half-ulp of 2**-4 at most per element).
@@ -196,17 +192,6 @@ def test_repeated_expert_ids_on_the_triton_kernels():
 # failing on every rank
 
 
-def _fails_everywhere(dispatch, error, match: str, rank: int) -> None:
-    """``dispatch()`` raises ``error`` matching ``match`` on this rank within ERROR_WITHIN_S,
-    and afterwards every rank meets in a barrier (none is still waiting for a peer)."""
-    start = time.monotonic()
-    with pytest.raises(error, match=match):
-        dispatch()
-    took = time.monotonic() - start
-    assert took < ERROR_WITHIN_S, f"rank {rank} raised only after {took:.1f}s"
-    dist.barrier()
-
-
 def _still_in_step(dispatcher, rank, world) -> None:
     """A valid batch after a failed dispatch goes there and back (top-1, identity experts)."""
     top_k = dispatcher.config.top_k
@@ -241,7 +226,7 @@ def _bad_ids(rank, world):
                         ids[0, 1] = bad
                         if counted == "on expert 0":
                             counts[0] += 1
-                    _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
+                    fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
                                       r"rank 1\b.*expert id", rank)
             _still_in_step(dispatcher, rank, world)
 
@@ -276,7 +261,7 @@ def _bad_counts(rank, world):
                             counts = torch.cat([counts, counts.new_zeros(1)])
                         else:
                             counts = counts[:-1]
-                    _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
+                    fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), ValueError,
                                       r"rank 1\b.*(count|num_tokens_per_expert)", rank)
             _still_in_step(dispatcher, rank, world)
 
@@ -308,7 +293,7 @@ def _mismatched_tokens(rank, world):
                 ids = torch.full((4, 1), 2 * ((rank + 1) % world))
                 dispatcher.dispatch(x, torch.ones(4, 1), ids, _histogram(ids, dispatcher.config.num_experts))
 
-            _fails_everywhere(dispatch, ValueError, rf"{field}.*rank 0.*rank 1", rank)
+            fails_everywhere(dispatch, ValueError, rf"{field}.*rank 0.*rank 1", rank)
     for transport in TRANSPORTS:  # agreeing dispatchers still work
         _still_in_step(_build(transport), rank, world)
 
@@ -386,7 +371,7 @@ def _configs_differing_in_each_field(rank, world):
             config.build(dist.group.WORLD, "cpu")
             dist.barrier()
             continue
-        _fails_everywhere(lambda: config.build(dist.group.WORLD, "cpu"), ValueError,
+        fails_everywhere(lambda: config.build(dist.group.WORLD, "cpu"), ValueError,
                           rf"\b{re.escape(path)}: rank 0 = .*, rank 1 = ", rank)
     _still_in_step(_build("nccl"), rank, world)
 
@@ -417,7 +402,7 @@ def _invalid_config_on_one_rank(rank, world):
         config = replace(base, **overrides) if rank == 1 else base
         # Rank 1 raises its own error; its peers a DispatchInputError naming rank 1 and the reason.
         error = ValueError if rank == 1 else checks.DispatchInputError
-        _fails_everywhere(lambda: config.build(dist.group.WORLD, "cpu"), error, rf"rank 1\b.*{reason}", rank)
+        fails_everywhere(lambda: config.build(dist.group.WORLD, "cpu"), error, rf"rank 1\b.*{reason}", rank)
     _still_in_step(_build("nccl"), rank, world)
 
 
@@ -451,7 +436,7 @@ def _one_rank_fails(rank, world):
                             ids[0, 0] = E
                     if rank != 1:
                         error, match = ValueError, r"rank 1\b"
-                    _fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), error, match, rank)
+                    fails_everywhere(lambda: dispatcher.dispatch(x, scores, ids, counts), error, match, rank)
                     _still_in_step(dispatcher, rank, world)
 
 

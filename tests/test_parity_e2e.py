@@ -8,13 +8,10 @@ summary.json and wandb show them. About a minute on 2 cores."""
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
-import subprocess
 
 from tests.corpus_files import sample_texts, write_corpus
-from tests.train_cli import run_train, train_cmd, train_env
+from tests.train_cli import run_side_by_side, run_train
 
 from launch.tools.compare_runs import PARITY_SHARE, collect, compare, verdicts
 from launch.run.run_dir import checkpoint_steps
@@ -31,17 +28,8 @@ def test_mxfp8_at_parity_with_bf16_validation_checkpoints_and_resume_on_a_corpus
               "training.val_every=2", "training.val_batches=2", "training.checkpoint_interval=2",
               "logging.log_freq=1"]
     # the bf16 arm alongside the MXFP8 arm's first launch
-    bf16 = subprocess.Popen(train_cmd(*common, "a2a=bf16", "training.steps=3", f"hydra.run.dir={bf16_dir}"),
-                            cwd=tmp_path, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        proc = run_train(tmp_path, *common, "a2a=mxfp8_all", "training.steps=3", f"hydra.run.dir={run_dir}")
-        bf16_out, bf16_err = bf16.communicate(timeout=300)
-    finally:
-        if bf16.poll() is None:
-            os.killpg(bf16.pid, signal.SIGKILL)
-    assert bf16.returncode == 0, f"{bf16_out[-4000:]}\n{bf16_err[-6000:]}"
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    _, proc = run_side_by_side(tmp_path, (*common, "a2a=bf16", "training.steps=3", f"hydra.run.dir={bf16_dir}"),
+                               (*common, "a2a=mxfp8_all", "training.steps=3", f"hydra.run.dir={run_dir}"))
     s, b = RunSummary.read(run_dir), RunSummary.read(bf16_dir)
     assert s.model == "parity_tiny_dsv3" and s.ep == 2 and s.a2a == "mxfp8_all" and s.seed == 0
     assert [s.a2a_legs[leg] for leg in LEGS] == ["mxfp8"] * 4 and [b.a2a_legs[leg] for leg in LEGS] == ["bf16"] * 4

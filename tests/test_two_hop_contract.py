@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import inspect
-import time
 from pathlib import Path
 
 import pytest
@@ -36,13 +35,12 @@ from mxfp8_ep.telemetry import wire_stats
 from mxfp8_ep.transport import Transport, resolve
 from tests.distributed import SHARED_GPU, rank_device, run_on_ranks
 from tests.moe_harness import bits, preload, rel_err, run_forked, setup_rank
+from tests.round_trips import TIMEOUT_S, fails_everywhere
 from tests.two_hop_layer import DIM, LOCAL_EXPERTS, TOKENS, layer_config, layer_inputs, run_layer
 
 NODES, RANKS_PER_NODE = 2, 2
 WORLD = NODES * RANKS_PER_NODE
 CUT = 0.5  # a capacity factor that a routing to one node overflows, on both hops
-TIMEOUT_S = 10  # gloo's collective timeout in the bad-input checks
-ERROR_WITHIN_S = TIMEOUT_S / 2
 
 
 def _build(preset, top_k, factor=None, ceiling=None, score_before=False):
@@ -185,15 +183,6 @@ def test_a_guarded_step_reads_nothing_from_the_device():
 # bad input
 
 
-def _fails_everywhere(dispatch, match, rank):
-    start = time.monotonic()
-    with pytest.raises(ValueError, match=match):
-        dispatch()
-    took = time.monotonic() - start
-    assert took < ERROR_WITHIN_S, f"rank {rank} raised only after {took:.1f}s"
-    dist.barrier()
-
-
 def _bad_input(rank, world):
     setup_rank()
     E, top_k = LOCAL_EXPERTS * world, 2
@@ -222,7 +211,7 @@ def _bad_input(rank, world):
                     counts = torch.bincount(bids.reshape(-1), minlength=E)
                 else:
                     bx = x[:, :40].contiguous()
-            _fails_everywhere(lambda: dispatcher.dispatch(bx, bscores, bids, counts), match, rank)
+            fails_everywhere(lambda: dispatcher.dispatch(bx, bscores, bids, counts), ValueError, match, rank)
         # Still in step: a valid batch goes there and back.
         got = run_layer(dispatcher, x, scores, ids, weights, rank, grad_out)
         want = run_layer(layer_config(world, top_k, preset, "nccl").build(dist.group.WORLD, rank_device()),

@@ -7,11 +7,7 @@ cores."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-
-from tests.train_cli import run_train, train_cmd, train_env
+from tests.train_cli import run_side_by_side
 
 from launch.run.run_summary import INTER_NODE, RunSummary
 from mxfp8_ep.config import LEGS
@@ -23,17 +19,8 @@ TWO_HOP = ("a2a.transport=two_hop", "a2a.ranks_per_node=2")
 
 def test_two_hop_trains_as_the_flat_all_to_all_does(tmp_path):
     two_hop_dir, nccl_dir = tmp_path / "two_hop", tmp_path / "nccl"
-    nccl = subprocess.Popen(train_cmd(*COMMON, "a2a.transport=nccl", f"hydra.run.dir={nccl_dir}"), cwd=tmp_path,
-                            env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        proc = run_train(tmp_path, *COMMON, *TWO_HOP, f"hydra.run.dir={two_hop_dir}")
-        nccl_out, nccl_err = nccl.communicate(timeout=300)
-    finally:
-        if nccl.poll() is None:
-            os.killpg(nccl.pid, signal.SIGKILL)
-    assert nccl.returncode == 0, f"{nccl_out[-4000:]}\n{nccl_err[-6000:]}"
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    _, proc = run_side_by_side(tmp_path, (*COMMON, "a2a.transport=nccl", f"hydra.run.dir={nccl_dir}"),
+                               (*COMMON, *TWO_HOP, f"hydra.run.dir={two_hop_dir}"))
     s, flat = RunSummary.read(two_hop_dir), RunSummary.read(nccl_dir)
     assert (s.transport, flat.transport) == ("two_hop", "nccl")
     assert s.world_size == s.ep == 4 and s.steps == flat.steps == 3
