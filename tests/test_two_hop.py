@@ -2,11 +2,11 @@
 and 3 nodes x 2 ranks (gloo for the node hop, the symm transport's torch twins over shared
 memory inside a node; ``A2AConfig.ranks_per_node`` makes the nodes on one host).
 
-A layer of linear experts (expert ``e`` multiplies its rows by its own matrix) runs through the
+A layer of linear experts (expert ``e`` scales its rows by its own weights, element by element) runs through the
 two_hop dispatcher and through the flat nccl transport on the same inputs, and a float64 oracle
-computes it on each rank from that rank's tokens alone (every expert's matrix is known
+computes it on each rank from that rank's tokens alone (every expert's weights are known
 everywhere). With fp32 tokens and bf16 legs every output and gradient (x, the router scores,
-the experts' matrices) equals the flat path's within fp32 reduction order (``ORDER_TOL``) and
+the experts' weights) equals the flat path's within fp32 reduction order (``ORDER_TOL``) and
 the oracle's; with MXFP8 legs it is within MXFP8's rounding of the oracle (``MXFP8_TOL``)."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The two_hop transport's contract beside its numbers (tests/test_two_hop.py), on a CPU world of
 2 nodes x 2 ranks (gloo for the node hop, the symm twins inside a node):
 
-* bytes: at the worst case each leg's node hop sends what ``capacity.node_hop_bytes`` counts;
+* bytes: at the worst case each leg's node hop sends what ``capacity.node_hop_bytes`` counts,
+  and the rows of its blocks that carry no token reach no expert;
 * replays and spills: at a cut capacity (the node hop's and the fan-out's) a guarded step that
   overflows reruns, and one past the ceiling spills; every output and gradient is bit for bit
   the worst case's (``capacity_factor=None``), and so is a dispatch outside any guard;
@@ -66,6 +67,7 @@ def _replays_and_spills(rank, world):
             inputs = (x, scores, ids, weights, rank, grad_out)
             where = f"rank {rank} {preset} top-{top_k} to node {to_node}"
             symm.release_peer_buffers()
+            _experts_get_the_flat_transports_rows(x, scores, ids, preset, top_k, score_before)
             wire_stats.reset()
             want = run_layer(_build(preset, top_k, score_before=score_before), *inputs)
             _sent_what_the_buffers_hold(wire_stats.snapshot(reset=True), preset, top_k, x.dtype)
@@ -89,6 +91,16 @@ def _replays_and_spills(rank, world):
                 assert guard.spills >= 1, (guard.replays, guard.spills, where)
             # No guard: the dispatch reads its rows on the host and takes exactly those.
             _same(run_layer(dispatcher, *inputs), want, f"{where}, unguarded")
+    symm.release_peer_buffers()
+
+
+def _experts_get_the_flat_transports_rows(x, scores, ids, preset, top_k, score_before):
+    """At the worst case, where most rows of a node-hop block carry no token, each expert gets
+    the rows flat nccl gives it, no more: a row no token filled reaches no expert."""
+    counts = torch.bincount(ids.reshape(-1), minlength=LOCAL_EXPERTS * WORLD)
+    got = _build(preset, top_k, score_before=score_before).dispatch(x, scores, ids, counts)[1]
+    flat = layer_config(WORLD, top_k, preset, "nccl", score_before).build(dist.group.WORLD, rank_device())
+    assert torch.equal(got.cpu(), flat.dispatch(x, scores, ids, counts)[1].cpu()), (got, preset, top_k)
     symm.release_peer_buffers()
 
 

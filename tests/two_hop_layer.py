@@ -26,7 +26,7 @@ def layer_config(world, top_k, preset, transport, score_before=False, **a2a):
 
 def layer_inputs(rank, world, top_k, seed, tokens=TOKENS, to_node=None, ranks_per_node=2):
     """This rank's ``tokens`` tokens, distinct expert picks (uniform, or all on node ``to_node``
-    of ``ranks_per_node`` ranks), softmax scores, every expert's matrix and the output's
+    of ``ranks_per_node`` ranks), softmax scores, every expert's weights and the output's
     gradient, on the rank's device (``tests.distributed.rank_device``)."""
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     E = LOCAL_EXPERTS * world
@@ -37,18 +37,21 @@ def layer_inputs(rank, world, top_k, seed, tokens=TOKENS, to_node=None, ranks_pe
     for t in range(tokens):
         ids[t] = first + torch.randperm(choices, generator=g)[:top_k]
     scores = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=1)
-    weights = torch.randn(E, DIM, DIM, generator=torch.Generator().manual_seed(seed)) / DIM**0.5
+    weights = torch.randn(E, DIM, generator=torch.Generator().manual_seed(seed))
     grad_out = torch.randn(tokens, DIM, generator=g)
     device = rank_device()
     return tuple(t.to(device) for t in (x, scores, ids, weights, grad_out))
 
 
 def linear_experts(routed, per_expert, weights):
-    """Expert ``e`` of this rank multiplies its segment of the expert-major rows by
-    ``weights[e]``; rows past the segments give zeros."""
+    """Expert ``e`` of this rank multiplies each row of its segment of the expert-major rows
+    by ``weights[e]``, element by element (a diagonal linear map); rows past the segments give
+    zeros. The segment is copied out first: the gradient's sum over its rows then reads memory
+    laid out alike whatever buffer the dispatcher handed out (a vectorized sum's order follows
+    the data's alignment), so equal rows give equal bits."""
     outs, start = [], 0
     for e, n in enumerate(per_expert.tolist()):
-        outs.append(routed[start : start + n] @ weights[e])
+        outs.append(routed[start : start + n].clone() * weights[e])
         start += n
     outs.append(torch.zeros_like(routed[start:]))
     return torch.cat(outs)
@@ -56,7 +59,7 @@ def linear_experts(routed, per_expert, weights):
 
 def run_layer(dispatcher, x, scores, ids, weights, rank, grad_out):
     """Forward and backward of the layer through ``dispatcher``: output, grads of x, scores and
-    this rank's expert matrices."""
+    this rank's expert weights."""
     x = x.clone().requires_grad_(True)
     scores = scores.clone().requires_grad_(True)
     local = weights[rank * LOCAL_EXPERTS : (rank + 1) * LOCAL_EXPERTS].clone().requires_grad_(True)
@@ -69,10 +72,10 @@ def run_layer(dispatcher, x, scores, ids, weights, rank, grad_out):
 
 def layer_oracle(x, scores, ids, weights, grad_out):
     """The layer in float64 on this rank's tokens: output, grads of x and scores, and the grads
-    of every expert matrix from this rank's tokens. (Linear experts: the router score scales a
+    of every expert's weights from this rank's tokens. (Linear experts: the router score scales a
     row before or after its expert alike.)"""
     x, scores, weights = (t.double().requires_grad_(True) for t in (x, scores, weights))
-    rows = torch.einsum("td,tkde->tke", x, weights[ids])
+    rows = x.unsqueeze(1) * weights[ids]
     out = (rows * scores.unsqueeze(2)).sum(dim=1)
     out.backward(grad_out.double())
     return out.detach(), x.grad, scores.grad, weights.grad

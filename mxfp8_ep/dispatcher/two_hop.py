@@ -263,8 +263,11 @@ class _ToNodes(torch.autograd.Function):
             torch.stack([disp._ids_on(ids, hop.node_of, n) for n in range(nodes)], dim=1).to(torch.int32),
             scores.float().unsqueeze(1).expand(-1, nodes, -1).contiguous().view(torch.int32),
         ], dim=2)
+        # A row no token filled reaches the fan-out with every pick masked: no expert takes it.
+        fill = torch.cat([torch.full((K,), disp.experts_per_node, dtype=torch.int32, device=x.device),
+                          torch.zeros(K, dtype=torch.int32, device=x.device)])
         received, received_side = node_hop.to_nodes(x.contiguous(), hop.rows, disp.rail_group,
-                                                     *disp._leg("dispatch_fwd"), side=side)
+                                                     *disp._leg("dispatch_fwd"), side=side, side_fill=fill)
         x2 = torch.cat([x, received])
         scores2 = torch.cat([scores, received_side[:, K:].contiguous().view(torch.float32).to(scores.dtype)])
         ids2 = torch.cat([disp._ids_on(ids, hop.node_of, disp.layout.node), received_side[:, :K].to(torch.int64)])

@@ -139,16 +139,20 @@ def _row_of(rows: NodeRows, n: int) -> torch.Tensor:
 
 
 def to_nodes(src: torch.Tensor, rows: NodeRows, group: dist.ProcessGroup, fmt: WireFormat, rounding: str,
-             leg: str, side: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             leg: str, side: torch.Tensor | None = None,
+             side_fill: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each token of ``src`` (T, D) once to each node in ``rows.sent``, encoded in ``fmt`` once
     per token, with its ``side`` int32 columns for that node ((T, N, S), or None); returns the
     rows the other nodes sent this rank, ``(N - 1) x capacity`` of them decoded to ``src``'s
     dtype (block order; rows no token filled are zeros), and their side columns
-    ((N - 1) x capacity, S). Records the bytes it puts on the wire under ``leg``, inter-node:
-    the whole buffer, ``(N - 1) x capacity`` rows, filled or not (its size is fixed, so that no
-    host waits for a count)."""
+    ((N - 1) x capacity, S; ``side_fill`` (S,) where no token filled a row, else zeros).
+    Records the bytes it puts on the wire under ``leg``, inter-node: the whole buffer,
+    ``(N - 1) x capacity`` rows, filled or not (its size is fixed, so that no host waits for a
+    count)."""
     layout = _Layout(rows.capacity, src.shape[1], src.dtype, WireFormat(fmt), 0 if side is None else side.shape[2])
     packed, views, packed_side = _packed(rows, layout, src.device)
+    if side_fill is not None:
+        packed_side.copy_(side_fill.expand_as(packed_side))
     encoded = encode_rows(src, rounding, fmt)
     parts = encoded if encoded is not None else (src,)
     for n in rows.blocks:
