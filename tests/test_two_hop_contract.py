@@ -2,7 +2,8 @@
 2 nodes x 2 ranks (gloo for the node hop, the symm twins inside a node):
 
 * bytes: at the worst case each leg's node hop sends what ``capacity.node_hop_bytes`` counts,
-  and the rows of its blocks that carry no token reach no expert;
+  the rows of its blocks that carry no token reach no expert, and a top-1 fan-out counts the
+  rows it sends to another rank of the node, not its masked slots;
 * replays and spills: at a cut capacity (the node hop's and the fan-out's) a guarded step that
   overflows reruns, and one past the ceiling spills; every output and gradient is bit for bit
   the worst case's (``capacity_factor=None``), and so is a dispatch outside any guard;
@@ -70,7 +71,10 @@ def _replays_and_spills(rank, world):
             _experts_get_the_flat_transports_rows(x, scores, ids, preset, top_k, score_before)
             wire_stats.reset()
             want = run_layer(_build(preset, top_k, score_before=score_before), *inputs)
-            _sent_what_the_buffers_hold(wire_stats.snapshot(reset=True), preset, top_k, x.dtype)
+            sent = wire_stats.snapshot(reset=True)
+            _sent_what_the_buffers_hold(sent, preset, top_k, x.dtype)
+            if top_k == 1:
+                _fan_out_sent_its_crossing_rows(sent, preset, ids, rank, x.dtype)
             # A cut capacity: the step reruns at the grown one.
             symm.release_peer_buffers()
             dispatcher = _build(preset, top_k, CUT, score_before=score_before)
@@ -112,6 +116,19 @@ def _sent_what_the_buffers_hold(sent, preset, top_k, dtype):
         row = staged_row_nbytes(DIM, dtype, a2a.wire_format(leg))
         want = node_hop_bytes(NODES, TOKENS, row, top_k, leg) // 2  # the send buffer
         assert sent.get(wire_stats.inter_node_key(leg)) == want, (leg, sent)
+
+
+def _fan_out_sent_its_crossing_rows(sent, preset, ids, rank, dtype):
+    """Top-1 fans out row by row: over the group, dispatch's fan-out sends one row per pick whose
+    expert sits at another local index than the token's rank (the rank that holds it after the
+    node hop has the token's local index); a masked slot (a pick on another node) sends none."""
+    local_of_expert = ids // LOCAL_EXPERTS % RANKS_PER_NODE
+    crossing = torch.tensor([int((local_of_expert != rank % RANKS_PER_NODE).sum())])
+    inside = torch.tensor([sent["dispatch_fwd"] - sent.get(wire_stats.inter_node_key("dispatch_fwd"), 0)])
+    dist.all_reduce(crossing)
+    dist.all_reduce(inside)
+    fmt = A2AConfig.preset(preset).wire_format("dispatch_fwd")
+    assert int(inside) == int(crossing) * wire_stats.row_bytes(DIM, dtype.itemsize, fmt), (int(inside), int(crossing))
 
 
 def test_replays_and_spills_match_the_worst_case_bit_for_bit():

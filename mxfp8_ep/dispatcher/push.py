@@ -11,6 +11,7 @@ import torch
 
 from mxfp8_ep.dispatcher.base import TokenDispatcher
 from mxfp8_ep.kernels.quantize import resolve_kernel
+from mxfp8_ep.exchange.routing import to_peer
 from mxfp8_ep.exchange.staging import StagedLeg
 
 
@@ -236,7 +237,7 @@ class PushTokenDispatcher(TokenDispatcher):
         rows = src[meta.slot // self.config.top_k]
         if weight is not None:
             rows = (rows.float() * weight[meta.slot].unsqueeze(1)).to(src.dtype)
-        return rows, self._crossing((meta.dst_rank != self.rank) & (meta.dst_rank >= 0))
+        return rows, self._crossing(to_peer(meta.dst_rank, self.rank))
 
     def _wire_rows_to_tokens(self, src, meta, leg):  # noqa: ARG002 (symm's partial sums depend on it)
         """A token-bound leg (``push_rows``): ``(rows, valid)`` pairs, here one, the expert-major

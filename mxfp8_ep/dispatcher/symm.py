@@ -53,6 +53,7 @@ from mxfp8_ep.dispatcher import checks
 from mxfp8_ep.dispatcher.base import TokenDispatcher, register_transport
 from mxfp8_ep.dispatcher.push import ExpertRowRouting, PushTokenDispatcher
 from mxfp8_ep.exchange.peer_memory import PeerBuffer, int64_tensor
+from mxfp8_ep.exchange.routing import to_peer
 from mxfp8_ep.exchange.staging import staging_buffer_nbytes, staging_nbytes, token_map_offset
 from mxfp8_ep.exchange.symm_reference import partial_slots, partial_stage_rows, partial_sums
 from mxfp8_ep.transport import Transport
@@ -569,7 +570,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
             if weight is not None:
                 row_weight = staged.row_weights(send.local)[: meta.capacity]
         else:
-            wire_stats.record_rows(leg, (meta.dst_rank != self.rank).sum(), row_bytes)
+            wire_stats.record_rows(leg, to_peer(meta.dst_rank, self.rank).sum(), row_bytes)
             push(out, staged, "all")  # one pass: local HBM copies beside NVLink stores
         send.barrier()  # the peers' pushes (rows, token maps, row weights) into this rank's staging buffer are visible
         if stage_row is not None and leg == "dispatch_fwd" and self.config.dispatch_bwd_partial_sums:
@@ -631,7 +632,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         n = meta.sorted_row[: dot_out.numel()]
         owner = meta.dst_rank[n]
         theirs = returned[owner.clamp(min=0) * capacity + meta.dst_row[n]]
-        dot_out.copy_(torch.where((owner != self.rank) & (owner >= 0), theirs, dot_out))
+        dot_out.copy_(torch.where(to_peer(owner, self.rank), theirs, dot_out))
 
     def _push_to_tokens(self, src, meta, leg, fmt):
         """A token-bound leg whose rows' tokens this rank knows (``meta.row_slot``: dispatch's
@@ -677,8 +678,7 @@ class SymmTokenDispatcher(PushTokenDispatcher):
         if self.config.top_k == 1:
             return super()._wire_rows_to_experts(src, meta, weight)
         n = meta.sorted_row[: src.shape[0] * self.config.top_k].view(src.shape[0], self.config.top_k)
-        owner = meta.dst_rank[n]
-        return src, self._crossing(((owner != self.rank) & (owner >= 0)).any(dim=1))
+        return src, self._crossing(to_peer(meta.dst_rank[n], self.rank).any(dim=1))
 
     def _wire_rows_to_tokens(self, src, meta, leg):
         """After partial sums (``_sends_partials``) the leg sends one per token of another rank

@@ -23,6 +23,13 @@ PAD_ROW = -1  # zero padding inside an expert's segment
 UNUSED_ROW = -2  # past the last segment: never read by the grouped GEMM
 
 
+def to_peer(dst_rank: torch.Tensor, rank: int) -> torch.Tensor:
+    """Which routed rows go to another rank than ``rank``: those of a rank's experts, not a
+    masked slot's (a pick of no expert in the group, ``dst_rank`` -1: the two_hop transport's
+    picks on other nodes)."""
+    return (dst_rank != rank) & (dst_rank >= 0)
+
+
 def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cumsum(x, dim=dim) - x
 

@@ -229,7 +229,7 @@ def partial_stage_rows(sorted_row: torch.Tensor, dst_rank: torch.Tensor, rank: i
     earlier = torch.ones(top_k, top_k, dtype=torch.bool, device=sorted_row.device).tril(-1)
     repeat = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).any(dim=2)
     token = torch.arange(n.shape[0], device=sorted_row.device).unsqueeze(1)
-    value = torch.where((owner != rank) & (owner >= 0) & ~repeat, owner * max_tokens + token, -1)
+    value = torch.where(routing.to_peer(owner, rank) & ~repeat, owner * max_tokens + token, -1)
     stage_row = torch.empty_like(sorted_row)
     stage_row[n.reshape(-1)] = value.reshape(-1)
     return stage_row
@@ -260,7 +260,7 @@ def reduce_slots(leg: StagedLeg, out, *, sorted_row, row_rank, local_row, local_
     is sorted row ``n``: ``local_src[local_row[n]]`` when ``row_rank[n]`` is this rank (with
     ``leg.quantize_local``: as a peer decodes it, ``round_trip_rows`` with ``leg.rounding``), else
     row ``stage_row[n]`` (or ``n``) of this rank's staging buffer (decoded), or zero where
-    ``stage_row[n]`` is -1 or ``row_rank[n]`` is (a masked slot). ``save[n] = v(n)``;
+    ``stage_row[n]`` is -1 or ``row_rank[n]`` is -1 (a masked slot). ``save[n] = v(n)``;
     ``dot_out[t*K+k] = <v(sorted_row[t*K+k]), dot_with[t]>`` in fp32. ``weigh_staged=False``: a
     staged row is added as it is (a weighted partial sum, ``push_partials(weight=...)``); the
     weights multiply the rows that stay."""
